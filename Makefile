@@ -1,0 +1,28 @@
+# Two entry points, each doing its own set-up: `make train` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: train test lint setup
+
+setup: $(STAMP)
+
+# --no-deps: the lock file lists every package, so pip never resolves a newer
+# torch (with its CUDA packages) on its own.
+$(STAMP): requirements.lock pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -r requirements.lock
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+train: $(STAMP)
+	$(BIN)/disttrain train
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/mypy src
+
+test: lint
+	$(BIN)/pytest -q

@@ -1,0 +1,208 @@
+"""The ``disttrain`` command: ``train`` and ``bench``.
+
+Bad input is reported as one line on stderr with exit code 2, before any
+worker starts. A failed worker ends the job with exit code 1 and a line that
+names its rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import os
+import sys
+import time
+from typing import Any, NoReturn
+
+from disttrain.comm.errors import UsageError
+
+__all__ = ["BENCHES", "main"]
+
+#: ``disttrain bench NAME`` -> module with ``add_arguments(parser)`` and ``run(args) -> int``.
+BENCHES: dict[str, str] = {}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 2 (no usage dump)."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    from disttrain.config import section_fields
+
+    for name, (_, f) in section_fields().items():
+        flag = "--" + name.replace("_", "-")
+        kind = type(f.default)
+        help_text = f.metadata.get("help", "")
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
+        else:
+            choices = f.metadata.get("choices")
+            parser.add_argument(
+                flag, type=kind, choices=choices, help=f"{help_text} (default: {f.default!r})"
+            )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="disttrain", description="Distributed training with every classic strategy, measured."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    train = sub.add_parser(
+        "train",
+        help="train a model on N workers",
+        argument_default=argparse.SUPPRESS,
+        description="Train a model with a distributed strategy. --batch-size is the GLOBAL batch.",
+    )
+    train.add_argument("--config", help="TOML file with the same keys as the flags; flags win")
+    _add_config_flags(train)
+    bench = sub.add_parser("bench", help="benchmarks against the anchors")
+    bench_sub = bench.add_subparsers(dest="bench", required=True, parser_class=_Parser)
+    for name, module in sorted(BENCHES.items()):
+        mod = importlib.import_module(module)
+        p = bench_sub.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
+        mod.add_arguments(p)
+        p.set_defaults(bench_module=module)
+    return parser
+
+
+def _is_worker() -> bool:
+    """True inside a worker process: started by our launcher, or by ``torchrun``."""
+    from disttrain.launch.local import WORKER_ENV
+
+    return os.environ.get(WORKER_ENV) == "1" or (
+        "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ
+    )
+
+
+def _preflight(cfg: Any) -> None:
+    """Check everything that can be checked before a worker starts (exit 2 on failure)."""
+    from disttrain import collectives, strategies
+    from disttrain.data import load_dataset
+    from disttrain.models import build_model
+    from disttrain.train.faults import parse_fault
+
+    tc = cfg.train
+    if tc.strategy not in strategies.STRATEGIES:
+        raise UsageError(
+            f"unknown strategy {tc.strategy!r}: "
+            f"choose one of {', '.join(sorted(strategies.STRATEGIES))}"
+        )
+    if tc.algorithm not in collectives.ALGORITHMS:
+        raise UsageError(
+            f"unknown algorithm {tc.algorithm!r}: choose one of {', '.join(collectives.ALGORITHMS)}"
+        )
+    fault = parse_fault(tc.inject_fault)
+    if fault and fault.rank >= tc.world_size:
+        raise UsageError(
+            f"--inject-fault names rank {fault.rank}, but there are {tc.world_size} workers"
+        )
+    if tc.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: no CUDA device is available on this machine")
+    data = load_dataset(
+        tc.dataset,
+        tc.synthetic_size,
+        tc.synthetic_dim,
+        tc.synthetic_classes,
+        tc.seq_len,
+        tc.pycode_chars,
+    )
+    if len(data.x_train) < tc.batch_size:
+        raise UsageError(
+            f"--batch-size {tc.batch_size} is larger than the {len(data.x_train)} training samples"
+        )
+    build_model(tc.model, data, tc.seq_len)
+
+
+def _default_out(strategy: str) -> str:
+    return os.path.join("runs", f"{time.strftime('%Y%m%d-%H%M%S')}-{strategy}-{os.getpid()}")
+
+
+def _run_worker(cfg: Any, launched_by_us: bool) -> int:
+    from disttrain.comm import world
+    from disttrain.launch.local import PEER_EXIT_CODE
+    from disttrain.train.progress import print_summary
+    from disttrain.train.trainer import train
+
+    try:
+        summary = train(cfg)
+    except Exception as exc:
+        import torch.distributed as dist
+
+        rank = os.environ.get("RANK", "0")
+        peer = (
+            isinstance(exc, dist.DistError)
+            or "peer" in str(exc).lower()
+            or "timed out" in str(exc).lower()
+        )
+        if os.environ.get("DISTTRAIN_DEBUG"):
+            raise
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        sys.stderr.write(f"disttrain: rank {rank}: {type(exc).__name__}: {first_line}\n")
+        return PEER_EXIT_CODE if peer else 1
+    finally:
+        world.shutdown()
+    if not launched_by_us and summary and int(os.environ.get("RANK", "0")) == 0:
+        print_summary(summary, cfg.train.out)
+    return 0
+
+
+def cmd_train(ns: argparse.Namespace, argv: list[str]) -> int:
+    from disttrain import config
+    from disttrain.launch.local import JobFailed, launch
+    from disttrain.train.progress import print_summary
+
+    flags = {k: v for k, v in vars(ns).items() if k not in ("command", "config")}
+    cfg = config.load(flags, getattr(ns, "config", None))
+    if _is_worker():
+        launched_by_us = os.environ.get("DISTTRAIN_WORKER") == "1"
+        if not cfg.train.out and int(os.environ.get("RANK", "0")) == 0:
+            cfg = config.RunConfig(
+                {
+                    **cfg.sections,
+                    config.TrainConfig: dataclasses.replace(
+                        cfg.train, out=_default_out(cfg.train.strategy)
+                    ),
+                }
+            )
+        return _run_worker(cfg, launched_by_us)
+    _preflight(cfg)
+    out = cfg.train.out or _default_out(cfg.train.strategy)
+    os.makedirs(out, exist_ok=True)
+    try:
+        launch(cfg.train, [*argv, "--out", out])
+    except JobFailed as exc:
+        sys.stderr.write(f"disttrain: error: {exc}\n")
+        return 1
+    with open(os.path.join(out, "summary.json")) as fh:
+        print_summary(json.load(fh), out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        if ns.command == "train":
+            return cmd_train(ns, argv)
+        module = importlib.import_module(ns.bench_module)
+        return int(module.run(ns))
+    except UsageError as exc:
+        sys.stderr.write(f"disttrain: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("disttrain: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

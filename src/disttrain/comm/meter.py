@@ -1,0 +1,79 @@
+"""One meter for every byte and message that disttrain's own code sends, per peer.
+
+Our collectives and strategies call :func:`record_send` for each point-to-point
+message. Backend-native collectives (``torch.distributed.all_reduce``) cannot be
+observed from Python, so they record the traffic their algorithm is documented
+to send (gloo's ring: 2(n-1)/n·S), flagged as ``estimated``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+__all__ = ["Meter", "MeterSnapshot", "meter", "record_send"]
+
+
+@dataclass
+class MeterSnapshot:
+    """Totals at one moment: bytes and messages sent, in all and per peer."""
+
+    bytes_sent: int = 0
+    messages_sent: int = 0
+    estimated_bytes: int = 0
+    per_peer_bytes: dict[int, int] = field(default_factory=dict)
+    per_peer_messages: dict[int, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "bytes_sent": self.bytes_sent,
+            "messages_sent": self.messages_sent,
+            "estimated_bytes": self.estimated_bytes,
+            "per_peer_bytes": {str(k): v for k, v in sorted(self.per_peer_bytes.items())},
+            "per_peer_messages": {str(k): v for k, v in sorted(self.per_peer_messages.items())},
+        }
+
+
+class Meter:
+    """Counts bytes and messages sent by this process, per destination rank."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self._bytes: defaultdict[int, int] = defaultdict(int)
+        self._messages: defaultdict[int, int] = defaultdict(int)
+        self._estimated = 0
+
+    def record(self, peer: int, nbytes: int, messages: int = 1, estimated: bool = False) -> None:
+        """Count ``messages`` messages totalling ``nbytes`` bytes sent to global rank ``peer``."""
+        self._bytes[peer] += nbytes
+        self._messages[peer] += messages
+        if estimated:
+            self._estimated += nbytes
+
+    @property
+    def bytes_sent(self) -> int:
+        return sum(self._bytes.values())
+
+    @property
+    def messages_sent(self) -> int:
+        return sum(self._messages.values())
+
+    def snapshot(self) -> MeterSnapshot:
+        return MeterSnapshot(
+            bytes_sent=self.bytes_sent,
+            messages_sent=self.messages_sent,
+            estimated_bytes=self._estimated,
+            per_peer_bytes=dict(self._bytes),
+            per_peer_messages=dict(self._messages),
+        )
+
+
+#: The process-wide meter. Strategies read it for ``bytes_sent_per_rank``.
+meter = Meter()
+
+
+def record_send(peer: int, nbytes: int, messages: int = 1, estimated: bool = False) -> None:
+    """Count a send on the process-wide meter."""
+    meter.record(peer, nbytes, messages, estimated)

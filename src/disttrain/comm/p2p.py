@@ -1,0 +1,69 @@
+"""Metered point-to-point messages: the only way our own collectives send data.
+
+Ranks here are *group* ranks; they are translated to global ranks for
+torch.distributed and for the meter. A receive and its matching send are
+always posted together (``irecv`` + ``isend``, then wait on both): a blocking
+``recv`` after ``isend`` was measured 5-50x slower at small sizes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+
+from disttrain.comm.meter import record_send
+
+__all__ = ["exchange", "global_rank", "group_rank", "group_size", "recv", "send"]
+
+
+def group_size(group: ProcessGroup | None = None) -> int:
+    return dist.get_world_size(group)
+
+
+def group_rank(group: ProcessGroup | None = None) -> int:
+    return dist.get_rank(group)
+
+
+def global_rank(group: ProcessGroup | None, rank: int) -> int:
+    """The global rank of ``rank`` in ``group`` (the default group maps to itself)."""
+    if group is None or group is dist.GroupMember.WORLD:
+        return rank
+    return dist.get_global_rank(group, rank)
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def exchange(
+    send_tensor: torch.Tensor | None,
+    dst: int | None,
+    recv_tensor: torch.Tensor | None,
+    src: int | None,
+    group: ProcessGroup | None = None,
+) -> None:
+    """Send ``send_tensor`` to ``dst`` while receiving ``recv_tensor`` from ``src``.
+
+    Either side may be ``None`` (a pure send or a pure receive). Empty tensors
+    are not sent at all: both sides know the length, so nothing is lost.
+    """
+    works: list[Any] = []
+    if recv_tensor is not None and src is not None and recv_tensor.numel() > 0:
+        works.append(dist.irecv(recv_tensor, src=global_rank(group, src), group=group))
+    if send_tensor is not None and dst is not None and send_tensor.numel() > 0:
+        peer = global_rank(group, dst)
+        works.append(dist.isend(send_tensor.contiguous(), dst=peer, group=group))
+        record_send(peer, _nbytes(send_tensor))
+    for work in works:
+        work.wait()
+
+
+def send(tensor: torch.Tensor, dst: int, group: ProcessGroup | None = None) -> None:
+    exchange(tensor, dst, None, None, group)
+
+
+def recv(tensor: torch.Tensor, src: int, group: ProcessGroup | None = None) -> None:
+    exchange(None, None, tensor, src, group)

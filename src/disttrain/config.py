@@ -1,0 +1,180 @@
+"""Run settings: frozen dataclasses whose fields are both the CLI flags and the TOML keys.
+
+Each field's metadata carries its help text (and choices); :mod:`disttrain.cli`
+builds the ``train`` parser from these dataclasses, and a ``--config FILE.toml``
+may set any field by the same name (dashes or underscores). Precedence:
+defaults < TOML file < flags. Components with settings of their own add a
+section dataclass to :data:`SECTIONS`; its fields join the same flat namespace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from disttrain.comm.errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["SECTIONS", "RunConfig", "TrainConfig", "load", "section_fields"]
+
+
+def opt(default: Any, help: str, choices: tuple[str, ...] | None = None, **meta: Any) -> Any:
+    """A dataclass field that is also a CLI flag and a TOML key."""
+    return field(default=default, metadata={"help": help, "choices": choices, **meta})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What to train, on what, with how many workers, and where the results go."""
+
+    workers: int = opt(2, "worker processes on this node")
+    strategy: str = opt("allreduce", "how replicas agree (see `disttrain train --help`)")
+    algorithm: str = opt("native", "allreduce algorithm for data-parallel strategies")
+    model: str = opt("mlp", "mlp, cnn, gpt, or package.module:function returning an nn.Module")
+    dataset: str = opt("digits", "digits, synthetic, pycode, or a path to an .npz file")
+    epochs: int = opt(10, "passes over the training set")
+    max_steps: int = opt(0, "stop after this many steps (0: run all epochs)")
+    batch_size: int = opt(64, "GLOBAL batch size, split evenly across data-parallel workers")
+    lr: float = opt(0.05, "learning rate")
+    optimizer: str = opt("momentum", "optimizer", ("sgd", "momentum", "adam"))
+    momentum: float = opt(0.9, "momentum factor for --optimizer momentum")
+    weight_decay: float = opt(0.0, "L2 weight decay")
+    seed: int = opt(0, "seed for the data order, the model's initial weights and dropout")
+    out: str = opt("", "output folder (default: a new folder under runs/)")
+    device: str = opt("cpu", "cpu (gloo) or cuda (NCCL)", ("cpu", "cuda"))
+    timeout: float = opt(60.0, "seconds any collective may wait before the job fails")
+    threads: int = opt(1, "intra-op threads per worker")
+    log_every: int = opt(1, "write a metrics.jsonl line every N steps")
+    progress: bool = opt(True, "show a live progress bar on rank 0")
+    inject_fault: str = opt("", "fault for tests and demos, e.g. kill:rank=1:step=5 (see docs)")
+    # datasets
+    synthetic_size: int = opt(2048, "synthetic data set: number of samples")
+    synthetic_dim: int = opt(64, "synthetic data set: input features")
+    synthetic_classes: int = opt(10, "synthetic data set: classes")
+    seq_len: int = opt(64, "pycode / gpt: characters of context")
+    pycode_chars: int = opt(400_000, "pycode: characters of the standard library to use")
+    # multi-node pass-through (torchrun's meaning)
+    nnodes: int = opt(1, "number of nodes (multi-node runs)")
+    node_rank: int = opt(0, "this node's rank (static multi-node runs)")
+    rdzv_endpoint: str = opt("", "HOST:PORT of the rendezvous for multi-node runs")
+    rdzv_id: str = opt("disttrain", "job id shared by all nodes of a multi-node run")
+
+    def validate(self) -> None:
+        """Raise :class:`UsageError` naming the first impossible value."""
+        positive = ("workers", "epochs", "batch_size", "timeout", "threads", "log_every", "nnodes")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise UsageError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
+        if self.max_steps < 0:
+            raise UsageError(f"--max-steps must be >= 0, got {self.max_steps}")
+        if self.lr <= 0:
+            raise UsageError(f"--lr must be positive, got {self.lr}")
+        world = self.workers * self.nnodes
+        if self.batch_size % world:
+            raise UsageError(
+                f"--batch-size {self.batch_size} is not divisible by the {world} workers: "
+                f"use a multiple of {world}"
+            )
+        if not 0 <= self.node_rank < self.nnodes:
+            raise UsageError(f"--node-rank {self.node_rank} is outside 0..{self.nnodes - 1}")
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise UsageError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT")
+        for name in ("synthetic_size", "synthetic_dim", "synthetic_classes", "seq_len"):
+            if getattr(self, name) <= 0:
+                raise UsageError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
+
+    @property
+    def world_size(self) -> int:
+        return self.workers * self.nnodes
+
+
+#: Section dataclasses of strategies and components; their fields join the flags.
+SECTIONS: list[type[Any]] = [TrainConfig]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """All sections of one run, by class: ``cfg.train`` and ``cfg.section(PSConfig)``."""
+
+    sections: dict[type[Any], Any]
+
+    @property
+    def train(self) -> TrainConfig:
+        return self.sections[TrainConfig]  # type: ignore[no-any-return,unused-ignore]
+
+    def section(self, cls: type[Any]) -> Any:
+        return self.sections[cls]
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for value in self.sections.values():
+            out.update(dataclasses.asdict(value))
+        return out
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def section_fields() -> dict[str, tuple[type[Any], dataclasses.Field[Any]]]:
+    """Every settable name, mapped to its section and field."""
+    out: dict[str, tuple[type[Any], dataclasses.Field[Any]]] = {}
+    for cls in SECTIONS:
+        for f in dataclasses.fields(cls):
+            out[f.name] = (cls, f)
+    return out
+
+
+def _coerce(name: str, f: dataclasses.Field[Any], value: Any) -> Any:
+    kind = type(f.default)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+        raise UsageError(
+            f"setting {name!r} must be {kind.__name__}, got {type(value).__name__} {value!r}"
+        )
+    choices = f.metadata.get("choices")
+    if choices and value not in choices:
+        raise UsageError(f"--{_flag(name)} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def read_toml(path: str) -> dict[str, Any]:
+    """Read a TOML config file into flat settings; unknown keys are errors."""
+    if not os.path.isfile(path):
+        raise UsageError(f"config file not found: {path}")
+    try:
+        with open(path, "rb") as fh:
+            raw = tomllib.load(fh)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"config file {path} is not valid TOML: {exc}") from None
+    known = section_fields()
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        if name not in known or name == "config":
+            raise UsageError(f"unknown key {key!r} in config file {path}")
+        out[name] = value
+    return out
+
+
+def load(flags: dict[str, Any], config_file: str | None = None) -> RunConfig:
+    """Build and validate a run's config from given flags over an optional TOML file."""
+    settings = read_toml(config_file) if config_file else {}
+    settings.update(flags)
+    known = section_fields()
+    per_section: dict[type[Any], dict[str, Any]] = {cls: {} for cls in SECTIONS}
+    for name, value in settings.items():
+        cls, f = known[name]
+        per_section[cls][name] = _coerce(name, f, value)
+    sections = {cls: cls(**values) for cls, values in per_section.items()}
+    for section in sections.values():
+        section.validate()
+    return RunConfig(sections)

@@ -1,0 +1,109 @@
+"""Start the workers of one node with PyTorch's elastic launcher, and explain how they ended.
+
+Single-host jobs rendezvous through files (no listening socket); multi-node
+jobs use torch's ``c10d`` rendezvous at ``--rdzv-endpoint``, exactly as
+``torchrun`` would. Each worker re-runs ``python -m disttrain ARGS`` with
+``DISTTRAIN_WORKER=1`` set, so the worker entry point is the same one that
+``torchrun -m disttrain train ...`` runs on a cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import uuid
+from typing import Any
+
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from disttrain.comm.world import STORE_FILE_ENV
+from disttrain.config import TrainConfig
+from disttrain.launch import rendezvous
+
+__all__ = ["PEER_EXIT_CODE", "WORKER_ENV", "JobFailed", "launch"]
+
+#: Set in every worker's environment: "run the training loop, do not launch".
+WORKER_ENV = "DISTTRAIN_WORKER"
+#: A worker exits with this code when it stops because a *peer* failed.
+PEER_EXIT_CODE = 3
+
+
+class JobFailed(RuntimeError):
+    """The job ended because a worker failed; the message names the rank."""
+
+    def __init__(self, message: str, rank: int | None) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
+def _describe(rank: int, failure: ProcessFailure) -> str:
+    code = failure.exitcode
+    if code < 0:
+        try:
+            how = f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"was killed by signal {-code}"
+    else:
+        how = f"exited with code {code}"
+    detail = ""
+    if failure.message and failure.message != "<N/A>" and "Signal" not in failure.message:
+        detail = f": {failure.message.strip().splitlines()[-1]}"
+    return f"worker rank {rank} (pid {failure.pid}) {how}{detail}"
+
+
+def root_cause(failures: dict[int, ProcessFailure]) -> tuple[int, ProcessFailure]:
+    """The failed rank that caused the others to stop: not one that exited for a peer."""
+    own = {r: f for r, f in failures.items() if f.exitcode != PEER_EXIT_CODE}
+    pool = own or failures
+    return min(pool.items(), key=lambda item: (item[1].timestamp, item[0]))
+
+
+def launch(cfg: TrainConfig, argv: list[str]) -> None:
+    """Run ``disttrain ARGV`` on ``cfg.workers`` local workers; raise :class:`JobFailed`."""
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    tmp = tempfile.mkdtemp(prefix="disttrain-job-")
+    run_id = f"disttrain-{uuid.uuid4().hex[:12]}"
+    env_backup = dict(os.environ)
+    os.environ[WORKER_ENV] = "1"
+    os.environ.setdefault("OMP_NUM_THREADS", str(cfg.threads))
+    rdzv_configs: dict[str, Any]
+    if cfg.nnodes == 1 and not cfg.rdzv_endpoint:
+        rendezvous.register()
+        os.environ[STORE_FILE_ENV] = os.path.join(tmp, "workers.store")
+        backend, endpoint = rendezvous.BACKEND, ""
+        rdzv_configs = {"store_path": os.path.join(tmp, "agent.store")}
+    else:
+        backend, endpoint = "c10d", cfg.rdzv_endpoint
+        rdzv_configs = {"rank": cfg.node_rank}
+        run_id = cfg.rdzv_id
+    config = LaunchConfig(
+        min_nodes=cfg.nnodes,
+        max_nodes=cfg.nnodes,
+        nproc_per_node=cfg.workers,
+        run_id=run_id,
+        rdzv_backend=backend,
+        rdzv_endpoint=endpoint,
+        rdzv_configs=rdzv_configs,
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+        logs_specs=DefaultLogsSpecs(log_dir=os.path.join(tmp, "logs")),
+    )
+    try:
+        elastic_launch(config, sys.executable)("-m", "disttrain", *argv)
+    except ChildFailedError as exc:
+        rank, failure = root_cause(exc.failures)
+        others = len(exc.failures) - 1
+        tail = f"; {others} other worker(s) stopped because of it" if others else ""
+        raise JobFailed(_describe(rank, failure) + tail, rank) from None
+    finally:
+        os.environ.clear()
+        os.environ.update(env_backup)
+        shutil.rmtree(tmp, ignore_errors=True)

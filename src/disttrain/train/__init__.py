@@ -1,0 +1,1 @@
+"""L3: the trainer loop, lr schedules, checkpoints, metrics and fault injection."""

@@ -1,0 +1,86 @@
+"""Fault injection for tests and demos: ``--inject-fault KIND:rank=R:step=T``.
+
+Kinds: ``kill`` (SIGKILL itself), ``raise`` (a RuntimeError), ``hang`` (sleep
+forever), ``slow:FACTOR`` (sleep FACTOR-1 times the step's compute time),
+``nan`` (poison its gradients). The fault fires on rank R at step T (from 1).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from torch import nn
+
+from disttrain.comm.errors import UsageError
+
+__all__ = ["Fault", "parse_fault"]
+
+KINDS = ("kill", "raise", "hang", "slow", "nan")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault: what, on which rank, from which step."""
+
+    kind: str
+    rank: int
+    step: int
+    factor: float = 1.0
+
+    def fires(self, rank: int, step: int) -> bool:
+        if rank != self.rank:
+            return False
+        # slow and nan persist from their step on; the others fire once
+        return step >= self.step if self.kind in ("slow", "nan") else step == self.step
+
+    def before_step(self, rank: int, step: int) -> None:
+        if not self.fires(rank, step):
+            return
+        if self.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.kind == "raise":
+            raise RuntimeError(f"injected fault on rank {rank} at step {step}")
+        if self.kind == "hang":
+            while True:
+                time.sleep(3600)
+
+    def after_compute(self, rank: int, step: int, compute_seconds: float) -> None:
+        if self.kind == "slow" and self.fires(rank, step):
+            time.sleep(compute_seconds * (self.factor - 1.0))
+
+    def after_backward(self, rank: int, step: int, model: nn.Module) -> None:
+        if self.kind == "nan" and self.fires(rank, step):
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad.fill_(float("nan"))
+                    break
+
+
+def parse_fault(spec: str) -> Fault | None:
+    """Parse ``kill:rank=1:step=5`` or ``slow:4:rank=3:step=1``; empty means none."""
+    if not spec:
+        return None
+    parts = spec.split(":")
+    kind, rest = parts[0], parts[1:]
+    if kind not in KINDS:
+        raise UsageError(f"--inject-fault {spec!r}: kind must be one of {', '.join(KINDS)}")
+    factor = 1.0
+    if kind == "slow":
+        try:
+            factor = float(rest.pop(0))
+        except (IndexError, ValueError):
+            raise UsageError(f"--inject-fault {spec!r}: use slow:FACTOR:rank=R:step=T") from None
+        if factor < 1.0:
+            raise UsageError(f"--inject-fault {spec!r}: FACTOR must be >= 1")
+    fields: dict[str, int] = {}
+    for item in rest:
+        key, _, value = item.partition("=")
+        if key not in ("rank", "step") or not value.isdigit():
+            raise UsageError(f"--inject-fault {spec!r}: expected rank=R and step=T, got {item!r}")
+        fields[key] = int(value)
+    if "rank" not in fields:
+        raise UsageError(f"--inject-fault {spec!r}: name the rank with rank=R")
+    return Fault(kind, fields["rank"], max(1, fields.get("step", 1)), factor)

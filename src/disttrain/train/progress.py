@@ -1,0 +1,71 @@
+"""Rank 0's live progress bar (epoch, step, loss, samples/s) and the closing summary table."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+__all__ = ["ProgressBar", "print_summary"]
+
+
+class ProgressBar:
+    """A rich progress bar over all steps of the run; silent when disabled."""
+
+    def __init__(self, total_steps: int, enabled: bool) -> None:
+        self._progress: Progress | None = None
+        if not enabled:
+            return
+        self._progress = Progress(
+            TextColumn("epoch {task.fields[epoch]}"),
+            BarColumn(),
+            TextColumn("step {task.completed}/{task.total}"),
+            TextColumn("loss {task.fields[loss]:.4f}"),
+            TextColumn("{task.fields[sps]:,.0f} samples/s"),
+            TimeElapsedColumn(),
+            console=Console(file=sys.stderr),
+            transient=False,
+        )
+        self._task = self._progress.add_task("train", total=total_steps, epoch=0, loss=0.0, sps=0.0)
+        self._progress.start()
+
+    def update(self, step: int, epoch: int, loss: float, samples_per_second: float) -> None:
+        if self._progress is not None:
+            self._progress.update(
+                self._task, completed=step, epoch=epoch, loss=loss, sps=samples_per_second
+            )
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.4f}" if abs(value) < 1000 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def print_summary(summary: dict[str, Any], out_dir: str) -> None:
+    """Print the run's key figures as a table."""
+    table = Table(title=f"disttrain {summary['strategy']} · {summary['world_size']} workers")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    keys = (
+        "model", "dataset", "epochs", "steps", "global_batch_size", "final_loss",
+        "final_accuracy", "wall_seconds", "samples_per_second", "bytes_sent_per_rank",
+    )  # fmt: skip
+    for key in keys:
+        table.add_row(key, _fmt(summary.get(key)))
+    for phase, seconds in summary["time_breakdown"].items():
+        table.add_row(f"time: {phase} (s)", _fmt(seconds))
+    table.add_row("outputs", out_dir)
+    Console().print(table)

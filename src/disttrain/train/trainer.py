@@ -1,0 +1,202 @@
+"""The training loop that every strategy shares: one process's view of one run.
+
+    for each step: forward + backward (compute) -> strategy.after_backward
+    (communication) -> optimizer.step -> strategy.after_step
+
+Rank 0 evaluates on the test set after every epoch, writes metrics.jsonl,
+summary.json and model.pt, and shows the progress bar.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional as F
+
+from disttrain import strategies
+from disttrain.comm import world as world_mod
+from disttrain.comm.meter import meter
+from disttrain.config import RunConfig
+from disttrain.data import Dataset, GlobalBatchSampler, load_dataset
+from disttrain.models import build_model
+from disttrain.train.faults import parse_fault
+from disttrain.train.metrics import MetricsWriter, Timers, write_summary
+from disttrain.train.progress import ProgressBar
+
+__all__ = ["evaluate", "loss_fn", "make_optimizer", "train"]
+
+
+def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy, over classes or (for language models) over every position."""
+    if output.dim() == 3:
+        return F.cross_entropy(output.flatten(0, 1), target.flatten())
+    return F.cross_entropy(output, target)
+
+
+def make_optimizer(
+    name: str, params: Any, lr: float, momentum: float, weight_decay: float
+) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
+    if name == "momentum":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, data: Dataset, device: torch.device, batch: int = 512
+) -> tuple[float, float | None]:
+    """Mean test loss, and accuracy (None for language models)."""
+    model.eval()
+    total_loss, correct, count = 0.0, 0, 0
+    for i in range(0, len(data.x_test), batch):
+        x = data.x_test[i : i + batch].to(device)
+        y = data.y_test[i : i + batch].to(device)
+        out = model(x)
+        total_loss += loss_fn(out, y).item() * len(x)
+        if data.task == "classification":
+            correct += int((out.argmax(dim=1) == y).sum())
+        count += len(x)
+    model.train()
+    return total_loss / count, (correct / count if data.task == "classification" else None)
+
+
+def _gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
+    """Every rank's ``values`` (end-of-run bookkeeping, outside the measured traffic)."""
+    mine = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.get_world_size() == 1:
+        return [mine.tolist()]
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, mine)
+    return [t.tolist() for t in out]
+
+
+def train(cfg: RunConfig) -> dict[str, Any]:
+    """Run the training described by ``cfg`` on this process; return the summary (rank 0's)."""
+    tc = cfg.train
+    world = world_mod.init(device=tc.device, timeout=tc.timeout, threads=tc.threads)
+    fault = parse_fault(tc.inject_fault)
+    data = load_dataset(
+        tc.dataset,
+        tc.synthetic_size,
+        tc.synthetic_dim,
+        tc.synthetic_classes,
+        tc.seq_len,
+        tc.pycode_chars,
+    )
+    torch.manual_seed(tc.seed)
+    model = build_model(tc.model, data, tc.seq_len).to(world.device)
+    optimizer = make_optimizer(
+        tc.optimizer, model.parameters(), tc.lr, tc.momentum, tc.weight_decay
+    )
+    strategy = strategies.get(tc.strategy)(cfg)
+    strategy.setup(model, optimizer, world)
+    meter.reset()  # count training traffic only, not the initial broadcast
+
+    sampler = GlobalBatchSampler(
+        len(data.x_train), tc.batch_size, world.rank, world.world_size, tc.seed
+    )
+    total_steps = sampler.steps_per_epoch * tc.epochs
+    if tc.max_steps:
+        total_steps = min(total_steps, tc.max_steps)
+    main = world.is_main
+    out_dir = tc.out
+    metrics = MetricsWriter(os.path.join(out_dir, "metrics.jsonl") if main and out_dir else None)
+    bar = ProgressBar(total_steps, enabled=main and tc.progress)
+    timers = Timers()
+    step, epochs_done, loss_value = 0, 0, float("nan")
+    test_loss, test_acc = float("nan"), None
+    start = time.perf_counter()
+    try:
+        for epoch in range(tc.epochs):
+            for indices in sampler.epoch(epoch):
+                if step >= total_steps:
+                    break
+                step += 1
+                if fault:
+                    fault.before_step(world.rank, step)
+                with timers.time("data"):
+                    x = data.x_train[indices].to(world.device, non_blocking=True)
+                    y = data.y_train[indices].to(world.device, non_blocking=True)
+                t0 = time.perf_counter()
+                with timers.time("compute"):
+                    optimizer.zero_grad(set_to_none=True)
+                    loss = loss_fn(model(x), y)
+                    loss.backward()
+                if fault:
+                    fault.after_compute(world.rank, step, time.perf_counter() - t0)
+                    fault.after_backward(world.rank, step, model)
+                with timers.time("communication"):
+                    strategy.after_backward()
+                with timers.time("compute"):
+                    optimizer.step()
+                with timers.time("communication"):
+                    strategy.after_step(step)
+                loss_value = loss.item()
+                elapsed = time.perf_counter() - start
+                sps = step * tc.batch_size / max(elapsed, 1e-9)
+                if main and step % tc.log_every == 0:
+                    metrics.write(
+                        step=step,
+                        epoch=epoch,
+                        loss=loss_value,
+                        samples_per_second=sps,
+                        wall_seconds=elapsed,
+                        bytes_sent=meter.bytes_sent,
+                    )
+                bar.update(step, epoch, loss_value, sps)
+            epochs_done = epoch + 1
+            if main:
+                with timers.time("eval"):
+                    test_loss, test_acc = evaluate(model, data, world.device)
+                metrics.write(
+                    step=step,
+                    epoch=epoch,
+                    test_loss=test_loss,
+                    test_accuracy=test_acc,
+                    wall_seconds=time.perf_counter() - start,
+                    bytes_sent=meter.bytes_sent,
+                )
+            if step >= total_steps:
+                break
+    finally:
+        bar.close()
+        metrics.close()
+    wall = time.perf_counter() - start
+    train_seconds = wall - timers.seconds.get("eval", 0.0)
+    per_rank = _gather_floats([float(meter.bytes_sent), float(meter.messages_sent)], world.device)
+    summary: dict[str, Any] = {
+        "strategy": tc.strategy,
+        "algorithm": tc.algorithm,
+        "model": tc.model,
+        "dataset": data.name,
+        "world_size": world.world_size,
+        "steps": step,
+        "epochs": epochs_done,
+        "global_batch_size": tc.batch_size,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "final_loss": test_loss,
+        "final_train_loss": loss_value,
+        "final_accuracy": test_acc,
+        "wall_seconds": wall,
+        "samples_per_second": step * tc.batch_size / max(train_seconds, 1e-9),
+        "bytes_sent_per_rank": sum(r[0] for r in per_rank) / len(per_rank),
+        "bytes_sent_by_rank": [int(r[0]) for r in per_rank],
+        "messages_sent_by_rank": [int(r[1]) for r in per_rank],
+        "time_breakdown": timers.as_dict(),
+        "config": cfg.to_dict(),
+        **strategy.summary(),
+    }
+    if main and out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        torch.save(model.state_dict(), os.path.join(out_dir, "model.pt"))
+        write_summary(out_dir, summary)
+    return summary

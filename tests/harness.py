@@ -1,0 +1,129 @@
+"""The multi-process test harness: N ranks on a private file store, with a hard timeout.
+
+    results = run_world(fn, world_size=3, args=(...), timeout=60)
+
+``fn(*args)`` runs on every rank after ``disttrain.comm.init()``; its return
+values come back as a list indexed by rank. An exception on any rank is
+re-raised here naming the rank; a rank still running at the timeout is killed
+with all the others and the test fails with :class:`WorldTimeout` instead of
+hanging.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["RankError", "WorldTimeout", "run_world"]
+
+_CTX = mp.get_context("spawn")
+
+
+class RankError(AssertionError):
+    """A rank raised; the message holds its rank and traceback."""
+
+
+class WorldTimeout(AssertionError):
+    """The ranks did not all finish in time."""
+
+
+def _entry(
+    rank: int,
+    world_size: int,
+    store: str,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    results: Any,
+    collective_timeout: float,
+    env: dict[str, str],
+) -> None:
+    os.environ.update(env)
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "DISTTRAIN_STORE_FILE": store,
+        }
+    )
+    try:
+        from disttrain.comm import world
+
+        world.init(timeout=collective_timeout)
+        value = fn(*args)
+        results.put((rank, True, value))
+    except BaseException as exc:  # report everything, KeyboardInterrupt included
+        results.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    finally:
+        try:
+            from disttrain.comm import world
+
+            world.shutdown()
+        except Exception:
+            pass
+
+
+def run_world(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: tuple[Any, ...] = (),
+    timeout: float = 90.0,
+    collective_timeout: float = 30.0,
+    env: dict[str, str] | None = None,
+) -> list[Any]:
+    """Run ``fn(*args)`` on ``world_size`` ranks; return the per-rank results."""
+    fd, store = tempfile.mkstemp(prefix="disttrain-test-store-")
+    os.close(fd)
+    os.unlink(store)  # FileStore creates it; a stale file would confuse it
+    results = _CTX.Queue()
+    procs = [
+        _CTX.Process(
+            target=_entry,
+            args=(r, world_size, store, fn, args, results, collective_timeout, env or {}),
+            daemon=True,
+        )
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    out: dict[int, Any] = {}
+    errors: list[str] = []
+    reported: set[int] = set()
+    try:
+        deadline = time.monotonic() + timeout
+        while len(reported) < world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                missing = sorted(set(range(world_size)) - set(out))
+                raise WorldTimeout(f"ranks {missing} still running after {timeout:.0f} s")
+            try:
+                rank, ok, value = results.get(timeout=min(remaining, 0.5))
+            except queue.Empty:
+                for r, p in enumerate(procs):
+                    if p.exitcode not in (None, 0) and r not in reported:
+                        # Died without reporting (killed, or crashed in C++).
+                        reported.add(r)
+                        errors.append(f"rank {r} died with exit code {p.exitcode}")
+                continue
+            reported.add(rank)
+            if ok:
+                out[rank] = value
+            else:
+                errors.append(f"rank {rank}: {value}")
+        if errors:
+            raise RankError("\n".join(errors))
+        return [out[r] for r in range(world_size)]
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        if os.path.exists(store):
+            os.unlink(store)
