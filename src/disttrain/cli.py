@@ -156,7 +156,7 @@ def _run_worker(cfg: Any, launched_by_us: bool) -> int:
 
 
 def cmd_train(ns: argparse.Namespace, argv: list[str]) -> int:
-    from disttrain import config
+    from disttrain import config, strategies
     from disttrain.launch.local import JobFailed, launch
     from disttrain.train.progress import print_summary
 
@@ -177,8 +177,9 @@ def cmd_train(ns: argparse.Namespace, argv: list[str]) -> int:
     _preflight(cfg)
     out = cfg.train.out or _default_out(cfg.train.strategy)
     os.makedirs(out, exist_ok=True)
+    nproc = strategies.get(cfg.train.strategy).num_processes(cfg)
     try:
-        launch(cfg.train, [*argv, "--out", out])
+        launch(cfg.train, nproc, [*argv, "--out", out])
     except JobFailed as exc:
         sys.stderr.write(f"disttrain: error: {exc}\n")
         return 1

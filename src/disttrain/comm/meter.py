@@ -9,6 +9,8 @@ to send (gloo's ring: 2(n-1)/n·S), flagged as ``estimated``.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 __all__ = ["Meter", "MeterSnapshot", "meter", "record_send"]
@@ -41,16 +43,28 @@ class Meter:
         self.reset()
 
     def reset(self) -> None:
+        self._paused = 0
         self._bytes: defaultdict[int, int] = defaultdict(int)
         self._messages: defaultdict[int, int] = defaultdict(int)
         self._estimated = 0
 
     def record(self, peer: int, nbytes: int, messages: int = 1, estimated: bool = False) -> None:
         """Count ``messages`` messages totalling ``nbytes`` bytes sent to global rank ``peer``."""
+        if self._paused:
+            return
         self._bytes[peer] += nbytes
         self._messages[peer] += messages
         if estimated:
             self._estimated += nbytes
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Leave out what is sent inside (evaluation, end-of-run bookkeeping)."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
 
     @property
     def bytes_sent(self) -> int:

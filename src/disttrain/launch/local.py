@@ -64,8 +64,8 @@ def root_cause(failures: dict[int, ProcessFailure]) -> tuple[int, ProcessFailure
     return min(pool.items(), key=lambda item: (item[1].timestamp, item[0]))
 
 
-def launch(cfg: TrainConfig, argv: list[str]) -> None:
-    """Run ``disttrain ARGV`` on ``cfg.workers`` local workers; raise :class:`JobFailed`."""
+def launch(cfg: TrainConfig, nproc_per_node: int, argv: list[str]) -> None:
+    """Run ``disttrain ARGV`` on ``nproc_per_node`` local processes; raise :class:`JobFailed`."""
     for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
         logging.getLogger(name).setLevel(logging.ERROR)
     tmp = tempfile.mkdtemp(prefix="disttrain-job-")
@@ -86,7 +86,7 @@ def launch(cfg: TrainConfig, argv: list[str]) -> None:
     config = LaunchConfig(
         min_nodes=cfg.nnodes,
         max_nodes=cfg.nnodes,
-        nproc_per_node=cfg.workers,
+        nproc_per_node=nproc_per_node,
         run_id=run_id,
         rdzv_backend=backend,
         rdzv_endpoint=endpoint,

@@ -14,7 +14,6 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from disttrain import collectives
 from disttrain.comm.meter import record_send
-from disttrain.comm.world import World
 from disttrain.strategies.base import Strategy, register
 
 __all__ = ["AllReduce", "broadcast_tensors"]
@@ -42,8 +41,8 @@ class AllReduce(Strategy):
 
     name = "allreduce"
 
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, world: World) -> None:
-        super().setup(model, optimizer, world)
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        super().setup(model, optimizer)
         self.algorithm = collectives.get(self.config.train.algorithm)
         broadcast_tensors(list(model.state_dict().values()))
 

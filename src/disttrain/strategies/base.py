@@ -1,11 +1,18 @@
-"""The strategy interface (how replicas agree) and the registry of strategies by name.
+"""The strategy interface (how replicas or model shards agree) and the registry by name.
 
-A strategy sees the training step at fixed points: after ``setup`` the replicas
-must hold the same parameters; ``after_backward`` runs once gradients exist
-(data-parallel strategies average them here, or overlap that with backward
-through hooks installed in ``setup``); ``after_step`` follows the optimizer
-step (local SGD averages parameters here). Algorithm state lives in the
-strategy and is saved through ``state_dict``; process groups never are.
+The trainer drives every strategy through the same points of a step:
+
+    model = strategy.prepare_model(model)      # a shard of it, for model parallelism
+    optimizer = make_optimizer(model.parameters())
+    strategy.setup(model, optimizer)           # replicas made consistent
+    if not strategy.is_worker: strategy.serve(); return      # e.g. parameter servers
+    each step: loss = strategy.forward_backward(x, y)
+               strategy.after_backward()       # data parallel: average gradients
+               optimizer.step(); strategy.after_step(step)   # local SGD: average here
+    strategy.finish(); model = strategy.eval_model()         # the whole model on rank 0
+
+Override only the hooks you need (Bagua's pattern). Algorithm state lives in
+the strategy and is saved through ``state_dict``; process groups never are.
 """
 
 from __future__ import annotations
@@ -14,26 +21,71 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from torch.distributed import ProcessGroup
 
 from disttrain.comm.world import World
 from disttrain.config import RunConfig
 
 __all__ = ["STRATEGIES", "Strategy", "get", "register"]
 
+LossFn = Any  # Callable[[Tensor, Tensor], Tensor]
+
 
 class Strategy:
-    """How data-parallel replicas (or model shards) agree; override only the hooks you need."""
+    """How data-parallel replicas (or model shards) agree; each hook has a plain default."""
 
     name: ClassVar[str]
 
-    def __init__(self, config: RunConfig) -> None:
+    def __init__(self, config: RunConfig, world: World, loss_fn: LossFn) -> None:
         self.config = config
+        self.world = world
+        self.loss_fn = loss_fn
 
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, world: World) -> None:
+    @classmethod
+    def num_processes(cls, config: RunConfig) -> int:
+        """Processes to start on each node (servers included, for parameter servers)."""
+        return config.train.workers
+
+    # --- roles and data sharding -------------------------------------------------
+    @property
+    def is_worker(self) -> bool:
+        """False for processes that do not train (parameter servers): they ``serve()``."""
+        return True
+
+    def serve(self) -> dict[str, Any]:
+        """Run a non-worker process's role until the job ends; return its figures."""
+        raise NotImplementedError(f"{self.name} has no non-worker role")
+
+    @property
+    def data_rank(self) -> int:
+        """This process's index among the data-parallel shards of each global batch."""
+        return self.world.rank
+
+    @property
+    def data_world_size(self) -> int:
+        """How many shards each global batch is split into."""
+        return self.world.world_size
+
+    @property
+    def worker_group(self) -> ProcessGroup | None:
+        """The group of all worker processes (None: the whole world)."""
+        return None
+
+    # --- the step ------------------------------------------------------------------
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        """The part of ``model`` this process holds (all of it, by default)."""
+        return model
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Make the replicas consistent before the first step."""
         self.model = model
         self.optimizer = optimizer
-        self.world = world
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Compute the loss of this process's batch shard and its gradients; return the loss."""
+        loss = self.loss_fn(self.model(x), y)
+        loss.backward()
+        return loss.detach()
 
     def after_backward(self) -> None:
         """Gradients are ready: make them what the optimizer should apply."""
@@ -41,8 +93,16 @@ class Strategy:
     def after_step(self, step: int) -> None:
         """The optimizer has stepped (``step`` counts from 1)."""
 
+    def finish(self) -> None:
+        """Training is over on this worker (called on every worker)."""
+
+    def eval_model(self) -> nn.Module | None:
+        """The whole trained model on rank 0 (None elsewhere); called on every worker."""
+        return self.model if self.world.rank == 0 else None
+
+    # --- reporting and state ---------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        """Strategy-specific figures for summary.json."""
+        """Strategy-specific figures for summary.json (rank 0's view)."""
         return {}
 
     def state_dict(self) -> dict[str, Any]:

@@ -69,14 +69,28 @@ def evaluate(
     return total_loss / count, (correct / count if data.task == "classification" else None)
 
 
-def _gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
-    """Every rank's ``values`` (end-of-run bookkeeping, outside the measured traffic)."""
+def _gather_floats(
+    values: list[float], device: torch.device, group: dist.ProcessGroup | None
+) -> list[list[float]]:
+    """Every worker's ``values`` (end-of-run bookkeeping, outside the measured traffic)."""
     mine = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.get_world_size() == 1:
+    n = dist.get_world_size(group)
+    if n == 1:
         return [mine.tolist()]
-    out = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, mine)
+    out = [torch.empty_like(mine) for _ in range(n)]
+    dist.all_gather(out, mine, group=group)
     return [t.tolist() for t in out]
+
+
+def _epoch_end(
+    strategy: strategies.Strategy, data: Dataset, device: torch.device
+) -> tuple[nn.Module | None, float, float | None]:
+    """Evaluate the whole model on rank 0 (gathering it if the strategy splits it)."""
+    with meter.paused():
+        model = strategy.eval_model()
+    if model is None:
+        return None, float("nan"), None
+    return model, *evaluate(model, data, device)
 
 
 def train(cfg: RunConfig) -> dict[str, Any]:
@@ -85,24 +99,22 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     world = world_mod.init(device=tc.device, timeout=tc.timeout, threads=tc.threads)
     fault = parse_fault(tc.inject_fault)
     data = load_dataset(
-        tc.dataset,
-        tc.synthetic_size,
-        tc.synthetic_dim,
-        tc.synthetic_classes,
-        tc.seq_len,
+        tc.dataset, tc.synthetic_size, tc.synthetic_dim, tc.synthetic_classes, tc.seq_len,
         tc.pycode_chars,
-    )
-    torch.manual_seed(tc.seed)
-    model = build_model(tc.model, data, tc.seq_len).to(world.device)
+    )  # fmt: skip
+    torch.manual_seed(tc.seed)  # every rank builds the same initial model
+    strategy = strategies.get(tc.strategy)(cfg, world, loss_fn)
+    model = strategy.prepare_model(build_model(tc.model, data, tc.seq_len)).to(world.device)
     optimizer = make_optimizer(
         tc.optimizer, model.parameters(), tc.lr, tc.momentum, tc.weight_decay
     )
-    strategy = strategies.get(tc.strategy)(cfg)
-    strategy.setup(model, optimizer, world)
+    strategy.setup(model, optimizer)
+    if not strategy.is_worker:
+        return strategy.serve()
     meter.reset()  # count training traffic only, not the initial broadcast
 
     sampler = GlobalBatchSampler(
-        len(data.x_train), tc.batch_size, world.rank, world.world_size, tc.seed
+        len(data.x_train), tc.batch_size, strategy.data_rank, strategy.data_world_size, tc.seed
     )
     total_steps = sampler.steps_per_epoch * tc.epochs
     if tc.max_steps:
@@ -113,6 +125,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     bar = ProgressBar(total_steps, enabled=main and tc.progress)
     timers = Timers()
     step, epochs_done, loss_value = 0, 0, float("nan")
+    whole: nn.Module | None = None
     test_loss, test_acc = float("nan"), None
     start = time.perf_counter()
     try:
@@ -129,8 +142,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 with timers.time("compute"):
                     optimizer.zero_grad(set_to_none=True)
-                    loss = loss_fn(model(x), y)
-                    loss.backward()
+                    loss = strategy.forward_backward(x, y)
                 if fault:
                     fault.after_compute(world.rank, step, time.perf_counter() - t0)
                     fault.after_backward(world.rank, step, model)
@@ -145,44 +157,44 @@ def train(cfg: RunConfig) -> dict[str, Any]:
                 sps = step * tc.batch_size / max(elapsed, 1e-9)
                 if main and step % tc.log_every == 0:
                     metrics.write(
-                        step=step,
-                        epoch=epoch,
-                        loss=loss_value,
-                        samples_per_second=sps,
-                        wall_seconds=elapsed,
-                        bytes_sent=meter.bytes_sent,
-                    )
+                        step=step, epoch=epoch, loss=loss_value, samples_per_second=sps,
+                        wall_seconds=elapsed, bytes_sent=meter.bytes_sent,
+                    )  # fmt: skip
                 bar.update(step, epoch, loss_value, sps)
             epochs_done = epoch + 1
+            last = step >= total_steps or epoch == tc.epochs - 1
+            if last:
+                strategy.finish()
+            with timers.time("eval"):
+                whole, test_loss, test_acc = _epoch_end(strategy, data, world.device)
             if main:
-                with timers.time("eval"):
-                    test_loss, test_acc = evaluate(model, data, world.device)
                 metrics.write(
-                    step=step,
-                    epoch=epoch,
-                    test_loss=test_loss,
-                    test_accuracy=test_acc,
-                    wall_seconds=time.perf_counter() - start,
-                    bytes_sent=meter.bytes_sent,
-                )
-            if step >= total_steps:
+                    step=step, epoch=epoch, test_loss=test_loss, test_accuracy=test_acc,
+                    wall_seconds=time.perf_counter() - start, bytes_sent=meter.bytes_sent,
+                )  # fmt: skip
+            if last:
                 break
     finally:
         bar.close()
         metrics.close()
     wall = time.perf_counter() - start
     train_seconds = wall - timers.seconds.get("eval", 0.0)
-    per_rank = _gather_floats([float(meter.bytes_sent), float(meter.messages_sent)], world.device)
+    with meter.paused():
+        per_rank = _gather_floats(
+            [float(meter.bytes_sent), float(meter.messages_sent)], world.device,
+            strategy.worker_group,
+        )  # fmt: skip
     summary: dict[str, Any] = {
         "strategy": tc.strategy,
         "algorithm": tc.algorithm,
         "model": tc.model,
         "dataset": data.name,
         "world_size": world.world_size,
+        "workers": len(per_rank),
         "steps": step,
         "epochs": epochs_done,
         "global_batch_size": tc.batch_size,
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "parameters": sum(p.numel() for p in (whole or model).parameters()),
         "final_loss": test_loss,
         "final_train_loss": loss_value,
         "final_accuracy": test_acc,
@@ -197,6 +209,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     }
     if main and out_dir:
         os.makedirs(out_dir, exist_ok=True)
-        torch.save(model.state_dict(), os.path.join(out_dir, "model.pt"))
+        if whole is not None:
+            torch.save(whole.state_dict(), os.path.join(out_dir, "model.pt"))
         write_summary(out_dir, summary)
     return summary
