@@ -33,6 +33,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    import disttrain.strategies  # noqa: F401  (strategies register their settings sections)
     from disttrain.config import section_fields
 
     for name, (_, f) in section_fields().items():

@@ -22,7 +22,15 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["SECTIONS", "RunConfig", "TrainConfig", "load", "section_fields"]
+__all__ = [
+    "SECTIONS",
+    "RunConfig",
+    "TrainConfig",
+    "load",
+    "opt",
+    "register_section",
+    "section_fields",
+]
 
 
 def opt(default: Any, help: str, choices: tuple[str, ...] | None = None, **meta: Any) -> Any:
@@ -97,6 +105,20 @@ class TrainConfig:
 
 #: Section dataclasses of strategies and components; their fields join the flags.
 SECTIONS: list[type[Any]] = [TrainConfig]
+
+
+def register_section(cls: type[Any]) -> type[Any]:
+    """Class decorator for a component's settings: its fields become flags and TOML keys.
+
+    The class is a frozen dataclass built with :func:`opt` fields and a
+    ``validate()`` method; field names must not clash with other sections.
+    """
+    if cls not in SECTIONS:
+        clash = {f.name for f in dataclasses.fields(cls)} & set(section_fields())
+        if clash:
+            raise ValueError(f"{cls.__name__} redefines settings {sorted(clash)}")
+        SECTIONS.append(cls)
+    return cls
 
 
 @dataclass(frozen=True)
