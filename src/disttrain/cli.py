@@ -120,7 +120,11 @@ def _preflight(cfg: Any) -> None:
         raise UsageError(
             f"--batch-size {tc.batch_size} is larger than the {len(data.x_train)} training samples"
         )
-    build_model(tc.model, data, tc.seq_len)
+    model = build_model(tc.model, data, tc.seq_len)
+    # Model-parallel strategies check their split (stages, micro-batches, mesh) here.
+    validate = getattr(strategies.get(tc.strategy), "validate_config", None)
+    if validate is not None:
+        validate(cfg, model)
 
 
 def _default_out(strategy: str) -> str:
