@@ -12,6 +12,8 @@ from disttrain.config import RunConfig, load
 from disttrain.models import mlp
 from disttrain.train.trainer import loss_fn
 
+Batches = list[tuple[torch.Tensor, torch.Tensor]]
+
 __all__ = ["STEPS", "TOL", "batches", "config", "model", "reference", "train"]
 
 STEPS = 10
@@ -25,7 +27,7 @@ def model(seed: int = 0) -> nn.Sequential:
     return mlp(IN, CLASSES, hidden=(16, 24, 16))
 
 
-def batches(batch: int, steps: int = STEPS, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def batches(batch: int, steps: int = STEPS, seed: int = 1) -> Batches:
     g = torch.Generator().manual_seed(seed)
     return [
         (torch.randn(batch, IN, generator=g), torch.randint(0, CLASSES, (batch,), generator=g))
@@ -42,7 +44,7 @@ def _optimizer(params: Any) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.1, momentum=0.9)
 
 
-def reference(net: nn.Module, data: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[nn.Module, list[float]]:
+def reference(net: nn.Module, data: Batches) -> tuple[nn.Module, list[float]]:
     """The unsplit model trained on one process: its final state (grads kept) and losses."""
     net = copy.deepcopy(net)
     opt = _optimizer(net.parameters())
@@ -56,7 +58,7 @@ def reference(net: nn.Module, data: list[tuple[torch.Tensor, torch.Tensor]]) -> 
     return net, losses
 
 
-def train(strategy: Any, net: nn.Module, data: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[nn.Module, list[float]]:
+def train(strategy: Any, net: nn.Module, data: Batches) -> tuple[nn.Module, list[float]]:
     """Drive ``strategy`` as the trainer does; its local part and rank 0's logged losses."""
     part = strategy.prepare_model(net)
     opt = _optimizer(part.parameters())

@@ -66,5 +66,5 @@ def test_parse_balance_and_sequential_check() -> None:
         parse_balance("2,0")
     with pytest.raises(UsageError, match="params, time"):
         parse_balance("fast")
-    with pytest.raises(UsageError, match="nn.Sequential"):
+    with pytest.raises(UsageError, match=r"nn\.Sequential"):
         check_sequential(nn.Linear(2, 2), "pipeline")

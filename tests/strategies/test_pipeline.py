@@ -106,5 +106,5 @@ def test_a_model_that_is_not_a_sequence_is_refused() -> None:
     from disttrain.strategies.pipeline import Pipeline
 
     cfg = ref.config(strategy="pipeline", workers=2, batch_size=8)
-    with pytest.raises(UsageError, match="nn.Sequential"):
+    with pytest.raises(UsageError, match=r"nn\.Sequential"):
         Pipeline.validate_config(cfg, torch.nn.Linear(2, 2))

@@ -63,7 +63,7 @@ def test_tensor_slicing_equals_the_unsplit_model(mode: str) -> None:
         assert r["worst"] < ref.TOL, r
     kinds = results[0]["kinds"]
     if mode == "megatron":
-        # Flatten, then (Linear 12->16 col, ReLU, Linear 16->24 row), ReLU, (24->16 col, ReLU, 16->5 row)
+        # Flatten, (12->16 col, ReLU, 16->24 row), ReLU, (24->16 col, ReLU, 16->5 row)
         assert kinds == ["rep", "col", "rep", "row", "rep", "col", "rep", "row"]
         # per step: 2 forward allreduces + 1 backward (the first pair's input needs no gradient)
         assert results[0]["messages"] == ref.STEPS * 3 * 2
@@ -79,5 +79,5 @@ def test_bad_widths_are_refused_before_start() -> None:
     cfg = ref.config(strategy="tensor", workers=7, batch_size=14)
     with pytest.raises(UsageError, match="--workers 7: no Linear layer's width"):
         TensorParallel.validate_config(cfg, ref.model())
-    with pytest.raises(UsageError, match="nn.Sequential"):
+    with pytest.raises(UsageError, match=r"nn\.Sequential"):
         TensorParallel.validate_config(cfg, torch.nn.Linear(4, 4))

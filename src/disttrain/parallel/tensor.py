@@ -109,7 +109,9 @@ class ColumnParallelLinear(nn.Module):
         n = full.out_features // size
         self.weight = nn.Parameter(full.weight.detach()[rank * n : (rank + 1) * n].clone())
         b = full.bias
-        self.bias = nn.Parameter(b.detach()[rank * n : (rank + 1) * n].clone()) if b is not None else None
+        self.bias = (
+            None if b is None else nn.Parameter(b.detach()[rank * n : (rank + 1) * n].clone())
+        )
         self.group, self.algorithm, self.gather = group, algorithm, gather
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -165,7 +167,8 @@ def shard_model(
     out: OrderedDict[str, nn.Module] = OrderedDict()
     for (name, layer), kind in zip(model.named_children(), kinds, strict=True):
         if kind in ("col", "colgather"):
-            out[name] = ColumnParallelLinear(layer, rank, size, group, algorithm, kind == "colgather")  # type: ignore[arg-type]
+            gather = kind == "colgather"
+            out[name] = ColumnParallelLinear(layer, rank, size, group, algorithm, gather)  # type: ignore[arg-type]
         elif kind == "row":
             out[name] = RowParallelLinear(layer, rank, size, group, algorithm)  # type: ignore[arg-type]
         else:
@@ -186,8 +189,9 @@ def gather_into(
             continue
         for pname, t in layer.named_parameters():
             whole_dim = 1 if (kind == "row" and pname == "weight") else 0
+            parts: list[torch.Tensor]
             if kind == "row" and pname == "bias":
-                parts = [t]  # replicated: the same on every rank
+                parts = [t.detach()]  # replicated: the same on every rank
             else:
                 parts = [torch.empty_like(t) for _ in range(n)]
                 dist.all_gather(parts, t.detach().contiguous(), group=group)

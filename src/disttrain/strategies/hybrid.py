@@ -52,7 +52,7 @@ class Hybrid(Strategy):
     def __init__(self, config: RunConfig, world: World, loss_fn: LossFn) -> None:
         super().__init__(config, world, loss_fn)
         pc: ParallelConfig = config.section(ParallelConfig)
-        self.dp, k, self.kind = mesh_shape(pc, world.world_size)
+        self.dp, _, self.kind = mesh_shape(pc, world.world_size)
         self.mesh = Mesh.create(world.world_size, world.rank, self.dp)
         self.inner: Pipeline | TensorParallel
         if self.kind == "pp":

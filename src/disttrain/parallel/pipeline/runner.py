@@ -169,7 +169,7 @@ class PipelineRunner:
                     send_grad = self._do_backward(action, inputs, outputs, grads)
                 times.compute += time.perf_counter() - t0
             t0 = time.perf_counter()
-            for peer in ((s + 1, s - 1) if s % 2 == 0 else (s - 1, s + 1)):
+            for peer in (s + 1, s - 1) if s % 2 == 0 else (s - 1, s + 1):
                 if 0 <= peer < self.stages:
                     self._swap(row, peer, send_act, send_grad, shapes, inputs, grads, device)
             times.comm += time.perf_counter() - t0

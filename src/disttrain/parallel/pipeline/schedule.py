@@ -141,7 +141,8 @@ def build(name: str, microbatches: int, stages: int) -> Grid:
     try:
         return SCHEDULES[name](microbatches, stages)
     except KeyError:
-        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}") from None
+        choices = ", ".join(SCHEDULES)
+        raise ValueError(f"unknown schedule {name!r}; choose one of {choices}") from None
 
 
 def stage_actions(grid: Grid, stage: int) -> list[tuple[int, Action]]:
