@@ -116,7 +116,7 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.linear(_Copy.apply(x, self.group, self.algorithm), self.weight, self.bias)
-        return _Gather.apply(out, self.group) if self.gather else out  # type: ignore[no-any-return]
+        return _Gather.apply(out, self.group) if self.gather else out
 
 
 class RowParallelLinear(nn.Module):
@@ -132,7 +132,7 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = _Reduce.apply(F.linear(x, self.weight), self.group, self.algorithm)
-        return out + self.bias if self.bias is not None else out  # type: ignore[no-any-return]
+        return out + self.bias if self.bias is not None else out
 
 
 def plan(layers: list[nn.Module], size: int, mode: str) -> list[str]:
@@ -185,7 +185,7 @@ def gather_into(
     for (name, layer), kind in zip(sharded.named_children(), kinds, strict=True):
         if kind == "rep":
             if full is not None and full._modules[name] is not layer:
-                full._modules[name].load_state_dict(layer.state_dict())  # type: ignore[union-attr]
+                full._modules[name].load_state_dict(layer.state_dict())
             continue
         for pname, t in layer.named_parameters():
             whole_dim = 1 if (kind == "row" and pname == "weight") else 0

@@ -16,7 +16,7 @@ M micro-batches equal the gradient of the mean loss over the whole batch.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -101,7 +101,7 @@ class PipelineRunner:
         module: nn.Module,
         stage: int,
         grid: Grid,
-        meta_stages: list[nn.Module],
+        meta_stages: Sequence[nn.Module],
         loss_fn: LossFn,
         group: ProcessGroup | None = None,
         ranks: list[int] | None = None,
@@ -139,8 +139,8 @@ class PipelineRunner:
     def _forward(self, inp: torch.Tensor) -> torch.Tensor:
         if self.recompute and torch.is_grad_enabled():
             # Keep only the stage input; the stage's own activations are recomputed in backward.
-            return checkpoint(self.module, inp, use_reentrant=False)  # type: ignore[no-any-return]
-        return self.module(inp)  # type: ignore[no-any-return]
+            return checkpoint(self.module, inp, use_reentrant=False)
+        return self.module(inp)
 
     def run(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         """One training step's forward and backward; the mean batch loss on the last stage."""

@@ -77,7 +77,7 @@ def _simulate(orders: list[list[Action]]) -> Grid:
         for s in range(stages):
             if nxt[s] >= len(orders[s]):
                 continue
-            a = orders[s][nxt[s]]
+            a: Action = orders[s][nxt[s]]
             if a.kind == "F":
                 deps = [("F", a.microbatch, s - 1)] if s > 0 else []
             else:
@@ -86,9 +86,9 @@ def _simulate(orders: list[list[Action]]) -> Grid:
                     deps.append(("B", a.microbatch, s + 1))
             if all(d in done and done[d] < tick for d in deps):
                 row[s] = a
-        for s, a in enumerate(row):
-            if a is not None:
-                done[(a.kind, a.microbatch, s)] = tick
+        for s, ran in enumerate(row):
+            if ran is not None:
+                done[(ran.kind, ran.microbatch, s)] = tick
                 nxt[s] += 1
         if all(a is None for a in row):  # pragma: no cover  (orders are always feasible)
             raise RuntimeError("schedule deadlocked: an order violates the dependencies")
