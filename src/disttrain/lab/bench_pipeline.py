@@ -1,4 +1,4 @@
-"""Pipeline bubble vs (P-1)/(M+P-1), our schedules vs torch.distributed.pipelining, tensor slicing vs DTensor.
+"""Pipeline bubble vs (P-1)/(M+P-1); our schedules vs torch pipelining; tensor slicing vs DTensor.
 
     disttrain bench pipeline --show-schedule --stages 4 --microbatches 8
     disttrain bench pipeline --stages 2 --repeats 7 --out benchmarks/pipeline
