@@ -41,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per measurement")
     parser.add_argument("--show-schedule", action="store_true", help="print the diagrams, exit")
     parser.add_argument("--skip-torch", action="store_true", help="leave out the torch anchors")
+    parser.add_argument("--bubble-only", action="store_true", help="measure the bubble only")
     parser.add_argument("--out", default="", help="folder for results.json and bubble.png")
 
 
@@ -246,6 +247,8 @@ def run(a: argparse.Namespace) -> int:
                                   "step": per_rank[0]["step"]})  # fmt: skip
         print(f"{m:>4} {theory:>8.3f} {measured:>9.3f} {err:>+8.1%} {per_rank[0]['step']:>8.4f}")
     m = max(ms)
+    if a.bubble_only:
+        return _write(a, results, ms, p)
     print(f"\nStep time at M={m}: ours vs torch.distributed.pipelining (ratio < 1: ours faster)")
     results["schedules"] = {}
     for sched in ("gpipe", "1f1b"):
@@ -268,6 +271,10 @@ def run(a: argparse.Namespace) -> int:
         if "dtensor" in results["tensor"]:
             ratio = results["tensor"]["megatron"]["step"] / results["tensor"]["dtensor"]["step"]
             print(f"  megatron / dtensor step time: {ratio:.2f}")
+    return _write(a, results, ms, p)
+
+
+def _write(a: argparse.Namespace, results: dict[str, Any], ms: list[int], p: int) -> int:
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "results.json"), "w") as fh:
