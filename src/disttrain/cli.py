@@ -22,7 +22,9 @@ from disttrain.comm.errors import UsageError
 __all__ = ["BENCHES", "main"]
 
 #: ``disttrain bench NAME`` -> module with ``add_arguments(parser)`` and ``run(args) -> int``.
-BENCHES: dict[str, str] = {}
+BENCHES: dict[str, str] = {
+    "largebatch": "disttrain.lab.bench_largebatch",
+}
 
 
 class _Parser(argparse.ArgumentParser):
