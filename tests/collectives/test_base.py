@@ -28,7 +28,7 @@ from tests.harness import run_world
 #: Sub-groups built in the 6-rank world (None: the whole world); every size 1..6.
 GROUPS: list[list[int] | None] = [None, [0, 1, 2, 3, 4], [1, 2, 4, 5], [0, 3, 5], [2, 4], [3]]
 DTYPES = ["float32", "float64", "bfloat16", "float16", "int64"]
-EXAMPLES = 240
+EXAMPLES = 160
 
 
 def _examples(examples: int) -> dict[str, Any]:
