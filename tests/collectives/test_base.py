@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 import torch
 
 from tests.harness import run_world
@@ -108,8 +107,9 @@ def _examples(examples: int) -> dict[str, Any]:
             torch.testing.assert_close(data, expected, rtol=tol, atol=tol * n)
         else:
             assert torch.equal(data, expected), f"{algorithm} differs from native"
-        cost = collectives.get(algorithm).cost(length * data.element_size(), n, rank,
-                                               data.element_size())
+        cost = collectives.get(algorithm).cost(
+            length * data.element_size(), n, rank, data.element_size()
+        )
         extra = checks.check_cost_bytes(n) if check else (0, 0)
         want = (cost.bytes_sent + extra[0], cost.messages + extra[1])
         assert sent == want, f"{algorithm} n={n} rank {rank}: meter {sent} != cost {want}"
@@ -126,11 +126,16 @@ def test_every_algorithm_matches_native_on_groups_of_1_to_6_ranks() -> None:
     results = run_world(_examples, 6, args=(EXAMPLES,), timeout=170, collective_timeout=60)
     seen = [s for r in results for s in r["seen"]]
     # The examples really covered the space: every algorithm, group size and dtype.
-    assert {s[0] for s in seen} >= {"ring", "tree", "butterfly", "halving_doubling", "star",
-                                    "alltoall", "roundrobin"}
+    assert {s[0] for s in seen} >= {
+        "ring",
+        "tree",
+        "butterfly",
+        "halving_doubling",
+        "star",
+        "alltoall",
+        "roundrobin",
+    }
     assert {s[1] for s in seen} == {1, 2, 3, 4, 5, 6}
     assert {s[3] for s in seen} == set(DTYPES)
     lengths = {s[2] for s in seen}
     assert 0 in lengths and any(0 < x < 6 for x in lengths) and max(lengths) > 1000
-
-

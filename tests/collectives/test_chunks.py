@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -16,7 +18,7 @@ def test_chunks_cover_in_order_and_differ_by_at_most_one(numel: int, parts: int)
     assert max(sizes) - min(sizes) <= 1
     assert sizes == sorted(sizes, reverse=True)  # the larger chunks come first
     assert bounds[0][0] == 0 and bounds[-1][1] == numel
-    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
 
 
 def test_fewer_elements_than_parts_gives_empty_chunks() -> None:

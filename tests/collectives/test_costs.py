@@ -50,8 +50,9 @@ def test_star_alltoall_and_tree(n: int) -> None:
     star = collectives.get("star")
     assert star.cost(S, n, 0).bytes_sent == (n - 1) * S
     assert all(star.cost(S, n, r).bytes_sent == S for r in range(1, n))
-    assert all(collectives.get("alltoall").cost(S, n, r).bytes_sent == (n - 1) * S
-               for r in range(n))
+    assert all(
+        collectives.get("alltoall").cost(S, n, r).bytes_sent == (n - 1) * S for r in range(n)
+    )
     tree = collectives.get("tree")
     # n-1 edges, each crossed once up and once down
     assert sum(tree.cost(S, n, r).bytes_sent for r in range(n)) == 2 * (n - 1) * S

@@ -45,7 +45,5 @@ def check_lengths(numel: int, group: ProcessGroup | None = None) -> None:
         return
     lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
     dist.all_gather(lengths, torch.tensor([numel], dtype=torch.int64), group=group)
-    described = ", ".join(
-        f"rank {global_rank(group, r)}: {int(t)}" for r, t in enumerate(lengths)
-    )
+    described = ", ".join(f"rank {global_rank(group, r)}: {int(t)}" for r, t in enumerate(lengths))
     raise CollectiveMismatch(f"allreduce called with different lengths ({described})")
