@@ -10,6 +10,7 @@ import torch
 from torch.distributed import ProcessGroup
 
 from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
+from disttrain.collectives.scratch import buffer
 from disttrain.comm.p2p import group_rank, group_size, post
 
 __all__ = ["AllToAll"]
@@ -28,7 +29,7 @@ class AllToAll(AllReduceAlgorithm):
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         n, r = group_size(group), group_rank(group)
         peers = [p for p in range(n) if p != r]
-        bufs = {p: torch.empty_like(flat) for p in peers}
+        bufs = {p: buffer(self.name, p, flat.numel(), flat.dtype) for p in peers}
         post([(flat, p) for p in peers], [(bufs[p], p) for p in peers], group)
         # All sends are done, so flat may be overwritten. Sum in rank order
         # (x_0 + x_1 + ...) on every rank, accumulating into rank 0's array.

@@ -13,6 +13,7 @@ from torch.distributed import ProcessGroup
 
 from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
 from disttrain.collectives.folding import Fold
+from disttrain.collectives.scratch import buffer
 from disttrain.comm.p2p import exchange, group_rank, group_size
 
 __all__ = ["Butterfly"]
@@ -35,7 +36,7 @@ class Butterfly(AllReduceAlgorithm):
             exchange(flat, fold.rank + 1, None, None, group)
             exchange(None, None, flat, fold.rank + 1, group)
             return
-        incoming = torch.empty_like(flat)
+        incoming = buffer(self.name, 0, flat.numel(), flat.dtype)
         if fold.absorbs is not None:
             exchange(None, None, incoming, fold.absorbs, group)
             flat.add_(incoming)

@@ -16,6 +16,7 @@ from torch.distributed import ProcessGroup
 from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
 from disttrain.collectives.chunks import chunk_bounds, chunk_sizes
 from disttrain.collectives.folding import Fold
+from disttrain.collectives.scratch import buffer
 from disttrain.comm.p2p import exchange, group_rank, group_size
 
 __all__ = ["HalvingDoubling"]
@@ -56,7 +57,7 @@ class HalvingDoubling(AllReduceAlgorithm):
             exchange(None, None, flat, fold.rank + 1, group)
             return
         if fold.absorbs is not None:
-            incoming = torch.empty_like(flat)
+            incoming = buffer(self.name, 1, flat.numel(), flat.dtype)
             exchange(None, None, incoming, fold.absorbs, group)
             flat.add_(incoming)
         bounds = chunk_bounds(flat.numel(), fold.p)
@@ -66,7 +67,7 @@ class HalvingDoubling(AllReduceAlgorithm):
 
         steps = _schedule(fold.virtual, fold.p)
         # The first (lower) half is the largest segment ever kept: chunks are front-loaded.
-        scratch = torch.empty(span((0, fold.p // 2)).numel(), dtype=flat.dtype)
+        scratch = buffer(self.name, 0, span((0, fold.p // 2)).numel(), flat.dtype)
         for partner, keep, give in steps:
             mine = span(keep)
             incoming = scratch[: mine.numel()]

@@ -15,6 +15,7 @@ from torch.distributed import ProcessGroup
 
 from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
 from disttrain.collectives.chunks import chunk_bounds, chunk_sizes
+from disttrain.collectives.scratch import buffer
 from disttrain.comm.p2p import exchange, group_rank, group_size
 
 __all__ = ["Ring"]
@@ -37,7 +38,7 @@ class Ring(AllReduceAlgorithm):
         bounds = chunk_bounds(flat.numel(), n)
         chunks = [flat[a:b] for a, b in bounds]
         # One scratch buffer of the largest chunk, reused for every step.
-        scratch = torch.empty(bounds[0][1] - bounds[0][0], dtype=flat.dtype)
+        scratch = buffer(self.name, 0, bounds[0][1] - bounds[0][0], flat.dtype)
         for step in range(n - 1):  # reduce-scatter
             send_i, recv_i = (r - step) % n, (r - step - 1) % n
             incoming = scratch[: chunks[recv_i].numel()]

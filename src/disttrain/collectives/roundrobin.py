@@ -15,6 +15,7 @@ from torch.distributed import ProcessGroup
 
 from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
 from disttrain.collectives.chunks import chunk_bounds, chunk_sizes
+from disttrain.collectives.scratch import buffer
 from disttrain.comm.p2p import exchange, group_rank, group_size
 
 __all__ = ["RoundRobin"]
@@ -35,7 +36,7 @@ class RoundRobin(AllReduceAlgorithm):
         n, r = group_size(group), group_rank(group)
         chunks = [flat[a:b] for a, b in chunk_bounds(flat.numel(), n)]
         mine = chunks[r]
-        incoming = torch.empty_like(mine)
+        incoming = buffer(self.name, 0, mine.numel(), flat.dtype)
         for k in range(1, n):  # reduce-scatter
             to, frm = (r + k) % n, (r - k) % n
             exchange(chunks[to], to, incoming, frm, group)

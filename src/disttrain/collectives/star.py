@@ -10,6 +10,7 @@ import torch
 from torch.distributed import ProcessGroup
 
 from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
+from disttrain.collectives.scratch import buffer
 from disttrain.comm.p2p import exchange, group_rank, group_size, post
 
 __all__ = ["Star"]
@@ -31,7 +32,7 @@ class Star(AllReduceAlgorithm):
             exchange(flat, 0, None, None, group)
             exchange(None, None, flat, 0, group)
             return
-        bufs = [torch.empty_like(flat) for _ in range(1, n)]
+        bufs = [buffer(self.name, i, flat.numel(), flat.dtype) for i in range(1, n)]
         post([], [(buf, peer) for peer, buf in enumerate(bufs, start=1)], group)
         for buf in bufs:
             flat.add_(buf)

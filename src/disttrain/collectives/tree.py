@@ -12,6 +12,7 @@ import torch
 from torch.distributed import ProcessGroup
 
 from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
+from disttrain.collectives.scratch import buffer
 from disttrain.comm.p2p import exchange, group_rank, group_size, post
 
 __all__ = ["Tree"]
@@ -36,7 +37,7 @@ class Tree(AllReduceAlgorithm):
         n, r = group_size(group), group_rank(group)
         kids = _children(r, n)
         if kids:  # both children's partial sums arrive at once
-            bufs = [torch.empty_like(flat) for _ in kids]
+            bufs = [buffer(self.name, i, flat.numel(), flat.dtype) for i in range(len(kids))]
             post([], list(zip(bufs, kids, strict=True)), group)
             for buf in bufs:
                 flat.add_(buf)
