@@ -23,6 +23,7 @@ __all__ = ["BENCHES", "main"]
 
 #: ``disttrain bench NAME`` -> module with ``add_arguments(parser)`` and ``run(args) -> int``.
 BENCHES: dict[str, str] = {
+    "allreduce": "disttrain.lab.bench_allreduce",
     "largebatch": "disttrain.lab.bench_largebatch",
 }
 
