@@ -77,9 +77,8 @@ def run(args: argparse.Namespace) -> int:
                     "samples_per_second": summary["samples_per_second"],
                 })  # fmt: skip
                 progress.advance(task)
-    table = Table(
-        title=f"{args.model} on {args.dataset}, {args.epochs} epochs, lr {args.lr} at batch {args.base_batch_size}"
-    )
+    title = f"{args.model} on {args.dataset}, {args.epochs} epochs"
+    table = Table(title=f"{title}, lr {args.lr} at batch {args.base_batch_size}")
     for col in ("global batch", "variant", "steps", "final lr", "test accuracy", "test loss"):
         table.add_column(col, justify="right")
     for r in rows:
