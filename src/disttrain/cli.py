@@ -130,6 +130,10 @@ def _preflight(cfg: Any) -> None:
     validate = getattr(strategies.get(tc.strategy), "validate_config", None)
     if validate is not None:
         validate(cfg, model)
+    if tc.resume:
+        from disttrain.train import checkpoint
+
+        checkpoint.load(tc.resume, 0, tc.world_size)  # ours, complete, same number of workers
 
 
 def _default_out(strategy: str) -> str:
