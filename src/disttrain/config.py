@@ -58,6 +58,9 @@ class TrainConfig:
     out: str = opt("", "output folder (default: a new folder under runs/)")
     device: str = opt("cpu", "cpu (gloo) or cuda (NCCL)", ("cpu", "cuda"))
     timeout: float = opt(60.0, "seconds any collective may wait before the job fails")
+    check_collectives: bool = opt(
+        False, "check each allreduce's length on all ranks first (one small extra collective)"
+    )
     threads: int = opt(1, "intra-op threads per worker")
     log_every: int = opt(1, "write a metrics.jsonl line every N steps")
     progress: bool = opt(True, "show a live progress bar on rank 0")

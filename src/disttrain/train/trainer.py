@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from disttrain import strategies
+from disttrain import collectives, strategies
 from disttrain.comm import world as world_mod
 from disttrain.comm.meter import meter
 from disttrain.config import RunConfig
@@ -159,6 +159,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     """Run the training described by ``cfg`` on this process; return the summary (rank 0's)."""
     tc = cfg.train
     world = world_mod.init(device=tc.device, timeout=tc.timeout, threads=tc.threads)
+    collectives.set_length_check(tc.check_collectives)
     if tc.pin_cpus:
         pin_to_cpu(world.local_rank)
     fault = parse_fault(tc.inject_fault)
