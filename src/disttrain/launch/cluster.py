@@ -25,10 +25,10 @@ import json
 import os
 import re
 import signal
-import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from types import FrameType
+from typing import Any
 
 from disttrain.comm.errors import UsageError
 from disttrain.launch import netns
@@ -237,8 +237,9 @@ def status(name: str, as_json: bool) -> int:
         )
     whole = all(r["up"] for r in rows)
     if as_json:
-        print(json.dumps({"name": name, "bandwidth": netns.format_rate(cluster.rate_bits),
-                          "subnet": cluster.subnet, "whole": whole, "hosts": rows}, indent=2))  # fmt: skip
+        bandwidth = netns.format_rate(cluster.rate_bits)
+        report = {"name": name, "bandwidth": bandwidth, "subnet": cluster.subnet}
+        print(json.dumps({**report, "whole": whole, "hosts": rows}, indent=2))
         return 0 if whole else 1
     print(
         f"cluster {name!r}: {len(rows)} hosts on {cluster.subnet}, "
@@ -246,7 +247,9 @@ def status(name: str, as_json: bool) -> int:
     )
     for r in rows:
         state = f"up  send {r['send_rate']}  receive {r['receive_rate']}" if r["up"] else "MISSING"
-        print(f"  h{r['host']}  {r['address']:<15} {r['namespace']:<14} {r['interface']:<6} {state}")
+        print(
+            f"  h{r['host']}  {r['address']:<15} {r['namespace']:<14} {r['interface']:<6} {state}"
+        )
     if not whole:
         print(f"cluster {name!r} is broken: `disttrain cluster down --name {name}`, then up again")
     return 0 if whole else 1
@@ -264,7 +267,7 @@ def _require(name: str) -> Cluster:
 
 def add_arguments(parser: argparse.ArgumentParser, parser_class: type) -> None:
     """The ``cluster`` verbs and their flags."""
-    verbs = parser.add_subparsers(dest="verb", required=True, parser_class=parser_class)
+    verbs: Any = parser.add_subparsers(dest="verb", required=True, parser_class=parser_class)
 
     def verb(name: str, help_text: str) -> argparse.ArgumentParser:
         p = verbs.add_parser(name, help=help_text, description=help_text)
@@ -309,7 +312,11 @@ def main(ns: argparse.Namespace) -> int:
         netns.check_tools()
         if ns.verb == "down":
             removed = down(ns.name)
-            print(f"removed {', '.join(removed)}" if removed else f"cluster {ns.name!r}: nothing to remove")
+            print(
+                f"removed {', '.join(removed)}"
+                if removed
+                else f"cluster {ns.name!r}: nothing to remove"
+            )
             return 0
         if ns.verb == "status":
             return status(ns.name, ns.json)

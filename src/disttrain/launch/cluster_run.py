@@ -29,7 +29,9 @@ from disttrain.launch.cluster import Cluster, Host, interruptible
 __all__ = ["node_command", "run"]
 
 #: Sets the hostname in the new UTS namespace, then becomes the node's command.
-_SHIM = "import os,socket,sys; socket.sethostname(sys.argv[1]); os.execvp(sys.argv[2], sys.argv[2:])"
+_SHIM = (
+    "import os,socket,sys; socket.sethostname(sys.argv[1]); os.execvp(sys.argv[2], sys.argv[2:])"
+)
 #: After the first node fails, the others get this long to notice and exit on their own.
 FAILURE_GRACE_S = 20.0
 #: A node asked to stop (SIGTERM) gets this long before SIGKILL.
@@ -126,14 +128,16 @@ def run(cluster: Cluster, cmd: list[str], port: int, timeout: float) -> int:
 
     ``timeout`` > 0 stops every node after that many seconds (exit code 124).
     """
-    out = os.path.abspath(os.path.join("runs", f"{time.strftime('%Y%m%d-%H%M%S')}-cluster-{os.getpid()}"))
+    out = os.path.abspath(
+        os.path.join("runs", f"{time.strftime('%Y%m%d-%H%M%S')}-cluster-{os.getpid()}")
+    )
     commands = [node_command(cmd, cluster, h, port, out) for h in cluster.hosts]
     lock = threading.Lock()
     procs: list[subprocess.Popen[bytes]] = []
     threads = []
     try:
         with interruptible():
-            for host, argv in zip(cluster.hosts, commands):
+            for host, argv in zip(cluster.hosts, commands, strict=True):
                 wrapped = ["ip", "netns", "exec", host.ns, "unshare", "--uts", "--",
                            sys.executable, "-c", _SHIM, host.hostname, *argv]  # fmt: skip
                 proc = subprocess.Popen(

@@ -1,6 +1,6 @@
 """Measure one emulated link: TCP goodput and round-trip time between two cluster hosts.
 
-A receiver (``python -m disttrain.launch.linkprobe recv ADDR PORT``) runs in
+A receiver (``python -I linkprobe.py recv ADDR PORT``) runs in
 the destination host's namespace and listens on that host's private address
 only; a sender in the source host's namespace first bounces one byte 20 times
 (round trip), then streams zeros. The receiver times the stream from its first
@@ -17,9 +17,10 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from disttrain.launch.cluster import Host
-from disttrain.launch.netns import format_rate
+if TYPE_CHECKING:  # the peers run this file as a plain script: standard library only
+    from disttrain.launch.cluster import Host
 
 __all__ = ["LinkResult", "describe", "measure"]
 
@@ -78,8 +79,8 @@ def _send(addr: str, port: int, nbytes: int) -> None:
 
 
 def _in(host: Host, *args: str) -> list[str]:
-    return ["ip", "netns", "exec", host.ns, sys.executable, "-m", "disttrain.launch.linkprobe",
-            *args]  # fmt: skip
+    # -I: run this file alone (no package import, so no torch start-up on each peer)
+    return ["ip", "netns", "exec", host.ns, sys.executable, "-I", __file__, *args]
 
 
 def measure(src: Host, dst: Host, rate_bits: int, seconds: float = 1.0) -> LinkResult:
@@ -104,6 +105,8 @@ def measure(src: Host, dst: Host, rate_bits: int, seconds: float = 1.0) -> LinkR
 
 def describe(result: LinkResult, rate_bits: int) -> str:
     """One line: measured goodput against the shaped rate, and the round trip."""
+    from disttrain.launch.netns import format_rate
+
     return (
         f"{result.bytes / 1e6:.1f} MB in {result.seconds:.3f} s: "
         f"{result.bits_per_s / 1e6:.1f} Mbit/s of TCP goodput on a {format_rate(rate_bits)} link "

@@ -13,6 +13,7 @@ Shaping uses ``tbf`` (token bucket filter), because this kernel has no
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -110,17 +111,22 @@ def add_namespace(ns: str) -> None:
 def add_bridge(ns: str, bridge: str) -> None:
     """A Linux bridge (the emulated switch) inside namespace ``ns``."""
     _run(["ip", "-n", ns, "link", "add", bridge, "type", "bridge"])
+    _run(["ip", "-n", ns, "link", "set", bridge, "addrgenmode", "none"])
     _run(["ip", "-n", ns, "link", "set", bridge, "up"])
 
 
 def add_veth(ns: str, ifname: str, address: str, bridge_ns: str, port: str, bridge: str) -> None:
-    """A cable from host ``ns`` (``ifname``, with ``address``/prefix) to ``bridge`` in ``bridge_ns``.
+    """A cable from host ``ns`` (``ifname``, ``address``/prefix) to ``bridge`` in ``bridge_ns``.
 
     The pair is created inside ``ns`` and its peer moved straight into
     ``bridge_ns`` in the same call: it never appears in the machine's namespace.
     """
     _run(["ip", "-n", ns, "link", "add", ifname, "type", "veth",
           "peer", "name", port, "netns", bridge_ns])  # fmt: skip
+    # No IPv6 link-local addresses: a host's only addresses are loopback and ``address``,
+    # so a listener on "::" or "0.0.0.0" there is reachable on the private subnet only.
+    _run(["ip", "-n", ns, "link", "set", ifname, "addrgenmode", "none"])
+    _run(["ip", "-n", bridge_ns, "link", "set", port, "addrgenmode", "none"])
     _run(["ip", "-n", bridge_ns, "link", "set", port, "master", bridge, "up"])
     _run(["ip", "-n", ns, "addr", "add", address, "dev", ifname])
     _run(["ip", "-n", ns, "link", "set", ifname, "up"])
@@ -175,10 +181,8 @@ def kill_namespace_pids(ns: str) -> int:
     """SIGKILL every process in ``ns`` (a namespace outlives ``ip netns del`` while one runs)."""
     pids = namespace_pids(ns)
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     return len(pids)
 
 
@@ -188,7 +192,5 @@ def delete_namespace(ns: str) -> None:
     _run(["ip", "netns", "del", ns], check=False)
     folder = os.path.join(NETNS_ETC, ns)
     shutil.rmtree(folder, ignore_errors=True)
-    try:
+    with contextlib.suppress(OSError):
         os.rmdir(NETNS_ETC)  # only if empty: someone else may keep files there
-    except OSError:
-        pass
