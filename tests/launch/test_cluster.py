@@ -275,13 +275,13 @@ def test_ctrl_c_stops_every_node(name: str) -> None:
     assert all(netns.namespace_pids(h.ns) == [] for h in c.hosts)
 
 
-def _listeners_by_host(c: cluster.Cluster, pid: int) -> dict[int, set[str]]:
-    out: dict[int, set[str]] = {}
+def _listeners_by_host(c: cluster.Cluster, pid: int) -> dict[int, set[tuple[str, int]]]:
+    out: dict[int, set[tuple[str, int]]] = {}
     for h in c.hosts:
         pids = [p for p in descendants(pid) if p in netns.namespace_pids(h.ns)]
         if pids:
             addrs = listening_addresses(pids, f"/proc/{pids[0]}/net")
-            out.setdefault(h.index, set()).update(a for a, _ in addrs)
+            out.setdefault(h.index, set()).update(addrs)
     return out
 
 
@@ -323,14 +323,14 @@ def test_a_two_host_training_run_goes_through_the_multi_node_path(
         stderr=subprocess.STDOUT,
         text=True,
     )
-    seen: dict[int, set[str]] = {}
+    seen: dict[int, set[tuple[str, int]]] = {}
     try:
         metrics = out / "metrics.jsonl"
         deadline = time.monotonic() + 240
         while proc.poll() is None and time.monotonic() < deadline:
             for host, addrs in _listeners_by_host(c, proc.pid).items():
                 seen.setdefault(host, set()).update(addrs)
-            if metrics.exists() and seen.get(0):
+            if metrics.exists() and any(port == 29400 for _, port in seen.get(0, ())):
                 break
             time.sleep(0.2)
         text, _ = proc.communicate(timeout=240)
@@ -343,8 +343,11 @@ def test_a_two_host_training_run_goes_through_the_multi_node_path(
     assert summary["config"]["nnodes"] == 2
     assert "[h0]" in text and "[h1]" in text
     # host 0 runs the rendezvous store: it listens there, on its own namespace's addresses only
-    assert seen.get(0), f"no listener seen on host 0: {seen}"
-    for host, addrs in seen.items():
+    store = {addr for addr, port in seen.get(0, ()) if port == 29400}
+    assert store, f"the rendezvous store was not seen listening on host 0: {seen}"
+    assert not any(port == 29400 for h, a in seen.items() if h for _, port in a), seen
+    for host, listeners in seen.items():
+        addrs = {addr for addr, _ in listeners}
         allowed = {
             "0.0.0.0",
             "::",
