@@ -22,7 +22,11 @@ from disttrain.comm.errors import UsageError
 __all__ = ["BENCHES", "main"]
 
 #: ``disttrain bench NAME`` -> module with ``add_arguments(parser)`` and ``run(args) -> int``.
-BENCHES: dict[str, str] = {}
+BENCHES: dict[str, str] = {
+    "allreduce": "disttrain.lab.bench_allreduce",
+    "largebatch": "disttrain.lab.bench_largebatch",
+    "pipeline": "disttrain.lab.bench_pipeline",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -124,7 +128,15 @@ def _preflight(cfg: Any) -> None:
         raise UsageError(
             f"--batch-size {tc.batch_size} is larger than the {len(data.x_train)} training samples"
         )
-    build_model(tc.model, data, tc.seq_len)
+    model = build_model(tc.model, data, tc.seq_len)
+    # Model-parallel strategies check their split (stages, micro-batches, mesh) here.
+    validate = getattr(strategies.get(tc.strategy), "validate_config", None)
+    if validate is not None:
+        validate(cfg, model)
+    if tc.resume:
+        from disttrain.train import checkpoint
+
+        checkpoint.load(tc.resume, 0, tc.world_size)  # ours, complete, same number of workers
 
 
 def _default_out(strategy: str) -> str:
