@@ -82,9 +82,9 @@ def main() -> int:
     print(f"| anchor: 1 host x {args.hosts} workers, loopback | - | {base:.1f} | 1.00 |")
     for rate in rates:
         med = statistics.median(shaped[rate])
-        link = statistics.median(goodput[rate]) / 1e6
+        mbit = statistics.median(goodput[rate]) / 1e6
         print(
-            f"| {args.hosts} hosts x 1 worker, {rate} | {link:.0f} | {med:.1f} | {med / base:.2f} |"
+            f"| {args.hosts} hosts x 1 worker, {rate} | {mbit:.0f} | {med:.1f} | {med / base:.2f} |"
         )
     print(
         f"\nall samples/s: anchor {[round(x, 1) for x in anchor]}, "
