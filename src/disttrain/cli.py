@@ -1,4 +1,4 @@
-"""The ``disttrain`` command: ``train`` and ``bench``.
+"""The ``disttrain`` command: ``train``, ``bench`` and ``cluster``.
 
 Bad input is reported as one line on stderr with exit code 2, before any
 worker starts. A failed worker ends the job with exit code 1 and a line that
@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = bench_sub.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
         mod.add_arguments(p)
         p.set_defaults(bench_module=module)
+    from disttrain.launch import cluster
+
+    cluster.add_arguments(sub.add_parser("cluster", help="an emulated multi-host cluster"), _Parser)
     return parser
 
 
@@ -218,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if ns.command == "train":
             return cmd_train(ns, argv)
+        if ns.command == "cluster":
+            from disttrain.launch import cluster
+
+            return cluster.main(ns)
         module = importlib.import_module(ns.bench_module)
         return int(module.run(ns))
     except UsageError as exc:
