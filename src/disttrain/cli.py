@@ -209,7 +209,11 @@ def cmd_train(ns: argparse.Namespace, argv: list[str]) -> int:
     except JobFailed as exc:
         sys.stderr.write(f"disttrain: error: {exc}\n")
         return 1
-    with open(os.path.join(out, "summary.json")) as fh:
+    path = os.path.join(out, "summary.json")
+    if not os.path.exists(path):  # multi-node: global rank 0 ran on another node
+        print(f"disttrain: done; rank 0 ran on another node and wrote its summary to its {out}")
+        return 0
+    with open(path) as fh:
         print_summary(json.load(fh), out)
     return 0
 
