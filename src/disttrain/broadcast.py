@@ -25,7 +25,7 @@ __all__ = ["broadcast_optimizer_state", "broadcast_parameters", "broadcast_tenso
 def broadcast_tensors(
     tensors: list[torch.Tensor], src: int = 0, group: ProcessGroup | None = None
 ) -> None:
-    """Copy ``tensors`` from group rank ``src`` to every rank, one flat message per dtype, metered."""
+    """Copy ``tensors`` from group rank ``src`` to all ranks: a flat message per dtype, metered."""
     n = dist.get_world_size(group)
     if n == 1 or not tensors:
         return
@@ -40,7 +40,8 @@ def broadcast_tensors(
             # gloo broadcasts from the root to each rank in turn
             for peer in range(n):
                 if peer != src:
-                    record_send(global_rank(group, peer), flat.numel() * flat.element_size(), 1, True)
+                    nbytes = flat.numel() * flat.element_size()
+                    record_send(global_rank(group, peer), nbytes, 1, True)
         else:
             with torch.no_grad():
                 for t, v in zip(same, unflatten(flat, same), strict=True):
@@ -59,6 +60,12 @@ def broadcast_parameters(
 
 def _bytes_tensor(payload: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else torch.empty(0)
+
+
+def _describe(value: Any) -> dict[str, Any]:
+    if torch.is_tensor(value):
+        return {"tensor": str(value.dtype).removeprefix("torch."), "shape": list(value.shape)}
+    return {"value": value}
 
 
 def _broadcast_json(obj: Any, root: int, group: ProcessGroup | None) -> Any:
@@ -87,11 +94,7 @@ def broadcast_optimizer_state(
     if me == root_rank:
         for idx, entry in sd["state"].items():
             layout["state"][str(idx)] = {
-                k: (
-                    {"tensor": str(v.dtype).removeprefix("torch."), "shape": list(v.shape)}
-                    if torch.is_tensor(v)
-                    else {"value": v}
-                )
+                k: _describe(v)
                 for k, v in entry.items()
                 if torch.is_tensor(v) or isinstance(v, (int, float, bool))
             }

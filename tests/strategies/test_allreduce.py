@@ -24,7 +24,8 @@ GLOBAL_BATCH = 12
 
 def _data(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(100 + step)
-    return torch.randn(GLOBAL_BATCH, 16, generator=g), torch.randint(0, 4, (GLOBAL_BATCH,), generator=g)
+    x = torch.randn(GLOBAL_BATCH, 16, generator=g)
+    return x, torch.randint(0, 4, (GLOBAL_BATCH,), generator=g)
 
 
 def _base_model() -> torch.nn.Module:
@@ -112,7 +113,7 @@ def test_gradients_equal_ddp_and_single_process_for_every_algorithm() -> None:
         for res in per_rank:
             assert res["ref"] < TOL, res
             assert res["ddp"] < TOL, res
-            algorithm, fusion_mb, overlap, _ = res["case"]
+            _, fusion_mb, overlap, _ = res["case"]
             # 6 tensors: one bucket each with fusion off, several at 1 kB, one at 25 MB
             assert res["buckets"] == {0.0: 6, 0.001: res["buckets"], 25.0: 1}[fusion_mb]
             if fusion_mb == 0.001:

@@ -39,8 +39,8 @@ class DataParallelConfig:
     fusion_mb: float = opt(
         DEFAULT_FUSION_MB, "tensor fusion: gradient bucket size in MB (0: one allreduce per tensor)"
     )
-    overlap: bool = opt(True, "start each bucket's allreduce during backward, as soon as it is full")
-    accumulate: int = opt(1, "micro-batches per optimizer step (gradient accumulation), one allreduce")
+    overlap: bool = opt(True, "start each bucket's allreduce during backward, once it is full")
+    accumulate: int = opt(1, "micro-batches per optimizer step (accumulation), one allreduce")
 
     def validate(self) -> None:
         if self.fusion_mb < 0:
@@ -51,7 +51,7 @@ class DataParallelConfig:
 
 @register
 class AllReduce(Strategy):
-    """Average every gradient with ``--algorithm``, fused into buckets and overlapped with backward."""
+    """Average gradients with ``--algorithm``, fused into buckets, overlapped with backward."""
 
     name = "allreduce"
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -26,7 +27,7 @@ class CommThread:
     """Runs submitted functions one at a time, in order; each result comes back as a Future."""
 
     def __init__(self, name: str = "disttrain-comm") -> None:
-        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -43,11 +44,12 @@ class CommThread:
             item = self._queue.get()
             if item is _STOP:
                 return
-            fn, fut = item  # type: ignore[misc]
+            fn: Callable[[], torch.Tensor] = item[0]
+            fut: torch.futures.Future[torch.Tensor] = item[1]
             try:
                 result = fn()
             except BaseException as exc:  # the waiting thread re-raises it
-                fut.set_exception(exc)
+                fut.set_exception(exc)  # type: ignore[arg-type]  (torch stubs: Tensor)
             else:
                 fut.set_result(result)
 

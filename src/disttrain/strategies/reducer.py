@@ -55,7 +55,8 @@ class Reducer:
     ) -> None:
         if algorithm not in collectives.ALGORITHMS:
             raise UsageError(
-                f"unknown algorithm {algorithm!r}: choose one of {', '.join(collectives.ALGORITHMS)}"
+                f"unknown algorithm {algorithm!r}: "
+                f"choose one of {', '.join(collectives.ALGORITHMS)}"
             )
         compression = compression or "none"
         if compression not in COMPRESSIONS:
@@ -67,8 +68,7 @@ class Reducer:
         self.overlap = overlap
         self.group = group
         self.world_size = dist.get_world_size(group) if world_size is None else world_size
-        seen: set[int] = set()
-        unique = [p for p in params if p.requires_grad and not (id(p) in seen or seen.add(id(p)))]
+        unique = list({id(p): p for p in params if p.requires_grad}.values())  # shared once
         # Reverse registration order: the order backward makes gradients ready.
         ordered = list(reversed(unique))
         self.buckets: list[FlatBucket] = make_buckets(ordered, int(fusion_mb * MB))
@@ -82,7 +82,8 @@ class Reducer:
         self._comm_group: ProcessGroup | None = group
         if self.active and algorithm != "native":
             # Collective: every rank creates the reducer, so every rank makes this group.
-            self._comm_group = dist.new_group(dist.get_process_group_ranks(group or dist.group.WORLD))
+            ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+            self._comm_group = dist.new_group(ranks)
             self._thread = CommThread()
         if self.active and overlap:
             for p in ordered:
