@@ -49,7 +49,7 @@ class CommThread:
             try:
                 result = fn()
             except BaseException as exc:  # the waiting thread re-raises it
-                fut.set_exception(exc)  # type: ignore[arg-type]  (torch stubs: Tensor)
+                fut.set_exception(exc)  # type: ignore[arg-type]
             else:
                 fut.set_result(result)
 
