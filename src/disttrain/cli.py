@@ -21,7 +21,9 @@ from disttrain.comm.errors import UsageError
 __all__ = ["BENCHES", "main"]
 
 #: ``disttrain bench NAME`` -> module with ``add_arguments(parser)`` and ``run(args) -> int``.
-BENCHES: dict[str, str] = {}
+BENCHES: dict[str, str] = {
+    "dp": "disttrain.lab.bench_dp",
+}
 
 
 class _Parser(argparse.ArgumentParser):

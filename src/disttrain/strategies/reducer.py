@@ -70,7 +70,8 @@ class Reducer:
         self.world_size = dist.get_world_size(group) if world_size is None else world_size
         unique = list({id(p): p for p in params if p.requires_grad}.values())  # shared once
         # Reverse registration order: the order backward makes gradients ready.
-        ordered = list(reversed(unique))
+        ordered: list[torch.Tensor] = list(reversed(unique))
+        self.params: list[torch.Tensor] = ordered
         self.buckets: list[FlatBucket] = make_buckets(ordered, int(fusion_mb * MB))
         self._where: dict[int, tuple[int, int]] = {
             id(p): (b.index, i) for b in self.buckets for i, p in enumerate(b.tensors)
