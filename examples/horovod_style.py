@@ -52,7 +52,8 @@ def main() -> None:
     dt.broadcast_parameters(model.state_dict(), root_rank=0)
     dt.broadcast_optimizer_state(opt, root_rank=0)
 
-    sampler = GlobalBatchSampler(len(data.x_train), args.batch_size, dt.rank(), dt.size(), args.seed)
+    n, seed = len(data.x_train), args.seed
+    sampler = GlobalBatchSampler(n, args.batch_size, dt.rank(), dt.size(), seed)
     max_steps = args.max_steps or sampler.steps_per_epoch * args.epochs
     if args.uneven:
         max_steps -= dt.rank()

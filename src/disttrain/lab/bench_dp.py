@@ -8,7 +8,9 @@ round after round, every configuration for ``--steps`` steps after
 ``--warmup``: plain single-process PyTorch at the global batch and disttrain
 with one worker (both on rank 0 while the others wait in a barrier), PyTorch
 DDP (``bucket_cap_mb`` = ``--fusion-mb``), and disttrain's data parallelism with
-fusion and overlap on and off. Configurations are interleaved and their order
+fusion and overlap on and off. DDP runs twice: with
+``bucket_cap_mb=--fusion-mb`` (the anchor: same bucket size) and with its
+defaults (no cap given: a 1 MB first bucket, then 25 MB). Configurations are interleaved and their order
 rotates every round, so background load on a shared machine hits all of them
 alike. Each figure is the median over rounds of the round's samples/s (from its
 median step time), with the min and max over rounds; ratios to DDP are the
@@ -54,6 +56,7 @@ def _configs(args: argparse.Namespace) -> list[dict[str, Any]]:
         {"name": "plain", "kind": "plain"},
         {"name": "disttrain-1", "kind": "dt1"},
         {"name": "ddp", "kind": "ddp", "fusion_mb": f},
+        {"name": "ddp default-buckets", "kind": "ddp", "fusion_mb": None},
     ]
     if args.sweep:
         for mb in SWEEP_MB:
