@@ -7,16 +7,16 @@ One world of N processes (file store, loopback, one torch thread each) times,
 round after round, every configuration for ``--steps`` steps after
 ``--warmup``: plain single-process PyTorch at the global batch and disttrain
 with one worker (both on rank 0 while the others wait in a barrier), PyTorch
-DDP (``bucket_cap_mb`` = ``--fusion-mb``), and disttrain's data parallelism with
-fusion and overlap on and off. DDP runs twice: with
+DDP (``bucket_cap_mb`` = ``--fusion-mb``), and disttrain's data parallelism
+with fusion and overlap on and off. DDP runs twice: with
 ``bucket_cap_mb=--fusion-mb`` (the anchor: same bucket size) and with its
 defaults (no cap given: a 1 MB first bucket, then 25 MB). Configurations are
-interleaved and their order rotates every round, so background load on a
-shared machine hits all of them alike. Each figure is the median over rounds
-of the round's samples/s (from its median step time), with the min and max over rounds; ratios to DDP are the
-median of the per-round ratios. The per-step breakdown splits a step into
-forward+backward (with the gradient hooks and launches), the wait for
-communication after backward, and the optimizer step.
+interleaved and their order rotates every round, so background load on a shared
+machine hits all of them alike. Each figure is the median over rounds of the
+round's samples/s (from its median step time), with the min and max over
+rounds; ratios to DDP are the median of the per-round ratios. The per-step
+breakdown splits a step into forward+backward (with the gradient hooks and
+launches), the wait for communication after backward, and the optimizer step.
 """
 
 from __future__ import annotations
