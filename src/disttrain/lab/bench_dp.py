@@ -3,20 +3,20 @@
     disttrain bench dp --workers 2 --model mlp --batch-size 64 --json dp.json
     disttrain bench dp --workers 2 --model mlp --sweep        # fusion 0, 1, 4, 25, 64 MB
 
-One world of N processes (file store, loopback, one torch thread each) times,
-round after round, every configuration for ``--steps`` steps after
-``--warmup``: plain single-process PyTorch at the global batch and disttrain
-with one worker (both on rank 0 while the others wait in a barrier), PyTorch
-DDP (``bucket_cap_mb`` = ``--fusion-mb``), and disttrain's data parallelism
-with fusion and overlap on and off. DDP runs twice: with
+One world of N processes (file store, loopback, one torch thread each) builds
+every configuration side by side and times them step by step: config A's step
+i, then B's step i, ..., in an order that rotates every step, after
+``--warmup`` untimed steps each, so a burst of background load on a shared
+machine hits every configuration alike. The configurations: plain single-
+process PyTorch at the global batch and disttrain with one worker (both on rank
+0 while the others wait in a barrier), PyTorch DDP twice, with
 ``bucket_cap_mb=--fusion-mb`` (the anchor: same bucket size) and with its
-defaults (no cap given: a 1 MB first bucket, then 25 MB). Configurations are
-interleaved and their order rotates every round, so background load on a shared
-machine hits all of them alike. Each figure is the median over rounds of the
-round's samples/s (from its median step time), with the min and max over
-rounds; ratios to DDP are the median of the per-round ratios. The per-step
-breakdown splits a step into forward+backward (with the gradient hooks and
-launches), the wait for communication after backward, and the optimizer step.
+defaults (a 1 MB first bucket, then 25 MB), and disttrain's data parallelism
+with fusion and overlap on and off. Each figure is the median samples/s over
+the timed steps with the 25th and 75th percentiles; ratios to DDP are medians
+of paired ratios (step i against DDP's step i). The per-step breakdown splits a
+step into forward+backward (with the gradient hooks and launches), the wait for
+communication after backward, and the optimizer step.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import queue
 import statistics
 import tempfile
 import time
@@ -42,9 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="GLOBAL batch size")
     parser.add_argument("--algorithm", default="native", help="allreduce algorithm for disttrain")
     parser.add_argument("--fusion-mb", type=float, default=25.0, help="bucket size (DDP's too)")
-    parser.add_argument("--steps", type=int, default=20, help="timed steps per config and round")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed steps before each run")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved repetitions")
+    parser.add_argument("--steps", type=int, default=60, help="timed steps per config")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps of each config first")
     parser.add_argument("--sweep", action="store_true", help="fusion thresholds 0,1,4,25,64 MB")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
     parser.add_argument("--json", default="", help="write every figure to this JSON file")
@@ -71,31 +71,23 @@ def _configs(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 class _Timer:
+    """Per-phase seconds of each step (forward_backward, wait, optimizer)."""
+
     def __init__(self) -> None:
         self.phases: dict[str, list[float]] = {}
 
-    def add(self, phase: str, seconds: float) -> None:
-        self.phases.setdefault(phase, []).append(seconds)
-
-
-def _timed_steps(
-    step: Callable[[int, _Timer], None], steps: int, warmup: int
-) -> tuple[list[float], dict[str, float]]:
-    scratch = _Timer()
-    for i in range(warmup):
-        step(i, scratch)
-    timer = _Timer()
-    times = []
-    for i in range(steps):
+    def time(self, phase: str, fn: Callable[[], Any]) -> None:
         t0 = time.perf_counter()
-        step(warmup + i, timer)
-        times.append(time.perf_counter() - t0)
-    return times, {k: statistics.median(v) for k, v in timer.phases.items()}
+        fn()
+        self.phases.setdefault(phase, []).append(time.perf_counter() - t0)
 
 
-def _one_config(cfg: dict[str, Any], args: argparse.Namespace, data: Any) -> Any:
+Step = Callable[[int, _Timer], None]
+
+
+def _build(cfg: dict[str, Any], args: argparse.Namespace, data: Any) -> tuple[Step, Any] | None:
+    """This rank's step function for ``cfg`` (None: the config runs on rank 0 only)."""
     import torch
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from disttrain import config, strategies
@@ -118,46 +110,33 @@ def _one_config(cfg: dict[str, Any], args: argparse.Namespace, data: Any) -> Any
     xs = [data.x_train[b] for b in batches]
     ys = [data.y_train[b] for b in batches]
 
-    def timed(timer: _Timer, phase: str, fn: Callable[[], Any]) -> None:
-        t0 = time.perf_counter()
-        fn()
-        timer.add(phase, time.perf_counter() - t0)
-
     if cfg["kind"] in ("plain", "ddp"):
         net = DDP(model, bucket_cap_mb=cfg["fusion_mb"]) if cfg["kind"] == "ddp" else model
 
         def step(i: int, timer: _Timer) -> None:
             x, y = xs[i % 8], ys[i % 8]
             opt.zero_grad(set_to_none=True)
-            timed(timer, "forward_backward", lambda: loss_fn(net(x), y).backward())
-            timed(timer, "optimizer", opt.step)
+            timer.time("forward_backward", lambda: loss_fn(net(x), y).backward())
+            timer.time("optimizer", opt.step)
 
-        times, phases = _timed_steps(step, args.steps, args.warmup)
-        return times, phases, {}
+        return step, None
     flags = {"algorithm": args.algorithm, "workers": 1 if single else n,
              "batch_size": args.batch_size, "fusion_mb": cfg.get("fusion_mb", args.fusion_mb),
              "overlap": cfg.get("overlap", True)}  # fmt: skip
-    run_cfg = config.load(flags)
     w = world_mod.World(0, 1, 0, world.backend, world.device, world.timeout) if single else world
-    strategy = strategies.get("allreduce")(run_cfg, w, loss_fn)
+    strategy = strategies.get("allreduce")(config.load(flags), w, loss_fn)
     assert isinstance(strategy, AllReduce)
     strategy.setup(model, opt)
 
     def dp_step(i: int, timer: _Timer) -> None:
         x, y = xs[i % 8], ys[i % 8]
         opt.zero_grad(set_to_none=True)
-        timed(timer, "forward_backward", lambda: strategy.forward_backward(x, y))
-        timed(timer, "wait", strategy.after_backward)
-        timed(timer, "optimizer", opt.step)
+        timer.time("forward_backward", lambda: strategy.forward_backward(x, y))
+        timer.time("wait", strategy.after_backward)
+        timer.time("optimizer", opt.step)
         strategy.after_step(i + 1)
 
-    times, phases = _timed_steps(dp_step, args.steps, args.warmup)
-    stats = strategy.reducer.stats()
-    strategy.finish()
-    if not single:
-        dist.barrier()
-    return times, phases, {"buckets": stats["buckets"],
-                           "launched_in_backward": stats["launched_in_backward"]}  # fmt: skip
+    return dp_step, strategy
 
 
 def _rank_main(rank: int, n: int, store: str, args: argparse.Namespace, results: Any) -> None:
@@ -173,15 +152,37 @@ def _rank_main(rank: int, n: int, store: str, args: argparse.Namespace, results:
         data = load_dataset("pycode" if args.model == "gpt" else "digits", 2048, 64, 10, 64,
                             400_000)  # fmt: skip
         configs = _configs(args)
-        raw: dict[str, list[Any]] = {c["name"]: [] for c in configs}
-        for r in range(args.rounds):
-            shift = r % len(configs)  # rotate the order every round
-            for cfg in configs[shift:] + configs[:shift]:
+        built = [_build(c, args, data) for c in configs]
+        timers = [_Timer() for _ in configs]
+        times: list[list[float]] = [[] for _ in configs]
+        scratch = _Timer()
+        # Step-level interleaving: config A's step i, B's step i, ... in an order that
+        # rotates every step, so a burst of background load hits every config alike.
+        for i in range(args.warmup + args.steps):
+            for k in range(len(configs)):
+                c = (k + i) % len(configs)
                 dist.barrier()
-                out = _one_config(cfg, args, data)
-                if out is not None:
-                    raw[cfg["name"]].append(out)
-            dist.barrier()
+                entry = built[c]
+                if entry is None:
+                    continue
+                t0 = time.perf_counter()
+                entry[0](i, scratch if i < args.warmup else timers[c])
+                if i >= args.warmup:
+                    times[c].append(time.perf_counter() - t0)
+        dist.barrier()
+        raw: dict[str, Any] = {}
+        for c, cfg in enumerate(configs):
+            strategy = built[c][1] if built[c] is not None else None  # type: ignore[index]
+            extra = {}
+            if strategy is not None:
+                stats = strategy.reducer.stats()
+                extra = {
+                    "buckets": stats["buckets"],
+                    "launched_in_backward_per_step": stats["launched_in_backward"]
+                    / (args.warmup + args.steps),
+                }
+                strategy.finish()
+            raw[cfg["name"]] = (times[c], timers[c].phases, extra)
         results.put((rank, True, raw if rank == 0 else None))
     except BaseException as exc:
         results.put((rank, False, f"{type(exc).__name__}: {exc}"))
@@ -189,25 +190,24 @@ def _rank_main(rank: int, n: int, store: str, args: argparse.Namespace, results:
         world_mod.shutdown()
 
 
-def _summarise(raw: dict[str, list[Any]], args: argparse.Namespace) -> dict[str, Any]:
+def _summarise(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    b = args.batch_size
     rows: dict[str, Any] = {}
-    ddp_rounds = [args.batch_size / statistics.median(t) for t, _, _ in raw["ddp"]]
-    for name, runs in raw.items():
-        sps = [args.batch_size / statistics.median(t) for t, _, _ in runs]
-        phases: dict[str, float] = {}
-        for key in runs[0][1]:
-            phases[key] = statistics.median(p[key] for _, p, _ in runs) * 1e3
+    ddp = raw["ddp"][0]
+    for name, (times, phases, extra) in raw.items():
+        sps = sorted(b / t for t in times)
+        q = len(sps) // 4
         rows[name] = {
             "samples_per_second": statistics.median(sps),
-            "min": min(sps),
-            "max": max(sps),
-            "rounds": sps,
-            "ratio_to_ddp": statistics.median(a / b for a, b in zip(sps, ddp_rounds, strict=True)),
-            "step_ms": {k: round(v, 3) for k, v in phases.items()},
-            **runs[0][2],
+            "p25": sps[q],
+            "p75": sps[-1 - q],
+            # paired: step i of this config against step i of DDP, run moments apart
+            "ratio_to_ddp": statistics.median(d / t for t, d in zip(times, ddp, strict=True)),
+            "step_ms": {k: round(statistics.median(v) * 1e3, 3) for k, v in phases.items()},
+            **extra,
         }
     rows["disttrain-1"]["ratio_to_plain"] = statistics.median(
-        a / b for a, b in zip(rows["disttrain-1"]["rounds"], rows["plain"]["rounds"], strict=True)
+        p / t for t, p in zip(raw["disttrain-1"][0], raw["plain"][0], strict=True)
     )
     return rows
 
@@ -217,8 +217,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.workers < 1 or args.batch_size % args.workers:
         raise UsageError(f"--batch-size {args.batch_size} must be a multiple of --workers")
-    if args.steps < 1 or args.rounds < 1 or args.warmup < 0 or args.fusion_mb < 0:
-        raise UsageError("--steps and --rounds must be >= 1, --warmup and --fusion-mb >= 0")
+    if args.steps < 1 or args.warmup < 0 or args.fusion_mb < 0:
+        raise UsageError("--steps must be >= 1, --warmup and --fusion-mb >= 0")
     from disttrain import collectives
 
     if args.algorithm not in collectives.ALGORITHMS:
@@ -233,11 +233,21 @@ def run(args: argparse.Namespace) -> int:
     for p in procs:
         p.start()
     raw = None
+    deadline = time.monotonic() + args.timeout
     try:
-        for _ in range(args.workers):
-            rank, ok, value = results.get(timeout=args.timeout)
+        reported = 0
+        while reported < args.workers:
+            try:
+                rank, ok, value = results.get(timeout=1.0)
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                if dead or time.monotonic() > deadline:
+                    why = f"rank {dead[0]} died" if dead else f"no result in {args.timeout:.0f} s"
+                    raise RuntimeError(f"bench dp failed: {why}") from None
+                continue
+            reported += 1
             if not ok:
-                raise RuntimeError(f"rank {rank}: {value}")
+                raise RuntimeError(f"bench dp failed on rank {rank}: {value}")
             if rank == 0:
                 raw = value
     finally:
@@ -248,11 +258,11 @@ def run(args: argparse.Namespace) -> int:
     assert raw is not None
     rows = _summarise(raw, args)
     print(f"bench dp: model={args.model} workers={args.workers} batch={args.batch_size} "
-          f"algorithm={args.algorithm} steps={args.steps}x{args.rounds} rounds (shared machine: "
-          "medians over interleaved rounds)")  # fmt: skip
-    print(f"{'config':<28}{'samples/s':>11}{'[min, max]':>20}{'/DDP':>7}   step ms (median)")
+          f"algorithm={args.algorithm} steps={args.steps} per config, interleaved "
+          "step by step (shared machine: medians, [p25, p75])")  # fmt: skip
+    print(f"{'config':<28}{'samples/s':>11}{'[p25, p75]':>20}{'/DDP':>7}   step ms (median)")
     for name, row in rows.items():
-        spread = f"[{row['min']:.0f}, {row['max']:.0f}]"
+        spread = f"[{row['p25']:.0f}, {row['p75']:.0f}]"
         phases = " ".join(f"{k}={v:.1f}" for k, v in row["step_ms"].items())
         print(f"{name:<28}{row['samples_per_second']:>11.0f}{spread:>20}"
               f"{row['ratio_to_ddp']:>7.3f}   {phases}")  # fmt: skip
