@@ -127,3 +127,19 @@ def test_three_ranks_native_and_point_to_point() -> None:
     for per_rank in results:
         for res in per_rank:
             assert res["ref"] < TOL and res["ddp"] < TOL, res
+
+
+def test_bad_settings_are_usage_errors() -> None:
+    import pytest
+
+    from disttrain import config
+    from disttrain.comm.errors import UsageError
+
+    with pytest.raises(UsageError, match="--fusion-mb"):
+        config.load({"fusion_mb": -1.0})
+    with pytest.raises(UsageError, match="--accumulate"):
+        config.load({"accumulate": 0})
+    cfg = config.load({"fusion_mb": 4, "overlap": False, "accumulate": 2})  # TOML ints coerced
+    from disttrain.strategies.allreduce import DataParallelConfig
+
+    assert cfg.section(DataParallelConfig) == DataParallelConfig(4.0, False, 2)
