@@ -18,9 +18,7 @@ from tests.harness import run_world
 def _train(flags: dict[str, Any], out: str) -> dict[str, Any]:
     from disttrain import config
     from disttrain.train.trainer import train
-    from tests.strategies import p2p_reference
 
-    p2p_reference.ensure_registered()
     os.makedirs(out, exist_ok=True)  # the CLI makes it before the workers start
     cfg = config.load({**flags, "out": out, "progress": False, "epochs": 1, "max_steps": 4,
                        "batch_size": 24, "model": "tests.strategies.models:small_mlp"})  # fmt: skip
@@ -35,7 +33,7 @@ def test_two_workers_match_one_worker(tmp_path: Any) -> None:
     want = torch.load(os.path.join(ref, "model.pt"))
     cases = [
         {"algorithm": "native", "fusion_mb": 25.0, "overlap": False, "accumulate": 3},
-        {"algorithm": "test-shift-sum", "fusion_mb": 0.001, "overlap": True, "accumulate": 2},
+        {"algorithm": "ring", "fusion_mb": 0.001, "overlap": True, "accumulate": 2},
     ]
     for i, case in enumerate(cases):
         out = str(tmp_path / f"case{i}")

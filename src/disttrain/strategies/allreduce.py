@@ -28,7 +28,7 @@ from disttrain.strategies.reducer import Reducer
 __all__ = ["AllReduce", "DataParallelConfig", "broadcast_tensors"]
 
 #: The --fusion-mb default, chosen by `disttrain bench dp --sweep` (docs/data-parallel.md).
-DEFAULT_FUSION_MB = 25.0
+DEFAULT_FUSION_MB = 4.0
 
 
 @register_section
@@ -54,6 +54,9 @@ class AllReduce(Strategy):
     """Average gradients with ``--algorithm``, fused into buckets, overlapped with backward."""
 
     name = "allreduce"
+    # Buckets may be summed during backward: under fp16 the trainer unscales after the
+    # sum (a sum carries any rank's Inf/NaN to all). Also right with --no-overlap.
+    communicates_during_backward = True
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         super().setup(model, optimizer)

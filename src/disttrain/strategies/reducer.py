@@ -166,7 +166,8 @@ class Reducer:
         # As collectives.native does: gloo's traffic is not observable, record its cost.
         rank = dist.get_rank(self.group)
         native = collectives.get("native")
-        cost = native.cost(tensor.numel() * tensor.element_size(), self.world_size, rank)
+        nbytes = tensor.numel() * tensor.element_size()
+        cost = native.cost(nbytes, self.world_size, rank, tensor.element_size())
         peer = global_rank(self.group, (rank + 1) % self.world_size)
         record_send(peer, cost.bytes_sent, cost.messages, True)
 
