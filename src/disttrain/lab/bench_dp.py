@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from disttrain.strategies.allreduce import DEFAULT_FUSION_MB
+
 __all__ = ["add_arguments", "run"]
 
 SWEEP_MB = (0.0, 1.0, 4.0, 25.0, 64.0)
@@ -42,7 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="mlp", choices=("mlp", "cnn", "gpt"))
     parser.add_argument("--batch-size", type=int, default=64, help="GLOBAL batch size")
     parser.add_argument("--algorithm", default="native", help="allreduce algorithm for disttrain")
-    parser.add_argument("--fusion-mb", type=float, default=25.0, help="bucket size (DDP's too)")
+    parser.add_argument(
+        "--fusion-mb", type=float, default=DEFAULT_FUSION_MB, help="bucket size (DDP's too)"
+    )
     parser.add_argument("--steps", type=int, default=60, help="timed steps per config")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps of each config first")
     parser.add_argument("--sweep", action="store_true", help="fusion thresholds 0,1,4,25,64 MB")
