@@ -27,6 +27,7 @@ import multiprocessing as mp
 import os
 import queue
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -247,11 +248,13 @@ def run(args: argparse.Namespace) -> int:
                 dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
                 if dead or time.monotonic() > deadline:
                     why = f"rank {dead[0]} died" if dead else f"no result in {args.timeout:.0f} s"
-                    raise RuntimeError(f"bench dp failed: {why}") from None
+                    sys.stderr.write(f"disttrain: error: bench dp failed: {why}\n")
+                    return 1
                 continue
             reported += 1
             if not ok:
-                raise RuntimeError(f"bench dp failed on rank {rank}: {value}")
+                sys.stderr.write(f"disttrain: error: bench dp failed on rank {rank}: {value}\n")
+                return 1
             if rank == 0:
                 raw = value
     finally:
