@@ -72,7 +72,9 @@ class Reducer:
         # Reverse registration order: the order backward makes gradients ready.
         ordered: list[torch.Tensor] = list(reversed(unique))
         self.params: list[torch.Tensor] = ordered
-        self.buckets: list[FlatBucket] = make_buckets(ordered, int(fusion_mb * MB))
+        # One process has nothing to average: no buckets, no hooks, no cost.
+        cap = int(fusion_mb * MB)
+        self.buckets: list[FlatBucket] = make_buckets(ordered, cap) if self.world_size > 1 else []
         self._where: dict[int, tuple[int, int]] = {
             id(p): (b.index, i) for b in self.buckets for i, p in enumerate(b.tensors)
         }
