@@ -26,6 +26,7 @@ BENCHES: dict[str, str] = {
     "allreduce": "disttrain.lab.bench_allreduce",
     "dp": "disttrain.lab.bench_dp",
     "largebatch": "disttrain.lab.bench_largebatch",
+    "pipeline": "disttrain.lab.bench_pipeline",
 }
 
 
@@ -125,7 +126,15 @@ def _preflight(cfg: Any) -> None:
         raise UsageError(
             f"--batch-size {tc.batch_size} is larger than the {len(data.x_train)} training samples"
         )
-    build_model(tc.model, data, tc.seq_len)
+    model = build_model(tc.model, data, tc.seq_len)
+    # Model-parallel strategies check their split (stages, micro-batches, mesh) here.
+    validate = getattr(strategies.get(tc.strategy), "validate_config", None)
+    if validate is not None:
+        validate(cfg, model)
+    if tc.resume:
+        from disttrain.train import checkpoint
+
+        checkpoint.load(tc.resume, 0, tc.world_size)  # ours, complete, same number of workers
 
 
 def _default_out(strategy: str) -> str:
