@@ -24,6 +24,7 @@ __all__ = ["BENCHES", "main"]
 #: ``disttrain bench NAME`` -> module with ``add_arguments(parser)`` and ``run(args) -> int``.
 BENCHES: dict[str, str] = {
     "allreduce": "disttrain.lab.bench_allreduce",
+    "dp": "disttrain.lab.bench_dp",
     "largebatch": "disttrain.lab.bench_largebatch",
     "pipeline": "disttrain.lab.bench_pipeline",
 }
