@@ -63,7 +63,10 @@ def test_onebit_costs_a_few_bits_per_entry() -> None:
     assert 4 * x.numel() / p.nbytes > 250
 
 
-@pytest.mark.parametrize("bad", ["fp8", "topk", "topk:0", "topk:2", "onebit:-1", "onebit:x", "fp16:3"])
+BAD = ["fp8", "topk", "topk:0", "topk:2", "onebit:-1", "onebit:x", "fp16:3"]
+
+
+@pytest.mark.parametrize("bad", BAD)
 def test_bad_specs_are_usage_errors(bad: str) -> None:
     with pytest.raises(UsageError, match="--compression"):
         parse(bad)

@@ -10,7 +10,7 @@ from disttrain.compression import ErrorFeedback, parse
 def _dyadic(step: int, n: int = 2000) -> torch.Tensor:
     # multiples of 2^-12 below 4: every sum below is exact in fp32
     g = torch.Generator().manual_seed(step)
-    return torch.randint(-2**14, 2**14, (n,), generator=g).float() / 2**12
+    return torch.randint(-(2**14), 2**14, (n,), generator=g).float() / 2**12
 
 
 def test_onebit_mass_is_conserved_exactly() -> None:

@@ -1,6 +1,10 @@
 """L2: data-parallel strategies, one file each, registered by name."""
 
-from disttrain.strategies import allreduce  # noqa: F401  (registers itself)
+from disttrain.strategies import (  # noqa: F401  (register themselves)
+    allreduce,
+    decentralized,
+    localsgd,
+)
 from disttrain.strategies.base import STRATEGIES, Strategy, get, register
 
 __all__ = ["STRATEGIES", "Strategy", "get", "register"]

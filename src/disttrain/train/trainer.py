@@ -159,6 +159,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
                     metrics.write(
                         step=step, epoch=epoch, loss=loss_value, samples_per_second=sps,
                         wall_seconds=elapsed, bytes_sent=meter.bytes_sent,
+                        **strategy.step_metrics(),
                     )  # fmt: skip
                 bar.update(step, epoch, loss_value, sps)
             epochs_done = epoch + 1
