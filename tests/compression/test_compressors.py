@@ -54,6 +54,15 @@ def test_sparse_stated_size_is_the_payload_size(spec: str) -> None:
         assert torch.equal(c.decompress(c.from_wire(p.data.clone(), p.numel)), c.decompress(p))
 
 
+@pytest.mark.parametrize("spec", ["none", "fp16", "bf16", "topk:0.01", "onebit:0.7"])
+def test_compress_and_decode_agrees_with_decompress(spec: str) -> None:
+    # error feedback uses the shortcut; receivers use decompress: they must agree bit for bit
+    c = parse(spec)
+    p, dense = c.compress_and_decode(_x(seed=7))
+    assert torch.equal(dense, c.decompress(p))
+    assert torch.equal(p.data, c.compress(_x(seed=7)).data)
+
+
 def test_onebit_costs_a_few_bits_per_entry() -> None:
     x = _x(100_000)
     p = OneBit(3.0).compress(x)  # ~0.27% of entries beyond 3 sigma

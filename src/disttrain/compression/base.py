@@ -56,6 +56,11 @@ class Compressor(ABC):
     def decompress(self, payload: Payload) -> torch.Tensor:
         """The dense fp32 tensor of ``payload.numel`` entries that ``payload`` stands for."""
 
+    def compress_and_decode(self, tensor: torch.Tensor) -> tuple[Payload, torch.Tensor]:
+        """The payload and the dense tensor it decodes to (override when cheaper than both)."""
+        payload = self.compress(tensor)
+        return payload, self.decompress(payload)
+
     @abstractmethod
     def wire_bytes(self, payload: Payload) -> int:
         """Bytes this payload costs on the wire, by the compressor's own size formula."""

@@ -30,13 +30,11 @@ class ErrorFeedback:
         """Compress ``residual + tensor``; return the payload and what it decodes to."""
         flat = tensor.detach().reshape(-1).float()
         if not self.enabled:
-            payload = self.compressor.compress(flat)
-            return payload, self.compressor.decompress(payload)
+            return self.compressor.compress_and_decode(flat)
         if self.residual is None or self.residual.numel() != flat.numel():
             self.residual = torch.zeros_like(flat)
         acc = self.residual.add_(flat)  # the residual becomes acc, in place
-        payload = self.compressor.compress(acc)
-        sent = self.compressor.decompress(payload)
+        payload, sent = self.compressor.compress_and_decode(acc)
         acc.sub_(sent)
         return payload, sent
 

@@ -96,8 +96,7 @@ def compressed_all_reduce(
     if feedback is not None:
         payload, mine = feedback.compress(flat)
     else:
-        payload = compressor.compress(flat)
-        mine = compressor.decompress(payload)
+        payload, mine = compressor.compress_and_decode(flat)
     dense = 4 * flat.numel()
     if compressor.summable:
         if size > 1:

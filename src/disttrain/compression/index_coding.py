@@ -41,14 +41,8 @@ def _gaps(indices: np.ndarray) -> np.ndarray:
 
 
 def _bit_lengths(v: np.ndarray) -> np.ndarray:
-    """floor(log2 v) for v >= 1, exactly (no float rounding)."""
-    out = np.zeros(v.shape, dtype=np.int64)
-    w = v.copy()
-    for shift in (32, 16, 8, 4, 2, 1):
-        big = w >= (1 << shift)
-        out[big] += shift
-        w[big] >>= shift
-    return out
+    """floor(log2 v) for 1 <= v < 2^53: frexp's exponent is exact for such integers."""
+    return (np.frexp(v.astype(np.float64))[1] - 1).astype(np.int64)
 
 
 def _cost_bits(gaps: np.ndarray, k: int) -> int:
@@ -56,11 +50,16 @@ def _cost_bits(gaps: np.ndarray, k: int) -> int:
 
 
 def best_order(gaps: np.ndarray) -> int:
-    """The order k with the fewest bits for these gaps."""
+    """The order k with the fewest bits for these gaps.
+
+    The optimum lies near log2 of the mean gap (the geometric case), so only
+    orders within 4 of it are tried, not all 32.
+    """
     if gaps.size == 0:
         return 0
-    top = min(_MAX_K, max(0, int(gaps.max()).bit_length()))
-    return min(range(top + 1), key=lambda k: _cost_bits(gaps, k))
+    centre = int(np.log2(float(gaps.mean()) + 1.0))
+    candidates = range(max(0, centre - 4), min(_MAX_K, centre + 4) + 1)
+    return min(candidates, key=lambda k: _cost_bits(gaps, k))
 
 
 def encode_indices(indices: np.ndarray) -> np.ndarray:

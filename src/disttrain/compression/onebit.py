@@ -41,11 +41,17 @@ class OneBit(Compressor):
         return f"onebit:{self.tau:g}"
 
     def compress(self, tensor: torch.Tensor) -> Payload:
+        return self.compress_and_decode(tensor)[0]
+
+    def compress_and_decode(self, tensor: torch.Tensor) -> tuple[Payload, torch.Tensor]:
         flat = tensor.detach().reshape(-1)
         idx = torch.nonzero(flat.abs() > self.tau).reshape(-1)
+        negative = flat[idx] < 0
         code = encode_indices(idx.numpy())
-        signs = np.packbits((flat[idx] < 0).numpy().astype(np.uint8))
-        return Payload(torch.from_numpy(np.concatenate([code, signs])), flat.numel())
+        signs = np.packbits(negative.numpy().astype(np.uint8))
+        sent = torch.zeros(flat.numel(), dtype=torch.float32)
+        sent[idx] = torch.where(negative, -self.tau, self.tau)
+        return Payload(torch.from_numpy(np.concatenate([code, signs])), flat.numel()), sent
 
     def _split(self, payload: Payload) -> tuple[np.ndarray, np.ndarray, int]:
         buf = payload.data.numpy()

@@ -33,13 +33,18 @@ class TopK(Compressor):
         return f"topk:{self.ratio:g}"
 
     def compress(self, tensor: torch.Tensor) -> Payload:
+        return self.compress_and_decode(tensor)[0]
+
+    def compress_and_decode(self, tensor: torch.Tensor) -> tuple[Payload, torch.Tensor]:
         flat = tensor.detach().reshape(-1).float()
         k = min(flat.numel(), max(1, math.ceil(self.ratio * flat.numel())))
         idx = torch.topk(flat.abs(), k, sorted=False).indices.sort().values
         code = encode_indices(idx.numpy())
-        values = flat[idx].numpy().astype("<f4").view(np.uint8)
-        data = torch.from_numpy(np.concatenate([code, values]))
-        return Payload(data, flat.numel())
+        values = flat[idx]
+        data = torch.from_numpy(np.concatenate([code, values.numpy().astype("<f4").view(np.uint8)]))
+        sent = torch.zeros(flat.numel(), dtype=torch.float32)
+        sent[idx] = values
+        return Payload(data, flat.numel()), sent
 
     def _split(self, payload: Payload) -> tuple[np.ndarray, np.ndarray, int]:
         buf = payload.data.numpy()

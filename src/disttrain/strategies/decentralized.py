@@ -136,8 +136,7 @@ class Decentralized(Strategy):
         x = _flatten_dense_tensors([p.detach() for p in params])
         before = meter.bytes_sent
         own = self.public[self.rank]
-        payload = self.compressor.compress(x - own)
-        sent = self.compressor.decompress(payload)
+        payload, sent = self.compressor.compress_and_decode(x - own)
         own += sent
         send_to, recv_from = ring_neighbours(self.rank, self.size)
         for src, theirs in zip(
