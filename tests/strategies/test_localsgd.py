@@ -85,6 +85,7 @@ def test_warmup_then_local_with_optimizer_state(tmp_path: Any) -> None:
 
 
 def test_bad_period_is_a_usage_error() -> None:
+    import disttrain.strategies  # noqa: F401  (registers the localsgd settings)
     from disttrain import config
     from disttrain.comm.errors import UsageError
 

@@ -82,6 +82,7 @@ class Decentralized(Strategy):
         self.ring = self.settings.topology == "ring" and self.size > 2
         self.stats = CompressionStats()
         self.entries_sent = 0
+        self.claimed_bytes = 0
         self.payload_bytes = 0
         self.entropy_bits_sum = 0.0
         self.sparse_payloads = 0
@@ -100,6 +101,8 @@ class Decentralized(Strategy):
         self.stats.sent_bytes += meter.bytes_sent - before
         self.stats.exchanges += 1
         self.payload_bytes += payload.nbytes
+        prefix = 0 if self.compressor.fixed_wire_numel(payload.numel) else LENGTH_BYTES
+        self.claimed_bytes += peers * (self.compressor.wire_bytes(payload) + prefix)
         if not self.compressor.summable:
             idx = torch.nonzero(sent).reshape(-1).numpy()
             self.entries_sent += int(idx.size)
@@ -175,6 +178,7 @@ class Decentralized(Strategy):
             "compression_ratio": self.stats.ratio,
             "dense_fp32_bytes_per_rank": self.stats.dense_bytes,
             "compressed_bytes_per_rank": self.stats.sent_bytes,
+            "claimed_wire_bytes_per_rank": self.claimed_bytes,
             "residual_norm": self.residual_norm(),
             "length_prefix_bytes": 0 if self.compressor.summable else LENGTH_BYTES,
         }
