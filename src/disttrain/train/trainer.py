@@ -121,6 +121,8 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         total_steps = min(total_steps, tc.max_steps)
     main = world.is_main
     out_dir = tc.out
+    if main and out_dir:
+        os.makedirs(out_dir, exist_ok=True)
     metrics = MetricsWriter(os.path.join(out_dir, "metrics.jsonl") if main and out_dir else None)
     bar = ProgressBar(total_steps, enabled=main and tc.progress)
     timers = Timers()
@@ -209,7 +211,6 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         **strategy.summary(),
     }
     if main and out_dir:
-        os.makedirs(out_dir, exist_ok=True)
         if whole is not None:
             torch.save(whole.state_dict(), os.path.join(out_dir, "model.pt"))
         write_summary(out_dir, summary)
