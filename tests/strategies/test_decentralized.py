@@ -99,3 +99,23 @@ def test_bad_settings_are_usage_errors() -> None:
         config.load({"strategy": "decentralized", "compression": "onebit:0"})
     with pytest.raises(UsageError, match="--consensus-step"):
         config.load({"strategy": "decentralized", "consensus_step": 0.0})
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--strategy", "decentralized", "--compression", "onebit:-1"],
+        ["--strategy", "localsgd", "--period", "0"],
+    ],
+)
+def test_cli_bad_flags_exit_2_with_one_line(flags: list[str]) -> None:
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "disttrain", "train", *flags],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "error" in proc.stderr
