@@ -47,11 +47,18 @@ CONFIGS: dict[str, dict[str, list[str]]] = {
         ],
     },
     "pycode": {
-        "allreduce fp32 (anchor)": ["--strategy", "allreduce"],
+        "allreduce fp32, adam (anchor)": ["--strategy", "allreduce"],
         "localsgd H=16": ["--strategy", "localsgd", "--period", "16"],
+        "localsgd H=16 +opt state": [
+            "--strategy", "localsgd", "--period", "16", "--average-optimizer-state",
+        ],
         "decentralized topk:0.01": ["--strategy", "decentralized", "--compression", "topk:0.01"],
-        "decentralized onebit:0.01": [
-            "--strategy", "decentralized", "--compression", "onebit:0.01",
+        "decentralized onebit:0.03": [
+            "--strategy", "decentralized", "--compression", "onebit:0.03",
+        ],
+        "allreduce fp32, sgd lr 0.5": ["--strategy", "allreduce", *SGD],
+        "decentralized onebit:0.03, sgd lr 0.5": [
+            "--strategy", "decentralized", "--compression", "onebit:0.03", *SGD,
         ],
     },
 }  # fmt: skip
