@@ -28,7 +28,7 @@ def test_onebit_mass_is_conserved_exactly() -> None:
 
 
 def test_topk_and_fp16_conserve_mass_within_rounding() -> None:
-    for spec in ("topk:0.01", "fp16"):
+    for spec in ("topk:0.01", "fp16", "none"):
         ef = ErrorFeedback(parse(spec))
         inputs = torch.zeros(3000, dtype=torch.float64)
         sent = torch.zeros(3000, dtype=torch.float64)
@@ -56,3 +56,11 @@ def test_disabled_feedback_keeps_no_residual() -> None:
     ef = ErrorFeedback(parse("onebit:1"), enabled=False)
     ef.compress(torch.randn(100))
     assert ef.residual is None and ef.residual_norm() == 0.0
+
+
+def test_uncompressed_feedback_sends_everything() -> None:
+    # regression: ``none`` once aliased its input, so the residual update zeroed what was sent
+    ef = ErrorFeedback(parse("none"))
+    x = torch.randn(50)
+    _, sent = ef.compress(x)
+    assert torch.equal(sent, x) and ef.residual_norm() == 0.0

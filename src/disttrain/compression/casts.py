@@ -21,11 +21,14 @@ class _Cast(Compressor):
     wire_dtype: ClassVar[torch.dtype] = torch.float32
     bytes_per_entry: ClassVar[int] = 4
 
+    # copy=True: for ``none`` a plain .to() would alias the input, and error
+    # feedback subtracts what was sent from that very tensor.
     def compress(self, tensor: torch.Tensor) -> Payload:
-        return Payload(tensor.detach().reshape(-1).to(self.wire_dtype).contiguous(), tensor.numel())
+        flat = tensor.detach().reshape(-1)
+        return Payload(flat.to(self.wire_dtype, copy=True), tensor.numel())
 
     def decompress(self, payload: Payload) -> torch.Tensor:
-        return payload.data.to(torch.float32)
+        return payload.data.to(torch.float32, copy=True)
 
     def wire_bytes(self, payload: Payload) -> int:
         return self.bytes_per_entry * payload.numel
