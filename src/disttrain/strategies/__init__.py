@@ -3,7 +3,10 @@
 from disttrain.strategies import (  # noqa: F401  (register themselves)
     allreduce,
     decentralized,
+    hybrid,
     localsgd,
+    pipeline,
+    tensor,
 )
 from disttrain.strategies.base import STRATEGIES, Strategy, get, register
 

@@ -18,17 +18,32 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from disttrain import strategies
+from disttrain import collectives, strategies
 from disttrain.comm import world as world_mod
 from disttrain.comm.meter import meter
 from disttrain.config import RunConfig
 from disttrain.data import Dataset, GlobalBatchSampler, load_dataset
+from disttrain.data.loader import BatchLoader
 from disttrain.models import build_model
+from disttrain.train import checkpoint
 from disttrain.train.faults import parse_fault
 from disttrain.train.metrics import MetricsWriter, Timers, write_summary
 from disttrain.train.progress import ProgressBar
+from disttrain.train.schedules import LRSchedule
+from disttrain.train.step import StepRunner
 
 __all__ = ["evaluate", "loss_fn", "make_optimizer", "train"]
+
+
+def pin_to_cpu(local_rank: int) -> int | None:
+    """Pin this process to one allowed CPU (local rank mod their number); None if not allowed."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+        cpu = cpus[local_rank % len(cpus)]
+        os.sched_setaffinity(0, {cpu})
+    except (AttributeError, OSError):  # not Linux, or not permitted here
+        return None
+    return cpu
 
 
 def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -93,10 +108,60 @@ def _epoch_end(
     return model, *evaluate(model, data, device)
 
 
+def _rank_state(
+    strategy: strategies.Strategy, optimizer: torch.optim.Optimizer, runner: StepRunner
+) -> dict[str, Any]:
+    return {
+        "model": strategy.model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "strategy": strategy.state_dict(),
+        "scaler": runner.scaler.state_dict() if runner.scaler else {},
+        "rng": torch.get_rng_state(),
+    }
+
+
+def _checkpoint(
+    out_dir: str, step: int, strategy: strategies.Strategy, optimizer: torch.optim.Optimizer,
+    runner: StepRunner,
+) -> None:  # fmt: skip
+    """Every worker saves its state; rank 0 commits once all have (a barrier between)."""
+    world = strategy.world
+    n = dist.get_world_size(strategy.worker_group)
+    checkpoint.save(out_dir, step, world.rank, n, _rank_state(strategy, optimizer, runner))
+    if n > 1:
+        dist.barrier(group=strategy.worker_group)
+    if world.rank == 0:
+        checkpoint.commit(out_dir, step)
+
+
+def _resume(
+    tc: Any, strategy: strategies.Strategy, optimizer: torch.optim.Optimizer, runner: StepRunner
+) -> int:
+    """Restore this rank from ``--resume`` (or, after an elastic restart, from ``--out``)."""
+    source = tc.resume
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    if not source and restarted and tc.out and checkpoint.latest(tc.out) is not None:
+        source = tc.out
+    if not source:
+        return 0
+    n = dist.get_world_size(strategy.worker_group)
+    state = checkpoint.load(source, strategy.world.rank, n)
+    strategy.model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    strategy.load_state_dict(state["strategy"])
+    if runner.scaler and state["scaler"]:
+        runner.scaler.load_state_dict(state["scaler"])
+    torch.set_rng_state(state["rng"])
+    return int(state["step"])
+
+
 def train(cfg: RunConfig) -> dict[str, Any]:
     """Run the training described by ``cfg`` on this process; return the summary (rank 0's)."""
     tc = cfg.train
     world = world_mod.init(device=tc.device, timeout=tc.timeout, threads=tc.threads)
+    collectives.set_length_check(tc.check_collectives)
+    if tc.pin_cpus:
+        pin_to_cpu(world.local_rank)
     fault = parse_fault(tc.inject_fault)
     data = load_dataset(
         tc.dataset, tc.synthetic_size, tc.synthetic_dim, tc.synthetic_classes, tc.seq_len,
@@ -123,47 +188,52 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     out_dir = tc.out
     if main and out_dir:
         os.makedirs(out_dir, exist_ok=True)
-    metrics = MetricsWriter(os.path.join(out_dir, "metrics.jsonl") if main and out_dir else None)
+    metrics = MetricsWriter(
+        os.path.join(out_dir, "metrics.jsonl") if main and out_dir else None,
+        append=os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0",
+    )
     bar = ProgressBar(total_steps, enabled=main and tc.progress)
     timers = Timers()
     step, epochs_done, loss_value = 0, 0, float("nan")
     whole: nn.Module | None = None
     test_loss, test_acc = float("nan"), None
     start = time.perf_counter()
+    runner = StepRunner(strategy, optimizer, tc, timers, fault, world.rank)
+    schedule = LRSchedule(
+        tc.lr, tc.batch_size, total_steps, sampler.steps_per_epoch, tc.lr_scaling,
+        tc.base_batch_size, tc.warmup_epochs, tc.lr_schedule, tc.lr_gamma, tc.lr_step_epochs,
+    )  # fmt: skip
     try:
-        for epoch in range(tc.epochs):
-            for indices in sampler.epoch(epoch):
-                if step >= total_steps:
-                    break
+        resumed = _resume(tc, strategy, optimizer, runner)
+        step = resumed
+        for epoch in range(resumed // sampler.steps_per_epoch, tc.epochs):
+            skip = step - epoch * sampler.steps_per_epoch  # batches done before a resume
+            loader = BatchLoader(
+                data.x_train, data.y_train, sampler.epoch(epoch)[skip : skip + total_steps - step],
+                world.device, tc.prefetch, delay_seconds=tc.loader_delay_ms / 1000,
+            )  # fmt: skip
+            for x, y in loader:
+                lr = schedule(step)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
                 step += 1
-                if fault:
-                    fault.before_step(world.rank, step)
-                with timers.time("data"):
-                    x = data.x_train[indices].to(world.device, non_blocking=True)
-                    y = data.y_train[indices].to(world.device, non_blocking=True)
-                t0 = time.perf_counter()
-                with timers.time("compute"):
-                    optimizer.zero_grad(set_to_none=True)
-                    loss = strategy.forward_backward(x, y)
-                if fault:
-                    fault.after_compute(world.rank, step, time.perf_counter() - t0)
-                    fault.after_backward(world.rank, step, model)
-                with timers.time("communication"):
-                    strategy.after_backward()
-                with timers.time("compute"):
-                    optimizer.step()
-                with timers.time("communication"):
-                    strategy.after_step(step)
-                loss_value = loss.item()
+                loss_value, skipped = runner.run(step, x, y)
                 elapsed = time.perf_counter() - start
                 sps = step * tc.batch_size / max(elapsed, 1e-9)
                 if main and step % tc.log_every == 0:
-                    metrics.write(
-                        step=step, epoch=epoch, loss=loss_value, samples_per_second=sps,
+                    record: dict[str, Any] = dict(
+                        step=step, epoch=epoch, loss=loss_value, lr=lr, samples_per_second=sps,
                         wall_seconds=elapsed, bytes_sent=meter.bytes_sent,
                         **strategy.step_metrics(),
                     )  # fmt: skip
+                    if runner.scaler:
+                        record.update(loss_scale=runner.scaler.scale, skipped=skipped)
+                    metrics.write(**record)
                 bar.update(step, epoch, loss_value, sps)
+                if tc.checkpoint_every and step % tc.checkpoint_every == 0 and out_dir:
+                    with timers.time("checkpoint"):
+                        _checkpoint(out_dir, step, strategy, optimizer, runner)
+            timers.seconds["data"] += loader.wait_seconds
             epochs_done = epoch + 1
             last = step >= total_steps or epoch == tc.epochs - 1
             if last:
@@ -207,6 +277,9 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         "bytes_sent_by_rank": [int(r[0]) for r in per_rank],
         "messages_sent_by_rank": [int(r[1]) for r in per_rank],
         "time_breakdown": timers.as_dict(),
+        "precision": tc.precision,
+        "skipped_steps": runner.skipped_steps,
+        "final_lr": schedule(max(step - 1, 0)),
         "config": cfg.to_dict(),
         **strategy.summary(),
     }
