@@ -102,7 +102,7 @@ def compressed_all_reduce(
         if size > 1:
             collectives.all_reduce(payload.data, algorithm, group)
         result = compressor.decompress(payload)
-        dense_sent = collectives.get(algorithm).cost(dense, size, rank).bytes_sent
+        dense_sent = collectives.get(algorithm).cost(dense, size, rank, itemsize=4).bytes_sent
     else:
         send_to, recv_from = all_peers(rank, size)
         result = mine.clone()
