@@ -105,9 +105,12 @@ def compressed_all_reduce(
         dense_sent = collectives.get(algorithm).cost(dense, size, rank, itemsize=4).bytes_sent
     else:
         send_to, recv_from = all_peers(rank, size)
-        result = mine.clone()
-        for theirs in exchange_payloads(payload, compressor, send_to, recv_from, group):
-            result += compressor.decompress(theirs)
+        got = exchange_payloads(payload, compressor, send_to, recv_from, group)
+        decoded = {src: compressor.decompress(p) for src, p in zip(recv_from, got, strict=True)}
+        decoded[rank] = mine
+        result = torch.zeros_like(mine)
+        for r in range(size):  # in rank order on every rank: bit-identical sums, equal replicas
+            result += decoded[r]
         dense_sent = dense * (size - 1)
     flat.copy_(result.view_as(flat))
     if stats is not None:

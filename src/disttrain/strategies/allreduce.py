@@ -18,9 +18,14 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from disttrain.broadcast import broadcast_tensors
 from disttrain.comm.errors import UsageError
+from disttrain.compression.config import CompressionConfig
+from disttrain.compression.error_feedback import ErrorFeedback
+from disttrain.compression.exchange import CompressionStats, compressed_all_reduce
+from disttrain.compression.registry import parse
 from disttrain.config import opt, register_section
 from disttrain.strategies.base import Strategy, register
 from disttrain.strategies.reducer import Reducer
@@ -67,6 +72,17 @@ class AllReduce(Strategy):
         self.accumulate = dp.accumulate
         if self.world.world_size > 1:
             broadcast_tensors(list(model.state_dict().values()), 0, self.worker_group)
+        cc = self.config.section(CompressionConfig)
+        self.compressor = None if cc.compression == "none" else parse(cc.compression)
+        if self.compressor is not None:
+            # Compressed payloads are summed after backward (sparse ones are all-gathered
+            # and decoded), so the step runner unscales fp16 gradients before sending.
+            if self.accumulate > 1:
+                raise UsageError("--compression with --accumulate > 1 is not supported")
+            self.communicates_during_backward = False
+            self.feedback = ErrorFeedback(self.compressor, enabled=cc.error_feedback)
+            self.stats = CompressionStats()
+            return
         self.reducer = Reducer(
             list(model.parameters()),
             algorithm=self.config.train.algorithm,
@@ -98,12 +114,40 @@ class AllReduce(Strategy):
         return total
 
     def after_backward(self) -> None:
+        if self.compressor is not None:
+            self._compressed_average()
+            return
         # With overlap, most buckets are already on the wire; this waits for the rest.
         self.reducer.synchronize()
 
+    def _compressed_average(self) -> None:
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if not grads or self.world.world_size == 1:
+            return
+        assert self.compressor is not None
+        flat = _flatten_dense_tensors(grads)
+        compressed_all_reduce(
+            flat, self.compressor, self.config.train.algorithm, self.worker_group,
+            self.feedback, self.stats,
+        )  # fmt: skip
+        flat /= self.world.world_size
+        for g, v in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+            g.copy_(v)
+
     def finish(self) -> None:
-        self.reducer.close()
+        if self.compressor is None:
+            self.reducer.close()
+
+    def step_metrics(self) -> dict[str, Any]:
+        if self.compressor is None:
+            return {}
+        return {
+            "compression_ratio": self.stats.ratio,
+            "residual_norm": self.feedback.residual_norm(),
+        }
 
     def summary(self) -> dict[str, Any]:
+        if self.compressor is not None:
+            return self.step_metrics()
         stats = self.reducer.stats()
         return {"data_parallel": {**stats, "accumulate": self.accumulate}}
