@@ -119,6 +119,8 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     total_steps = sampler.steps_per_epoch * tc.epochs
     if tc.max_steps:
         total_steps = min(total_steps, tc.max_steps)
+    # asynchronous strategies let fast workers run more steps, until the shared budget is spent
+    epoch_limit, step_limit = strategy.limits(tc.epochs, total_steps)
     main = world.is_main
     out_dir = tc.out
     metrics = MetricsWriter(os.path.join(out_dir, "metrics.jsonl") if main and out_dir else None)
@@ -129,9 +131,9 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     test_loss, test_acc = float("nan"), None
     start = time.perf_counter()
     try:
-        for epoch in range(tc.epochs):
+        for epoch in range(epoch_limit):
             for indices in sampler.epoch(epoch):
-                if step >= total_steps:
+                if step >= step_limit or strategy.should_stop():
                     break
                 step += 1
                 if fault:
@@ -162,7 +164,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
                     )  # fmt: skip
                 bar.update(step, epoch, loss_value, sps)
             epochs_done = epoch + 1
-            last = step >= total_steps or epoch == tc.epochs - 1
+            last = step >= step_limit or epoch == epoch_limit - 1 or strategy.should_stop()
             if last:
                 strategy.finish()
             with timers.time("eval"):
