@@ -26,7 +26,12 @@ def _wire(frames: list[bytes | memoryview]) -> list[bytes]:
 def test_tensor_round_trip_is_bit_exact(dtype: torch.dtype) -> None:
     t = torch.randn(37).to(dtype)
     header, payload = decode(_wire(encode_tensor(MsgType.PUSH, 3, 5, 123456789012, t, FLAG_STOP)))
-    assert (header.type, header.shard, header.worker, header.clock) == (MsgType.PUSH, 3, 5, 123456789012)
+    assert (header.type, header.shard, header.worker, header.clock) == (
+        MsgType.PUSH,
+        3,
+        5,
+        123456789012,
+    )
     assert header.flags == FLAG_STOP and header.length == 37 * t.element_size()
     assert torch.equal(decode_tensor(header, payload, dtype, 37), t)
 

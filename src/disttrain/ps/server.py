@@ -70,7 +70,6 @@ class ShardServer:
         *,
         staleness_lr: bool = False,
         worker_timeout: float = 10.0,
-        fail_on_loss: bool = False,
         rank: int = -1,
     ) -> None:
         self.shard = shard
@@ -81,7 +80,7 @@ class ShardServer:
         self.sock = sock
         self.staleness_lr = staleness_lr
         self.worker_timeout = worker_timeout
-        self.fail_on_loss = fail_on_loss
+        self.fail_on_loss = consistency.mode == "sync"  # a sync round needs every worker
         self.rank = rank
         self.grads: dict[int, torch.Tensor] = {}
         self.done_identities: dict[int, bytes] = {}
@@ -97,7 +96,9 @@ class ShardServer:
     # --- sending ------------------------------------------------------------------
     def _send(self, identity: bytes, frames: list[bytes | memoryview]) -> None:
         nbytes = sum(memoryview(f).nbytes for f in frames)
-        self.sock.send_multipart([identity, *frames])  # copied: the weights change after this returns
+        self.sock.send_multipart(
+            [identity, *frames]
+        )  # copied: the weights change after this returns
         self.bytes_out += nbytes
         self.messages_out += 1
         peer = _peer(identity)

@@ -135,7 +135,7 @@ class ParameterServer(Strategy):
         self.server = ShardServer(
             k, flatten(self.params, self.params)[lo:hi], lambda ps: type(optimizer)(ps, **defaults),
             cons, sock, staleness_lr=self.ps.staleness_lr,
-            worker_timeout=self.ps.ps_worker_timeout, fail_on_loss=self.ps.ps_mode == "sync",
+            worker_timeout=self.ps.ps_worker_timeout,
             rank=self.world.rank,
         )  # fmt: skip
 
