@@ -65,7 +65,7 @@ def test_malformed_frames_are_refused_naming_the_rule(frames: list[bytes], rule:
 
 def test_wrong_dtype_or_size_is_refused() -> None:
     header, payload = decode(_good())
-    with pytest.raises(ProtocolError, match="expected torch.float64"):
+    with pytest.raises(ProtocolError, match=r"expected torch\.float64"):
         decode_tensor(header, payload, torch.float64, 4)
     with pytest.raises(ProtocolError, match="expected 5"):
         decode_tensor(header, payload, torch.float32, 5)

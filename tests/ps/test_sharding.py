@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -12,7 +14,7 @@ def test_bounds_cover_everything_contiguously_and_differ_by_at_most_one() -> Non
     for total, k in ((10, 1), (10, 3), (7, 7), (1000, 4)):
         bounds = shard_bounds(total, k)
         assert bounds[0][0] == 0 and bounds[-1][1] == total
-        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
         sizes = [hi - lo for lo, hi in bounds]
         assert max(sizes) - min(sizes) <= 1 and min(sizes) > 0
     with pytest.raises(ValueError):
