@@ -3,7 +3,9 @@
     results = run_world(fn, world_size=3, args=(...), timeout=60)
 
 ``fn(*args)`` runs on every rank after ``disttrain.comm.init()``; its return
-values come back as a list indexed by rank. An exception on any rank is
+values come back as a list indexed by rank (tensors inside dicts, lists and
+tuples travel as numpy copies: torch's shared-memory handles would vanish with
+the process that made them). An exception on any rank is
 re-raised here naming the rank; a rank still running at the timeout is killed
 with all the others and the test fails with :class:`WorldTimeout` instead of
 hanging.
@@ -33,6 +35,37 @@ class WorldTimeout(AssertionError):
     """The ranks did not all finish in time."""
 
 
+class _Array:
+    """A tensor in transit: its numpy copy."""
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+
+
+def _pack(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return _Array(value.detach().cpu().clone().numpy())
+    if isinstance(value, dict):
+        return {k: _pack(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_pack(v) for v in value)
+    return value
+
+
+def _unpack(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, _Array):
+        return torch.from_numpy(value.array)
+    if isinstance(value, dict):
+        return {k: _unpack(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_unpack(v) for v in value)
+    return value
+
+
 def _entry(
     rank: int,
     world_size: int,
@@ -57,7 +90,7 @@ def _entry(
 
         world.init(timeout=collective_timeout)
         value = fn(*args)
-        results.put((rank, True, value))
+        results.put((rank, True, _pack(value)))
     except BaseException as exc:  # report everything, KeyboardInterrupt included
         results.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
     finally:
@@ -113,7 +146,7 @@ def run_world(
                 continue
             reported.add(rank)
             if ok:
-                out[rank] = value
+                out[rank] = _unpack(value)
             else:
                 errors.append(f"rank {rank}: {value}")
         if errors:

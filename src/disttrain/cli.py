@@ -12,6 +12,7 @@ import dataclasses
 import importlib
 import json
 import os
+import re
 import sys
 import time
 from typing import Any, NoReturn
@@ -127,6 +128,17 @@ def _default_out(strategy: str) -> str:
     return os.path.join("runs", f"{time.strftime('%Y%m%d-%H%M%S')}-{strategy}-{os.getpid()}")
 
 
+# gloo's words for a peer that died or stopped answering
+_PEER_ERROR = re.compile(r"peer|timed out|timeout|connection (reset|closed|refused)", re.I)
+
+
+def _one_line(exc: BaseException) -> str:
+    """The gist of an error: its first line, without gloo's source path and advice."""
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    text = re.sub(r"^\[[^\]]*\]\s*", "", text)  # "[.../pair.cc:537] "
+    return text.split(". This is typically")[0]
+
+
 def _run_worker(cfg: Any, launched_by_us: bool) -> int:
     from disttrain import strategies
     from disttrain.launch.supervise import run_supervised
@@ -148,17 +160,15 @@ def _train_worker(cfg: Any, launched_by_us: bool) -> int:
     except Exception as exc:
         import torch.distributed as dist
 
-        rank = os.environ.get("RANK", "0")
-        peer = (
-            isinstance(exc, dist.DistError)
-            or "peer" in str(exc).lower()
-            or "timed out" in str(exc).lower()
-        )
         if os.environ.get("DISTTRAIN_DEBUG"):
             raise
-        first_line = (str(exc).strip().splitlines() or [""])[0]
-        sys.stderr.write(f"disttrain: rank {rank}: {type(exc).__name__}: {first_line}\n")
-        return PEER_EXIT_CODE if peer else 1
+        rank = os.environ.get("RANK", "0")
+        text = _one_line(exc)
+        if isinstance(exc, dist.DistError) or _PEER_ERROR.search(text):
+            sys.stderr.write(f"disttrain: rank {rank} stopped: a peer failed ({text})\n")
+            return PEER_EXIT_CODE
+        sys.stderr.write(f"disttrain: rank {rank}: {type(exc).__name__}: {text}\n")
+        return 1
     finally:
         world.shutdown()
     if not launched_by_us and summary and int(os.environ.get("RANK", "0")) == 0:

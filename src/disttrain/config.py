@@ -62,6 +62,26 @@ class TrainConfig:
     log_every: int = opt(1, "write a metrics.jsonl line every N steps")
     progress: bool = opt(True, "show a live progress bar on rank 0")
     inject_fault: str = opt("", "fault for tests and demos, e.g. kill:rank=1:step=5 (see docs)")
+    # mixed precision (docs/training.md); the loss-scaler defaults are PyTorch GradScaler's
+    precision: str = opt("fp32", "arithmetic precision (autocast)", ("fp32", "bf16", "fp16"))
+    loss_scale: float = opt(2.0**16, "fp16: initial loss scale")
+    scale_growth: float = opt(2.0, "fp16: loss scale growth factor")
+    scale_backoff: float = opt(0.5, "fp16: loss scale factor after an overflow")
+    scale_growth_interval: int = opt(2000, "fp16: clean steps before the scale grows")
+    max_skipped_steps: int = opt(50, "fp16: overflowing steps in a row that end the run")
+    # learning-rate rules for large batches (named lr-schedule: --schedule is the pipeline's)
+    lr_scaling: str = opt("none", "scale --lr by batch/--base-batch-size", ("none", "linear"))
+    base_batch_size: int = opt(64, "the batch size --lr is meant for, for --lr-scaling linear")
+    warmup_epochs: float = opt(0.0, "epochs of linear learning-rate warm-up")
+    lr_schedule: str = opt(
+        "constant", "decay after warm-up", ("constant", "cosine", "exponential", "step")
+    )
+    lr_gamma: float = opt(0.0, "decay factor (0: 0.9 per epoch for exponential, 0.1 for step)")
+    lr_step_epochs: int = opt(30, "epochs between decays for --lr-schedule step")
+    # data loading
+    prefetch: int = opt(2, "batches prepared ahead by a background thread (0: off)")
+    loader_delay_ms: float = opt(0.0, "extra time per batch in the loader (benchmarks)")
+    pin_cpus: bool = opt(False, "pin each worker to one CPU (local rank mod the CPUs allowed)")
     # datasets
     synthetic_size: int = opt(2048, "synthetic data set: number of samples")
     synthetic_dim: int = opt(64, "synthetic data set: input features")
@@ -76,10 +96,20 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise :class:`UsageError` naming the first impossible value."""
-        positive = ("workers", "epochs", "batch_size", "timeout", "threads", "log_every", "nnodes")
+        positive = (
+            "workers", "epochs", "batch_size", "timeout", "threads", "log_every", "nnodes",
+            "loss_scale", "scale_growth_interval", "max_skipped_steps", "base_batch_size",
+            "lr_step_epochs",
+        )  # fmt: skip
         for name in positive:
             if getattr(self, name) <= 0:
                 raise UsageError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
+        if not 0.0 < self.scale_backoff < 1.0 or self.scale_growth < 1.0:
+            raise UsageError("--scale-backoff must be in (0, 1) and --scale-growth >= 1")
+        if self.warmup_epochs < 0 or self.prefetch < 0 or self.loader_delay_ms < 0:
+            raise UsageError("--warmup-epochs, --prefetch and --loader-delay-ms must be >= 0")
+        if not 0.0 <= self.lr_gamma < 1.0:
+            raise UsageError(f"--lr-gamma must be in (0, 1), got {self.lr_gamma}")
         if self.max_steps < 0:
             raise UsageError(f"--max-steps must be >= 0, got {self.max_steps}")
         if self.lr <= 0:

@@ -75,3 +75,11 @@ def test_no_pickle_on_the_wire() -> None:
     frames = _wire(encode_tensor(MsgType.PUSH, 0, 0, 0, torch.arange(3.0)))
     assert frames[1] == torch.arange(3.0).numpy().tobytes()  # raw little-endian floats
     assert not frames[0].startswith(b"\x80")  # no pickle protocol marker
+
+
+def test_learning_rate_travels_in_the_header_and_must_be_finite() -> None:
+    frames = _wire(encode_tensor(MsgType.PUSH, 0, 0, 0, torch.ones(2), lr=0.125))
+    assert decode(frames)[0].lr == 0.125
+    bad = _wire(encode_tensor(MsgType.PUSH, 0, 0, 0, torch.ones(2), lr=float("nan")))
+    with pytest.raises(ProtocolError, match="learning rate"):
+        decode(bad)

@@ -156,3 +156,11 @@ def test_a_silent_worker_is_dropped_in_async_and_fails_sync() -> None:
     finally:
         lenient.stop()
         strict.stop()
+
+
+def test_the_workers_scheduled_rate_and_staleness_lr_set_the_step(server: Running) -> None:
+    w0 = _dealer(server.endpoint, b"w0")
+    _ask(w0, encode(MsgType.HELLO, 0, 0, 10))
+    header, payload = _ask(w0, encode_tensor(MsgType.PUSH, 0, 0, 0, torch.ones(N), lr=0.25))
+    # SGD momentum 0.9, first step: w -= lr * g
+    assert torch.allclose(decode_tensor(header, payload, torch.float32, N), server.initial - 0.25)

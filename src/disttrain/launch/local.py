@@ -58,8 +58,13 @@ def _describe(rank: int, failure: ProcessFailure) -> str:
 
 
 def root_cause(failures: dict[int, ProcessFailure]) -> tuple[int, ProcessFailure]:
-    """The failed rank that caused the others to stop: not one that exited for a peer."""
-    own = {r: f for r, f in failures.items() if f.exitcode != PEER_EXIT_CODE}
+    """The failed rank that caused the others to stop.
+
+    Not one that exited because a peer failed (PEER_EXIT_CODE), nor one the
+    agent stopped with SIGTERM after the first failure.
+    """
+    collateral = (PEER_EXIT_CODE, -signal.SIGTERM)
+    own = {r: f for r, f in failures.items() if f.exitcode not in collateral}
     pool = own or failures
     return min(pool.items(), key=lambda item: (item[1].timestamp, item[0]))
 
@@ -67,7 +72,7 @@ def root_cause(failures: dict[int, ProcessFailure]) -> tuple[int, ProcessFailure
 def launch(cfg: TrainConfig, nproc_per_node: int, argv: list[str]) -> None:
     """Run ``disttrain ARGV`` on ``nproc_per_node`` local processes; raise :class:`JobFailed`."""
     for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+        logging.getLogger(name).setLevel(logging.CRITICAL)  # we explain failures ourselves
     tmp = tempfile.mkdtemp(prefix="disttrain-job-")
     run_id = f"disttrain-{uuid.uuid4().hex[:12]}"
     env_backup = dict(os.environ)

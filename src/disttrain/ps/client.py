@@ -161,15 +161,17 @@ class PSClient:
     def pull(self) -> torch.Tensor:
         return self._request(MsgType.PULL, self.clock)
 
-    def push(self, grad: torch.Tensor) -> torch.Tensor:
+    def push(self, grad: torch.Tensor, lr: float = 0.0) -> torch.Tensor:
         """Send a flat gradient shard by shard; return the weights the servers answer with.
 
         The answer may be held by the servers (sync, ssp), so the deadline is
-        the timeout. ``self.stop`` turns true when the job's work is done.
+        the timeout. ``self.stop`` turns true when the job's work is done. ``lr`` is the
+        rate the worker's schedule gives this step (0: the servers' own).
         """
         grad = grad.to(self.dtype).contiguous()
         for k, (lo, hi) in enumerate(self.bounds):
-            self._send(k, encode_tensor(MsgType.PUSH, k, self.worker, self.clock, grad[lo:hi]))
+            frames = encode_tensor(MsgType.PUSH, k, self.worker, self.clock, grad[lo:hi], lr=lr)
+            self._send(k, frames)
         self.clock += 1
         out = torch.empty(self.numel, dtype=self.dtype)
         self._gather_weights(out, time.monotonic() + self.timeout)

@@ -65,6 +65,9 @@ class PSConfig:
         workers = train.world_size
         if self.softsync > workers:
             raise UsageError(f"--softsync {self.softsync} exceeds the {workers} workers")
+        if train.precision == "fp16" and train.strategy == "ps" and self.ps_mode != "sync":
+            # the loss scale is agreed by a collective over the workers every step
+            raise UsageError("--precision fp16 with --strategy ps needs --ps-mode sync; use bf16")
         straggler = parse_straggler(self.straggler)
         if straggler and straggler[0] >= workers:
             raise UsageError(

@@ -16,12 +16,13 @@ checked by :func:`decode` before a byte of the payload is interpreted.
     8       4     worker index
     12      8     clock (a worker's step count, or a shard's version in a reply)
     20      8     payload length in bytes
-    28      4     reserved, zero
+    28      4     learning rate (float32) of a PUSH: the worker's scheduled rate (0: server's)
 """
 
 from __future__ import annotations
 
 import enum
+import math
 import struct
 from dataclasses import dataclass
 
@@ -42,7 +43,7 @@ __all__ = [
 
 MAGIC = b"PS"
 VERSION = 1
-HEADER = struct.Struct("<2sBBBBHIQQ4x")
+HEADER = struct.Struct("<2sBBBBHIQQf")
 FLAG_STOP = 1
 
 
@@ -84,26 +85,28 @@ class Header:
     dtype: int = 0
     length: int = 0
     flags: int = 0
+    lr: float = 0.0
 
     def pack(self) -> bytes:
         return HEADER.pack(
             MAGIC, VERSION, int(self.type), self.flags, self.dtype, self.shard, self.worker,
-            self.clock, self.length,
+            self.clock, self.length, self.lr,
         )  # fmt: skip
 
 
 def encode(
     type: MsgType, shard: int, worker: int, clock: int, payload: bytes | memoryview = b"",
-    dtype: int = 0, flags: int = 0,
+    dtype: int = 0, flags: int = 0, lr: float = 0.0,
 ) -> list[bytes | memoryview]:  # fmt: skip
     """The frames of one message: ``[header, payload]``."""
     length = memoryview(payload).nbytes
-    return [Header(type, shard, worker, clock, dtype, length, flags).pack(), payload]
+    return [Header(type, shard, worker, clock, dtype, length, flags, lr).pack(), payload]
 
 
 def encode_tensor(
-    type: MsgType, shard: int, worker: int, clock: int, tensor: torch.Tensor, flags: int = 0
-) -> list[bytes | memoryview]:
+    type: MsgType, shard: int, worker: int, clock: int, tensor: torch.Tensor, flags: int = 0,
+    lr: float = 0.0,
+) -> list[bytes | memoryview]:  # fmt: skip
     """A message carrying ``tensor``'s raw bytes ."""
     if tensor.dtype not in _CODES:
         raise ProtocolError(f"dtype {tensor.dtype} cannot be sent; use one of {list(_CODES)}")
@@ -111,7 +114,7 @@ def encode_tensor(
     # bfloat16 has no numpy twin: send its bytes through an int16 view
     raw = t.view(torch.int16) if t.dtype in (torch.bfloat16, torch.float16) else t
     payload = raw.numpy().data.cast("B")
-    return encode(type, shard, worker, clock, payload, _CODES[t.dtype], flags)
+    return encode(type, shard, worker, clock, payload, _CODES[t.dtype], flags, lr)
 
 
 def decode(frames: list[bytes]) -> tuple[Header, bytes]:
@@ -121,7 +124,7 @@ def decode(frames: list[bytes]) -> tuple[Header, bytes]:
     raw, payload = frames
     if len(raw) != HEADER.size:
         raise ProtocolError(f"header is {len(raw)} bytes, expected {HEADER.size}")
-    magic, version, mtype, flags, dtype, shard, worker, clock, length = HEADER.unpack(raw)
+    magic, version, mtype, flags, dtype, shard, worker, clock, length, lr = HEADER.unpack(raw)
     if magic != MAGIC:
         raise ProtocolError(f"bad magic {magic!r}")
     if version != VERSION:
@@ -132,9 +135,11 @@ def decode(frames: list[bytes]) -> tuple[Header, bytes]:
         raise ProtocolError(f"unknown message type {mtype}") from None
     if dtype and dtype not in DTYPES:
         raise ProtocolError(f"unknown dtype code {dtype}")
+    if not (lr >= 0.0 and math.isfinite(lr)):
+        raise ProtocolError(f"learning rate {lr} is not a finite non-negative number")
     if length != len(payload):
         raise ProtocolError(f"header says {length} payload bytes, frame holds {len(payload)}")
-    return Header(kind, shard, worker, clock, dtype, length, flags), payload
+    return Header(kind, shard, worker, clock, dtype, length, flags, lr), payload
 
 
 def decode_tensor(header: Header, payload: bytes, expect: torch.dtype, numel: int) -> torch.Tensor:

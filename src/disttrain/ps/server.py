@@ -82,7 +82,7 @@ class ShardServer:
         self.worker_timeout = worker_timeout
         self.fail_on_loss = consistency.mode == "sync"  # a sync round needs every worker
         self.rank = rank
-        self.grads: dict[int, torch.Tensor] = {}
+        self.grads: dict[int, tuple[torch.Tensor, float]] = {}
         self.done_identities: dict[int, bytes] = {}
         self.rejected: Counter[str] = Counter()
         self.lost: list[dict[str, Any]] = []
@@ -121,10 +121,11 @@ class ShardServer:
 
     # --- applying -----------------------------------------------------------------
     def _apply(self, batch: Batch) -> None:
-        grads = [self.grads.pop(e.token) for e in batch.entries]
+        grads, rates = zip(*(self.grads.pop(e.token) for e in batch.entries), strict=True)
         scale = staleness_lr_scale(batch.staleness) if self.staleness_lr else 1.0
+        asked = [r for r in rates if r > 0]  # the workers' scheduled rates (warm-up, decay)
         for group, lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
-            group["lr"] = lr * scale
+            group["lr"] = (sum(asked) / len(asked) if asked else lr) * scale
         mean = grads[0] if len(grads) == 1 else torch.stack(grads).mean(dim=0)
         self.param.grad = mean
         self.optimizer.step()
@@ -203,7 +204,7 @@ class ShardServer:
         else:
             token = self.cons.receive(worker, valid=True)
             if token is not None:
-                self.grads[token] = grad
+                self.grads[token] = (grad, header.lr)
         self._advance()
 
     def check_liveness(self) -> None:

@@ -37,6 +37,9 @@ class Strategy:
     """How data-parallel replicas (or model shards) agree; each hook has a plain default."""
 
     name: ClassVar[str]
+    #: True if gradients are reduced by hooks while backward runs (overlap): under fp16
+    #: the trainer then unscales after ``after_backward`` instead of before it.
+    communicates_during_backward: ClassVar[bool] = False
 
     def __init__(self, config: RunConfig, world: World, loss_fn: LossFn) -> None:
         self.config = config

@@ -7,7 +7,8 @@ torch.distributed store. Server k owns elements [lo_k, hi_k) of the flattened
 parameters and their optimizer state (the user's optimizer class and
 settings, rebuilt on the flat shard).
 
-The trainer's optimizer does nothing on a worker, without being replaced:
+The trainer's optimizer does nothing on a worker, without being replaced (its
+learning rate, which the trainer's schedule sets, travels with each push):
 ``after_backward`` sends the gradients, copies the weights the servers answer
 with into the model and clears every ``.grad``; ``optimizer.step()`` skips
 parameters without a gradient, so it leaves the servers' weights untouched
@@ -166,7 +167,7 @@ class ParameterServer(Strategy):
     def after_backward(self) -> None:
         assert self.client is not None
         grads = flatten([p.grad for p in self.params], self.params)
-        weights = self.client.push(grads)
+        weights = self.client.push(grads, float(self.optimizer.param_groups[0]["lr"]))
         with torch.no_grad():
             unflatten_into(weights, self.params)
         for p in self.params:

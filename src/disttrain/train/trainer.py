@@ -23,12 +23,26 @@ from disttrain.comm import world as world_mod
 from disttrain.comm.meter import meter
 from disttrain.config import RunConfig
 from disttrain.data import Dataset, GlobalBatchSampler, load_dataset
+from disttrain.data.loader import BatchLoader
 from disttrain.models import build_model
 from disttrain.train.faults import parse_fault
 from disttrain.train.metrics import MetricsWriter, Timers, write_summary
 from disttrain.train.progress import ProgressBar
+from disttrain.train.schedules import LRSchedule
+from disttrain.train.step import StepRunner
 
 __all__ = ["evaluate", "loss_fn", "make_optimizer", "train"]
+
+
+def pin_to_cpu(local_rank: int) -> int | None:
+    """Pin this process to one allowed CPU (local rank mod their number); None if not allowed."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+        cpu = cpus[local_rank % len(cpus)]
+        os.sched_setaffinity(0, {cpu})
+    except (AttributeError, OSError):  # not Linux, or not permitted here
+        return None
+    return cpu
 
 
 def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -97,6 +111,8 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     """Run the training described by ``cfg`` on this process; return the summary (rank 0's)."""
     tc = cfg.train
     world = world_mod.init(device=tc.device, timeout=tc.timeout, threads=tc.threads)
+    if tc.pin_cpus:
+        pin_to_cpu(world.local_rank)
     fault = parse_fault(tc.inject_fault)
     data = load_dataset(
         tc.dataset, tc.synthetic_size, tc.synthetic_dim, tc.synthetic_classes, tc.seq_len,
@@ -123,6 +139,8 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     epoch_limit, step_limit = strategy.limits(tc.epochs, total_steps)
     main = world.is_main
     out_dir = tc.out
+    if main and out_dir:
+        os.makedirs(out_dir, exist_ok=True)
     metrics = MetricsWriter(os.path.join(out_dir, "metrics.jsonl") if main and out_dir else None)
     bar = ProgressBar(total_steps, enabled=main and tc.progress)
     timers = Timers()
@@ -130,39 +148,37 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     whole: nn.Module | None = None
     test_loss, test_acc = float("nan"), None
     start = time.perf_counter()
+    runner = StepRunner(strategy, optimizer, tc, timers, fault, world.rank)
+    schedule = LRSchedule(
+        tc.lr, tc.batch_size, total_steps, sampler.steps_per_epoch, tc.lr_scaling,
+        tc.base_batch_size, tc.warmup_epochs, tc.lr_schedule, tc.lr_gamma, tc.lr_step_epochs,
+    )  # fmt: skip
     try:
         for epoch in range(epoch_limit):
-            for indices in sampler.epoch(epoch):
-                if step >= step_limit or strategy.should_stop():
+            loader = BatchLoader(
+                data.x_train, data.y_train, sampler.epoch(epoch)[: step_limit - step],
+                world.device, tc.prefetch, delay_seconds=tc.loader_delay_ms / 1000,
+            )  # fmt: skip
+            for x, y in loader:
+                if strategy.should_stop():
                     break
+                lr = schedule(step)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
                 step += 1
-                if fault:
-                    fault.before_step(world.rank, step)
-                with timers.time("data"):
-                    x = data.x_train[indices].to(world.device, non_blocking=True)
-                    y = data.y_train[indices].to(world.device, non_blocking=True)
-                t0 = time.perf_counter()
-                with timers.time("compute"):
-                    optimizer.zero_grad(set_to_none=True)
-                    loss = strategy.forward_backward(x, y)
-                if fault:
-                    fault.after_compute(world.rank, step, time.perf_counter() - t0)
-                    fault.after_backward(world.rank, step, model)
-                with timers.time("communication"):
-                    strategy.after_backward()
-                with timers.time("compute"):
-                    optimizer.step()
-                with timers.time("communication"):
-                    strategy.after_step(step)
-                loss_value = loss.item()
+                loss_value, skipped = runner.run(step, x, y)
                 elapsed = time.perf_counter() - start
                 sps = step * tc.batch_size / max(elapsed, 1e-9)
                 if main and step % tc.log_every == 0:
-                    metrics.write(
-                        step=step, epoch=epoch, loss=loss_value, samples_per_second=sps,
+                    record: dict[str, Any] = dict(
+                        step=step, epoch=epoch, loss=loss_value, lr=lr, samples_per_second=sps,
                         wall_seconds=elapsed, bytes_sent=meter.bytes_sent,
                     )  # fmt: skip
+                    if runner.scaler:
+                        record.update(loss_scale=runner.scaler.scale, skipped=skipped)
+                    metrics.write(**record)
                 bar.update(step, epoch, loss_value, sps)
+            timers.seconds["data"] += loader.wait_seconds
             epochs_done = epoch + 1
             last = step >= step_limit or epoch == epoch_limit - 1 or strategy.should_stop()
             if last:
@@ -206,11 +222,13 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         "bytes_sent_by_rank": [int(r[0]) for r in per_rank],
         "messages_sent_by_rank": [int(r[1]) for r in per_rank],
         "time_breakdown": timers.as_dict(),
+        "precision": tc.precision,
+        "skipped_steps": runner.skipped_steps,
+        "final_lr": schedule(max(step - 1, 0)),
         "config": cfg.to_dict(),
         **strategy.summary(),
     }
     if main and out_dir:
-        os.makedirs(out_dir, exist_ok=True)
         if whole is not None:
             torch.save(whole.state_dict(), os.path.join(out_dir, "model.pt"))
         write_summary(out_dir, summary)

@@ -1,0 +1,90 @@
+"""One training step of one process: compute, communication and the optimizer, in order.
+
+    autocast: loss = strategy.forward_backward(x, y)        (loss x scale under fp16)
+    fp16: unscale the gradients, agree on overflow across workers
+    strategy.after_backward()   -> optimizer.step() -> strategy.after_step(step)
+
+Under fp16 an overflow on any rank makes every rank skip the same step and
+back off the same scale (:class:`disttrain.amp.LossScaler`). Strategies that
+communicate during backward (``communicates_during_backward``) reduce scaled
+gradients; since the reduction is a sum, they are unscaled afterwards, and the
+reduced values already carry any rank's Inf/NaN to every rank.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from disttrain import amp
+from disttrain.config import TrainConfig
+from disttrain.strategies import Strategy
+from disttrain.train.faults import Fault
+from disttrain.train.metrics import Timers
+
+__all__ = ["StepRunner"]
+
+
+class StepRunner:
+    """Runs steps for one strategy, timing compute and communication separately."""
+
+    def __init__(
+        self, strategy: Strategy, optimizer: torch.optim.Optimizer, tc: TrainConfig,
+        timers: Timers, fault: Fault | None, rank: int,
+    ) -> None:  # fmt: skip
+        self.strategy = strategy
+        self.optimizer = optimizer
+        self.timers = timers
+        self.fault = fault
+        self.rank = rank
+        self.device = strategy.world.device
+        self.precision = tc.precision
+        self.scaler: amp.LossScaler | None = None
+        if tc.precision == "fp16":
+            self.scaler = amp.LossScaler(
+                tc.loss_scale, tc.scale_growth, tc.scale_backoff, tc.scale_growth_interval,
+                tc.max_skipped_steps,
+            )  # fmt: skip
+            plain = strategy.loss_fn
+            scaler = self.scaler
+            strategy.loss_fn = lambda out, y: plain(out, y) * scaler.scale
+        self.skipped_steps = 0
+
+    def _overflow(self) -> bool:
+        assert self.scaler is not None
+        params = (p for g in self.optimizer.param_groups for p in g["params"])
+        return self.scaler.agree(self.scaler.unscale_(params), self.strategy.worker_group)
+
+    def run(self, step: int, x: torch.Tensor, y: torch.Tensor) -> tuple[float, bool]:
+        """Train on (x, y) as step ``step``; return the loss and whether the step was skipped."""
+        strategy, fault = self.strategy, self.fault
+        if fault:
+            fault.before_step(self.rank, step)
+        start = time.perf_counter()
+        with self.timers.time("compute"):
+            self.optimizer.zero_grad(set_to_none=True)
+            with amp.autocast(self.precision, self.device):
+                loss = strategy.forward_backward(x, y)
+        if fault:
+            fault.after_compute(self.rank, step, time.perf_counter() - start)
+            fault.after_backward(self.rank, step, strategy.model)
+        scale = self.scaler.scale if self.scaler else 1.0
+        skip = False
+        during = strategy.communicates_during_backward
+        with self.timers.time("communication"):
+            if self.scaler and not during:
+                skip = self._overflow()
+            if not skip:
+                strategy.after_backward()
+            if self.scaler and during:
+                skip = self._overflow()
+        if not skip:
+            with self.timers.time("compute"):
+                self.optimizer.step()
+            with self.timers.time("communication"):
+                strategy.after_step(step)
+        if self.scaler:
+            self.scaler.update(skip)
+        self.skipped_steps += skip
+        return float(loss.item()) / scale, skip

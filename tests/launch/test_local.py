@@ -1,0 +1,27 @@
+"""How the launcher names the failed rank among collateral failures."""
+
+from __future__ import annotations
+
+import signal
+
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from disttrain.launch.local import PEER_EXIT_CODE, root_cause
+
+
+def _failure(rank: int, exitcode: int) -> ProcessFailure:
+    return ProcessFailure(local_rank=rank, pid=1000 + rank, exitcode=exitcode, error_file="")
+
+
+def test_the_killed_rank_is_the_root_cause_not_those_that_stopped_for_it() -> None:
+    failures = {
+        0: _failure(0, -signal.SIGTERM),
+        1: _failure(1, -signal.SIGKILL),
+        2: _failure(2, PEER_EXIT_CODE),
+    }
+    assert root_cause(failures)[0] == 1
+
+
+def test_when_only_collateral_failures_remain_one_of_them_is_named() -> None:
+    failures = {2: _failure(2, PEER_EXIT_CODE), 3: _failure(3, PEER_EXIT_CODE)}
+    assert root_cause(failures)[0] in (2, 3)

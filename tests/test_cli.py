@@ -1,0 +1,133 @@
+"""The `disttrain` command: bad input is one line and exit 2; runs write their outputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from disttrain.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m disttrain ARGS`` in a subprocess, with a hard timeout."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "disttrain", *args],
+        capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO,
+    )  # fmt: skip
+
+
+def _write_npz(path: Path, **arrays: np.ndarray) -> str:
+    np.savez(path, **arrays)
+    return str(path)
+
+
+def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
+    missing_arrays = _write_npz(tmp / "two.npz", x_train=np.zeros((4, 2)), y_train=np.zeros(4, int))
+    toml_unknown = tmp / "unknown.toml"
+    toml_unknown.write_text("workers = 2\nwrokers = 3\n")
+    toml_bad = tmp / "bad.toml"
+    toml_bad.write_text("workers = [\n")
+    toml_type = tmp / "type.toml"
+    toml_type.write_text('epochs = "ten"\n')
+    return [
+        (["train", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["train", "--workers", "0"], "--workers must be positive"),
+        (["train", "--workers", "3", "--batch-size", "64"], "not divisible by the 3 workers"),
+        (["train", "--epochs", "x"], "invalid int value"),
+        (["train", "--dataset", str(tmp / "missing.npz")], "data file not found"),
+        (["train", "--dataset", missing_arrays], "lacks the array(s) x_test, y_test"),
+        (["train", "--model", "no_such_module:make"], "cannot import no_such_module"),
+        (["train", "--model", "json:nothing"], "has no function 'nothing'"),
+        (["train", "--model", "transformer"], "unknown model 'transformer'"),
+        (["train", "--dataset", "mnist"], "unknown dataset 'mnist'"),
+        (["train", "--strategy", "magic"], "unknown strategy 'magic'"),
+        (["train", "--algorithm", "magic"], "unknown algorithm 'magic'"),
+        (["train", "--optimizer", "lbfgs"], "invalid choice: 'lbfgs'"),
+        (["train", "--config", str(tmp / "nope.toml")], "config file not found"),
+        (["train", "--config", str(toml_unknown)], "unknown key 'wrokers'"),
+        (["train", "--config", str(toml_bad)], "is not valid TOML"),
+        (["train", "--config", str(toml_type)], "setting 'epochs' must be int"),
+        (["train", "--lr", "-1"], "--lr must be positive"),
+        (["train", "--inject-fault", "kill:rank=5:step=1"], "names rank 5, but there are 2"),
+        (["train", "--inject-fault", "explode:rank=0"], "kind must be one of"),
+        (
+            ["train", "--model", "cnn", "--dataset", "synthetic", "--synthetic-dim", "10"],
+            "not a square",
+        ),
+        (["train", "--model", "gpt"], "--model gpt needs a language-model data set"),
+        (["train", "--nnodes", "2"], "--nnodes > 1 needs --rdzv-endpoint"),
+        (["train", "--batch-size", "4096"], "larger than the 1437 training samples"),
+    ]
+
+
+def test_bad_input_is_one_line_and_exit_code_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv, message in _bad_inputs(tmp_path):
+        with pytest.raises(SystemExit) as exc_info:
+            raise SystemExit(main(argv))
+        err = capsys.readouterr().err
+        assert exc_info.value.code == 2, (argv, err)
+        assert message in err, (argv, err)
+        assert len(err.strip().splitlines()) == 1, (argv, err)
+        assert "Traceback" not in err
+
+
+def test_bad_input_from_the_real_command_starts_no_worker(tmp_path: Path) -> None:
+    result = run_cli(
+        "train", "--workers", "3", "--batch-size", "64", "--out", str(tmp_path / "o"), timeout=60
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "disttrain: error: --batch-size 64 is not divisible by the 3 workers: use a multiple of 3"
+    ]
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_short_run_writes_summary_metrics_and_model(tmp_path: Path) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text("epochs = 2\nbatch-size = 32\nworkers = 3\n")
+    out = tmp_path / "run"
+    result = run_cli("train", "--config", str(config), "--batch-size", "48", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 3 and summary["global_batch_size"] == 48  # flag beats file
+    assert summary["steps"] == 2 * (1437 // 48) and summary["epochs"] == 2
+    assert summary["bytes_sent_per_rank"] > 0 and summary["final_accuracy"] > 0.5
+    assert set(summary["time_breakdown"]) >= {"compute", "communication"}
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "loss" in r] == list(range(1, summary["steps"] + 1))
+    assert (out / "model.pt").stat().st_size > 1_000_000
+    assert "final_accuracy" in result.stdout  # the summary table
+
+
+def test_killing_one_of_three_workers_ends_the_job_naming_the_rank(tmp_path: Path) -> None:
+    timeout = 10
+    result = run_cli(
+        "train", "--workers", "3", "--batch-size", "48", "--timeout", str(timeout),
+        "--inject-fault", "kill:rank=1:step=5", "--out", str(tmp_path / "k"),
+        timeout=timeout + 15 + 20,  # + start-up of the interpreter and torch
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "worker rank 1" in result.stderr and "SIGKILL" in result.stderr, result.stderr
+
+
+def test_a_raising_worker_is_named_with_its_error(tmp_path: Path) -> None:
+    result = run_cli(
+        "train", "--workers", "2", "--timeout", "10", "--inject-fault", "raise:rank=1:step=3",
+        "--out", str(tmp_path / "r"), timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "worker rank 1" in result.stderr and "injected fault" in result.stderr, result.stderr

@@ -1,0 +1,36 @@
+"""The same training on CUDA (NCCL): runs only where a GPU is present, skips cleanly elsewhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_cli import run_cli
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+def _params(out: Path, device: str, workers: int) -> dict[str, torch.Tensor]:
+    result = run_cli(
+        "train", "--device", device, "--workers", str(workers), "--max-steps", "10",
+        "--no-progress", "--out", str(out), timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return torch.load(out / "model.pt", weights_only=True, map_location="cpu")  # type: ignore[no-any-return]
+
+
+def test_cuda_training_matches_cpu_training(tmp_path: Path) -> None:
+    cpu = _params(tmp_path / "cpu", "cpu", 1)
+    gpu = _params(tmp_path / "gpu", "cuda", 1)
+    worst = max(float((cpu[k] - gpu[k]).abs().max()) for k in cpu)
+    assert worst <= 1e-3, worst  # cuBLAS sums in another order than the CPU; 10 steps stay close
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL data parallelism needs 2 GPUs")
+def test_two_gpu_workers_match_one(tmp_path: Path) -> None:
+    one = _params(tmp_path / "one", "cuda", 1)
+    two = _params(tmp_path / "two", "cuda", 2)
+    worst = max(float((one[k] - two[k]).abs().max()) for k in one)
+    assert worst <= 1e-4, worst
