@@ -37,7 +37,7 @@ class PSConfig:
     staleness_bound: int = opt(2, "ps ssp: most steps a worker may run ahead of the slowest")
     softsync: int = opt(0, "ps softsync: gradients averaged into each update (0: all workers)")
     staleness_lr: bool = opt(False, "ps: divide each update's learning rate by its staleness")
-    straggler: str = opt("", "ps: slow worker RANK by FACTOR, RANK:FACTOR (sleeps (F-1) x compute)")
+    straggler: str = opt("", "ps: slow worker RANK by FACTOR, RANK:FACTOR (sleeps (F-1) x step)")
     ps_address: str = opt("127.0.0.1", "ps: address the servers listen on")
     ps_heartbeat: float = opt(0.5, "ps: seconds between a worker's heartbeats")
     ps_worker_timeout: float = opt(10.0, "ps: seconds of silence before a worker is lost")

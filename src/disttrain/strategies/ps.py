@@ -68,6 +68,8 @@ class ParameterServer(Strategy):
         self.client: PSClient | None = None
         self.server: ShardServer | None = None
         self.stats: list[dict[str, Any]] = []
+        self._last_start: float | None = None
+        self._last_delay = 0.0
 
     # --- roles ----------------------------------------------------------------------
     @classmethod
@@ -160,8 +162,16 @@ class ParameterServer(Strategy):
         start = time.perf_counter()
         loss = super().forward_backward(x, y)
         if self.straggler and self.straggler[0] == self.world.rank:
-            # a real delay proportional to this worker's measured compute time
-            time.sleep((self.straggler[1] - 1.0) * (time.perf_counter() - start))
+            # A real delay of (FACTOR-1) x this worker's measured step time: the whole previous
+            # step (compute, push and pull, loop) without its own delay; this step's compute
+            # for the first. The worker is then FACTOR times slower at everything.
+            now = time.perf_counter()
+            measured = now - start
+            if self._last_start is not None:
+                measured = start - self._last_start - self._last_delay
+            self._last_delay = (self.straggler[1] - 1.0) * measured
+            self._last_start = start
+            time.sleep(self._last_delay)
         return loss
 
     def after_backward(self) -> None:
