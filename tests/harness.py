@@ -158,5 +158,6 @@ def run_world(
             if p.is_alive():
                 p.kill()
                 p.join()
-        if os.path.exists(store):
-            os.unlink(store)
+        for path in (store, f"{store}.0"):  # world.init adds the restart round
+            if os.path.exists(path):
+                os.unlink(path)

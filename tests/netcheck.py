@@ -50,11 +50,16 @@ def _decode(hex_addr: str, family: int) -> str:
     return socket.inet_ntop(family, words)
 
 
-def listening_addresses(pids: list[int]) -> list[tuple[str, int]]:
-    """(address, port) of every TCP socket in LISTEN state owned by ``pids``."""
+def listening_addresses(pids: list[int], proc_net: str = "/proc/net") -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket in LISTEN state owned by ``pids``.
+
+    ``proc_net`` is read for the socket tables: ``/proc/PID/net`` for processes
+    in another network namespace (PID being one of them).
+    """
     inodes = _socket_inodes(pids)
     found = []
-    for path, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+    tables = ((f"{proc_net}/tcp", socket.AF_INET), (f"{proc_net}/tcp6", socket.AF_INET6))
+    for path, family in tables:
         try:
             with open(path) as fh:
                 rows = fh.read().splitlines()[1:]

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from disttrain.cli import main
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     """``python -m disttrain ARGS`` in a subprocess, with a hard timeout."""
     env = {
         **os.environ,
@@ -113,21 +114,41 @@ def test_a_short_run_writes_summary_metrics_and_model(tmp_path: Path) -> None:
     assert "final_accuracy" in result.stdout  # the summary table
 
 
+@pytest.mark.timeout(300)
 def test_killing_one_of_three_workers_ends_the_job_naming_the_rank(tmp_path: Path) -> None:
     timeout = 10
-    result = run_cli(
-        "train", "--workers", "3", "--batch-size", "48", "--timeout", str(timeout),
-        "--inject-fault", "kill:rank=1:step=5", "--out", str(tmp_path / "k"),
-        timeout=timeout + 15 + 20,  # + start-up of the interpreter and torch
+    out = tmp_path / "k"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "disttrain", "train", "--workers", "3", "--batch-size", "48",
+         "--timeout", str(timeout), "--inject-fault", "kill:rank=1:step=5", "--no-progress",
+         "--out", str(out)],
+        env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    assert result.returncode == 1
-    assert "worker rank 1" in result.stderr and "SIGKILL" in result.stderr, result.stderr
+    try:
+        # rank 0 logs step 4 just before rank 1 kills itself entering step 5
+        metrics = out / "metrics.jsonl"
+        deadline = time.monotonic() + 240  # start-up on a loaded 2-core machine
+        while time.monotonic() < deadline and proc.poll() is None:
+            if metrics.exists() and '"step": 4,' in metrics.read_text():
+                break
+            time.sleep(0.05)
+        killed_at = time.monotonic()
+        _, stderr = proc.communicate(timeout=timeout + 15)
+        ended_after = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1
+    assert ended_after <= timeout + 15
+    assert "worker rank 1" in stderr and "SIGKILL" in stderr, stderr
 
 
 def test_a_raising_worker_is_named_with_its_error(tmp_path: Path) -> None:
     result = run_cli(
         "train", "--workers", "2", "--timeout", "10", "--inject-fault", "raise:rank=1:step=3",
-        "--out", str(tmp_path / "r"), timeout=60,
+        "--out", str(tmp_path / "r"), timeout=240,
     )  # fmt: skip
     assert result.returncode == 1
     assert "worker rank 1" in result.stderr and "injected fault" in result.stderr, result.stderr

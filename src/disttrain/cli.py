@@ -1,4 +1,4 @@
-"""The ``disttrain`` command: ``train`` and ``bench``.
+"""The ``disttrain`` command: ``train``, ``bench`` and ``cluster``.
 
 Bad input is reported as one line on stderr with exit code 2, before any
 worker starts. A failed worker ends the job with exit code 1 and a line that
@@ -22,7 +22,12 @@ from disttrain.comm.errors import UsageError
 __all__ = ["BENCHES", "main"]
 
 #: ``disttrain bench NAME`` -> module with ``add_arguments(parser)`` and ``run(args) -> int``.
-BENCHES: dict[str, str] = {}
+BENCHES: dict[str, str] = {
+    "allreduce": "disttrain.lab.bench_allreduce",
+    "dp": "disttrain.lab.bench_dp",
+    "largebatch": "disttrain.lab.bench_largebatch",
+    "pipeline": "disttrain.lab.bench_pipeline",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -70,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = bench_sub.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
         mod.add_arguments(p)
         p.set_defaults(bench_module=module)
+    from disttrain.launch import cluster
+
+    cluster.add_arguments(sub.add_parser("cluster", help="an emulated multi-host cluster"), _Parser)
     return parser
 
 
@@ -121,7 +129,15 @@ def _preflight(cfg: Any) -> None:
         raise UsageError(
             f"--batch-size {tc.batch_size} is larger than the {len(data.x_train)} training samples"
         )
-    build_model(tc.model, data, tc.seq_len)
+    model = build_model(tc.model, data, tc.seq_len)
+    # Model-parallel strategies check their split (stages, micro-batches, mesh) here.
+    validate = getattr(strategies.get(tc.strategy), "validate_config", None)
+    if validate is not None:
+        validate(cfg, model)
+    if tc.resume:
+        from disttrain.train import checkpoint
+
+        checkpoint.load(tc.resume, 0, tc.world_size)  # ours, complete, same number of workers
 
 
 def _default_out(strategy: str) -> str:
@@ -204,7 +220,11 @@ def cmd_train(ns: argparse.Namespace, argv: list[str]) -> int:
     except JobFailed as exc:
         sys.stderr.write(f"disttrain: error: {exc}\n")
         return 1
-    with open(os.path.join(out, "summary.json")) as fh:
+    path = os.path.join(out, "summary.json")
+    if not os.path.exists(path):  # multi-node: global rank 0 ran on another node
+        print(f"disttrain: done; rank 0 ran on another node and wrote its summary to its {out}")
+        return 0
+    with open(path) as fh:
         print_summary(json.load(fh), out)
     return 0
 
@@ -216,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if ns.command == "train":
             return cmd_train(ns, argv)
+        if ns.command == "cluster":
+            from disttrain.launch import cluster
+
+            return cluster.main(ns)
         module = importlib.import_module(ns.bench_module)
         return int(module.run(ns))
     except UsageError as exc:

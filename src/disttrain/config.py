@@ -58,6 +58,9 @@ class TrainConfig:
     out: str = opt("", "output folder (default: a new folder under runs/)")
     device: str = opt("cpu", "cpu (gloo) or cuda (NCCL)", ("cpu", "cuda"))
     timeout: float = opt(60.0, "seconds any collective may wait before the job fails")
+    check_collectives: bool = opt(
+        False, "check each allreduce's length on all ranks first (one small extra collective)"
+    )
     threads: int = opt(1, "intra-op threads per worker")
     log_every: int = opt(1, "write a metrics.jsonl line every N steps")
     progress: bool = opt(True, "show a live progress bar on rank 0")
@@ -82,6 +85,10 @@ class TrainConfig:
     prefetch: int = opt(2, "batches prepared ahead by a background thread (0: off)")
     loader_delay_ms: float = opt(0.0, "extra time per batch in the loader (benchmarks)")
     pin_cpus: bool = opt(False, "pin each worker to one CPU (local rank mod the CPUs allowed)")
+    # checkpoints and restarts (docs/reliability.md)
+    checkpoint_every: int = opt(0, "save a checkpoint every N steps under --out (0: never)")
+    resume: str = opt("", "resume from the newest checkpoint of this earlier run's --out")
+    max_restarts: int = opt(0, "restart the workers from the last checkpoint after a failure")
     # datasets
     synthetic_size: int = opt(2048, "synthetic data set: number of samples")
     synthetic_dim: int = opt(64, "synthetic data set: input features")
@@ -110,6 +117,10 @@ class TrainConfig:
             raise UsageError("--warmup-epochs, --prefetch and --loader-delay-ms must be >= 0")
         if not 0.0 <= self.lr_gamma < 1.0:
             raise UsageError(f"--lr-gamma must be in (0, 1), got {self.lr_gamma}")
+        if self.checkpoint_every < 0 or self.max_restarts < 0:
+            raise UsageError("--checkpoint-every and --max-restarts must be >= 0")
+        if self.max_restarts and not self.checkpoint_every:
+            raise UsageError("--max-restarts needs --checkpoint-every N to restart from")
         if self.max_steps < 0:
             raise UsageError(f"--max-steps must be >= 0, got {self.max_steps}")
         if self.lr <= 0:

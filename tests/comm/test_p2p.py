@@ -24,3 +24,35 @@ def test_exchange_shifts_around_a_ring_and_meters_each_send() -> None:
     for rank, (values, nbytes, messages) in enumerate(results):
         assert values == [float((rank - 1) % 3)] * 5
         assert (nbytes, messages) == (5 * 4, 1)
+
+
+def _star_post() -> tuple[list[list[float]], int, int, dict[int, int]]:
+    import torch.distributed as dist
+
+    from disttrain.comm import meter, p2p
+
+    meter.reset()
+    rank, size = dist.get_rank(), dist.get_world_size()
+    got = []
+    if rank == 0:
+        bufs = [torch.empty(3) for _ in range(1, size)]
+        p2p.post([], [(b, peer) for peer, b in enumerate(bufs, start=1)])
+        got = [b.tolist() for b in bufs]
+        p2p.post([(torch.full((3,), 9.0), peer) for peer in range(1, size)], [])
+    else:
+        p2p.post([(torch.full((3,), float(rank)), 0), (torch.empty(0), 0)], [])
+        back = torch.empty(3)
+        p2p.post([], [(back, 0)])
+        got = [back.tolist()]
+    return got, meter.bytes_sent, meter.messages_sent, meter.snapshot().per_peer_bytes
+
+
+def test_post_sends_and_receives_many_at_once_skipping_empty_tensors() -> None:
+    results = run_world(_star_post, 3)
+    got, nbytes, messages, per_peer = results[0]
+    assert got == [[1.0] * 3, [2.0] * 3]
+    assert (nbytes, messages, per_peer) == (24, 2, {1: 12, 2: 12})
+    for rank in (1, 2):
+        got, nbytes, messages, per_peer = results[rank]
+        assert got == [[9.0] * 3]
+        assert (nbytes, messages, per_peer) == (12, 1, {0: 12})

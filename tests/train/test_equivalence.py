@@ -31,6 +31,7 @@ def _train(model: str, out: str, steps: int) -> dict[str, torch.Tensor] | None:
     return None
 
 
+@pytest.mark.timeout(600)  # 7 worlds of up to 4 processes on 2 cores
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
 def test_parameters_after_20_steps_match_for_1_2_and_4_workers(model: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
     results = {

@@ -18,21 +18,18 @@ class Native(AllReduceAlgorithm):
     """``torch.distributed.all_reduce``; its traffic is not observable, so it is estimated.
 
     Both gloo (large tensors) and NCCL use a ring: each rank sends
-    2(n-1) chunks of S/n bytes to its right neighbour.
+    2(n-1) chunks of S/n bytes to its right neighbour. Any world size.
     """
 
     name = "native"
 
-    def all_reduce(self, tensor: torch.Tensor, group: ProcessGroup | None = None) -> torch.Tensor:
-        n = dist.get_world_size(group)
-        if n > 1 and tensor.numel() > 0:
-            dist.all_reduce(tensor, group=group)
-            rank = dist.get_rank(group)
-            cost = self.cost(tensor.numel() * tensor.element_size(), n, rank)
-            record_send(global_rank(group, (rank + 1) % n), cost.bytes_sent, cost.messages, True)
-        return tensor
+    def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
+        dist.all_reduce(flat, group=group)
+        n, rank = dist.get_world_size(group), dist.get_rank(group)
+        cost = self.cost(flat.numel() * flat.element_size(), n, rank)
+        record_send(global_rank(group, (rank + 1) % n), cost.bytes_sent, cost.messages, True)
 
-    def cost(self, nbytes: int, world_size: int, rank: int = 0) -> Cost:
+    def cost(self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1) -> Cost:
         if world_size == 1 or nbytes == 0:
             return Cost(0, 0)
         return Cost(2 * (world_size - 1) * nbytes // world_size, 2 * (world_size - 1))

@@ -8,6 +8,7 @@ always posted together (``irecv`` + ``isend``, then wait on both): a blocking
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ from torch.distributed import ProcessGroup
 
 from disttrain.comm.meter import record_send
 
-__all__ = ["exchange", "global_rank", "group_rank", "group_size", "recv", "send"]
+__all__ = ["exchange", "global_rank", "group_rank", "group_size", "post", "recv", "send"]
 
 
 def group_size(group: ProcessGroup | None = None) -> int:
@@ -57,6 +58,30 @@ def exchange(
         peer = global_rank(group, dst)
         works.append(dist.isend(send_tensor.contiguous(), dst=peer, group=group))
         record_send(peer, _nbytes(send_tensor))
+    for work in works:
+        work.wait()
+
+
+def post(
+    sends: Sequence[tuple[torch.Tensor, int]],
+    recvs: Sequence[tuple[torch.Tensor, int]],
+    group: ProcessGroup | None = None,
+) -> None:
+    """Post every receive, then every send, and wait for all: ``(tensor, group rank)`` pairs.
+
+    For a rank that talks to several peers at once (a tree node and its
+    children, the star's root, all-to-all). Empty tensors are skipped, as in
+    :func:`exchange`. Send tensors must not be written until this returns.
+    """
+    works: list[Any] = []
+    for tensor, src in recvs:
+        if tensor.numel() > 0:
+            works.append(dist.irecv(tensor, src=global_rank(group, src), group=group))
+    for tensor, dst in sends:
+        if tensor.numel() > 0:
+            peer = global_rank(group, dst)
+            works.append(dist.isend(tensor.contiguous(), dst=peer, group=group))
+            record_send(peer, _nbytes(tensor))
     for work in works:
         work.wait()
 

@@ -97,6 +97,8 @@ def init(device: str = "cpu", timeout: float = 60.0, threads: int | None = 1) ->
     pg_timeout = timedelta(seconds=timeout)
     if store_file is not None:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        # an elastic restart forms a new group: a fresh store, free of the last round's keys
+        store_file += f".{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
         store = dist.FileStore(store_file, world_size)
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world_size, timeout=pg_timeout

@@ -96,7 +96,7 @@ def launch(cfg: TrainConfig, nproc_per_node: int, argv: list[str]) -> None:
         rdzv_backend=backend,
         rdzv_endpoint=endpoint,
         rdzv_configs=rdzv_configs,
-        max_restarts=0,
+        max_restarts=cfg.max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
         logs_specs=DefaultLogsSpecs(log_dir=os.path.join(tmp, "logs")),

@@ -1,8 +1,11 @@
 """L2: data-parallel strategies, one file each, registered by name."""
 
-from disttrain.strategies import (
-    allreduce,  # noqa: F401  (registers itself)
-    ps,  # noqa: F401  (registers itself and its settings)
+from disttrain.strategies import (  # noqa: F401  (register themselves)
+    allreduce,
+    hybrid,
+    pipeline,
+    ps,
+    tensor,
 )
 from disttrain.strategies.base import STRATEGIES, Strategy, get, register
 

@@ -1,57 +1,105 @@
-"""Synchronous data parallelism: gradients averaged by an allreduce after every backward.
+"""Synchronous data parallelism: fused gradient buckets averaged by an allreduce, during backward.
 
 N workers at global batch B then take exactly the steps one process takes at
 batch B: each worker's loss is the mean over its B/N samples, so the mean of
-the N gradients is the gradient of the mean loss over all B.
+the N gradients is the gradient of the mean loss over all B. With
+``--accumulate K`` each worker splits its shard into K micro-batches, weights
+each loss by its share of the shard, and communicates only after the last one:
+still one step of the same global batch, with 1/K of the activation memory.
+The mechanics (buckets, hooks, the communication thread) live in
+:mod:`disttrain.strategies.reducer`.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from disttrain import collectives
-from disttrain.comm.meter import record_send
+from disttrain.broadcast import broadcast_tensors
+from disttrain.comm.errors import UsageError
+from disttrain.config import opt, register_section
 from disttrain.strategies.base import Strategy, register
+from disttrain.strategies.reducer import Reducer
 
-__all__ = ["AllReduce", "broadcast_tensors"]
+__all__ = ["AllReduce", "DataParallelConfig", "broadcast_tensors"]
+
+#: The --fusion-mb default, chosen by `disttrain bench dp --sweep` (docs/data-parallel.md).
+DEFAULT_FUSION_MB = 4.0
 
 
-def broadcast_tensors(tensors: list[torch.Tensor], src: int = 0) -> None:
-    """Copy ``tensors`` from rank ``src`` to every rank (one flat message), metered."""
-    if dist.get_world_size() == 1 or not tensors:
-        return
-    flat = _flatten_dense_tensors([t.detach() for t in tensors])
-    dist.broadcast(flat, src=src)
-    if dist.get_rank() == src:
-        # gloo broadcasts from the root to each rank in turn
-        for peer in range(dist.get_world_size()):
-            if peer != src:
-                record_send(peer, flat.numel() * flat.element_size(), estimated=True)
-    with torch.no_grad():
-        for t, v in zip(tensors, _unflatten_dense_tensors(flat, tensors), strict=True):
-            t.copy_(v)
+@register_section
+@dataclass(frozen=True)
+class DataParallelConfig:
+    """Settings of the synchronous data-parallel engine (tensor fusion, overlap, accumulation)."""
+
+    fusion_mb: float = opt(
+        DEFAULT_FUSION_MB, "tensor fusion: gradient bucket size in MB (0: one allreduce per tensor)"
+    )
+    overlap: bool = opt(True, "start each bucket's allreduce during backward, once it is full")
+    accumulate: int = opt(1, "micro-batches per optimizer step (accumulation), one allreduce")
+
+    def validate(self) -> None:
+        if self.fusion_mb < 0:
+            raise UsageError(f"--fusion-mb must be >= 0, got {self.fusion_mb}")
+        if self.accumulate < 1:
+            raise UsageError(f"--accumulate must be >= 1, got {self.accumulate}")
 
 
 @register
 class AllReduce(Strategy):
-    """Average every gradient with ``--algorithm`` after backward."""
+    """Average gradients with ``--algorithm``, fused into buckets, overlapped with backward."""
 
     name = "allreduce"
+    # Buckets may be summed during backward: under fp16 the trainer unscales after the
+    # sum (a sum carries any rank's Inf/NaN to all). Also right with --no-overlap.
+    communicates_during_backward = True
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         super().setup(model, optimizer)
-        self.algorithm = collectives.get(self.config.train.algorithm)
-        broadcast_tensors(list(model.state_dict().values()))
+        dp: DataParallelConfig = self.config.section(DataParallelConfig)
+        self.accumulate = dp.accumulate
+        if self.world.world_size > 1:
+            broadcast_tensors(list(model.state_dict().values()), 0, self.worker_group)
+        self.reducer = Reducer(
+            list(model.parameters()),
+            algorithm=self.config.train.algorithm,
+            fusion_mb=dp.fusion_mb,
+            overlap=dp.overlap,
+            group=self.worker_group,
+            world_size=self.world.world_size,
+        )
+
+    def no_sync(self) -> Any:
+        """Backward passes inside accumulate locally; the next one outside communicates."""
+        return self.reducer.no_sync()
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.accumulate == 1:
+            return super().forward_backward(x, y)
+        # tensor_split: K near-equal micro-batches (fewer if the shard is smaller than K);
+        # weighting each mean loss by its share keeps the exact gradient of the shard's mean.
+        parts = [(a, b) for a, b in zip(x.tensor_split(self.accumulate), y.tensor_split(
+            self.accumulate), strict=True) if len(a)]  # fmt: skip
+        total = torch.zeros(())
+        for i, (xm, ym) in enumerate(parts):
+            last = i == len(parts) - 1
+            with nullcontext() if last else self.reducer.no_sync():
+                loss = self.loss_fn(self.model(xm), ym) * (len(xm) / len(x))
+                loss.backward()
+            total = total + loss.detach().cpu()
+        return total
 
     def after_backward(self) -> None:
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if self.world.world_size == 1 or not grads:
-            return
-        flat = _flatten_dense_tensors(grads)
-        self.algorithm.all_reduce(flat)
-        flat /= self.world.world_size
-        for g, v in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
-            g.copy_(v)
+        # With overlap, most buckets are already on the wire; this waits for the rest.
+        self.reducer.synchronize()
+
+    def finish(self) -> None:
+        self.reducer.close()
+
+    def summary(self) -> dict[str, Any]:
+        stats = self.reducer.stats()
+        return {"data_parallel": {**stats, "accumulate": self.accumulate}}

@@ -31,7 +31,8 @@ class Fault:
     factor: float = 1.0
 
     def fires(self, rank: int, step: int) -> bool:
-        if rank != self.rank:
+        # only in the first round: a job restarted by --max-restarts should recover
+        if rank != self.rank or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
             return False
         # slow and nan persist from their step on; the others fire once
         return step >= self.step if self.kind in ("slow", "nan") else step == self.step

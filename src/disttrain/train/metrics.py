@@ -34,8 +34,9 @@ class Timers:
 class MetricsWriter:
     """Appends one JSON object per line to ``metrics.jsonl`` (rank 0 only writes)."""
 
-    def __init__(self, path: str | None) -> None:
-        self._fh: IO[str] | None = open(path, "w") if path else None  # noqa: SIM115
+    def __init__(self, path: str | None, append: bool = False) -> None:
+        mode = "a" if append else "w"  # append: an elastic restart goes on with the same run
+        self._fh: IO[str] | None = open(path, mode) if path else None  # noqa: SIM115
 
     def write(self, **record: Any) -> None:
         if self._fh is not None:

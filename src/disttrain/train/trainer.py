@@ -18,13 +18,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from disttrain import strategies
+from disttrain import collectives, strategies
 from disttrain.comm import world as world_mod
 from disttrain.comm.meter import meter
 from disttrain.config import RunConfig
 from disttrain.data import Dataset, GlobalBatchSampler, load_dataset
 from disttrain.data.loader import BatchLoader
 from disttrain.models import build_model
+from disttrain.train import checkpoint
 from disttrain.train.faults import parse_fault
 from disttrain.train.metrics import MetricsWriter, Timers, write_summary
 from disttrain.train.progress import ProgressBar
@@ -107,10 +108,58 @@ def _epoch_end(
     return model, *evaluate(model, data, device)
 
 
+def _rank_state(
+    strategy: strategies.Strategy, optimizer: torch.optim.Optimizer, runner: StepRunner
+) -> dict[str, Any]:
+    return {
+        "model": strategy.model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "strategy": strategy.state_dict(),
+        "scaler": runner.scaler.state_dict() if runner.scaler else {},
+        "rng": torch.get_rng_state(),
+    }
+
+
+def _checkpoint(
+    out_dir: str, step: int, strategy: strategies.Strategy, optimizer: torch.optim.Optimizer,
+    runner: StepRunner,
+) -> None:  # fmt: skip
+    """Every worker saves its state; rank 0 commits once all have (a barrier between)."""
+    world = strategy.world
+    n = dist.get_world_size(strategy.worker_group)
+    checkpoint.save(out_dir, step, world.rank, n, _rank_state(strategy, optimizer, runner))
+    if n > 1:
+        dist.barrier(group=strategy.worker_group)
+    if world.rank == 0:
+        checkpoint.commit(out_dir, step)
+
+
+def _resume(
+    tc: Any, strategy: strategies.Strategy, optimizer: torch.optim.Optimizer, runner: StepRunner
+) -> int:
+    """Restore this rank from ``--resume`` (or, after an elastic restart, from ``--out``)."""
+    source = tc.resume
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    if not source and restarted and tc.out and checkpoint.latest(tc.out) is not None:
+        source = tc.out
+    if not source:
+        return 0
+    n = dist.get_world_size(strategy.worker_group)
+    state = checkpoint.load(source, strategy.world.rank, n)
+    strategy.model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    strategy.load_state_dict(state["strategy"])
+    if runner.scaler and state["scaler"]:
+        runner.scaler.load_state_dict(state["scaler"])
+    torch.set_rng_state(state["rng"])
+    return int(state["step"])
+
+
 def train(cfg: RunConfig) -> dict[str, Any]:
     """Run the training described by ``cfg`` on this process; return the summary (rank 0's)."""
     tc = cfg.train
     world = world_mod.init(device=tc.device, timeout=tc.timeout, threads=tc.threads)
+    collectives.set_length_check(tc.check_collectives)
     if tc.pin_cpus:
         pin_to_cpu(world.local_rank)
     fault = parse_fault(tc.inject_fault)
@@ -141,7 +190,10 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     out_dir = tc.out
     if main and out_dir:
         os.makedirs(out_dir, exist_ok=True)
-    metrics = MetricsWriter(os.path.join(out_dir, "metrics.jsonl") if main and out_dir else None)
+    metrics = MetricsWriter(
+        os.path.join(out_dir, "metrics.jsonl") if main and out_dir else None,
+        append=os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0",
+    )
     bar = ProgressBar(total_steps, enabled=main and tc.progress)
     timers = Timers()
     step, epochs_done, loss_value = 0, 0, float("nan")
@@ -154,9 +206,12 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         tc.base_batch_size, tc.warmup_epochs, tc.lr_schedule, tc.lr_gamma, tc.lr_step_epochs,
     )  # fmt: skip
     try:
-        for epoch in range(epoch_limit):
+        resumed = _resume(tc, strategy, optimizer, runner)
+        step = resumed
+        for epoch in range(resumed // sampler.steps_per_epoch, epoch_limit):
+            skip = step - epoch * sampler.steps_per_epoch  # batches done before a resume
             loader = BatchLoader(
-                data.x_train, data.y_train, sampler.epoch(epoch)[: step_limit - step],
+                data.x_train, data.y_train, sampler.epoch(epoch)[skip : skip + step_limit - step],
                 world.device, tc.prefetch, delay_seconds=tc.loader_delay_ms / 1000,
             )  # fmt: skip
             for x, y in loader:
@@ -178,6 +233,9 @@ def train(cfg: RunConfig) -> dict[str, Any]:
                         record.update(loss_scale=runner.scaler.scale, skipped=skipped)
                     metrics.write(**record)
                 bar.update(step, epoch, loss_value, sps)
+                if tc.checkpoint_every and step % tc.checkpoint_every == 0 and out_dir:
+                    with timers.time("checkpoint"):
+                        _checkpoint(out_dir, step, strategy, optimizer, runner)
             timers.seconds["data"] += loader.wait_seconds
             epochs_done = epoch + 1
             last = step >= step_limit or epoch == epoch_limit - 1 or strategy.should_stop()

@@ -1,0 +1,126 @@
+"""Make replicas equal: broadcast parameters and optimizer state from one rank (Horovod's API).
+
+Nothing is pickled: tensors travel as flat buffers of their own dtype, and the
+optimizer state's layout (which tensors, which shapes, which plain numbers)
+travels as JSON bytes in a uint8 tensor.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+
+from disttrain.comm.meter import record_send
+from disttrain.comm.p2p import global_rank
+from disttrain.fusion import flatten, unflatten
+
+__all__ = ["broadcast_optimizer_state", "broadcast_parameters", "broadcast_tensors"]
+
+
+def broadcast_tensors(
+    tensors: list[torch.Tensor], src: int = 0, group: ProcessGroup | None = None
+) -> None:
+    """Copy ``tensors`` from group rank ``src`` to all ranks: a flat message per dtype, metered."""
+    n = dist.get_world_size(group)
+    if n == 1 or not tensors:
+        return
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    me = dist.get_rank(group)
+    for same in by_dtype.values():
+        flat = flatten([t.detach() for t in same])
+        dist.broadcast(flat, src=global_rank(group, src), group=group)
+        if me == src:
+            # gloo broadcasts from the root to each rank in turn
+            for peer in range(n):
+                if peer != src:
+                    nbytes = flat.numel() * flat.element_size()
+                    record_send(global_rank(group, peer), nbytes, 1, True)
+        else:
+            with torch.no_grad():
+                for t, v in zip(same, unflatten(flat, same), strict=True):
+                    t.copy_(v)
+
+
+def broadcast_parameters(
+    params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+    root_rank: int = 0,
+    group: ProcessGroup | None = None,
+) -> None:
+    """Overwrite ``params`` (a ``state_dict()`` or ``named_parameters()``) with root's values."""
+    items = list(params.items()) if isinstance(params, Mapping) else list(params)
+    broadcast_tensors([t for _, t in sorted(items, key=lambda kv: kv[0])], root_rank, group)
+
+
+def _bytes_tensor(payload: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else torch.empty(0)
+
+
+def _describe(value: Any) -> dict[str, Any]:
+    if torch.is_tensor(value):
+        return {"tensor": str(value.dtype).removeprefix("torch."), "shape": list(value.shape)}
+    return {"value": value}
+
+
+def _broadcast_json(obj: Any, root: int, group: ProcessGroup | None) -> Any:
+    me = dist.get_rank(group)
+    payload = json.dumps(obj).encode() if me == root else b""
+    length = torch.tensor([len(payload)], dtype=torch.int64)
+    dist.broadcast(length, src=global_rank(group, root), group=group)
+    data = _bytes_tensor(payload) if me == root else torch.empty(int(length), dtype=torch.uint8)
+    dist.broadcast(data, src=global_rank(group, root), group=group)
+    return json.loads(bytes(data.tolist()).decode())
+
+
+def broadcast_optimizer_state(
+    optimizer: torch.optim.Optimizer, root_rank: int = 0, group: ProcessGroup | None = None
+) -> None:
+    """Give every rank root's optimizer state (momentum buffers, Adam moments, step, lr...).
+
+    Ranks whose state is still empty (buffers are created lazily on the first
+    step) receive root's layout and allocate it before the tensors arrive.
+    """
+    if dist.get_world_size(group) == 1:
+        return
+    me = dist.get_rank(group)
+    sd = optimizer.state_dict()
+    layout: dict[str, Any] = {"state": {}, "groups": []}
+    if me == root_rank:
+        for idx, entry in sd["state"].items():
+            layout["state"][str(idx)] = {
+                k: _describe(v)
+                for k, v in entry.items()
+                if torch.is_tensor(v) or isinstance(v, (int, float, bool))
+            }
+        for g in sd["param_groups"]:
+            layout["groups"].append(
+                {k: v for k, v in g.items() if k != "params" and isinstance(v, (int, float, bool))}
+            )
+    layout = _broadcast_json(layout, root_rank, group)
+    state: dict[int, dict[str, Any]] = {}
+    tensors: list[torch.Tensor] = []
+    for idx, entry in sorted(layout["state"].items(), key=lambda kv: int(kv[0])):
+        mine = sd["state"].get(int(idx), {})
+        out: dict[str, Any] = {}
+        for k, spec in sorted(entry.items()):
+            if "tensor" in spec:
+                t = mine.get(k) if me == root_rank else None
+                if t is None:
+                    t = torch.empty(spec["shape"], dtype=getattr(torch, spec["tensor"]))
+                out[k] = t
+                tensors.append(t)
+            else:
+                out[k] = spec["value"]
+        state[int(idx)] = out
+    broadcast_tensors(tensors, root_rank, group)
+    if me != root_rank:
+        groups = [
+            {**g, **hyper} for g, hyper in zip(sd["param_groups"], layout["groups"], strict=True)
+        ]
+        optimizer.load_state_dict({"state": state, "param_groups": groups})

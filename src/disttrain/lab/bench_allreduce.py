@@ -1,0 +1,337 @@
+"""Time every allreduce algorithm against the backend's own, nccl-tests style.
+
+    disttrain bench allreduce --workers 4 --sizes 4KB,1MB,16MB,64MB --algorithms all --json out.json
+
+N ranks are spawned on this host (file store, gloo pinned to the loopback
+interface, one torch thread each). For every size and algorithm: ``--warmup``
+untimed calls, then ``--iters`` timed calls, each started after a barrier and
+timed as the slowest rank's wall time. Reported: median time and its spread
+(10th and 90th percentile), algbw = S/t, busbw = algbw·2(n-1)/n (nccl-tests'
+definitions), the bytes one rank sent in one call as the meter counted them and
+as the algorithm's cost states (the most of any rank), and busbw as a ratio
+of ``native``'s measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import queue
+import statistics
+import tempfile
+import time
+from typing import Any
+
+from disttrain.comm.errors import UsageError
+
+__all__ = ["add_arguments", "parse_size", "run"]
+
+_UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
+_DTYPES = ("float32", "float64", "bfloat16", "float16", "int64")
+
+
+def parse_size(text: str) -> int:
+    """``4KB`` -> 4096 (binary units B, KB, MB, GB); raises UsageError."""
+    t = text.strip().upper()
+    for unit in sorted(_UNITS, key=len, reverse=True):
+        if t.endswith(unit):
+            number = t[: -len(unit)]
+            break
+    else:
+        unit, number = "B", t
+    try:
+        value = float(number) * _UNITS[unit]
+    except ValueError:
+        raise UsageError(f"--sizes: cannot read {text!r}; write e.g. 4KB,1MB,16MB") from None
+    if value <= 0 or value > 4 * _UNITS["GB"]:
+        raise UsageError(f"--sizes: {text!r} must be above 0 and at most 4GB")
+    return int(value)
+
+
+def _label(nbytes: int) -> str:
+    for unit in ("GB", "MB", "KB"):
+        if nbytes >= _UNITS[unit] and nbytes % _UNITS[unit] == 0:
+            return f"{nbytes // _UNITS[unit]}{unit}"
+    return f"{nbytes}B"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workers", type=int, default=2, help="ranks to spawn (default: 2)")
+    parser.add_argument("--sizes", default="4KB,1MB,16MB,64MB", help="comma-separated sizes")
+    parser.add_argument(
+        "--algorithms", default="all", help="comma-separated names, or all (native included)"
+    )
+    parser.add_argument("--dtype", default="float32", choices=_DTYPES)
+    parser.add_argument("--warmup", type=int, default=5, help="untimed calls (default: 5)")
+    parser.add_argument("--iters", type=int, default=20, help="timed calls (default: 20)")
+    parser.add_argument(
+        "--length-check",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep the cross-rank length check on, as in training (default: on)",
+    )
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per collective")
+    parser.add_argument("--json", dest="json_path", default="", help="also write the rows here")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _validate(args: argparse.Namespace) -> tuple[list[int], list[str]]:
+    from disttrain import collectives
+
+    if not 1 <= args.workers <= 64:
+        raise UsageError(f"--workers {args.workers}: use 1 to 64")
+    if args.iters < 1 or args.warmup < 0:
+        raise UsageError("--iters must be at least 1 and --warmup at least 0")
+    if args.timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    if not sizes:
+        raise UsageError("--sizes: give at least one size")
+    if args.algorithms.strip() == "all":
+        names = list(collectives.ALGORITHMS)
+    else:
+        names = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+        unknown = [a for a in names if a not in collectives.ALGORITHMS]
+        if unknown or not names:
+            raise UsageError(
+                f"--algorithms: unknown {', '.join(unknown) or '(none given)'}; "
+                f"choose from all, {', '.join(collectives.ALGORITHMS)}"
+            )
+    # native first: it is the anchor every ratio refers to
+    names = ["native"] + [a for a in dict.fromkeys(names) if a != "native"]
+    folder = os.path.dirname(os.path.abspath(args.json_path)) if args.json_path else ""
+    if folder and not os.path.isdir(folder):
+        raise UsageError(f"--json: folder {folder} does not exist")
+    return sizes, names
+
+
+def _measure(sizes: list[int], names: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Run on every rank; rank 0 returns the rows."""
+    import torch
+    import torch.distributed as dist
+
+    from disttrain import collectives
+    from disttrain.collectives.checks import check_cost_bytes
+    from disttrain.comm import meter
+
+    n, rank = dist.get_world_size(), dist.get_rank()
+    dtype = getattr(torch, args.dtype)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    collectives.set_length_check(args.length_check)
+    progress: Any = None
+    if rank == 0 and not args.no_progress:
+        from rich.progress import Progress
+
+        progress = Progress(transient=True)
+        progress.start()
+        task = progress.add_task(f"allreduce on {n} ranks", total=len(sizes) * len(names))
+    rows: list[dict[str, Any]] = []
+    try:
+        for nbytes in sizes:
+            numel = nbytes // itemsize
+            for name in names:
+                if progress is not None:
+                    progress.update(task, description=f"{name} {_label(nbytes)}")
+                algo = collectives.get(name)
+                x = torch.ones(numel, dtype=dtype)
+                for _ in range(args.warmup):
+                    algo.all_reduce(x)
+                    x.fill_(1)  # keep values small: repeated sums would overflow low precision
+                times = torch.zeros(args.iters, dtype=torch.float64)
+                for i in range(args.iters):
+                    x.fill_(1)
+                    dist.barrier()
+                    meter.reset()
+                    start = time.perf_counter()
+                    algo.all_reduce(x)
+                    times[i] = time.perf_counter() - start
+                sent = torch.tensor([meter.bytes_sent, meter.messages_sent], dtype=torch.int64)
+                dist.all_reduce(times, op=dist.ReduceOp.MAX)
+                dist.all_reduce(sent, op=dist.ReduceOp.MAX)
+                if rank == 0:
+                    rows.append(
+                        _row(
+                            name,
+                            numel * itemsize,
+                            n,
+                            times.tolist(),
+                            sent.tolist(),
+                            algo,
+                            itemsize,
+                            check_cost_bytes(n) if args.length_check else (0, 0),
+                        )
+                    )
+                if progress is not None:
+                    progress.advance(task)
+    finally:
+        if progress is not None:
+            progress.stop()
+    for row in rows:
+        anchor = next(r for r in rows if r["size"] == row["size"] and r["algorithm"] == "native")
+        row["busbw_vs_native"] = (
+            row["busbw_GBps"] / anchor["busbw_GBps"] if anchor["busbw_GBps"] else None
+        )
+        row["time_vs_native"] = row["time_median_s"] / anchor["time_median_s"]
+    return rows
+
+
+def _row(
+    name: str,
+    nbytes: int,
+    n: int,
+    times: list[float],
+    sent: list[int],
+    algo: Any,
+    itemsize: int,
+    check: tuple[int, int],
+) -> dict[str, Any]:
+    median = statistics.median(times)
+    qs = statistics.quantiles(times, n=10) if len(times) > 1 else [median] * 9
+    theory = [algo.cost(nbytes, n, r, itemsize) for r in range(n)]
+    algbw = nbytes / median / 1e9
+    return {
+        "algorithm": name,
+        "size": nbytes,
+        "workers": n,
+        "iters": len(times),
+        "time_median_s": median,
+        "time_p10_s": qs[0],
+        "time_p90_s": qs[-1],
+        "algbw_GBps": algbw,
+        "busbw_GBps": algbw * 2 * (n - 1) / n,
+        "bytes_sent_measured": sent[0],
+        "bytes_sent_theory": max(c.bytes_sent for c in theory) + check[0],
+        "messages_measured": sent[1],
+        "messages_theory": max(c.messages for c in theory) + check[1],
+        "estimated": name == "native",
+    }
+
+
+def _entry(
+    rank: int,
+    n: int,
+    store: str,
+    sizes: list[int],
+    names: list[str],
+    args: argparse.Namespace,
+    results: Any,
+) -> None:
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(n),
+            "DISTTRAIN_STORE_FILE": store,
+            "GLOO_SOCKET_IFNAME": "lo",
+        }
+    )
+    from disttrain.comm import world
+
+    try:
+        world.init(timeout=args.timeout)
+        rows = _measure(sizes, names, args)
+        results.put((rank, "", rows))
+    except BaseException as exc:
+        results.put((rank, f"{type(exc).__name__}: {exc}", []))
+    finally:
+        world.shutdown()
+
+
+def _spawn(sizes: list[int], names: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+    ctx = mp.get_context("spawn")
+    folder = tempfile.mkdtemp(prefix="disttrain-bench-")
+    store = os.path.join(folder, "store")
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=_entry, args=(r, args.workers, store, sizes, names, args, results))
+        for r in range(args.workers)
+    ]
+    for p in procs:
+        p.start()
+    rows: list[dict[str, Any]] = []
+    done: set[int] = set()
+    try:
+        while len(done) < args.workers:
+            try:
+                rank, error, got = results.get(timeout=0.5)
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                if dead and not set(dead) <= done:
+                    code = procs[dead[0]].exitcode
+                    raise RuntimeError(f"bench rank {dead[0]} died (exit {code})") from None
+                continue
+            if error:
+                raise RuntimeError(f"bench rank {rank}: {error}")
+            done.add(rank)
+            rows += got
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+        if os.path.exists(store):
+            os.unlink(store)
+        os.rmdir(folder)
+    return rows
+
+
+def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"allreduce on {args.workers} ranks, {args.dtype}, gloo over loopback, "
+        f"{args.iters} iters after {args.warmup} warm-ups, length check "
+        f"{'on' if args.length_check else 'off'}"
+    )
+    for col in (
+        "size",
+        "algorithm",
+        "time (us)",
+        "p10-p90 (us)",
+        "algbw GB/s",
+        "busbw GB/s",
+        "sent B (meter)",
+        "sent B (theory)",
+        "busbw / native",
+        "time / native",
+    ):
+        table.add_column(col, justify="right")
+    for r in rows:
+        ratio = r["busbw_vs_native"]
+        table.add_row(
+            _label(r["size"]),
+            r["algorithm"],
+            f"{r['time_median_s'] * 1e6:.0f}",
+            f"{r['time_p10_s'] * 1e6:.0f}-{r['time_p90_s'] * 1e6:.0f}",
+            f"{r['algbw_GBps']:.3f}",
+            f"{r['busbw_GBps']:.3f}",
+            f"{r['bytes_sent_measured']}{'*' if r['estimated'] else ''}",
+            str(r["bytes_sent_theory"]),
+            "-" if ratio is None else f"{ratio:.2f}",
+            f"{r['time_vs_native']:.2f}",
+        )
+    Console(width=200).print(table)
+    print("* native's bytes are gloo's documented ring cost, not observed")
+
+
+def run(args: argparse.Namespace) -> int:
+    sizes, names = _validate(args)
+    rows = _spawn(sizes, names, args)
+    _print(rows, args)
+    if args.json_path:
+        with open(args.json_path, "w") as fh:
+            json.dump(
+                {
+                    "command": "bench allreduce",
+                    "workers": args.workers,
+                    "dtype": args.dtype,
+                    "length_check": args.length_check,
+                    "rows": rows,
+                },
+                fh,
+                indent=1,
+            )
+    return 0

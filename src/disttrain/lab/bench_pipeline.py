@@ -1,0 +1,284 @@
+"""Pipeline bubble vs (P-1)/(M+P-1); our schedules vs torch pipelining; tensor slicing vs DTensor.
+
+    disttrain bench pipeline --show-schedule --stages 4 --microbatches 8
+    disttrain bench pipeline --stages 2 --repeats 7 --out benchmarks/pipeline
+
+Each part starts its own P local processes (gloo, one thread each) on a file
+store. Step times are medians over ``--repeats`` timed steps after two warm-up
+steps, measured on rank 0 between barriers; ratios compare with the anchor
+measured in the same run. The bubble is each stage's idle share of the step,
+1 - compute/step, averaged over the stages: it also holds the time spent
+waiting in p2p, which the formula leaves out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from disttrain.comm.errors import UsageError
+from disttrain.parallel.pipeline import schedule
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stages", type=int, default=2, help="pipeline stages = processes")
+    parser.add_argument("--microbatches", default="1,2,4,8,16", help="M values, comma-separated")
+    parser.add_argument("--width", type=int, default=512, help="Linear width of every layer")
+    parser.add_argument("--layers-per-stage", type=int, default=2, help="Linear+ReLU per stage")
+    parser.add_argument("--batch", type=int, default=128, help="batch size per step")
+    parser.add_argument("--repeats", type=int, default=5, help="timed steps per measurement")
+    parser.add_argument("--show-schedule", action="store_true", help="print the diagrams, exit")
+    parser.add_argument("--skip-torch", action="store_true", help="leave out the torch anchors")
+    parser.add_argument("--bubble-only", action="store_true", help="measure the bubble only")
+    parser.add_argument("--out", default="", help="folder for results.json and bubble.png")
+
+
+def _model(stages: int, per_stage: int, width: int) -> nn.Sequential:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(stages * per_stage):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+def _entry(rank: int, size: int, store: str, fn: Callable[..., Any], args: Any, q: Any) -> None:
+    os.environ.update(
+        {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(size),
+         "DISTTRAIN_STORE_FILE": store}
+    )  # fmt: skip
+    from disttrain.comm import world
+
+    try:
+        world.init(timeout=120.0, threads=1)
+        q.put((rank, fn(*args)))
+    except BaseException as exc:
+        q.put((rank, f"error: {type(exc).__name__}: {exc}"))
+    finally:
+        world.shutdown()
+
+
+def _spawn(fn: Callable[..., Any], size: int, args: tuple[Any, ...]) -> list[Any]:
+    """Run ``fn(*args)`` on ``size`` fresh processes; their results by rank."""
+    ctx = mp.get_context("spawn")
+    store = os.path.join(tempfile.mkdtemp(prefix="disttrain-bench-"), "store")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_entry, args=(r, size, store, fn, args, q)) for r in range(size)]
+    for p in procs:
+        p.start()
+    out: dict[int, Any] = {}
+    try:
+        for _ in range(size):
+            rank, value = q.get(timeout=600)
+            out[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    errors = [v for v in out.values() if isinstance(v, str)]
+    if errors:
+        raise RuntimeError(errors[0])
+    return [out[r] for r in range(size)]
+
+
+def _time_steps(step: Callable[[], None], repeats: int) -> list[float]:
+    import torch.distributed as dist
+
+    times = []
+    for i in range(repeats + 2):
+        dist.barrier()
+        t0 = time.perf_counter()
+        step()
+        dist.barrier()
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def _ours(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
+    """Our runner: step time, idle share of this stage, peak saved-activation bytes."""
+    import copy
+
+    import torch.distributed as dist
+    from torch.nn import functional as F
+
+    from disttrain.parallel import placement
+    from disttrain.parallel.pipeline.runner import PipelineRunner
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    model = _model(p, a.layers_per_stage, a.width)
+    parts = placement.split(model, [2 * a.layers_per_stage] * p)
+    meta = [copy.deepcopy(s).to("meta") for s in parts]
+    runner = PipelineRunner(parts[rank], rank, schedule.build(sched, m, p), meta, F.mse_loss)
+    x, y = torch.randn(a.batch, a.width), torch.randn(a.batch, a.width)
+    idle: list[float] = []
+
+    def step() -> None:
+        runner.run(x, y)
+        idle.append(runner.times.idle)
+
+    times = _time_steps(step, a.repeats)
+    return {"step": statistics.median(times), "idle": statistics.median(idle[2:]),
+            "peak": runner.activations.peak}  # fmt: skip
+
+
+def _torch_pipe(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
+    """The anchor: torch.distributed.pipelining on the same stages and micro-batches."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.nn import functional as F
+
+    from disttrain.parallel import placement
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    parts = placement.split(_model(p, a.layers_per_stage, a.width), [2 * a.layers_per_stage] * p)
+    stage = PipelineStage(parts[rank], rank, p, torch.device("cpu"))
+    cls = ScheduleGPipe if sched == "gpipe" else Schedule1F1B
+    sch = cls(stage, m, loss_fn=F.mse_loss)
+    x, y = torch.randn(a.batch, a.width), torch.randn(a.batch, a.width)
+
+    def step() -> None:
+        if rank == 0:
+            sch.step(x)
+        elif rank == p - 1:
+            sch.step(target=y, losses=[])
+        else:
+            sch.step()
+
+    return {"step": statistics.median(_time_steps(step, a.repeats))}
+
+
+def _tensor(a: argparse.Namespace, how: str) -> dict[str, Any]:
+    """A Linear(W, 4W)-ReLU-Linear(4W, W) block, sliced our way or DTensor's."""
+    import torch.distributed as dist
+    from torch.nn import functional as F
+
+    from disttrain.comm.meter import meter
+    from disttrain.parallel import tensor
+
+    rank, t = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    w = a.width
+    block = nn.Sequential(nn.Linear(w, 4 * w), nn.ReLU(), nn.Linear(4 * w, w))
+    if how == "dtensor":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
+        )
+
+        mesh = init_device_mesh("cpu", (t,))
+        model = parallelize_module(block, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    else:
+        model, _ = tensor.shard_model(block, rank, t, None, how)
+    x, y = torch.randn(a.batch, w, requires_grad=True), torch.randn(a.batch, w)
+
+    def step() -> None:
+        F.mse_loss(model(x), y).backward()
+
+    meter.reset()
+    times = _time_steps(step, a.repeats)
+    return {"step": statistics.median(times),
+            "bytes_per_step": meter.bytes_sent / (a.repeats + 2)}  # fmt: skip
+
+
+def _plot(path: str, ms: list[int], p: int, measured: list[float]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    grid = [m / 4 for m in range(4, 4 * max(ms) + 1)]
+    ax.plot(grid, [(p - 1) / (m + p - 1) for m in grid], label="(P-1)/(M+P-1)")
+    ax.plot(ms, measured, "o", label="measured (GPipe)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("micro-batches M")
+    ax.set_ylabel("bubble (idle share of stage time)")
+    ax.set_title(f"GPipe bubble, P={p} stages")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(a: argparse.Namespace) -> int:
+    try:
+        ms = [int(v) for v in a.microbatches.split(",")]
+    except ValueError:
+        raise UsageError(f"--microbatches {a.microbatches!r}: use numbers like 1,2,4") from None
+    p = a.stages
+    if p < 1 or any(m < 1 for m in ms):
+        raise UsageError("--stages and every --microbatches value must be >= 1")
+    if a.show_schedule:
+        for name in ("gpipe", "1f1b"):
+            for m in ms:
+                grid = schedule.build(name, m, p)
+                print(f"{name}  M={m} P={p}  bubble {schedule.bubble_fraction(grid):.3f}")
+                print(schedule.render(grid), end="\n\n")
+        return 0
+    if not 1 <= p <= 4:
+        raise UsageError(f"--stages {p}: this benchmark starts P local processes, use 1 to 4")
+    if any(a.batch % m for m in ms):
+        raise UsageError(f"--batch {a.batch} must be divisible by every --microbatches value")
+    results: dict[str, Any] = {"stages": p, "width": a.width, "batch": a.batch, "bubble": []}
+    print(f"GPipe bubble, P={p}, {a.layers_per_stage} x Linear({a.width}) per stage, "
+          f"batch {a.batch} (median of {a.repeats} steps; shared, noisy machine)")  # fmt: skip
+    print(f"{'M':>4} {'theory':>8} {'measured':>9} {'rel.err':>8} {'step s':>8}")
+    for m in ms:
+        per_rank = _spawn(_ours, p, (a, "gpipe", m))
+        theory = (p - 1) / (m + p - 1)
+        measured = statistics.mean(r["idle"] for r in per_rank)
+        err = (measured - theory) / theory if theory else 0.0
+        results["bubble"].append({"m": m, "theory": theory, "measured": measured,
+                                  "step": per_rank[0]["step"]})  # fmt: skip
+        print(f"{m:>4} {theory:>8.3f} {measured:>9.3f} {err:>+8.1%} {per_rank[0]['step']:>8.4f}")
+    m = max(ms)
+    if a.bubble_only:
+        return _write(a, results, ms, p)
+    print(f"\nStep time at M={m}: ours vs torch.distributed.pipelining (ratio < 1: ours faster)")
+    results["schedules"] = {}
+    for sched in ("gpipe", "1f1b"):
+        ours = _spawn(_ours, p, (a, sched, m))
+        row = {"ours": ours[0]["step"], "peak_activation_bytes": [r["peak"] for r in ours]}
+        if not a.skip_torch:
+            row["torch"] = _spawn(_torch_pipe, p, (a, sched, m))[0]["step"]
+            row["ratio"] = row["ours"] / row["torch"]
+        results["schedules"][sched] = row
+        anchor = f"torch {row['torch']:.4f} s  ratio {row['ratio']:.2f}" if "torch" in row else ""
+        print(f"  {sched:<6} ours {row['ours']:.4f} s  {anchor}  "
+              f"peak activations per stage {row['peak_activation_bytes']}")  # fmt: skip
+    if p > 1:
+        print(f"\nTensor slicing, Linear({a.width},{4 * a.width})-ReLU-Linear on {p} ranks")
+        results["tensor"] = {}
+        for how in ("megatron", "naive", *(() if a.skip_torch else ("dtensor",))):
+            r = _spawn(_tensor, p, (a, how))[0]
+            results["tensor"][how] = r
+            print(f"  {how:<9} {r['step']:.4f} s  metered {r['bytes_per_step'] / 1e6:.2f} MB/step")
+        if "dtensor" in results["tensor"]:
+            ratio = results["tensor"]["megatron"]["step"] / results["tensor"]["dtensor"]["step"]
+            print(f"  megatron / dtensor step time: {ratio:.2f}")
+    return _write(a, results, ms, p)
+
+
+def _write(a: argparse.Namespace, results: dict[str, Any], ms: list[int], p: int) -> int:
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "results.json"), "w") as fh:
+            json.dump(results, fh, indent=2)
+        _plot(os.path.join(a.out, "bubble.png"), ms, p, [b["measured"] for b in results["bubble"]])
+        print(f"\nwrote {a.out}/results.json and {a.out}/bubble.png")
+    return 0

@@ -1,0 +1,42 @@
+"""Run `disttrain train` from benchmarks: in a subprocess, returning its summary.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+__all__ = ["RunFailed", "train_run"]
+
+
+class RunFailed(RuntimeError):
+    """A benchmark's training run exited non-zero."""
+
+
+def train_run(flags: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
+    """``disttrain train`` with ``flags`` (name -> value; True for a bare switch); its summary."""
+    argv = [sys.executable, "-m", "disttrain", "train", "--no-progress"]
+    for name, value in flags.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is False:
+            argv.append("--no-" + name.replace("_", "-"))
+        else:
+            argv += [flag, str(value)]
+    with tempfile.TemporaryDirectory(prefix="disttrain-bench-") as out:
+        result = subprocess.run(
+            [*argv, "--out", out], capture_output=True, text=True, timeout=timeout,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+        if result.returncode != 0:
+            tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RunFailed(f"{' '.join(argv[3:])}: {tail}")
+        with open(os.path.join(out, "summary.json")) as fh:
+            summary: dict[str, Any] = json.load(fh)
+        with open(os.path.join(out, "metrics.jsonl")) as fh:
+            summary["metrics"] = [json.loads(line) for line in fh]
+        return summary

@@ -1,0 +1,42 @@
+"""Settings of model parallelism (pipeline, tensor, hybrid): flags and TOML keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from disttrain.comm.errors import UsageError
+from disttrain.config import opt, register_section
+from disttrain.parallel.placement import Balance, parse_balance
+
+__all__ = ["ParallelConfig"]
+
+
+@register_section
+@dataclass(frozen=True)
+class ParallelConfig:
+    """--strategy pipeline / tensor / hybrid: how the model is split and scheduled."""
+
+    stages: int = opt(0, "pipeline: stages, one per worker (0: as many as --workers)")
+    microbatches: int = opt(4, "pipeline: micro-batches per (per-group) batch")
+    schedule: str = opt("gpipe", "pipeline schedule", ("gpipe", "1f1b", "none"))
+    balance: str = opt("params", "pipeline split: params, time, or layers per stage e.g. 2,3,3")
+    recompute: bool = opt(False, "pipeline: recompute activations in backward (less memory)")
+    tensor_mode: str = opt(
+        "megatron", "tensor slicing: column-then-row pairs, or naive", ("megatron", "naive")
+    )
+    dp: int = opt(0, "hybrid: data-parallel groups (0: workers / pp or tp)")
+    pp: int = opt(0, "hybrid: pipeline stages inside each data-parallel group")
+    tp: int = opt(0, "hybrid: tensor-parallel ranks inside each data-parallel group")
+
+    def validate(self) -> None:
+        for name in ("stages", "dp", "pp", "tp"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"--{name} must be >= 0, got {getattr(self, name)}")
+        if self.microbatches < 1:
+            raise UsageError(f"--microbatches must be >= 1, got {self.microbatches}")
+        if self.pp and self.tp:
+            raise UsageError("--pp and --tp are alternatives inside a mesh: set one of them to 0")
+        self.balance_spec()
+
+    def balance_spec(self) -> Balance:
+        return parse_balance(self.balance)

@@ -1,0 +1,60 @@
+"""A communication thread: runs blocking collectives in launch order while backward goes on.
+
+Our own allreduce algorithms (ring, tree, ...) are blocking Python loops of
+``irecv``/``isend``. Run on the training thread they would stop backward until
+each bucket is summed; run here, backward keeps computing (autograd releases
+the GIL in its kernels, and so do the sends and receives). One thread per
+reducer keeps the order of collectives identical on every rank, which is what
+makes the result correct. It works on its own process group, so that nothing
+the training thread sends can be confused with it.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["CommThread"]
+
+_STOP = object()
+
+
+class CommThread:
+    """Runs submitted functions one at a time, in order; each result comes back as a Future."""
+
+    def __init__(self, name: str = "disttrain-comm") -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], torch.Tensor]) -> torch.futures.Future[torch.Tensor]:
+        """Queue ``fn``; the Future holds its return value, or the exception it raised."""
+        if not self._thread.is_alive():
+            raise RuntimeError("the communication thread has stopped")
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        self._queue.put((fn, fut))
+        return fut
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            fn: Callable[[], torch.Tensor] = item[0]
+            fut: torch.futures.Future[torch.Tensor] = item[1]
+            try:
+                result = fn()
+            except BaseException as exc:  # the waiting thread re-raises it
+                fut.set_exception(exc)  # type: ignore[arg-type]
+            else:
+                fut.set_result(result)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop after the work already queued (idempotent)."""
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join(timeout)

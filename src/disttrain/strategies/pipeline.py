@@ -1,0 +1,192 @@
+"""Layer placement and pipeline parallelism: each rank holds consecutive layers (a stage).
+
+``--schedule none`` runs the whole batch through the stages one after the
+other (the seed's "not good" baseline: P-1 of P stages wait at any time);
+``gpipe`` and ``1f1b`` cut it into ``--microbatches`` and overlap the stages
+(idle share (P-1)/(M+P-1)). Every stage sees the whole global batch: stage 0
+feeds the input, the last computes the loss against the labels.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed import ProcessGroup
+
+from disttrain.comm import p2p
+from disttrain.comm.errors import UsageError
+from disttrain.comm.meter import meter
+from disttrain.comm.world import World
+from disttrain.config import RunConfig
+from disttrain.parallel import placement
+from disttrain.parallel.pipeline import schedule
+from disttrain.parallel.pipeline.runner import PipelineRunner
+from disttrain.parallel.settings import ParallelConfig
+from disttrain.strategies.base import LossFn, Strategy, register
+
+__all__ = ["Pipeline", "check_pipeline"]
+
+
+def check_pipeline(
+    model: nn.Module, stages: int, batch: int, pc: ParallelConfig, stages_flag: str
+) -> None:
+    """UsageError naming the number to change if ``model`` cannot be pipelined so."""
+    layers = placement.check_sequential(model, "pipeline")
+    if stages > len(layers):
+        raise UsageError(
+            f"{stages_flag} {stages} is more than the model's {len(layers)} layers: "
+            f"use at most {len(layers)} stages"
+        )
+    spec = pc.balance_spec()
+    if isinstance(spec, list):
+        if len(spec) != stages:
+            raise UsageError(
+                f"--balance {pc.balance} lists {len(spec)} stages but there are {stages}: "
+                f"give {stages} layer counts"
+            )
+        if sum(spec) != len(layers):
+            raise UsageError(
+                f"--balance {pc.balance} places {sum(spec)} layers but the model has "
+                f"{len(layers)}: make the counts add up to {len(layers)}"
+            )
+    if pc.schedule != "none" and batch % pc.microbatches:
+        divisors = [d for d in range(1, batch + 1) if batch % d == 0]
+        raise UsageError(
+            f"--microbatches {pc.microbatches} does not divide the batch of {batch} per "
+            f"pipeline: use one of {', '.join(map(str, divisors[:12]))}"
+        )
+
+
+@register
+class Pipeline(Strategy):
+    """Stage ``s`` of ``P`` on rank ``s``; micro-batches flow through by ``--schedule``."""
+
+    name = "pipeline"
+
+    def __init__(self, config: RunConfig, world: World, loss_fn: LossFn) -> None:
+        super().__init__(config, world, loss_fn)
+        self.pc: ParallelConfig = config.section(ParallelConfig)
+        #: the input ``--balance time`` measures layers on (None: the head of ``--dataset``)
+        self.time_sample: torch.Tensor | None = None
+        self.bind(None, list(range(world.world_size)), config.train.batch_size)
+
+    def bind(self, group: ProcessGroup | None, ranks: list[int], batch: int) -> None:
+        """Run as the pipeline of global ``ranks`` (``group``), on batches of ``batch``."""
+        self.group = group
+        self.stages = len(ranks)
+        self.stage = ranks.index(self.world.rank)
+        self.batch = batch
+
+    @classmethod
+    def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
+        pc: ParallelConfig = config.section(ParallelConfig)
+        world = config.train.world_size
+        if pc.stages and pc.stages != world:
+            raise UsageError(
+                f"--stages {pc.stages} needs one worker per stage: "
+                f"set --workers {pc.stages} (or --stages {world})"
+            )
+        check_pipeline(model, world, config.train.batch_size, pc, "--workers")
+
+    @property
+    def data_rank(self) -> int:
+        return 0
+
+    @property
+    def data_world_size(self) -> int:
+        return 1  # every stage sees the whole batch
+
+    @property
+    def microbatches(self) -> int:
+        return 1 if self.pc.schedule == "none" else self.pc.microbatches
+
+    # --- splitting ------------------------------------------------------------------
+    def _sizes(self, model: nn.Sequential) -> list[int]:
+        spec = self.pc.balance_spec()
+        if isinstance(spec, list):
+            return spec
+        if spec == "params":
+            return placement.partition(placement.param_costs(list(model)), self.stages)
+        # "time": measured on stage 0 only, so that every stage agrees on the split
+        sizes = torch.zeros(self.stages, dtype=torch.int64)
+        if self.stage == 0:
+            n = self.batch // self.microbatches
+            sample = self._sample(n) if self.time_sample is None else self.time_sample[:n]
+            costs = placement.time_costs(list(model), sample)
+            sizes = torch.tensor(placement.partition(costs, self.stages))
+        if self.stages > 1:
+            with meter.paused():
+                dist.broadcast(sizes, src=p2p.global_rank(self.group, 0), group=self.group)
+        return [int(n) for n in sizes]
+
+    def _sample(self, n: int) -> torch.Tensor:
+        from disttrain.data import load_dataset
+
+        tc = self.config.train
+        data = load_dataset(
+            tc.dataset, tc.synthetic_size, tc.synthetic_dim, tc.synthetic_classes, tc.seq_len,
+            tc.pycode_chars,
+        )  # fmt: skip
+        return data.x_train[:n]
+
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        placement.check_sequential(model, self.name)
+        assert isinstance(model, nn.Sequential)
+        self.sizes = self._sizes(model)
+        parts = placement.split(model, self.sizes)
+        meta = [copy.deepcopy(part).to("meta") for part in parts]
+        self.full = model if self.stage == 0 else None  # stage 0 gathers the model to evaluate
+        grid = schedule.build(self.pc.schedule, self.microbatches, self.stages)
+        self.runner = PipelineRunner(
+            parts[self.stage], self.stage, grid, meta, self.loss_fn, self.group,
+            recompute=self.pc.recompute,
+        )  # fmt: skip
+        return parts[self.stage]
+
+    # --- the step -------------------------------------------------------------------
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = self.runner.run(x, y)
+        last = self.stages - 1
+        if self.stages > 1 and self.stage in (0, last):
+            with meter.paused():  # only so that rank 0 logs the true loss
+                if self.stage == last:
+                    assert loss is not None
+                    p2p.send(loss.reshape(1), 0, self.group)
+                else:
+                    loss = torch.empty(1, device=x.device)
+                    p2p.recv(loss, last, self.group)
+                    loss = loss[0]
+        return loss if loss is not None else torch.tensor(float("nan"))
+
+    def eval_model(self) -> nn.Module | None:
+        """Stage 0 receives every other stage's tensors into its copy of the whole model."""
+        with torch.no_grad():
+            if self.stage == 0:
+                assert self.full is not None
+                parts = placement.split(self.full, self.sizes)
+                for s in range(1, self.stages):
+                    for t in parts[s].state_dict().values():
+                        p2p.recv(t, s, self.group)
+            else:
+                for t in self.runner.module.state_dict().values():
+                    p2p.send(t.contiguous(), 0, self.group)
+        return self.full if self.stage == 0 and self.world.rank == 0 else None
+
+    def summary(self) -> dict[str, Any]:
+        m, p = self.microbatches, self.stages
+        return {
+            "pipeline": {
+                "stages": p,
+                "schedule": self.pc.schedule,
+                "microbatches": m,
+                "layers_per_stage": self.sizes,
+                "bubble_theory": (p - 1) / (m + p - 1),
+                "stage0_idle_share": self.runner.times.idle,
+                "stage0_peak_activation_bytes": self.runner.activations.peak,
+                "recompute": self.pc.recompute,
+            }
+        }

@@ -1,0 +1,212 @@
+"""The gradient reducer: fused buckets whose allreduce starts during backward (DDP's Reducer).
+
+How a step goes, with overlap on:
+
+    backward:  grad of the last layer ready -> hook copies it, scaled by 1/n, into its
+               bucket's flat buffer and points ``p.grad`` at that slot; when a bucket's
+               last gradient is in, its allreduce is launched (buckets strictly in index
+               order, so every rank issues the same collectives in the same order)
+    synchronize(): launch what backward did not (unused parameters get zeros), then
+               wait for each bucket; the gradients already are views of the summed buffers
+
+``native`` runs as ``torch.distributed.all_reduce(async_op=True)``; every other
+registered algorithm (our point-to-point ring, tree, ...) runs on a
+:class:`CommThread`, so backward is not blocked by it. Gradients stay views of
+the buckets (DDP's ``gradient_as_bucket_view``): no copy back after the sum.
+With overlap off, everything happens in ``synchronize()``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed import ProcessGroup
+
+from disttrain import collectives
+from disttrain.comm.errors import UsageError
+from disttrain.comm.meter import record_send
+from disttrain.comm.p2p import global_rank
+from disttrain.fusion import MB, FlatBucket, make_buckets
+from disttrain.strategies.commthread import CommThread
+
+__all__ = ["COMPRESSIONS", "Reducer"]
+
+COMPRESSIONS = ("none", "fp16")
+
+
+class Reducer:
+    """Averages the gradients of ``params`` over ``group`` after each backward."""
+
+    def __init__(
+        self,
+        params: Sequence[nn.Parameter],
+        algorithm: str = "native",
+        fusion_mb: float = 25.0,
+        overlap: bool = True,
+        group: ProcessGroup | None = None,
+        compression: str | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        if algorithm not in collectives.ALGORITHMS:
+            raise UsageError(
+                f"unknown algorithm {algorithm!r}: "
+                f"choose one of {', '.join(collectives.ALGORITHMS)}"
+            )
+        compression = compression or "none"
+        if compression not in COMPRESSIONS:
+            raise UsageError(f"compression must be one of None, 'fp16'; got {compression!r}")
+        if fusion_mb < 0:
+            raise UsageError(f"fusion_mb must be >= 0, got {fusion_mb}")
+        self.algorithm = algorithm
+        self.compression = compression
+        self.overlap = overlap
+        self.group = group
+        self.world_size = dist.get_world_size(group) if world_size is None else world_size
+        unique = list({id(p): p for p in params if p.requires_grad}.values())  # shared once
+        # Reverse registration order: the order backward makes gradients ready.
+        ordered: list[torch.Tensor] = list(reversed(unique))
+        self.params: list[torch.Tensor] = ordered
+        # One process has nothing to average: no buckets, no hooks, no cost.
+        cap = int(fusion_mb * MB)
+        self.buckets: list[FlatBucket] = make_buckets(ordered, cap) if self.world_size > 1 else []
+        self._where: dict[int, tuple[int, int]] = {
+            id(p): (b.index, i) for b in self.buckets for i, p in enumerate(b.tensors)
+        }
+        self.active = self.world_size > 1 and bool(self.buckets)
+        self._sync_enabled = True
+        self._hooks: list[Any] = []
+        self._thread: CommThread | None = None
+        self._comm_group: ProcessGroup | None = group
+        if self.active and algorithm != "native":
+            # Collective: every rank creates the reducer, so every rank makes this group.
+            ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+            self._comm_group = dist.new_group(ranks)
+            self._thread = CommThread()
+        if self.active and overlap:
+            for p in ordered:
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad_ready))
+        self._reset()
+        # figures for the step breakdown
+        self.wait_seconds = 0.0
+        self.launched_in_backward = 0
+        self.launched_total = 0
+
+    # --- per-step state ---------------------------------------------------------------
+    def _reset(self) -> None:
+        self._marked = [[False] * len(b.tensors) for b in self.buckets]
+        self._ready = [0] * len(self.buckets)
+        self._next = 0
+        self._pending: list[tuple[FlatBucket, Any, torch.Tensor]] = []
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside only accumulate gradients locally (no communication)."""
+        before, self._sync_enabled = self._sync_enabled, False
+        try:
+            yield
+        finally:
+            self._sync_enabled = before
+
+    # --- filling buckets ----------------------------------------------------------------
+    def _copy_in(self, bucket: FlatBucket, slot: int, grad: torch.Tensor | None) -> None:
+        """Put ``grad / n`` into its slot and make the parameter's grad that slot."""
+        view = bucket.views[slot]
+        param = bucket.tensors[slot]
+        if grad is None:
+            view.zero_()
+        elif grad.data_ptr() == view.data_ptr():
+            view.div_(self.world_size)  # accumulated in place into last step's slot
+        else:
+            # Dividing before the sum (as DDP does) fuses the scaling into this copy.
+            torch.div(grad, self.world_size, out=view)
+        param.grad = view
+        self._marked[bucket.index][slot] = True
+        self._ready[bucket.index] += 1
+
+    def _on_grad_ready(self, param: torch.Tensor) -> None:
+        if not self._sync_enabled:
+            return
+        b, slot = self._where[id(param)]
+        if self._marked[b][slot]:
+            raise RuntimeError(
+                "a gradient was produced twice before the optimizer step: run the earlier "
+                "backward passes inside no_sync() (or use accumulate / backward_passes_per_step)"
+            )
+        self._copy_in(self.buckets[b], slot, param.grad)
+        self._launch_ready(in_backward=True)
+
+    def _launch_ready(self, in_backward: bool) -> None:
+        # Strictly in bucket order: the same sequence of collectives on every rank.
+        while self._next < len(self.buckets):
+            bucket = self.buckets[self._next]
+            if self._ready[bucket.index] < len(bucket.tensors):
+                return
+            self._launch(bucket)
+            self.launched_in_backward += int(in_backward)
+            self._next += 1
+
+    # --- communication ------------------------------------------------------------------
+    def _launch(self, bucket: FlatBucket) -> None:
+        send = bucket.buffer if self.compression == "none" else bucket.buffer.half()
+        self.launched_total += 1
+        if self._thread is None:
+            work = dist.all_reduce(send, group=self.group, async_op=True)
+            self._meter_native(send)
+        else:
+            algo = collectives.get(self.algorithm)
+            group = self._comm_group
+            work = self._thread.submit(lambda: algo.all_reduce(send, group))
+        self._pending.append((bucket, work, send))
+
+    def _meter_native(self, tensor: torch.Tensor) -> None:
+        # As collectives.native does: gloo's traffic is not observable, record its cost.
+        rank = dist.get_rank(self.group)
+        native = collectives.get("native")
+        nbytes = tensor.numel() * tensor.element_size()
+        cost = native.cost(nbytes, self.world_size, rank, tensor.element_size())
+        peer = global_rank(self.group, (rank + 1) % self.world_size)
+        record_send(peer, cost.bytes_sent, cost.messages, True)
+
+    def synchronize(self) -> None:
+        """Finish this step's allreduces; afterwards every ``p.grad`` holds the average."""
+        if not self.active:
+            return
+        start = time.perf_counter()
+        try:
+            for bucket in self.buckets[self._next :]:
+                for slot, done in enumerate(self._marked[bucket.index]):
+                    if not done:  # overlap off, or a parameter that took no part in the loss
+                        self._copy_in(bucket, slot, bucket.tensors[slot].grad)
+            self._launch_ready(in_backward=False)
+            for bucket, work, send in self._pending:
+                work.wait()
+                if send is not bucket.buffer:
+                    bucket.buffer.copy_(send)
+        finally:
+            self._reset()
+            self.wait_seconds += time.perf_counter() - start
+
+    def close(self) -> None:
+        """Remove the hooks and stop the communication thread."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        if self._thread is not None:
+            self._thread.close()
+            self._thread = None
+
+    def stats(self) -> dict[str, Any]:
+        """Figures for summaries and benchmarks."""
+        return {
+            "buckets": len(self.buckets),
+            "bucket_bytes": [b.nbytes for b in self.buckets],
+            "wait_seconds": round(self.wait_seconds, 6),
+            "launched_in_backward": self.launched_in_backward,
+            "launched_total": self.launched_total,
+        }

@@ -1,0 +1,92 @@
+"""Tensor slicing: every rank holds a slice of each Linear layer's neurons (``--tensor-mode``).
+
+Megatron pairs (one allreduce per pair of layers, each way) or the seed's
+naive vertical split (an all-gather after every layer). Every rank sees the
+whole batch and ends with the whole output, so every rank computes the same
+loss and the replicated layers get the same gradients without any exchange.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed import ProcessGroup
+
+from disttrain.comm.errors import UsageError
+from disttrain.comm.world import World
+from disttrain.config import RunConfig
+from disttrain.parallel import placement, tensor
+from disttrain.parallel.settings import ParallelConfig
+from disttrain.strategies.base import LossFn, Strategy, register
+
+__all__ = ["TensorParallel", "check_tensor"]
+
+
+def check_tensor(model: nn.Module, size: int, mode: str, size_flag: str) -> None:
+    """UsageError unless ``model`` has a Linear layer that splits into ``size`` slices."""
+    layers = placement.check_sequential(model, "tensor")
+    kinds = tensor.plan(layers, size, mode)
+    if size > 1 and all(k == "rep" for k in kinds):
+        widths = sorted({m.out_features for m in layers if isinstance(m, nn.Linear)})
+        if not widths:
+            raise UsageError(
+                "--strategy tensor splits top-level nn.Linear layers and this model has none: "
+                "use --model mlp"
+            )
+        raise UsageError(
+            f"{size_flag} {size}: no Linear layer's width ({', '.join(map(str, widths))}) "
+            f"splits into {size} slices: use a {size_flag} that divides one of them"
+        )
+
+
+@register
+class TensorParallel(Strategy):
+    """Rank r of T holds slice r of every splittable Linear layer."""
+
+    name = "tensor"
+
+    def __init__(self, config: RunConfig, world: World, loss_fn: LossFn) -> None:
+        super().__init__(config, world, loss_fn)
+        self.pc: ParallelConfig = config.section(ParallelConfig)
+        self.bind(None, list(range(world.world_size)))
+
+    def bind(self, group: ProcessGroup | None, ranks: list[int]) -> None:
+        """Slice the model across global ``ranks`` (``group``)."""
+        self.group = group
+        self.size = len(ranks)
+        self.shard = ranks.index(self.world.rank)
+
+    @classmethod
+    def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
+        pc: ParallelConfig = config.section(ParallelConfig)
+        check_tensor(model, config.train.world_size, pc.tensor_mode, "--workers")
+
+    @property
+    def data_rank(self) -> int:
+        return 0
+
+    @property
+    def data_world_size(self) -> int:
+        return 1  # every shard sees the whole batch
+
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        placement.check_sequential(model, self.name)
+        assert isinstance(model, nn.Sequential)
+        self.full = model if self.shard == 0 else None
+        sharded, self.kinds = tensor.shard_model(
+            model, self.shard, self.size, self.group, self.pc.tensor_mode,
+            self.config.train.algorithm,
+        )  # fmt: skip
+        return sharded
+
+    def eval_model(self) -> nn.Module | None:
+        tensor.gather_into(self.full, self.model, self.kinds, self.group)  # type: ignore[arg-type]
+        return self.full if self.world.rank == 0 else None
+
+    def summary(self) -> dict[str, Any]:
+        return {"tensor": {"mode": self.pc.tensor_mode, "size": self.size, "layers": self.kinds}}
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return super().forward_backward(x, y)

@@ -1,0 +1,45 @@
+"""Ranks that pass different lengths get CollectiveMismatch naming them, not a hang or a crash."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.harness import run_world
+
+
+def _mismatch() -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from disttrain import collectives
+    from disttrain.collectives import checks
+    from disttrain.comm import CollectiveMismatch, meter
+
+    rank = dist.get_rank()
+    errors = {}
+    for name in collectives.ALGORITHMS:
+        try:
+            collectives.all_reduce(torch.ones(10 + (rank == 2) * 3), name)
+            errors[name] = ""
+        except CollectiveMismatch as exc:
+            errors[name] = str(exc)
+    # The group is still usable afterwards, and the check meters its own bytes.
+    meter.reset()
+    x = collectives.all_reduce(torch.ones(5), "ring")
+    want = collectives.get("ring").cost(20, 3, rank, 4)
+    extra = checks.check_cost_bytes(3)
+    return {
+        "errors": errors,
+        "after": x.tolist(),
+        "metered": (meter.bytes_sent, meter.messages_sent),
+        "want": (want.bytes_sent + extra[0], want.messages + extra[1]),
+    }
+
+
+def test_different_lengths_raise_on_every_rank_naming_each_length() -> None:
+    results = run_world(_mismatch, 3, timeout=60, collective_timeout=20)
+    for res in results:
+        for name, message in res["errors"].items():
+            assert "rank 0: 10" in message and "rank 2: 13" in message, (name, message)
+        assert res["after"] == [3.0] * 5
+        assert res["metered"] == res["want"]

@@ -1,0 +1,96 @@
+"""Schedules as data: every action once, dependencies respected, bubble and memory bounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from disttrain.parallel.pipeline.schedule import (
+    Action,
+    Grid,
+    bubble_fraction,
+    build,
+    gpipe,
+    in_flight,
+    none,
+    one_f_one_b,
+    render,
+)
+
+SIZES = [(m, p) for m in (1, 2, 3, 4, 8, 16) for p in (1, 2, 3, 4)]
+
+
+def _ticks_of(grid: Grid) -> dict[tuple[str, int, int], int]:
+    out: dict[tuple[str, int, int], int] = {}
+    for t, row in enumerate(grid):
+        for s, a in enumerate(row):
+            if a is not None:
+                assert a.stage == s
+                key = (a.kind, a.microbatch, s)
+                assert key not in out, f"{key} scheduled twice"
+                out[key] = t
+    return out
+
+
+@pytest.mark.parametrize("schedule", [gpipe, one_f_one_b])
+@pytest.mark.parametrize(("m", "p"), SIZES)
+def test_every_action_once_and_in_dependency_order(schedule, m: int, p: int) -> None:
+    grid = schedule(m, p)
+    ticks = _ticks_of(grid)
+    assert len(ticks) == 2 * m * p
+    for mb in range(m):
+        for s in range(p):
+            if s > 0:
+                assert ticks[("F", mb, s - 1)] < ticks[("F", mb, s)]
+            if s < p - 1:
+                assert ticks[("B", mb, s + 1)] < ticks[("B", mb, s)]
+            assert ticks[("F", mb, s)] < ticks[("B", mb, s)]
+
+
+@pytest.mark.parametrize("schedule", [gpipe, one_f_one_b])
+@pytest.mark.parametrize(("m", "p"), SIZES)
+def test_length_and_bubble_match_the_formula(schedule, m: int, p: int) -> None:
+    grid = schedule(m, p)
+    assert len(grid) == 2 * (m + p - 1)
+    assert bubble_fraction(grid) == pytest.approx((p - 1) / (m + p - 1))
+
+
+@pytest.mark.parametrize(("m", "p"), SIZES)
+def test_1f1b_bounds_activations_gpipe_holds_all(m: int, p: int) -> None:
+    g, o = gpipe(m, p), one_f_one_b(m, p)
+    for s in range(p):
+        assert in_flight(g, s) == m
+        assert in_flight(o, s) == min(m, p - s)
+
+
+def test_gpipe_fills_then_drains() -> None:
+    grid = gpipe(4, 3)
+    assert [str(a) for a in (grid[t][0] for t in range(4))] == ["F1", "F2", "F3", "F4"]
+    assert all(grid[t][0] is None for t in range(4, 8))
+    assert grid[6][2] == Action("B", 0, 2)
+
+
+def test_none_is_one_microbatch_walking_through_the_stages() -> None:
+    grid = none(8, 3)
+    assert len(grid) == 6
+    assert build("none", 8, 3) == grid
+    assert bubble_fraction(grid) == pytest.approx(2 / 3)
+
+
+def test_render_is_the_time_diagram() -> None:
+    text = render(gpipe(2, 2))
+    assert text.splitlines() == [
+        "tick      1  2  3  4  5  6",
+        "stage 1  F1 F2  .  . B1 B2",
+        "stage 2   . F1 F2 B1 B2  .",
+    ]
+    seed_style = render(gpipe(2, 2), by="microbatch").splitlines()
+    assert seed_style[1].split() == ["mb", "1", "F1", "F2", ".", "B2", "B1", "."]
+
+
+def test_bad_sizes_and_names() -> None:
+    with pytest.raises(ValueError, match="microbatches"):
+        gpipe(0, 2)
+    with pytest.raises(ValueError, match="stages"):
+        one_f_one_b(2, 0)
+    with pytest.raises(ValueError, match="unknown schedule"):
+        build("zigzag", 2, 2)
