@@ -196,3 +196,18 @@ def test_servers_listen_on_loopback_only_and_a_dead_server_ends_the_job(tmp_path
             proc.communicate()
     assert proc.returncode == 1
     assert "rank 2" in err
+
+
+def test_bad_ps_settings_are_one_line_and_exit_2(capsys: Any) -> None:
+    from disttrain.cli import main
+
+    for args, says in (
+        (["--softsync", "5"], "--softsync 5 exceeds the 2 workers"),
+        (["--straggler", "7:2"], "--straggler names rank 7"),
+        (["--straggler", "x"], "use RANK:FACTOR"),
+        (["--servers", "0"], "--servers must be positive"),
+        (["--ps-mode", "async", "--precision", "fp16"], "needs --ps-mode sync"),
+    ):
+        assert main(["train", "--strategy", "ps", "--workers", "2", *args]) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, err
