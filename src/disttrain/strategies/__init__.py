@@ -2,7 +2,9 @@
 
 from disttrain.strategies import (  # noqa: F401  (register themselves)
     allreduce,
+    decentralized,
     hybrid,
+    localsgd,
     pipeline,
     ps,
     tensor,

@@ -41,6 +41,9 @@ class DataParallelConfig:
     )
     overlap: bool = opt(True, "start each bucket's allreduce during backward, once it is full")
     accumulate: int = opt(1, "micro-batches per optimizer step (accumulation), one allreduce")
+    grad_dtype: str = opt(
+        "fp32", "type gradients travel in (halves the bytes on the wire)", ("fp32", "bf16", "fp16")
+    )
 
     def validate(self) -> None:
         if self.fusion_mb < 0:
@@ -71,6 +74,7 @@ class AllReduce(Strategy):
             overlap=dp.overlap,
             group=self.worker_group,
             world_size=self.world.world_size,
+            compression=None if dp.grad_dtype == "fp32" else dp.grad_dtype,
         )
 
     def no_sync(self) -> Any:

@@ -125,6 +125,10 @@ class Strategy:
         """Strategy-specific figures for summary.json (rank 0's view)."""
         return {}
 
+    def step_metrics(self) -> dict[str, Any]:
+        """Strategy-specific figures merged into each metrics.jsonl step line (rank 0's view)."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 

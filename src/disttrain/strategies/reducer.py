@@ -37,7 +37,9 @@ from disttrain.strategies.commthread import CommThread
 
 __all__ = ["COMPRESSIONS", "Reducer"]
 
-COMPRESSIONS = ("none", "fp16")
+#: Wire types of the gradient buckets: fp32 as computed, or cast to 16 bits for the wire.
+COMPRESSIONS = ("none", "fp16", "bf16")
+_WIRE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class Reducer:
@@ -60,7 +62,9 @@ class Reducer:
             )
         compression = compression or "none"
         if compression not in COMPRESSIONS:
-            raise UsageError(f"compression must be one of None, 'fp16'; got {compression!r}")
+            raise UsageError(
+                f"compression must be one of None, 'fp16', 'bf16'; got {compression!r}"
+            )
         if fusion_mb < 0:
             raise UsageError(f"fusion_mb must be >= 0, got {fusion_mb}")
         self.algorithm = algorithm
@@ -153,7 +157,8 @@ class Reducer:
 
     # --- communication ------------------------------------------------------------------
     def _launch(self, bucket: FlatBucket) -> None:
-        send = bucket.buffer if self.compression == "none" else bucket.buffer.half()
+        wire = _WIRE_DTYPES.get(self.compression)
+        send = bucket.buffer if wire is None else bucket.buffer.to(wire)
         self.launched_total += 1
         if self._thread is None:
             work = dist.all_reduce(send, group=self.group, async_op=True)

@@ -228,6 +228,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
                     record: dict[str, Any] = dict(
                         step=step, epoch=epoch, loss=loss_value, lr=lr, samples_per_second=sps,
                         wall_seconds=elapsed, bytes_sent=meter.bytes_sent,
+                        **strategy.step_metrics(),
                     )  # fmt: skip
                     if runner.scaler:
                         record.update(loss_scale=runner.scaler.scale, skipped=skipped)

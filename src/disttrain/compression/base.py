@@ -1,0 +1,78 @@
+"""The compressor interface: compress to a wire payload, decompress, and state the wire size.
+
+A :class:`Payload` is what one worker puts on the wire for one flat fp32
+tensor: ``data`` is the exact tensor sent (fp16/bf16 for casts, raw bytes for
+sparse codes); ``numel`` is the dense length, which every receiver already
+knows (same model), so it is never sent. Every compressor states its wire size
+by its own formula in :meth:`Compressor.wire_bytes`; the strategies send
+``data`` through the metered point-to-point layer, and the tests check that
+the meter saw exactly the stated bytes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+__all__ = ["Compressor", "Payload"]
+
+
+@dataclass
+class Payload:
+    """One compressed tensor: the wire ``data`` and the dense length it stands for."""
+
+    data: torch.Tensor
+    numel: int
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of ``data`` as it goes on the wire."""
+        return self.data.numel() * self.data.element_size()
+
+
+class Compressor(ABC):
+    """Turns a flat fp32 tensor into a :class:`Payload` and back."""
+
+    #: Registry name (``fp16``, ``topk``, ...).
+    name: ClassVar[str]
+    #: Payloads of the same length can be summed elementwise by an allreduce.
+    summable: ClassVar[bool] = False
+    #: dtype of ``Payload.data`` on the wire.
+    wire_dtype: ClassVar[torch.dtype] = torch.uint8
+
+    @property
+    def spec(self) -> str:
+        """The spec that builds this compressor again (``topk:0.01``)."""
+        return self.name
+
+    @abstractmethod
+    def compress(self, tensor: torch.Tensor) -> Payload:
+        """Encode the flat float ``tensor``."""
+
+    @abstractmethod
+    def decompress(self, payload: Payload) -> torch.Tensor:
+        """The dense fp32 tensor of ``payload.numel`` entries that ``payload`` stands for."""
+
+    def compress_and_decode(self, tensor: torch.Tensor) -> tuple[Payload, torch.Tensor]:
+        """The payload and the dense tensor it decodes to (override when cheaper than both)."""
+        payload = self.compress(tensor)
+        return payload, self.decompress(payload)
+
+    @abstractmethod
+    def wire_bytes(self, payload: Payload) -> int:
+        """Bytes this payload costs on the wire, by the compressor's own size formula."""
+
+    def fixed_wire_numel(self, numel: int) -> int | None:
+        """Wire elements for a dense length, when it does not depend on the values."""
+        del numel
+        return None
+
+    def from_wire(self, data: torch.Tensor, numel: int) -> Payload:
+        """Wrap received ``data`` (for a tensor of ``numel`` entries) as a payload."""
+        return Payload(data, numel)
+
+    def __repr__(self) -> str:
+        return f"<compressor {self.spec}>"

@@ -1,0 +1,74 @@
+"""Strom (2015) threshold quantization: entries beyond ±tau are sent as index + one sign bit.
+
+"Scalable distributed DNN training using commodity GPU cloud computing"
+(Interspeech 2015): each worker adds its gradient to a residual; every entry
+whose accumulated value exceeds tau in magnitude is sent as its index and a
+sign bit meaning +tau or -tau, and tau is subtracted from the residual there;
+everything else waits in the residual (see :mod:`error_feedback`). Large
+updates are thus sent at a higher rate, small ones later; nothing is lost.
+Strom reports about three orders of magnitude less traffic without loss of
+accuracy, with tau tuned per model.
+
+Wire: the index code (:mod:`index_coding`), then ceil(n/8) bytes of sign bits
+(1 = negative). Cost per sent entry: ~(gap code) + 1 bits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from disttrain.compression.base import Compressor, Payload
+from disttrain.compression.index_coding import coded_bytes, decode_indices, encode_indices
+
+__all__ = ["OneBit"]
+
+
+class OneBit(Compressor):
+    """Send ``sign(x) * tau`` where ``|x| > tau``, as coded indices and sign bits."""
+
+    name = "onebit"
+
+    def __init__(self, tau: float) -> None:
+        if not tau > 0 or not math.isfinite(tau):
+            raise ValueError(f"onebit threshold tau must be a positive number, got {tau}")
+        self.tau = float(tau)
+
+    @property
+    def spec(self) -> str:
+        return f"onebit:{self.tau:g}"
+
+    def compress(self, tensor: torch.Tensor) -> Payload:
+        return self.compress_and_decode(tensor)[0]
+
+    def compress_and_decode(self, tensor: torch.Tensor) -> tuple[Payload, torch.Tensor]:
+        flat = tensor.detach().reshape(-1)
+        idx = torch.nonzero(flat.abs() > self.tau).reshape(-1)
+        negative = flat[idx] < 0
+        code = encode_indices(idx.numpy())
+        signs = np.packbits(negative.numpy().astype(np.uint8))
+        sent = torch.zeros(flat.numel(), dtype=torch.float32)
+        sent[idx] = torch.where(negative, -self.tau, self.tau)
+        return Payload(torch.from_numpy(np.concatenate([code, signs])), flat.numel()), sent
+
+    def _split(self, payload: Payload) -> tuple[np.ndarray, np.ndarray, int]:
+        buf = payload.data.numpy()
+        idx, used = decode_indices(buf)
+        signs = np.unpackbits(buf[used : used + math.ceil(idx.size / 8)])[: idx.size]
+        return idx, signs, used
+
+    def decompress(self, payload: Payload) -> torch.Tensor:
+        idx, signs, _ = self._split(payload)
+        out = torch.zeros(payload.numel, dtype=torch.float32)
+        values = np.where(signs == 1, -self.tau, self.tau).astype(np.float32)
+        out[torch.from_numpy(idx)] = torch.from_numpy(values)
+        return out
+
+    def wire_bytes(self, payload: Payload) -> int:
+        idx, _, _ = self._split(payload)
+        gaps = np.diff(idx, prepend=-1) - 1
+        k = int(payload.data[4]) if payload.data.numel() > 4 else 0
+        # header + exp-Golomb bits of the gaps + one sign bit per entry
+        return coded_bytes(idx.size, k, gaps) + math.ceil(idx.size / 8)

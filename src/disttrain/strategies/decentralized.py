@@ -1,0 +1,203 @@
+"""Decentralized compressed SGD: no server, no global allreduce; peers exchange compressed updates.
+
+``--topology all`` (Strom 2015): each worker adds its gradient to its residual,
+compresses (``--compression``, e.g. ``onebit:TAU``), sends the payload to every
+peer and sums what it receives after decoding, in rank order so that every
+replica applies bit-identical updates and the replicas never drift apart.
+
+``--topology ring``: each worker talks only to its two ring neighbours, so
+replicas differ and must be mixed by gossip. Sending compressed *gradients*
+to neighbours would let the replicas drift without bound, so the ring runs
+CHOCO-SGD (Koloskova, Stich & Jaggi, ICML 2019): every worker keeps public
+copies x̂ of itself and its neighbours, sends C(x - x̂_self) (its change since
+last sent: the error feedback is x - x̂), updates the copies with what is
+decoded, and moves toward its neighbours by ``x += γ Σ_j w_ij (x̂_j - x̂_i)``
+with Metropolis weights (1/3 on a ring). There ``onebit:TAU`` thresholds
+*parameter* changes, so TAU is in parameter units (about lr × gradient).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from disttrain.comm.errors import UsageError
+from disttrain.comm.meter import meter
+from disttrain.compression import (
+    LENGTH_BYTES,
+    CompressionConfig,
+    CompressionStats,
+    ErrorFeedback,
+    Payload,
+    all_peers,
+    empirical_entropy_bits,
+    exchange_payloads,
+    parse,
+)
+from disttrain.config import opt, register_section
+from disttrain.strategies.base import Strategy, register
+from disttrain.strategies.localsgd import average_tensors
+
+__all__ = ["Decentralized", "DecentralizedConfig", "ring_neighbours"]
+
+
+@register_section
+@dataclass(frozen=True)
+class DecentralizedConfig:
+    """Settings of ``--strategy decentralized``."""
+
+    topology: str = opt("all", "decentralized: who talks to whom", ("all", "ring"))
+    consensus_step: float = opt(0.5, "decentralized ring: gossip step γ of CHOCO-SGD, in (0, 1]")
+
+    def validate(self) -> None:
+        if not 0 < self.consensus_step <= 1:
+            raise UsageError(f"--consensus-step must be in (0, 1], got {self.consensus_step}")
+
+
+def ring_neighbours(rank: int, size: int) -> tuple[list[int], list[int]]:
+    """Rounds of (send to, receive from) for the ring: right then left (one peer if size 2)."""
+    if size == 2:
+        return [1 - rank], [1 - rank]
+    right, left = (rank + 1) % size, (rank - 1) % size
+    return [right, left], [left, right]
+
+
+@register
+class Decentralized(Strategy):
+    """Compressed updates to all peers (Strom) or ring neighbours (CHOCO gossip)."""
+
+    name = "decentralized"
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        super().setup(model, optimizer)
+        cc = self.config.section(CompressionConfig)
+        self.settings: DecentralizedConfig = self.config.section(DecentralizedConfig)
+        self.compressor = parse(cc.compression)
+        self.feedback = ErrorFeedback(self.compressor, enabled=cc.error_feedback)
+        self.rank, self.size = self.world.rank, self.world.world_size
+        self.ring = self.settings.topology == "ring" and self.size > 2
+        self.stats = CompressionStats()
+        self.entries_sent = 0
+        self.claimed_bytes = 0
+        self.payload_bytes = 0
+        self.entropy_bits_sum = 0.0
+        self.sparse_payloads = 0
+        params = list(model.parameters())
+        # Replicas start equal (outside the measured traffic: the trainer resets the meter).
+        average_tensors(list(model.state_dict().values()), self.config.train.algorithm, self.size)
+        if self.ring:
+            x = _flatten_dense_tensors([p.detach() for p in params])
+            send_to, _ = ring_neighbours(self.rank, self.size)
+            # every replica starts at the same x0, so x0 is common knowledge: x̂ = x0
+            self.public = {r: x.clone() for r in [self.rank, *send_to]}
+
+    # --- accounting ------------------------------------------------------------------
+    def _account(self, payload: Payload, sent: torch.Tensor, peers: int, before: int) -> None:
+        self.stats.dense_bytes += 4 * payload.numel * peers
+        self.stats.sent_bytes += meter.bytes_sent - before
+        self.stats.exchanges += 1
+        self.payload_bytes += payload.nbytes
+        prefix = 0 if self.compressor.fixed_wire_numel(payload.numel) else LENGTH_BYTES
+        self.claimed_bytes += peers * (self.compressor.wire_bytes(payload) + prefix)
+        if not self.compressor.summable:
+            idx = torch.nonzero(sent).reshape(-1).numpy()
+            self.entries_sent += int(idx.size)
+            self.entropy_bits_sum += empirical_entropy_bits(idx) * idx.size
+            self.sparse_payloads += 1
+
+    # --- all peers: Strom -----------------------------------------------------------
+    def after_backward(self) -> None:
+        if self.ring:
+            return
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if not grads:
+            return
+        before = meter.bytes_sent
+        payload, mine = self.feedback.compress(_flatten_dense_tensors(grads))
+        send_to, recv_from = all_peers(self.rank, self.size)
+        got = exchange_payloads(payload, self.compressor, send_to, recv_from)
+        decode = self.compressor.decompress
+        decoded = {src: decode(p) for src, p in zip(recv_from, got, strict=True)}
+        decoded[self.rank] = mine
+        total = torch.zeros_like(mine)
+        for r in range(self.size):  # the same order on every rank: identical replicas
+            total += decoded[r]
+        total /= self.size
+        for g, v in zip(grads, _unflatten_dense_tensors(total, grads), strict=True):
+            g.copy_(v)
+        self._account(payload, mine, len(send_to), before)
+
+    # --- ring: CHOCO gossip ---------------------------------------------------------
+    def after_step(self, step: int) -> None:
+        if not self.ring:
+            return
+        params = list(self.model.parameters())
+        x = _flatten_dense_tensors([p.detach() for p in params])
+        before = meter.bytes_sent
+        own = self.public[self.rank]
+        payload, sent = self.compressor.compress_and_decode(x - own)
+        own += sent
+        send_to, recv_from = ring_neighbours(self.rank, self.size)
+        for src, theirs in zip(
+            recv_from, exchange_payloads(payload, self.compressor, send_to, recv_from), strict=True
+        ):
+            self.public[src] += self.compressor.decompress(theirs)
+        weight = 1.0 / 3.0  # Metropolis-Hastings on a ring: 1 / (1 + max degree)
+        for src in recv_from:
+            x += self.settings.consensus_step * weight * (self.public[src] - own)
+        with torch.no_grad():
+            for p, v in zip(params, _unflatten_dense_tensors(x, params), strict=True):
+                p.copy_(v)
+        self._account(payload, sent, len(send_to), before)
+        self._residual = x - own
+
+    def finish(self) -> None:
+        # Ring replicas differ: evaluate their average (one dense allreduce, outside the meter).
+        if self.ring:
+            with meter.paused():
+                average_tensors(list(self.model.parameters()), "native", self.size)
+
+    # --- reporting ------------------------------------------------------------------
+    def residual_norm(self) -> float:
+        if self.ring:
+            res = getattr(self, "_residual", None)
+            return 0.0 if res is None else float(res.norm())
+        return self.feedback.residual_norm()
+
+    def step_metrics(self) -> dict[str, Any]:
+        return {"compression_ratio": self.stats.ratio, "residual_norm": self.residual_norm()}
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "compression": self.compressor.spec,
+            "topology": "ring" if self.ring else "all",
+            "compression_ratio": self.stats.ratio,
+            "dense_fp32_bytes_per_rank": self.stats.dense_bytes,
+            "compressed_bytes_per_rank": self.stats.sent_bytes,
+            "claimed_wire_bytes_per_rank": self.claimed_bytes,
+            "residual_norm": self.residual_norm(),
+            "length_prefix_bytes": 0 if self.compressor.summable else LENGTH_BYTES,
+        }
+        if self.sparse_payloads:
+            n = max(self.entries_sent, 1)
+            out["entries_sent_per_step"] = self.entries_sent / self.sparse_payloads
+            out["bits_per_sent_entry"] = 8 * self.payload_bytes / n
+            # gap entropy + 1 sign bit (onebit) or + 32 value bits (topk): the ideal coder's cost
+            extra = 1.0 if self.compressor.name == "onebit" else 32.0
+            out["entropy_bits_per_sent_entry"] = self.entropy_bits_sum / n + extra
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"feedback": self.feedback.state_dict()}
+        if self.ring:
+            state["public"] = {r: v.clone() for r, v in self.public.items()}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.feedback.load_state_dict(state.get("feedback", {}))
+        if self.ring and "public" in state:
+            self.public = {int(r): v.clone() for r, v in state["public"].items()}
