@@ -64,8 +64,10 @@ def run_supervised(fn: Callable[[], int], rank: int) -> int:
             continue
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        if stopping:
-            return 128 + sig
+        if stopping:  # the agent is stopping the job: end as an unsupervised process would
+            signal.signal(stopping[0], signal.SIG_DFL)
+            os.kill(os.getpid(), stopping[0])
+            return 128 + stopping[0]  # pragma: no cover  (only if the signal is blocked)
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else sig
         sys.stderr.write(
             f"disttrain: rank {rank}: worker lost (killed by {name}); the job goes on without it\n"
