@@ -156,6 +156,16 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _run_worker(cfg: Any, launched_by_us: bool) -> int:
+    from disttrain import strategies
+    from disttrain.launch.supervise import run_supervised
+
+    rank = int(os.environ.get("RANK", "0"))
+    if strategies.get(cfg.train.strategy).survives_loss_of(cfg, rank):
+        return run_supervised(lambda: _train_worker(cfg, launched_by_us), rank)
+    return _train_worker(cfg, launched_by_us)
+
+
+def _train_worker(cfg: Any, launched_by_us: bool) -> int:
     from disttrain.comm import world
     from disttrain.launch.local import PEER_EXIT_CODE
     from disttrain.train.progress import print_summary

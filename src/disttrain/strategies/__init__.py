@@ -6,6 +6,7 @@ from disttrain.strategies import (  # noqa: F401  (register themselves)
     hybrid,
     localsgd,
     pipeline,
+    ps,
     tensor,
 )
 from disttrain.strategies.base import STRATEGIES, Strategy, get, register

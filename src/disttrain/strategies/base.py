@@ -6,7 +6,9 @@ The trainer drives every strategy through the same points of a step:
     optimizer = make_optimizer(model.parameters())
     strategy.setup(model, optimizer)           # replicas made consistent
     if not strategy.is_worker: strategy.serve(); return      # e.g. parameter servers
-    each step: loss = strategy.forward_backward(x, y)
+    epochs, steps = strategy.limits(epochs, steps)           # async: shared work budget
+    each step (until steps, or strategy.should_stop()):
+               loss = strategy.forward_backward(x, y)
                strategy.after_backward()       # data parallel: average gradients
                optimizer.step(); strategy.after_step(step)   # local SGD: average here
     strategy.finish(); model = strategy.eval_model()         # the whole model on rank 0
@@ -49,6 +51,12 @@ class Strategy:
         """Processes to start on each node (servers included, for parameter servers)."""
         return config.train.workers
 
+    @classmethod
+    def survives_loss_of(cls, config: RunConfig, rank: int) -> bool:
+        """True if the job goes on when process ``rank`` is killed (asynchronous strategies)."""
+        del config, rank
+        return False
+
     # --- roles and data sharding -------------------------------------------------
     @property
     def is_worker(self) -> bool:
@@ -89,6 +97,15 @@ class Strategy:
         loss = self.loss_fn(self.model(x), y)
         loss.backward()
         return loss.detach()
+
+    def limits(self, epochs: int, steps: int) -> tuple[int, int]:
+        """The most epochs and steps this worker may run, given the run's (called once, before
+        the first step). Asynchronous strategies raise them and end with ``should_stop``."""
+        return epochs, steps
+
+    def should_stop(self) -> bool:
+        """True once the job's work is done, before this worker's own limits (checked per step)."""
+        return False
 
     def after_backward(self) -> None:
         """Gradients are ready: make them what the optimizer should apply."""

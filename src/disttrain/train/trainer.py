@@ -184,6 +184,8 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     total_steps = sampler.steps_per_epoch * tc.epochs
     if tc.max_steps:
         total_steps = min(total_steps, tc.max_steps)
+    # asynchronous strategies let fast workers run more steps, until the shared budget is spent
+    epoch_limit, step_limit = strategy.limits(tc.epochs, total_steps)
     main = world.is_main
     out_dir = tc.out
     if main and out_dir:
@@ -206,13 +208,15 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     try:
         resumed = _resume(tc, strategy, optimizer, runner)
         step = resumed
-        for epoch in range(resumed // sampler.steps_per_epoch, tc.epochs):
+        for epoch in range(resumed // sampler.steps_per_epoch, epoch_limit):
             skip = step - epoch * sampler.steps_per_epoch  # batches done before a resume
             loader = BatchLoader(
-                data.x_train, data.y_train, sampler.epoch(epoch)[skip : skip + total_steps - step],
+                data.x_train, data.y_train, sampler.epoch(epoch)[skip : skip + step_limit - step],
                 world.device, tc.prefetch, delay_seconds=tc.loader_delay_ms / 1000,
             )  # fmt: skip
             for x, y in loader:
+                if strategy.should_stop():
+                    break
                 lr = schedule(step)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
@@ -235,7 +239,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
                         _checkpoint(out_dir, step, strategy, optimizer, runner)
             timers.seconds["data"] += loader.wait_seconds
             epochs_done = epoch + 1
-            last = step >= total_steps or epoch == tc.epochs - 1
+            last = step >= step_limit or epoch == epoch_limit - 1 or strategy.should_stop()
             if last:
                 strategy.finish()
             with timers.time("eval"):

@@ -1,0 +1,205 @@
+"""A worker's side of the parameter servers: push gradients, pull weights, shard by shard.
+
+One DEALER socket per server carries requests; the requests to all shards go
+out before any reply is awaited, so the K servers work in parallel. A
+background thread sends a heartbeat to every server on sockets of its own
+(ZeroMQ sockets are not thread-safe), so that a worker held by SSP or busy in
+a long backward is not mistaken for a dead one. A server that does not answer
+within ``timeout`` seconds ends the worker with an error naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import torch
+import zmq
+
+from disttrain.comm.errors import PeerFailure
+from disttrain.comm.meter import record_send
+from disttrain.ps.protocol import (
+    FLAG_STOP,
+    HEADER,
+    Header,
+    MsgType,
+    ProtocolError,
+    decode,
+    decode_tensor,
+    encode,
+    encode_tensor,
+)
+
+__all__ = ["Heartbeat", "PSClient"]
+
+
+class Heartbeat(threading.Thread):
+    """Sends a HEARTBEAT to every server every ``interval`` seconds until stopped."""
+
+    def __init__(self, worker: int, endpoints: list[str], interval: float) -> None:
+        super().__init__(name=f"ps-heartbeat-w{worker}", daemon=True)
+        self.worker = worker
+        self.endpoints = endpoints
+        self.interval = interval
+        self.sent = [0] * len(endpoints)  # bytes per server, metered when the thread ends
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        ctx = zmq.Context.instance()
+        socks = []
+        for ep in self.endpoints:
+            s = ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.IDENTITY, f"h{self.worker}".encode())
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(ep)
+            socks.append(s)
+        try:
+            while not self._stop_event.is_set():
+                for k, s in enumerate(socks):
+                    s.send_multipart(encode(MsgType.HEARTBEAT, k, self.worker, 0))
+                    self.sent[k] += HEADER.size
+                self._stop_event.wait(self.interval)
+        finally:
+            for s in socks:
+                s.close()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=5)
+
+
+class PSClient:
+    """Worker ``worker``'s connection to the servers at ``endpoints`` (global ranks ``ranks``)."""
+
+    def __init__(
+        self,
+        worker: int,
+        endpoints: list[str],
+        ranks: list[int],
+        bounds: list[tuple[int, int]],
+        dtype: torch.dtype,
+        timeout: float,
+        heartbeat: float,
+    ) -> None:
+        self.worker = worker
+        self.ranks = ranks
+        self.bounds = bounds
+        self.dtype = dtype
+        self.timeout = timeout
+        self.clock = 0
+        self.stop = False
+        ctx = zmq.Context.instance()
+        self.socks: list[zmq.Socket[Any]] = []
+        for ep in endpoints:
+            s = ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.IDENTITY, f"w{worker}".encode())
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(ep)
+            self.socks.append(s)
+        self.heartbeat = Heartbeat(worker, endpoints, heartbeat)
+        self.heartbeat.start()
+
+    @property
+    def numel(self) -> int:
+        return self.bounds[-1][1]
+
+    def _send(self, k: int, frames: list[bytes | memoryview]) -> None:
+        self.socks[k].send_multipart(frames)
+        record_send(self.ranks[k], sum(memoryview(f).nbytes for f in frames))
+
+    def _recv(self, k: int, deadline: float) -> tuple[Header, bytes]:
+        sock = self.socks[k]
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not sock.poll(int(remaining * 1000), zmq.POLLIN):
+            raise PeerFailure(
+                f"parameter server {k} (rank {self.ranks[k]}) did not answer worker "
+                f"{self.worker} within {self.timeout:.0f} s",
+                rank=self.ranks[k],
+            )
+        try:
+            header, payload = decode(sock.recv_multipart())
+        except ProtocolError as exc:
+            msg = f"parameter server {k} broke the protocol: {exc}"
+            raise PeerFailure(msg, self.ranks[k]) from None
+        if header.type == MsgType.ERROR:
+            raise PeerFailure(
+                f"parameter server {k} refused worker {self.worker}: {payload.decode()}",
+                rank=self.ranks[k],
+            )
+        return header, payload
+
+    def _gather_weights(self, out: torch.Tensor, deadline: float) -> None:
+        """Read one WEIGHTS reply from every server into ``out``."""
+        stop = False
+        for k, (lo, hi) in enumerate(self.bounds):
+            header, payload = self._recv(k, deadline)
+            if header.type != MsgType.WEIGHTS:
+                raise PeerFailure(f"parameter server {k} sent {header.type.name}, not WEIGHTS")
+            try:
+                out[lo:hi] = decode_tensor(header, payload, self.dtype, hi - lo)
+            except ProtocolError as exc:
+                raise PeerFailure(f"parameter server {k}: {exc}", rank=self.ranks[k]) from None
+            stop = stop or bool(header.flags & FLAG_STOP)
+        self.stop = self.stop or stop
+
+    def _request(self, kind: MsgType, clock: int) -> torch.Tensor:
+        for k in range(len(self.socks)):
+            self._send(k, encode(kind, k, self.worker, clock))
+        out = torch.empty(self.numel, dtype=self.dtype)
+        self._gather_weights(out, time.monotonic() + self.timeout)
+        return out
+
+    def hello(self, steps: int) -> torch.Tensor:
+        """Join a run of ``steps`` steps per worker; return the current weights (flat).
+
+        The servers make ``steps`` x workers gradients the job's work budget.
+        """
+        return self._request(MsgType.HELLO, steps)
+
+    def pull(self) -> torch.Tensor:
+        return self._request(MsgType.PULL, self.clock)
+
+    def push(self, grad: torch.Tensor, lr: float = 0.0) -> torch.Tensor:
+        """Send a flat gradient shard by shard; return the weights the servers answer with.
+
+        The answer may be held by the servers (sync, ssp), so the deadline is
+        the timeout. ``self.stop`` turns true when the job's work is done. ``lr`` is the
+        rate the worker's schedule gives this step (0: the servers' own).
+        """
+        grad = grad.to(self.dtype).contiguous()
+        for k, (lo, hi) in enumerate(self.bounds):
+            frames = encode_tensor(MsgType.PUSH, k, self.worker, self.clock, grad[lo:hi], lr=lr)
+            self._send(k, frames)
+        self.clock += 1
+        out = torch.empty(self.numel, dtype=self.dtype)
+        self._gather_weights(out, time.monotonic() + self.timeout)
+        return out
+
+    def done(self, timeout: float) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+        """Say this worker is finished; wait (up to ``timeout``) until all are, and return
+        the final weights and every server's figures."""
+        for k in range(len(self.socks)):
+            self._send(k, encode(MsgType.DONE, k, self.worker, self.clock))
+        deadline = time.monotonic() + timeout
+        out = torch.empty(self.numel, dtype=self.dtype)
+        self._gather_weights(out, deadline)
+        stats = []
+        for k in range(len(self.socks)):
+            header, payload = self._recv(k, deadline)
+            if header.type != MsgType.STATS:
+                raise PeerFailure(f"parameter server {k} sent {header.type.name}, not STATS")
+            stats.append(json.loads(payload.decode()))
+        return out, stats
+
+    def close(self) -> None:
+        """Stop the heartbeat, meter its bytes, and close the sockets."""
+        if self.heartbeat.is_alive():
+            self.heartbeat.stop()
+            for k, nbytes in enumerate(self.heartbeat.sent):
+                if nbytes:
+                    record_send(self.ranks[k], nbytes, messages=nbytes // HEADER.size)
+        for s in self.socks:
+            s.close()
+        self.socks = []

@@ -1,0 +1,75 @@
+"""The parameter server's settings (``--servers``, ``--ps-mode``, ...): flags and TOML keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from disttrain.comm.errors import UsageError
+from disttrain.config import TrainConfig, opt, register_section
+from disttrain.ps.consistency import MODES
+
+__all__ = ["PSConfig", "parse_straggler"]
+
+
+def parse_straggler(spec: str) -> tuple[int, float] | None:
+    """``"3:4"`` -> (rank 3, factor 4.0); empty -> None."""
+    if not spec:
+        return None
+    rank, sep, factor = spec.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        r, f = int(rank), float(factor)
+    except ValueError:
+        raise UsageError(f"--straggler {spec!r}: use RANK:FACTOR, e.g. 3:4") from None
+    if r < 0 or f < 1.0:
+        raise UsageError(f"--straggler {spec!r}: RANK must be >= 0 and FACTOR >= 1")
+    return r, f
+
+
+@register_section
+@dataclass(frozen=True)
+class PSConfig:
+    """Settings of ``--strategy ps``."""
+
+    servers: int = opt(1, "ps: parameter-server processes on this node")
+    ps_mode: str = opt("sync", "ps: when gradients are applied", MODES)
+    staleness_bound: int = opt(2, "ps ssp: most steps a worker may run ahead of the slowest")
+    softsync: int = opt(0, "ps softsync: gradients averaged into each update (0: all workers)")
+    staleness_lr: bool = opt(False, "ps: divide each update's learning rate by its staleness")
+    straggler: str = opt("", "ps: slow worker RANK by FACTOR, RANK:FACTOR (sleeps (F-1) x step)")
+    ps_address: str = opt("127.0.0.1", "ps: address the servers listen on")
+    ps_heartbeat: float = opt(0.5, "ps: seconds between a worker's heartbeats")
+    ps_worker_timeout: float = opt(10.0, "ps: seconds of silence before a worker is lost")
+
+    def validate(self) -> None:
+        if self.servers <= 0:
+            raise UsageError(f"--servers must be positive, got {self.servers}")
+        if self.staleness_bound < 0:
+            raise UsageError(f"--staleness-bound must be >= 0, got {self.staleness_bound}")
+        if self.softsync < 0:
+            raise UsageError(f"--softsync must be >= 0, got {self.softsync}")
+        if self.ps_heartbeat <= 0:
+            raise UsageError(f"--ps-heartbeat must be positive, got {self.ps_heartbeat}")
+        if self.ps_worker_timeout <= 2 * self.ps_heartbeat:
+            raise UsageError(
+                f"--ps-worker-timeout {self.ps_worker_timeout} must exceed two heartbeats "
+                f"(2 x {self.ps_heartbeat} s)"
+            )
+        if not self.ps_address:
+            raise UsageError("--ps-address must not be empty (default 127.0.0.1)")
+        parse_straggler(self.straggler)
+
+    def validate_with(self, train: TrainConfig) -> None:
+        """Checks that need the worker count."""
+        workers = train.world_size
+        if self.softsync > workers:
+            raise UsageError(f"--softsync {self.softsync} exceeds the {workers} workers")
+        if train.precision == "fp16" and train.strategy == "ps" and self.ps_mode != "sync":
+            # the loss scale is agreed by a collective over the workers every step
+            raise UsageError("--precision fp16 with --strategy ps needs --ps-mode sync; use bf16")
+        straggler = parse_straggler(self.straggler)
+        if straggler and straggler[0] >= workers:
+            raise UsageError(
+                f"--straggler names rank {straggler[0]}, but workers are ranks 0..{workers - 1}"
+            )

@@ -1,0 +1,264 @@
+"""One parameter server: a ZeroMQ ROUTER socket, a shard of the weights and its optimizer.
+
+The loop is single-threaded and message-driven (ps-lite's design): each
+message is checked, gradients are applied as :class:`Consistency` decides, and
+replies go out when a held worker may go on. Workers are known by their
+socket identity (``w<index>`` for requests, ``h<index>`` for heartbeats);
+one silent for longer than ``worker_timeout`` is dropped, or, in sync mode,
+ends the job with an error naming it. A frame that breaks the protocol, a
+gradient of the wrong dtype or size, or one holding NaN/Inf is counted and
+refused: the weights and the optimizer state are left exactly as they were.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import zmq
+
+from disttrain.comm.errors import PeerFailure
+from disttrain.comm.meter import record_send
+from disttrain.ps.consistency import Batch, Consistency, staleness_lr_scale
+from disttrain.ps.protocol import (
+    FLAG_STOP,
+    MsgType,
+    ProtocolError,
+    decode,
+    decode_tensor,
+    encode,
+    encode_tensor,
+)
+
+__all__ = ["ShardServer", "bind_router"]
+
+OptimizerFactory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
+
+
+def bind_router(address: str = "127.0.0.1") -> tuple[zmq.Socket[Any], str]:
+    """A ROUTER socket bound to an ephemeral port of ``address``, and its endpoint."""
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 5000)  # deliver the final replies before the process exits
+    host = f"[{address}]" if ":" in address else address
+    if ":" in address:
+        sock.setsockopt(zmq.IPV6, 1)
+    sock.bind(f"tcp://{host}:*")
+    return sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def _peer(identity: bytes) -> tuple[str, int] | None:
+    """``(kind, worker)`` from a socket identity ``w3`` / ``h3``; None if it is not ours."""
+    if len(identity) < 2 or identity[:1] not in (b"w", b"h") or not identity[1:].isdigit():
+        return None
+    return identity[:1].decode(), int(identity[1:])
+
+
+class ShardServer:
+    """Serve shard ``shard`` (a flat vector) to the workers until all are done or lost."""
+
+    def __init__(
+        self,
+        shard: int,
+        weights: torch.Tensor,
+        make_optimizer: OptimizerFactory,
+        consistency: Consistency,
+        sock: zmq.Socket[Any],
+        *,
+        staleness_lr: bool = False,
+        worker_timeout: float = 10.0,
+        rank: int = -1,
+    ) -> None:
+        self.shard = shard
+        self.param = weights.detach().clone().requires_grad_(True)
+        self.optimizer = make_optimizer([self.param])
+        self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]
+        self.cons = consistency
+        self.sock = sock
+        self.staleness_lr = staleness_lr
+        self.worker_timeout = worker_timeout
+        self.fail_on_loss = consistency.mode == "sync"  # a sync round needs every worker
+        self.rank = rank
+        self.grads: dict[int, tuple[torch.Tensor, float]] = {}
+        self.done_identities: dict[int, bytes] = {}
+        self.rejected: Counter[str] = Counter()
+        self.lost: list[dict[str, Any]] = []
+        self.bytes_in = self.bytes_out = self.messages_in = self.messages_out = 0
+        self.start = time.monotonic()
+        self.last_seen = dict.fromkeys(consistency.workers, self.start)
+        self.first_push: float | None = None
+        self.work_done_at: float | None = None
+        self.finished = False
+
+    # --- sending ------------------------------------------------------------------
+    def _send(self, identity: bytes, frames: list[bytes | memoryview]) -> None:
+        nbytes = sum(memoryview(f).nbytes for f in frames)
+        self.sock.send_multipart(
+            [identity, *frames]
+        )  # copied: the weights change after this returns
+        self.bytes_out += nbytes
+        self.messages_out += 1
+        peer = _peer(identity)
+        if peer is not None:
+            record_send(peer[1], nbytes)
+
+    def _flags(self) -> int:
+        return FLAG_STOP if self.cons.stopped else 0
+
+    def _send_weights(self, identity: bytes, worker: int) -> None:
+        frames = encode_tensor(
+            MsgType.WEIGHTS, self.shard, worker, self.cons.version, self.param.detach(),
+            self._flags(),
+        )  # fmt: skip
+        self._send(identity, frames)
+
+    def _refuse(self, identity: bytes, reason: str, detail: str) -> None:
+        self.rejected[reason] += 1
+        self._send(identity, encode(MsgType.ERROR, self.shard, 0, 0, detail.encode()))
+
+    # --- applying -----------------------------------------------------------------
+    def _apply(self, batch: Batch) -> None:
+        grads, rates = zip(*(self.grads.pop(e.token) for e in batch.entries), strict=True)
+        scale = staleness_lr_scale(batch.staleness) if self.staleness_lr else 1.0
+        asked = [r for r in rates if r > 0]  # the workers' scheduled rates (warm-up, decay)
+        for group, lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
+            group["lr"] = (sum(asked) / len(asked) if asked else lr) * scale
+        mean = grads[0] if len(grads) == 1 else torch.stack(grads).mean(dim=0)
+        self.param.grad = mean
+        self.optimizer.step()
+        self.param.grad = None
+
+    def _advance(self) -> None:
+        """Apply what the mode allows, then answer the workers it releases."""
+        while (batch := self.cons.take_batch()) is not None:
+            self._apply(batch)
+        if self.cons.stopped and self.work_done_at is None:
+            self.work_done_at = time.monotonic()
+        for w in self.cons.releasable():
+            self._send_weights(f"w{w}".encode(), w)
+        if self.cons.all_finished() and not self.finished:
+            if self.work_done_at is None:
+                self.work_done_at = time.monotonic()
+            stats = json.dumps(self.figures()).encode()
+            for w, identity in sorted(self.done_identities.items()):
+                self._send_weights(identity, w)
+                self._send(identity, encode(MsgType.STATS, self.shard, w, self.cons.version, stats))
+            self.finished = True
+
+    # --- receiving ----------------------------------------------------------------
+    def handle(self, frames: list[bytes]) -> None:
+        """Process one incoming message ``[identity, header, payload]``."""
+        identity, body = frames[0], frames[1:]
+        self.messages_in += 1
+        self.bytes_in += sum(len(f) for f in body)
+        peer = _peer(identity)
+        try:
+            header, payload = decode(body)
+        except ProtocolError as exc:
+            self._refuse(identity, "malformed", f"malformed frame: {exc}")
+            return
+        if peer is None or peer[1] not in self.last_seen or header.worker != peer[1]:
+            self._refuse(identity, "unknown_worker", f"unknown peer {identity!r}")
+            return
+        kind, worker = peer
+        if worker not in self.cons.live:
+            self._refuse(identity, "lost_worker", f"worker {worker} was dropped as lost")
+            return
+        self.last_seen[worker] = time.monotonic()
+        if kind == "h" or header.type == MsgType.HEARTBEAT:
+            return
+        if header.shard != self.shard:
+            self._refuse(identity, "wrong_shard", f"shard {header.shard} sent to {self.shard}")
+        elif header.type in (MsgType.HELLO, MsgType.PULL):
+            if header.type == MsgType.HELLO and not self.cons.budget:
+                # the job's work: each worker's step count, times the workers
+                self.cons.budget = header.clock * len(self.cons.workers)
+            self._send_weights(identity, worker)
+        elif header.type == MsgType.PUSH:
+            self._push(identity, worker, header, payload)
+        elif header.type == MsgType.DONE:
+            if worker in self.cons.active:
+                self.cons.finish(worker)
+            self.done_identities[worker] = identity
+            self._advance()
+        else:
+            self._refuse(identity, "unexpected_type", f"unexpected {header.type.name}")
+
+    def _push(self, identity: bytes, worker: int, header: Any, payload: bytes) -> None:
+        if worker not in self.cons.active:
+            self._refuse(identity, "unexpected_type", f"worker {worker} pushed after DONE")
+            return
+        if self.first_push is None:
+            self.first_push = time.monotonic()
+        try:
+            grad = decode_tensor(header, payload, self.param.dtype, self.param.numel())
+            if not bool(torch.isfinite(grad).all()):
+                raise ValueError("non_finite")
+        except (ProtocolError, ValueError) as exc:
+            reason = "non_finite" if str(exc) == "non_finite" else "wrong_dtype_or_size"
+            self.rejected[reason] += 1
+            self.cons.receive(worker, valid=False)  # its clock ticks; nothing is applied
+        else:
+            token = self.cons.receive(worker, valid=True)
+            if token is not None:
+                self.grads[token] = (grad, header.lr)
+        self._advance()
+
+    def check_liveness(self) -> None:
+        """Drop workers silent for longer than ``worker_timeout`` (sync mode: fail)."""
+        now = time.monotonic()
+        for w in sorted(self.cons.active):
+            silent = now - self.last_seen[w]
+            if silent <= self.worker_timeout:
+                continue
+            if self.fail_on_loss:
+                raise PeerFailure(
+                    f"parameter server {self.shard}: worker rank {w} sent nothing for "
+                    f"{silent:.1f} s; sync mode cannot go on without it",
+                    rank=w,
+                )
+            self.cons.drop(w)
+            self.lost.append(
+                {"worker": w, "seconds": round(now - self.start, 3), "clock": self.cons.clocks[w],
+                 "version": self.cons.version}
+            )  # fmt: skip
+            self._advance()
+
+    def poll(self, timeout_ms: int = 100) -> None:
+        """Handle every message that arrives within ``timeout_ms``, then check liveness."""
+        if self.sock.poll(timeout_ms, zmq.POLLIN):
+            while True:
+                try:
+                    frames = self.sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self.handle(frames)
+        self.check_liveness()
+
+    def run(self) -> dict[str, Any]:
+        """Serve until every worker is done or lost; return the figures."""
+        try:
+            while not self.finished:
+                self.poll()
+        finally:
+            self.sock.close(linger=5000)
+        return self.figures()
+
+    def figures(self) -> dict[str, Any]:
+        end = self.work_done_at or time.monotonic()
+        return {
+            "shard": self.shard,
+            "rank": self.rank,
+            "elements": self.param.numel(),
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "messages_in": self.messages_in,
+            "messages_out": self.messages_out,
+            "rejected": dict(self.rejected),
+            "lost_workers": self.lost,
+            "train_seconds": round(end - self.first_push, 6) if self.first_push else 0.0,
+            **self.cons.figures(),
+        }

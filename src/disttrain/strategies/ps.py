@@ -1,0 +1,235 @@
+"""``--strategy ps``: workers push gradients to sharded parameter servers and pull weights.
+
+Ranks [0, N) are workers, ranks [N, N+K) are servers, all in one job started
+by the same launcher. Servers bind ZeroMQ sockets on 127.0.0.1 (or
+``--ps-address``) at ephemeral ports and publish them through the job's
+torch.distributed store. Server k owns elements [lo_k, hi_k) of the flattened
+parameters and their optimizer state (the user's optimizer class and
+settings, rebuilt on the flat shard).
+
+The trainer's optimizer does nothing on a worker, without being replaced (its
+learning rate, which the trainer's schedule sets, travels with each push):
+``after_backward`` sends the gradients, copies the weights the servers answer
+with into the model and clears every ``.grad``; ``optimizer.step()`` skips
+parameters without a gradient, so it leaves the servers' weights untouched
+and never allocates optimizer state on workers.
+
+In async, ssp and softsync modes the run's work is a budget of gradients
+(steps x N, the same samples as a synchronous run) shared by the workers: fast
+workers run more steps than slow ones, and every worker stops when the
+servers say the budget is spent (``limits`` and ``should_stop``).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections import Counter
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed import ProcessGroup
+
+from disttrain.comm.errors import UsageError
+from disttrain.config import RunConfig
+from disttrain.ps.client import PSClient
+from disttrain.ps.config import PSConfig, parse_straggler
+from disttrain.ps.consistency import Consistency
+from disttrain.ps.server import ShardServer, bind_router
+from disttrain.ps.sharding import flatten, shard_bounds, unflatten_into
+from disttrain.strategies.base import Strategy, register
+
+__all__ = ["ParameterServer"]
+
+_KEY = "disttrain/ps/endpoint/{}"
+_SERVER_KEYS = ("rank", "shard", "elements", "bytes_in", "bytes_out", "messages_in", "messages_out")
+
+
+def _publish_host(address: str) -> str:
+    """The host workers should dial for a server bound to ``address``."""
+    return socket.gethostname() if address in ("0.0.0.0", "::", "*") else address
+
+
+@register
+class ParameterServer(Strategy):
+    """Sharded parameter servers in sync, async, ssp or softsync mode."""
+
+    name = "ps"
+
+    def __init__(self, config: RunConfig, world: Any, loss_fn: Any) -> None:
+        super().__init__(config, world, loss_fn)
+        self.ps: PSConfig = config.section(PSConfig)
+        self.n_workers = config.train.world_size
+        self.n_servers = self.ps.servers * config.train.nnodes
+        self.straggler = parse_straggler(self.ps.straggler)
+        self._group: ProcessGroup | None = None
+        self.client: PSClient | None = None
+        self.server: ShardServer | None = None
+        self.stats: list[dict[str, Any]] = []
+        self._last_start: float | None = None
+        self._last_delay = 0.0
+
+    # --- roles ----------------------------------------------------------------------
+    @classmethod
+    def num_processes(cls, config: RunConfig) -> int:
+        ps: PSConfig = config.section(PSConfig)
+        ps.validate_with(config.train)
+        return config.train.workers + ps.servers
+
+    @classmethod
+    def survives_loss_of(cls, config: RunConfig, rank: int) -> bool:
+        # Rank 0 writes the summary, so its loss always ends the job; sync mode cannot go on.
+        ps: PSConfig = config.section(PSConfig)
+        return ps.ps_mode != "sync" and 0 < rank < config.train.world_size
+
+    @property
+    def is_worker(self) -> bool:
+        return self.world.rank < self.n_workers
+
+    @property
+    def data_rank(self) -> int:
+        return self.world.rank
+
+    @property
+    def data_world_size(self) -> int:
+        return self.n_workers
+
+    @property
+    def worker_group(self) -> ProcessGroup | None:
+        return self._group
+
+    # --- setup ------------------------------------------------------------------------
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        super().setup(model, optimizer)
+        self.params = list(model.parameters())
+        total = sum(p.numel() for p in self.params)
+        dtypes = {p.dtype for p in self.params}
+        if len(dtypes) != 1:
+            raise UsageError(
+                f"--strategy ps needs parameters of one dtype, got {sorted(map(str, dtypes))}"
+            )
+        if total < self.n_servers:
+            raise UsageError(f"--servers {self.n_servers} exceeds the {total} parameters")
+        self.bounds = shard_bounds(total, self.n_servers)
+        # every rank joins the workers' group (new_group is collective on the whole world)
+        self._group = dist.new_group(list(range(self.n_workers)))
+        store = dist.distributed_c10d._get_default_store()
+        if self.is_worker:
+            keys = [_KEY.format(k) for k in range(self.n_servers)]
+            store.wait(keys)
+            endpoints = [store.get(key).decode() for key in keys]
+            self.client = PSClient(
+                self.world.rank, endpoints, [self.n_workers + k for k in range(self.n_servers)],
+                self.bounds, dtypes.pop(), self.config.train.timeout, self.ps.ps_heartbeat,
+            )  # fmt: skip
+            return
+        k = self.world.rank - self.n_workers
+        lo, hi = self.bounds[k]
+        sock, endpoint = bind_router(self.ps.ps_address)
+        host = _publish_host(self.ps.ps_address)
+        port = endpoint.rsplit(":", 1)[1]
+        store.set(_KEY.format(k), f"tcp://{host}:{port}" if ":" not in host else endpoint)
+        defaults = dict(optimizer.defaults)
+        cons = Consistency(
+            self.ps.ps_mode, tuple(range(self.n_workers)), self.ps.staleness_bound, self.ps.softsync
+        )
+        self.server = ShardServer(
+            k, flatten(self.params, self.params)[lo:hi], lambda ps: type(optimizer)(ps, **defaults),
+            cons, sock, staleness_lr=self.ps.staleness_lr,
+            worker_timeout=self.ps.ps_worker_timeout,
+            rank=self.world.rank,
+        )  # fmt: skip
+
+    def serve(self) -> dict[str, Any]:
+        assert self.server is not None
+        return self.server.run()
+
+    # --- the step ---------------------------------------------------------------------
+    def limits(self, epochs: int, steps: int) -> tuple[int, int]:
+        assert self.client is not None
+        with torch.no_grad():
+            unflatten_into(self.client.hello(steps), self.params)
+        if self.ps.ps_mode == "sync":
+            return epochs, steps
+        return epochs * self.n_workers, steps * self.n_workers  # one worker could do it all
+
+    def should_stop(self) -> bool:
+        return self.client is not None and self.client.stop
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        start = time.perf_counter()
+        loss = super().forward_backward(x, y)
+        if self.straggler and self.straggler[0] == self.world.rank:
+            # A real delay of (FACTOR-1) x this worker's measured step time: the whole previous
+            # step (compute, push and pull, loop) without its own delay; this step's compute
+            # for the first. The worker is then FACTOR times slower at everything.
+            now = time.perf_counter()
+            measured = now - start
+            if self._last_start is not None:
+                measured = start - self._last_start - self._last_delay
+            self._last_delay = (self.straggler[1] - 1.0) * measured
+            self._last_start = start
+            time.sleep(self._last_delay)
+        return loss
+
+    def after_backward(self) -> None:
+        assert self.client is not None
+        grads = flatten([p.grad for p in self.params], self.params)
+        weights = self.client.push(grads, float(self.optimizer.param_groups[0]["lr"]))
+        with torch.no_grad():
+            unflatten_into(weights, self.params)
+        for p in self.params:
+            p.grad = None  # the trainer's optimizer.step() then leaves the servers' weights
+
+    def finish(self) -> None:
+        assert self.client is not None
+        wait = self.config.train.timeout + self.ps.ps_worker_timeout
+        weights, self.stats = self.client.done(wait)
+        with torch.no_grad():
+            unflatten_into(weights, self.params)
+        self.client.close()
+        lost = {entry["worker"] for s in self.stats for entry in s["lost_workers"]}
+        if lost:
+            survivors = [w for w in range(self.n_workers) if w not in lost]
+            self._group = dist.new_group(survivors, use_local_synchronization=True)
+
+    # --- reporting --------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        if not self.stats:
+            return {}
+        staleness: Counter[int] = Counter()
+        gaps: Counter[int] = Counter()
+        rejected: Counter[str] = Counter()
+        lost: dict[int, dict[str, Any]] = {}
+        for s in self.stats:
+            staleness.update({int(k): v for k, v in s["staleness_histogram"].items()})
+            gaps.update({int(k): v for k, v in s["clock_gap_histogram"].items()})
+            rejected.update(s["rejected"])
+            for entry in s["lost_workers"]:
+                lost.setdefault(entry["worker"], {**entry, "rank": entry["worker"]})
+        applied = sum(staleness.values())
+        first = self.stats[0]
+        samples = first["received"] * self.config.train.batch_size // self.n_workers
+        seconds = max(s["train_seconds"] for s in self.stats)
+        return {
+            "ps_mode": self.ps.ps_mode,
+            "servers": self.n_servers,
+            "staleness_lr": self.ps.staleness_lr,
+            "straggler": self.ps.straggler,
+            "staleness_mean": sum(k * v for k, v in staleness.items()) / max(applied, 1),
+            "staleness_max": max(staleness, default=0),
+            "staleness_histogram": {str(k): v for k, v in sorted(staleness.items())},
+            "clock_gap_max": max(gaps, default=0),
+            "clock_gap_histogram": {str(k): v for k, v in sorted(gaps.items())},
+            "gradients_received": first["received"],
+            "updates_applied": first["version"],
+            "worker_steps": first["worker_steps"],
+            "samples_trained": samples,
+            # the servers' clock, first gradient to last: the same measure in every mode
+            "samples_per_second": samples / seconds if seconds > 0 else float("nan"),
+            "rejected": dict(rejected),
+            "lost_workers": [lost[w] for w in sorted(lost)],
+            "per_server": [{key: s[key] for key in _SERVER_KEYS} for s in self.stats],
+        }

@@ -1,0 +1,213 @@
+"""``--strategy ps`` end to end: sync equals allreduce, SSP's bound, softsync, faults, sockets.
+
+Library runs go through the spawn harness (workers and servers as ranks of one
+world); fault runs go through the CLI in a subprocess, as a user would, each
+with a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tests.harness import run_world
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = {"model": "cnn", "dataset": "digits", "batch_size": 32, "progress": False, "seed": 3}
+
+
+def _train(flags: dict[str, Any]) -> dict[str, Any]:
+    from disttrain import config
+    from disttrain.train.trainer import train
+
+    os.makedirs(flags["out"], exist_ok=True)
+    return train(config.load(flags))
+
+
+def _model(out: Path) -> dict[str, torch.Tensor]:
+    return torch.load(out / "model.pt")  # type: ignore[no-any-return]
+
+
+def test_sync_ps_matches_allreduce_within_1e_5(tmp_path: Path) -> None:
+    steps = {"max_steps": 6, "optimizer": "momentum", "lr": 0.1}
+    run_world(
+        _train, 2, args=({**SMALL, **steps, "workers": 2, "out": str(tmp_path / "ar")},),
+        timeout=150,
+    )  # fmt: skip
+    flags = {**SMALL, **steps, "workers": 2, "strategy": "ps", "servers": 2}
+    results = run_world(_train, 4, args=({**flags, "out": str(tmp_path / "ps")},), timeout=150)
+    ref, got = _model(tmp_path / "ar"), _model(tmp_path / "ps")
+    for name in ref:
+        torch.testing.assert_close(got[name], ref[name], atol=1e-5, rtol=0)
+    from disttrain.data import load_dataset
+    from disttrain.models import build_model
+
+    torch.manual_seed(SMALL["seed"])  # not vacuous: training moved the weights far beyond 1e-5
+    init = build_model("cnn", load_dataset("digits"), 64).state_dict()
+    assert max(float((ref[k] - init[k]).abs().max()) for k in ref) > 1e-3
+    summary = results[0]
+    assert summary["staleness_histogram"] == {"0": 12 * 2}  # 6 steps x 2 workers x 2 shards
+    assert summary["updates_applied"] == 6 and summary["clock_gap_max"] == 0
+    assert [s["rank"] for s in summary["per_server"]] == [2, 3]
+    assert all(s["bytes_in"] > 0 and s["bytes_out"] > 0 for s in summary["per_server"])
+    assert summary["bytes_sent_by_rank"][0] > 0
+    # the servers' own return values are their figures
+    assert results[2]["shard"] == 0 and results[3]["shard"] == 1
+
+
+def test_ssp_never_exceeds_its_bound_with_a_straggler_and_softsync_averages_s(
+    tmp_path: Path,
+) -> None:
+    base = {**SMALL, "batch_size": 36, "workers": 3, "strategy": "ps", "max_steps": 12}
+    base["straggler"] = "2:4"
+    ssp = run_world(
+        _train, 4, args=({**base, "ps_mode": "ssp", "staleness_bound": 1,
+                          "out": str(tmp_path / "ssp")},), timeout=150,
+    )[0]  # fmt: skip
+    assert ssp["clock_gap_max"] <= 1
+    assert max(int(k) for k in ssp["clock_gap_histogram"]) <= 1
+    assert ssp["gradients_received"] == 36
+    soft = run_world(
+        _train, 4, args=({**base, "ps_mode": "softsync", "softsync": 2,
+                          "out": str(tmp_path / "soft")},), timeout=150,
+    )[0]  # fmt: skip
+    assert soft["gradients_received"] == 36
+    assert soft["updates_applied"] == 18  # every update is the mean of exactly 2 gradients
+    fast = soft["worker_steps"]
+    assert fast["0"] > fast["2"] and fast["1"] > fast["2"]  # nobody waited for the straggler
+
+
+def _cli(args: list[str], out: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
+    cmd = [sys.executable, "-m", "disttrain", "train", "--strategy", "ps", "--model", "cnn",
+           "--no-progress", "--batch-size", "32", "--out", str(out), *args]  # fmt: skip
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_killed_worker_is_dropped_in_async_and_the_rest_finish(tmp_path: Path) -> None:
+    proc = _cli(
+        ["--ps-mode", "async", "--workers", "3", "--batch-size", "36", "--max-steps", "20",
+         "--ps-heartbeat", "0.2", "--ps-worker-timeout", "3",
+         "--inject-fault", "kill:rank=1:step=4"],
+        tmp_path,
+    )  # fmt: skip
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    assert "rank 1: worker lost" in err
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [w["worker"] for w in summary["lost_workers"]] == [1]
+    assert summary["lost_workers"][0]["seconds"] > 0
+    assert summary["gradients_received"] == 60  # the survivors did the dead worker's share
+    assert summary["worker_steps"]["1"] == 3
+    assert summary["workers"] == 2  # the end-of-run gather ran over the survivors
+
+
+def test_a_killed_worker_ends_a_sync_job_with_an_error_naming_it(tmp_path: Path) -> None:
+    start = time.monotonic()
+    proc = _cli(
+        ["--ps-mode", "sync", "--workers", "2", "--max-steps", "50", "--timeout", "30",
+         "--inject-fault", "kill:rank=1:step=3"],
+        tmp_path,
+    )  # fmt: skip
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 1
+    assert "rank 1" in err and "SIGKILL" in err
+    assert time.monotonic() - start < 200
+
+
+def _children(root: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    out, frontier = [], [root]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parents.items() if pp == p]
+        out += kids
+        frontier += kids
+    return out
+
+
+def _listening(pids: list[int]) -> list[str]:
+    """Local addresses (hex, as in /proc/net/tcp*) of LISTEN sockets held by ``pids``."""
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+        except OSError:
+            continue
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # 0A = LISTEN
+                found.append(cols[1])
+    return found
+
+
+def _env_rank(pid: int) -> str | None:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in env:
+        if item.startswith(b"RANK="):
+            return item[5:].decode()
+    return None
+
+
+def test_servers_listen_on_loopback_only_and_a_dead_server_ends_the_job(tmp_path: Path) -> None:
+    proc = _cli(["--ps-mode", "async", "--workers", "2", "--epochs", "50"], tmp_path)
+    try:
+        listening: list[str] = []
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and proc.poll() is None:
+            listening = _listening(_children(proc.pid))
+            if listening and (tmp_path / "metrics.jsonl").exists():
+                break  # training has started, so the servers are bound and serving
+            time.sleep(0.3)
+        assert listening, "no listening socket found: the check would prove nothing"
+        loopback = ("0100007F:", "00000000000000000000000001000000:")  # 127.0.0.1, ::1
+        assert all(a.startswith(loopback) for a in listening), listening
+        servers = [p for p in _children(proc.pid) if _env_rank(p) == "2"]
+        assert servers, "server rank 2 not found"
+        for p in servers:
+            os.kill(p, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1
+    assert "rank 2" in err
+
+
+def test_bad_ps_settings_are_one_line_and_exit_2(capsys: Any) -> None:
+    from disttrain.cli import main
+
+    for args, says in (
+        (["--softsync", "5"], "--softsync 5 exceeds the 2 workers"),
+        (["--straggler", "7:2"], "--straggler names rank 7"),
+        (["--straggler", "x"], "use RANK:FACTOR"),
+        (["--servers", "0"], "--servers must be positive"),
+        (["--ps-mode", "async", "--precision", "fp16"], "needs --ps-mode sync"),
+    ):
+        assert main(["train", "--strategy", "ps", "--workers", "2", *args]) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, err
