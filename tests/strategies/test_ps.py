@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from tests.harness import run_world
+from tests.netcheck import descendants, listening_addresses
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = {"model": "cnn", "dataset": "digits", "batch_size": 32, "progress": False, "seed": 3}
@@ -123,44 +124,6 @@ def test_a_killed_worker_ends_a_sync_job_with_an_error_naming_it(tmp_path: Path)
     assert time.monotonic() - start < 200
 
 
-def _children(root: int) -> list[int]:
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
-    out, frontier = [], [root]
-    while frontier:
-        p = frontier.pop()
-        kids = [c for c, pp in parents.items() if pp == p]
-        out += kids
-        frontier += kids
-    return out
-
-
-def _listening(pids: list[int]) -> list[str]:
-    """Local addresses (hex, as in /proc/net/tcp*) of LISTEN sockets held by ``pids``."""
-    inodes = set()
-    for pid in pids:
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if link.startswith("socket:["):
-                    inodes.add(link[8:-1])
-        except OSError:
-            continue
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            cols = line.split()
-            if cols[3] == "0A" and cols[9] in inodes:  # 0A = LISTEN
-                found.append(cols[1])
-    return found
-
-
 def _env_rank(pid: int) -> str | None:
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -175,17 +138,16 @@ def _env_rank(pid: int) -> str | None:
 def test_servers_listen_on_loopback_only_and_a_dead_server_ends_the_job(tmp_path: Path) -> None:
     proc = _cli(["--ps-mode", "async", "--workers", "2", "--epochs", "50"], tmp_path)
     try:
-        listening: list[str] = []
+        listening: list[tuple[str, int]] = []
         deadline = time.monotonic() + 150
         while time.monotonic() < deadline and proc.poll() is None:
-            listening = _listening(_children(proc.pid))
+            listening = listening_addresses(descendants(proc.pid))
             if listening and (tmp_path / "metrics.jsonl").exists():
                 break  # training has started, so the servers are bound and serving
             time.sleep(0.3)
         assert listening, "no listening socket found: the check would prove nothing"
-        loopback = ("0100007F:", "00000000000000000000000001000000:")  # 127.0.0.1, ::1
-        assert all(a.startswith(loopback) for a in listening), listening
-        servers = [p for p in _children(proc.pid) if _env_rank(p) == "2"]
+        assert all(addr in ("127.0.0.1", "::1") for addr, _ in listening), listening
+        servers = [p for p in descendants(proc.pid) if _env_rank(p) == "2"]
         assert servers, "server rank 2 not found"
         for p in servers:
             os.kill(p, signal.SIGKILL)
