@@ -192,6 +192,16 @@ def _train_worker(cfg: Any, launched_by_us: bool) -> int:
     return 0
 
 
+def _partial_timeline(path: str, out: str) -> None:
+    """After a failed job, merge the parts the ranks that got to the end of train() wrote."""
+    from disttrain import timeline
+
+    parts = timeline.parts_folder(out, path)
+    if path and os.path.isdir(parts):
+        ranks = timeline.merge(parts, path)["ranks"]
+        sys.stderr.write(f"disttrain: partial timeline of ranks {ranks} written to {path}\n")
+
+
 def cmd_train(ns: argparse.Namespace, argv: list[str]) -> int:
     from disttrain import config, strategies
     from disttrain.launch.local import JobFailed, launch
@@ -219,6 +229,7 @@ def cmd_train(ns: argparse.Namespace, argv: list[str]) -> int:
         launch(cfg.train, nproc, [*argv, "--out", out])
     except JobFailed as exc:
         sys.stderr.write(f"disttrain: error: {exc}\n")
+        _partial_timeline(cfg.train.timeline, out)
         return 1
     path = os.path.join(out, "summary.json")
     if not os.path.exists(path):  # multi-node: global rank 0 ran on another node

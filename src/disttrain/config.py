@@ -85,6 +85,7 @@ class TrainConfig:
     prefetch: int = opt(2, "batches prepared ahead by a background thread (0: off)")
     loader_delay_ms: float = opt(0.0, "extra time per batch in the loader (benchmarks)")
     pin_cpus: bool = opt(False, "pin each worker to one CPU (local rank mod the CPUs allowed)")
+    timeline: str = opt("", "write every rank's Chrome-trace/Perfetto timeline to this .json file")
     # checkpoints and restarts (docs/reliability.md)
     checkpoint_every: int = opt(0, "save a checkpoint every N steps under --out (0: never)")
     resume: str = opt("", "resume from the newest checkpoint of this earlier run's --out")
@@ -135,6 +136,9 @@ class TrainConfig:
             raise UsageError(f"--node-rank {self.node_rank} is outside 0..{self.nnodes - 1}")
         if self.nnodes > 1 and not self.rdzv_endpoint:
             raise UsageError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT")
+        folder = os.path.dirname(os.path.abspath(self.timeline))
+        if self.timeline and not os.path.isdir(folder):
+            raise UsageError(f"--timeline {self.timeline}: folder {folder} does not exist")
         for name in ("synthetic_size", "synthetic_dim", "synthetic_classes", "seq_len"):
             if getattr(self, name) <= 0:
                 raise UsageError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from disttrain import timeline
 from disttrain.broadcast import broadcast_tensors
 from disttrain.comm.errors import UsageError
 from disttrain.compression.config import CompressionConfig
@@ -108,14 +109,17 @@ class AllReduce(Strategy):
         for i, (xm, ym) in enumerate(parts):
             last = i == len(parts) - 1
             with nullcontext() if last else self.reducer.no_sync():
-                loss = self.loss_fn(self.model(xm), ym) * (len(xm) / len(x))
-                loss.backward()
+                with timeline.span("forward", microbatch=i):
+                    loss = self.loss_fn(self.model(xm), ym) * (len(xm) / len(x))
+                with timeline.span("backward", microbatch=i):
+                    loss.backward()
             total = total + loss.detach().cpu()
         return total
 
     def after_backward(self) -> None:
         if self.compressor is not None:
-            self._compressed_average()
+            with timeline.span("compressed allreduce", compression=self.compressor.spec):
+                self._compressed_average()
             return
         # With overlap, most buckets are already on the wire; this waits for the rest.
         self.reducer.synchronize()

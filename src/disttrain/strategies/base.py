@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torch.distributed import ProcessGroup
 
+from disttrain import timeline
 from disttrain.comm.world import World
 from disttrain.config import RunConfig
 
@@ -94,8 +95,10 @@ class Strategy:
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Compute the loss of this process's batch shard and its gradients; return the loss."""
-        loss = self.loss_fn(self.model(x), y)
-        loss.backward()
+        with timeline.span("forward"):
+            loss = self.loss_fn(self.model(x), y)
+        with timeline.span("backward"):
+            loss.backward()
         return loss.detach()
 
     def limits(self, epochs: int, steps: int) -> tuple[int, int]:

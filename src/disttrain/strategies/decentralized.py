@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from disttrain import timeline
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
 from disttrain.compression import (
@@ -119,7 +120,8 @@ class Decentralized(Strategy):
         before = meter.bytes_sent
         payload, mine = self.feedback.compress(_flatten_dense_tensors(grads))
         send_to, recv_from = all_peers(self.rank, self.size)
-        got = exchange_payloads(payload, self.compressor, send_to, recv_from)
+        with timeline.span("exchange", peers=len(send_to)):
+            got = exchange_payloads(payload, self.compressor, send_to, recv_from)
         decode = self.compressor.decompress
         decoded = {src: decode(p) for src, p in zip(recv_from, got, strict=True)}
         decoded[self.rank] = mine
@@ -142,9 +144,9 @@ class Decentralized(Strategy):
         payload, sent = self.compressor.compress_and_decode(x - own)
         own += sent
         send_to, recv_from = ring_neighbours(self.rank, self.size)
-        for src, theirs in zip(
-            recv_from, exchange_payloads(payload, self.compressor, send_to, recv_from), strict=True
-        ):
+        with timeline.span("gossip", peers=len(send_to)):
+            got = exchange_payloads(payload, self.compressor, send_to, recv_from)
+        for src, theirs in zip(recv_from, got, strict=True):
             self.public[src] += self.compressor.decompress(theirs)
         weight = 1.0 / 3.0  # Metropolis-Hastings on a ring: 1 / (1 + max degree)
         for src in recv_from:

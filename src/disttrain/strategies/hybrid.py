@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from disttrain import collectives
+from disttrain import collectives, timeline
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
 from disttrain.comm.world import World
@@ -109,7 +109,8 @@ class Hybrid(Strategy):
         if self.dp == 1 or not grads:
             return
         flat = _flatten_dense_tensors(grads)
-        collectives.all_reduce(flat, self.algorithm, self.mesh.dp_group)
+        with timeline.span("allreduce", group="dp"):
+            collectives.all_reduce(flat, self.algorithm, self.mesh.dp_group)
         flat /= self.dp
         for g, v in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
             g.copy_(v)

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from disttrain import collectives
+from disttrain import collectives, timeline
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
 from disttrain.config import opt, register_section
@@ -111,7 +111,8 @@ class LocalSGD(Strategy):
 
     def _average(self) -> None:
         before = meter.bytes_sent
-        average_tensors(self._params(), self.algorithm, self.size)
+        with timeline.span("average parameters"):
+            average_tensors(self._params(), self.algorithm, self.size)
         middle = meter.bytes_sent
         if self.settings.average_optimizer_state:
             average_tensors(_optimizer_state(self.optimizer), self.algorithm, self.size)

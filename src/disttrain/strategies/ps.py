@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed import ProcessGroup
 
+from disttrain import timeline
 from disttrain.comm.errors import UsageError
 from disttrain.config import RunConfig
 from disttrain.ps.client import PSClient
@@ -171,13 +172,15 @@ class ParameterServer(Strategy):
                 measured = start - self._last_start - self._last_delay
             self._last_delay = (self.straggler[1] - 1.0) * measured
             self._last_start = start
-            time.sleep(self._last_delay)
+            with timeline.span("straggler delay"):
+                time.sleep(self._last_delay)
         return loss
 
     def after_backward(self) -> None:
         assert self.client is not None
         grads = flatten([p.grad for p in self.params], self.params)
-        weights = self.client.push(grads, float(self.optimizer.param_groups[0]["lr"]))
+        with timeline.span("push/pull"):
+            weights = self.client.push(grads, float(self.optimizer.param_groups[0]["lr"]))
         with torch.no_grad():
             unflatten_into(weights, self.params)
         for p in self.params:

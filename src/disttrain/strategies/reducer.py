@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed import ProcessGroup
 
-from disttrain import collectives
+from disttrain import collectives, timeline
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import record_send
 from disttrain.comm.p2p import global_rank
@@ -167,6 +167,11 @@ class Reducer:
             algo = collectives.get(self.algorithm)
             group = self._comm_group
             work = self._thread.submit(lambda: algo.all_reduce(send, group))
+        nbytes = send.numel() * send.element_size()
+        timeline.track(
+            work, f"allreduce bucket {bucket.index}", in_order=self._thread is not None,
+            bucket=bucket.index, bytes=nbytes, algorithm=self.algorithm,
+        )  # fmt: skip
         self._pending.append((bucket, work, send))
 
     def _meter_native(self, tensor: torch.Tensor) -> None:
@@ -190,7 +195,8 @@ class Reducer:
                         self._copy_in(bucket, slot, bucket.tensors[slot].grad)
             self._launch_ready(in_backward=False)
             for bucket, work, send in self._pending:
-                work.wait()
+                with timeline.span("wait", bucket=bucket.index):
+                    work.wait()
                 if send is not bucket.buffer:
                     bucket.buffer.copy_(send)
         finally:

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from disttrain import amp
+from disttrain import amp, timeline
 from disttrain.config import TrainConfig
 from disttrain.strategies import Strategy
 from disttrain.train.faults import Fault
@@ -72,7 +72,7 @@ class StepRunner:
         scale = self.scaler.scale if self.scaler else 1.0
         skip = False
         during = strategy.communicates_during_backward
-        with self.timers.time("communication"):
+        with self.timers.time("communication"), timeline.span("sync"):
             if self.scaler and not during:
                 skip = self._overflow()
             if not skip:
@@ -80,7 +80,7 @@ class StepRunner:
             if self.scaler and during:
                 skip = self._overflow()
         if not skip:
-            with self.timers.time("compute"):
+            with self.timers.time("compute"), timeline.span("optimizer"):
                 self.optimizer.step()
             with self.timers.time("communication"):
                 strategy.after_step(step)

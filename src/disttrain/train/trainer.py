@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from disttrain import collectives, strategies
+from disttrain import collectives, strategies, timeline
 from disttrain.comm import world as world_mod
 from disttrain.comm.meter import meter
 from disttrain.config import RunConfig
@@ -159,6 +159,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     """Run the training described by ``cfg`` on this process; return the summary (rank 0's)."""
     tc = cfg.train
     world = world_mod.init(device=tc.device, timeout=tc.timeout, threads=tc.threads)
+    recorder = timeline.start(world.rank) if tc.timeline else None
     collectives.set_length_check(tc.check_collectives)
     if tc.pin_cpus:
         pin_to_cpu(world.local_rank)
@@ -214,14 +215,15 @@ def train(cfg: RunConfig) -> dict[str, Any]:
                 data.x_train, data.y_train, sampler.epoch(epoch)[skip : skip + step_limit - step],
                 world.device, tc.prefetch, delay_seconds=tc.loader_delay_ms / 1000,
             )  # fmt: skip
-            for x, y in loader:
+            for x, y in timeline.iterate(loader, "data"):
                 if strategy.should_stop():
                     break
                 lr = schedule(step)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 step += 1
-                loss_value, skipped = runner.run(step, x, y)
+                with timeline.span("step", step=step):
+                    loss_value, skipped = runner.run(step, x, y)
                 elapsed = time.perf_counter() - start
                 sps = step * tc.batch_size / max(elapsed, 1e-9)
                 if main and step % tc.log_every == 0:
@@ -235,14 +237,14 @@ def train(cfg: RunConfig) -> dict[str, Any]:
                     metrics.write(**record)
                 bar.update(step, epoch, loss_value, sps)
                 if tc.checkpoint_every and step % tc.checkpoint_every == 0 and out_dir:
-                    with timers.time("checkpoint"):
+                    with timers.time("checkpoint"), timeline.span("checkpoint"):
                         _checkpoint(out_dir, step, strategy, optimizer, runner)
             timers.seconds["data"] += loader.wait_seconds
             epochs_done = epoch + 1
             last = step >= step_limit or epoch == epoch_limit - 1 or strategy.should_stop()
             if last:
                 strategy.finish()
-            with timers.time("eval"):
+            with timers.time("eval"), timeline.span("eval"):
                 whole, test_loss, test_acc = _epoch_end(strategy, data, world.device)
             if main:
                 metrics.write(
@@ -254,6 +256,9 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     finally:
         bar.close()
         metrics.close()
+        if recorder is not None:  # written even after a failure: the launcher merges what is
+            timeline.stop()
+            recorder.write(timeline.parts_folder(out_dir, tc.timeline))
     wall = time.perf_counter() - start
     train_seconds = wall - timers.seconds.get("eval", 0.0)
     with meter.paused():
@@ -261,6 +266,8 @@ def train(cfg: RunConfig) -> dict[str, Any]:
             [float(meter.bytes_sent), float(meter.messages_sent)], world.device,
             strategy.worker_group,
         )  # fmt: skip
+    if recorder is not None and main:  # the gather above: every worker has written its part
+        timeline.merge(timeline.parts_folder(out_dir, tc.timeline), tc.timeline)
     summary: dict[str, Any] = {
         "strategy": tc.strategy,
         "algorithm": tc.algorithm,

@@ -25,6 +25,7 @@ from torch import nn
 from torch.distributed import ProcessGroup
 from torch.utils.checkpoint import checkpoint
 
+from disttrain import timeline
 from disttrain.comm import p2p
 from disttrain.parallel.pipeline.schedule import Action, Grid
 
@@ -162,11 +163,13 @@ class PipelineRunner:
             if action is not None:
                 t0 = time.perf_counter()
                 if action.kind == "F":
-                    send_act = self._do_forward(action, xs, ys, inputs, outputs, m_count)
+                    with timeline.span("forward", microbatch=action.microbatch, stage=s):
+                        send_act = self._do_forward(action, xs, ys, inputs, outputs, m_count)
                     if s == last:
                         loss_sum += outputs[action.microbatch].detach()
                 else:
-                    send_grad = self._do_backward(action, inputs, outputs, grads)
+                    with timeline.span("backward", microbatch=action.microbatch, stage=s):
+                        send_grad = self._do_backward(action, inputs, outputs, grads)
                 times.compute += time.perf_counter() - t0
             t0 = time.perf_counter()
             for peer in (s + 1, s - 1) if s % 2 == 0 else (s - 1, s + 1):
@@ -243,6 +246,7 @@ class PipelineRunner:
                 inputs[theirs.microbatch] = recv
         if send is None and recv is None:
             return
-        p2p.exchange(send, self.ranks[peer], recv, self.ranks[peer], self.group)
+        with timeline.span("send/recv", peer_stage=peer):
+            p2p.exchange(send, self.ranks[peer], recv, self.ranks[peer], self.group)
         if recv is not None and peer < self.stage and recv.is_floating_point():
             recv.requires_grad_(True)
