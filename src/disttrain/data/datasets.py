@@ -14,7 +14,10 @@ import torch
 
 from disttrain.comm.errors import UsageError
 
-__all__ = ["Dataset", "load_dataset"]
+__all__ = ["MAX_CLASSES", "Dataset", "load_dataset"]
+
+#: The most classes an .npz data set may have: a larger label is a corrupt file, not a task.
+MAX_CLASSES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,15 @@ def npz(path: str) -> Dataset:
             )
         if not np.issubdtype(y.dtype, np.integer) or y.min() < 0:
             raise UsageError(f"{path}: y_{part} must hold non-negative integer class labels")
+        if y.max() >= MAX_CLASSES:  # the output layer has one row per class
+            raise UsageError(
+                f"{path}: y_{part} holds label {int(y.max())}; labels are class indices "
+                f"0..C-1 with C <= {MAX_CLASSES}"
+            )
+        if x.dtype.kind not in "biuf":  # bool, integers, floats; not text, complex or objects
+            raise UsageError(f"{path}: x_{part} must hold numbers, got dtype {x.dtype}")
+        if x.dtype.kind == "f" and not np.isfinite(x).all():
+            raise UsageError(f"{path}: x_{part} holds NaN or Inf values")
     if arrays["x_train"].shape[1:] != arrays["x_test"].shape[1:]:
         raise UsageError(f"{path}: x_train and x_test have different sample shapes")
     classes = int(max(arrays["y_train"].max(), arrays["y_test"].max())) + 1

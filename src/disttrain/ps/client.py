@@ -17,9 +17,11 @@ from typing import Any
 
 import torch
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from disttrain.comm.errors import PeerFailure
 from disttrain.comm.meter import record_send
+from disttrain.ps.auth import CurveKey, secure_client
 from disttrain.ps.protocol import (
     FLAG_STOP,
     HEADER,
@@ -34,13 +36,23 @@ from disttrain.ps.protocol import (
 
 __all__ = ["Heartbeat", "PSClient"]
 
+_HANDSHAKE_EVENTS = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+
 
 class Heartbeat(threading.Thread):
     """Sends a HEARTBEAT to every server every ``interval`` seconds until stopped."""
 
-    def __init__(self, worker: int, endpoints: list[str], interval: float) -> None:
+    def __init__(
+        self, worker: int, endpoints: list[str], interval: float, curve: CurveKey | None = None
+    ) -> None:
         super().__init__(name=f"ps-heartbeat-w{worker}", daemon=True)
         self.worker = worker
+        self.curve = curve
         self.endpoints = endpoints
         self.interval = interval
         self.sent = [0] * len(endpoints)  # bytes per server, metered when the thread ends
@@ -53,6 +65,8 @@ class Heartbeat(threading.Thread):
             s = ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.IDENTITY, f"h{self.worker}".encode())
             s.setsockopt(zmq.LINGER, 0)
+            if self.curve is not None:
+                secure_client(s, self.curve)
             s.connect(ep)
             socks.append(s)
         try:
@@ -82,6 +96,7 @@ class PSClient:
         dtype: torch.dtype,
         timeout: float,
         heartbeat: float,
+        curve: CurveKey | None = None,
     ) -> None:
         self.worker = worker
         self.ranks = ranks
@@ -92,13 +107,19 @@ class PSClient:
         self.stop = False
         ctx = zmq.Context.instance()
         self.socks: list[zmq.Socket[Any]] = []
+        self.monitors: list[zmq.Socket[Any]] = []
+        self.handshaken: set[int] = set()
         for ep in endpoints:
             s = ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.IDENTITY, f"w{worker}".encode())
             s.setsockopt(zmq.LINGER, 0)
+            if curve is not None:
+                secure_client(s, curve)
+                # to tell "wrong key" from "server silent" when no answer comes
+                self.monitors.append(s.get_monitor_socket(_HANDSHAKE_EVENTS))
             s.connect(ep)
             self.socks.append(s)
-        self.heartbeat = Heartbeat(worker, endpoints, heartbeat)
+        self.heartbeat = Heartbeat(worker, endpoints, heartbeat, curve)
         self.heartbeat.start()
 
     @property
@@ -113,9 +134,15 @@ class PSClient:
         sock = self.socks[k]
         remaining = deadline - time.monotonic()
         if remaining <= 0 or not sock.poll(int(remaining * 1000), zmq.POLLIN):
+            why = ""
+            if self.monitors and not self._handshake_succeeded(k):
+                why = (
+                    ": no CURVE handshake succeeded; every process of the job must use the "
+                    "same --ps-curve-key file"
+                )
             raise PeerFailure(
                 f"parameter server {k} (rank {self.ranks[k]}) did not answer worker "
-                f"{self.worker} within {self.timeout:.0f} s",
+                f"{self.worker} within {self.timeout:.0f} s{why}",
                 rank=self.ranks[k],
             )
         try:
@@ -129,6 +156,15 @@ class PSClient:
                 rank=self.ranks[k],
             )
         return header, payload
+
+    def _handshake_succeeded(self, k: int) -> bool:
+        """Whether socket ``k`` ever completed a CURVE handshake (read from its monitor)."""
+        mon = self.monitors[k]
+        while mon.poll(0, zmq.POLLIN):
+            event = recv_monitor_message(mon)
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.handshaken.add(k)
+        return k in self.handshaken
 
     def _gather_weights(self, out: torch.Tensor, deadline: float) -> None:
         """Read one WEIGHTS reply from every server into ``out``."""
@@ -201,5 +237,9 @@ class PSClient:
                 if nbytes:
                     record_send(self.ranks[k], nbytes, messages=nbytes // HEADER.size)
         for s in self.socks:
+            if self.monitors:
+                s.disable_monitor()
             s.close()
-        self.socks = []
+        for m in self.monitors:
+            m.close()
+        self.socks, self.monitors = [], []

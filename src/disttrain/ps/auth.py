@@ -1,0 +1,123 @@
+"""Optional CURVE authentication and encryption of the parameter server's sockets.
+
+``--ps-curve-key FILE`` names a file holding one CURVE secret key (40 Z85
+characters; make one with ``python -m disttrain.ps.auth FILE``). Every process
+of the job reads the same file: servers are CURVE servers with that key pair,
+workers are CURVE clients with the same pair, and each server's ZAP handler
+admits only that one client public key. A peer without the file can neither
+complete the handshake (it cannot know the server's public key, derived from
+the secret) nor pass the ZAP check (it cannot prove the client key without the
+secret), so none of its frames reaches the server loop. CURVE covers only
+these ZeroMQ sockets: torch.distributed's own traffic (the store, gloo) is not
+authenticated and must stay on a trusted network (docs/parameter-server.md).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+from zmq.utils import z85
+
+from disttrain.comm.errors import UsageError
+
+__all__ = ["ZAP_DOMAIN", "CurveKey", "read_key", "secure_client", "secure_server", "write_key"]
+
+ZAP_DOMAIN = "disttrain-ps"
+_KEY_CHARS = 40  # Z85 encoding of a 32-byte Curve25519 key
+
+
+@dataclass(frozen=True)
+class CurveKey:
+    """The job's key pair (the public half is derived from the secret)."""
+
+    secret: bytes
+    public: bytes
+
+
+def read_key(path: str) -> CurveKey:
+    """The key pair from ``path``, or :class:`UsageError` saying what is wrong with the file."""
+    if not zmq.has("curve"):
+        raise UsageError("--ps-curve-key: this pyzmq/libzmq build has no CURVE support")
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read(4096).strip()
+    except OSError as exc:
+        raise UsageError(f"--ps-curve-key {path}: cannot read: {exc.strerror}") from None
+    try:
+        if len(text) != _KEY_CHARS:
+            raise ValueError
+        z85.decode(text)
+        public = zmq.curve_public(text)
+    except (ValueError, zmq.ZMQError):
+        raise UsageError(
+            f"--ps-curve-key {path}: not a CURVE secret key ({_KEY_CHARS} Z85 characters); "
+            "make one with: python -m disttrain.ps.auth FILE"
+        ) from None
+    return CurveKey(text, public)
+
+
+def write_key(path: str) -> CurveKey:
+    """Write a new secret key to ``path``, readable by its owner only."""
+    public, secret = zmq.curve_keypair()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(secret + b"\n")
+    return CurveKey(secret, public)
+
+
+class _OneKey:
+    """ZAP credentials provider: admit exactly the job's client public key."""
+
+    def __init__(self, public: bytes) -> None:
+        self.public = public
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return domain == ZAP_DOMAIN and z85.encode(key) == self.public
+
+
+_authenticators: dict[int, Any] = {}
+
+
+def secure_server(sock: zmq.Socket[Any], key: CurveKey) -> None:
+    """Make ``sock`` (before it binds) a CURVE server that admits only ``key``'s client."""
+    from zmq.auth.thread import ThreadAuthenticator
+
+    ctx = sock.context
+    if id(ctx) not in _authenticators:  # one ZAP handler per context, started before any bind
+        auth = ThreadAuthenticator(ctx)
+        auth.start()
+        auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=_OneKey(key.public))
+        _authenticators[id(ctx)] = auth
+    sock.curve_server = True
+    sock.curve_secretkey = key.secret
+    sock.curve_publickey = key.public
+    sock.zap_domain = ZAP_DOMAIN.encode()
+
+
+def secure_client(sock: zmq.Socket[Any], key: CurveKey) -> None:
+    """Make ``sock`` (before it connects) a CURVE client of the job's servers."""
+    sock.curve_secretkey = key.secret
+    sock.curve_publickey = key.public
+    sock.curve_serverkey = key.public
+
+
+def main(argv: list[str]) -> int:
+    """``python -m disttrain.ps.auth FILE``: write a new secret key to FILE."""
+    if len(argv) != 1:
+        sys.stderr.write("usage: python -m disttrain.ps.auth FILE\n")
+        return 2
+    try:
+        write_key(argv[0])
+    except OSError as exc:
+        sys.stderr.write(f"disttrain: error: cannot write {argv[0]}: {exc.strerror}\n")
+        return 2
+    print(f"wrote a CURVE secret key to {argv[0]}; give every process of the job the same file")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(sys.argv[1:]))
