@@ -14,6 +14,7 @@ authenticated and must stay on a trusted network (docs/parameter-server.md).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from dataclasses import dataclass
@@ -76,10 +77,15 @@ class _OneKey:
         self.public = public
 
     def callback(self, domain: str, key: bytes) -> bool:
-        return domain == ZAP_DOMAIN and z85.encode(key) == self.public
+        return key == self.public  # pyzmq hands the client's key over Z85-encoded
 
 
 _authenticators: dict[int, Any] = {}
+
+
+def _domain(key: CurveKey) -> str:
+    # one ZAP domain per key, so that servers of different keys may share a process (tests)
+    return f"{ZAP_DOMAIN}-{hashlib.sha256(key.public).hexdigest()[:16]}"
 
 
 def secure_server(sock: zmq.Socket[Any], key: CurveKey) -> None:
@@ -90,12 +96,14 @@ def secure_server(sock: zmq.Socket[Any], key: CurveKey) -> None:
     if id(ctx) not in _authenticators:  # one ZAP handler per context, started before any bind
         auth = ThreadAuthenticator(ctx)
         auth.start()
-        auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=_OneKey(key.public))
         _authenticators[id(ctx)] = auth
+    _authenticators[id(ctx)].configure_curve_callback(
+        _domain(key), credentials_provider=_OneKey(key.public)
+    )
     sock.curve_server = True
     sock.curve_secretkey = key.secret
     sock.curve_publickey = key.public
-    sock.zap_domain = ZAP_DOMAIN.encode()
+    sock.zap_domain = _domain(key).encode()
 
 
 def secure_client(sock: zmq.Socket[Any], key: CurveKey) -> None:

@@ -72,7 +72,10 @@ class Heartbeat(threading.Thread):
         try:
             while not self._stop_event.is_set():
                 for k, s in enumerate(socks):
-                    s.send_multipart(encode(MsgType.HEARTBEAT, k, self.worker, 0))
+                    try:  # never block: with no connection (yet, or refused), skip this beat
+                        s.send_multipart(encode(MsgType.HEARTBEAT, k, self.worker, 0), zmq.NOBLOCK)
+                    except zmq.Again:
+                        continue
                     self.sent[k] += HEADER.size
                 self._stop_event.wait(self.interval)
         finally:
@@ -113,6 +116,7 @@ class PSClient:
             s = ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.IDENTITY, f"w{worker}".encode())
             s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.SNDTIMEO, max(1, int(timeout * 1000)))
             if curve is not None:
                 secure_client(s, curve)
                 # to tell "wrong key" from "server silent" when no answer comes
@@ -127,24 +131,17 @@ class PSClient:
         return self.bounds[-1][1]
 
     def _send(self, k: int, frames: list[bytes | memoryview]) -> None:
-        self.socks[k].send_multipart(frames)
+        try:  # SNDTIMEO: a server never connected (down, or refusing our key) is not a hang
+            self.socks[k].send_multipart(frames)
+        except zmq.Again:
+            raise PeerFailure(self._silent(k, "could not send to"), rank=self.ranks[k]) from None
         record_send(self.ranks[k], sum(memoryview(f).nbytes for f in frames))
 
     def _recv(self, k: int, deadline: float) -> tuple[Header, bytes]:
         sock = self.socks[k]
         remaining = deadline - time.monotonic()
         if remaining <= 0 or not sock.poll(int(remaining * 1000), zmq.POLLIN):
-            why = ""
-            if self.monitors and not self._handshake_succeeded(k):
-                why = (
-                    ": no CURVE handshake succeeded; every process of the job must use the "
-                    "same --ps-curve-key file"
-                )
-            raise PeerFailure(
-                f"parameter server {k} (rank {self.ranks[k]}) did not answer worker "
-                f"{self.worker} within {self.timeout:.0f} s{why}",
-                rank=self.ranks[k],
-            )
+            raise PeerFailure(self._silent(k, "did not answer"), rank=self.ranks[k])
         try:
             header, payload = decode(sock.recv_multipart())
         except ProtocolError as exc:
@@ -156,6 +153,23 @@ class PSClient:
                 rank=self.ranks[k],
             )
         return header, payload
+
+    def _silent(self, k: int, what: str) -> str:
+        why = ""
+        if self.monitors and not self._handshake_succeeded(k):
+            why = (
+                ": no CURVE handshake succeeded; every process of the job must use the "
+                "same --ps-curve-key file"
+            )
+        if what == "could not send to":
+            return (
+                f"worker {self.worker} could not send to parameter server {k} "
+                f"(rank {self.ranks[k]}) within {self.timeout:.0f} s{why}"
+            )
+        return (
+            f"parameter server {k} (rank {self.ranks[k]}) did not answer worker "
+            f"{self.worker} within {self.timeout:.0f} s{why}"
+        )
 
     def _handshake_succeeded(self, k: int) -> bool:
         """Whether socket ``k`` ever completed a CURVE handshake (read from its monitor)."""
