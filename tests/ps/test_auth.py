@@ -97,7 +97,7 @@ def test_a_wrong_or_missing_key_never_reaches_the_server(
     client = _client(server, curve, timeout=2.0)
     start = time.monotonic()
     try:
-        with pytest.raises(PeerFailure, match="parameter server 0 .* within 2 s") as info:
+        with pytest.raises(PeerFailure, match=r"parameter server 0 .* within 2 s") as info:
             client.hello(steps=5)
     finally:
         client.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sysconfig
+import zipfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,6 +106,8 @@ def npz(path: str) -> Dataset:
     """A user's data set: an .npz holding x_train, y_train, x_test, y_test (integer labels)."""
     if not os.path.isfile(path):
         raise UsageError(f"data file not found: {path}")
+    if not zipfile.is_zipfile(path):  # np.load would take it for a pickle or an .npy
+        raise UsageError(f"{path} is not an .npz file (a zip archive of .npy arrays)")
     try:
         with np.load(path, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}

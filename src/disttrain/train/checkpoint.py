@@ -96,13 +96,13 @@ def latest(root: str) -> int | None:
 def _reason(exc: BaseException) -> str:
     """One line out of torch.load's multi-line refusal: the rule the file broke."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    for i, line in enumerate(lines):
-        if "WeightsUnpickler error" in line:  # the next line names the refused global or opcode
-            rest = line.split("WeightsUnpickler error:", 1)[1].strip() or " ".join(
-                lines[i + 1 : i + 2]
-            )
-            return f"refused by weights_only: {rest}"
-    return lines[0] if lines else type(exc).__name__
+    if lines and lines[0].startswith("Weights only load failed"):
+        # torch's advice comes first; the line naming the refused global or opcode follows
+        advice = ("Check the documentation", "Please file an issue")
+        details = [x for x in lines[1:] if not x.startswith(advice)]
+        return f"refused by weights_only: {details[0] if details else '?'}"
+    text = lines[0] if lines else type(exc).__name__
+    return text.split(". This is")[0]  # miniz's advice after a truncated file
 
 
 def load(root: str, rank: int, world_size: int, step: int | None = None) -> dict[str, Any]:
