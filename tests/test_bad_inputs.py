@@ -164,7 +164,7 @@ CASES: list[tuple[str, Argv, str]] = [
     ("toml-bad-value", _toml("lr = -1.0\n"), "--lr must be positive"),
     # data files
     ("npz-missing-file", lambda tmp: ["--dataset", str(tmp / "d.npz")], "data file not found"),
-    ("npz-not-a-zip", _file("d.npz", b"hello", "--dataset"), "is not an .npz file"),
+    ("npz-not-a-zip", _file("d.npz", b"hello", "--dataset"), "not a zip archive"),
     ("npz-missing-key", _npz(y_test=None), "lacks the array(s) y_test"),
     ("npz-1d-x", _npz(x_train=np.zeros(64, np.float32)), "x_train must be (N, ...)"),
     ("npz-length-mismatch", _npz(y_train=np.zeros(63, np.int64)), "y_train (N,)"),

@@ -107,7 +107,7 @@ def npz(path: str) -> Dataset:
     if not os.path.isfile(path):
         raise UsageError(f"data file not found: {path}")
     if not zipfile.is_zipfile(path):  # np.load would take it for a pickle or an .npy
-        raise UsageError(f"{path} is not an .npz file (a zip archive of .npy arrays)")
+        raise UsageError(f"cannot read {path} as .npz: not a zip archive of .npy arrays")
     try:
         with np.load(path, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
