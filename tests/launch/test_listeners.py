@@ -22,6 +22,8 @@ from disttrain.strategies import STRATEGIES
 from tests.netcheck import descendants, listening_addresses
 
 REPO = Path(__file__).resolve().parents[2]
+# each test starts a whole job; on the shared 2-core machine one took up to 140 s
+pytestmark = pytest.mark.timeout(360)
 LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
 
 #: strategy -> the flags of a tiny run of it (at most 4 processes)

@@ -107,3 +107,13 @@ def test_a_wrong_or_missing_key_never_reaches_the_server(
     time.sleep(0.5)  # heartbeats went out every 0.1 s: none may have arrived either
     assert server.server.messages_in == 0
     assert dict(server.server.rejected) == {}
+
+
+def test_keygen_writes_a_key_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from disttrain.ps import keygen
+
+    path = str(tmp_path / "k")
+    assert keygen.main([path]) == 0
+    assert auth.read_key(path).public
+    assert keygen.main([path]) == 2  # an existing key is never overwritten
+    assert "cannot write" in capsys.readouterr().err

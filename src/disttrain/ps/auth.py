@@ -1,7 +1,7 @@
 """Optional CURVE authentication and encryption of the parameter server's sockets.
 
 ``--ps-curve-key FILE`` names a file holding one CURVE secret key (40 Z85
-characters; make one with ``python -m disttrain.ps.auth FILE``). Every process
+characters; make one with ``python -m disttrain.ps.keygen FILE``). Every process
 of the job reads the same file: servers are CURVE servers with that key pair,
 workers are CURVE clients with the same pair, and each server's ZAP handler
 admits only that one client public key. A peer without the file can neither
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +55,7 @@ def read_key(path: str) -> CurveKey:
     except (ValueError, zmq.ZMQError):
         raise UsageError(
             f"--ps-curve-key {path}: not a CURVE secret key ({_KEY_CHARS} Z85 characters); "
-            "make one with: python -m disttrain.ps.auth FILE"
+            "make one with: python -m disttrain.ps.keygen FILE"
         ) from None
     return CurveKey(text, public)
 
@@ -111,21 +110,3 @@ def secure_client(sock: zmq.Socket[Any], key: CurveKey) -> None:
     sock.curve_secretkey = key.secret
     sock.curve_publickey = key.public
     sock.curve_serverkey = key.public
-
-
-def main(argv: list[str]) -> int:
-    """``python -m disttrain.ps.auth FILE``: write a new secret key to FILE."""
-    if len(argv) != 1:
-        sys.stderr.write("usage: python -m disttrain.ps.auth FILE\n")
-        return 2
-    try:
-        write_key(argv[0])
-    except OSError as exc:
-        sys.stderr.write(f"disttrain: error: cannot write {argv[0]}: {exc.strerror}\n")
-        return 2
-    print(f"wrote a CURVE secret key to {argv[0]}; give every process of the job the same file")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main(sys.argv[1:]))
