@@ -222,9 +222,9 @@ def cmd_train(ns: argparse.Namespace, argv: list[str]) -> int:
             )
         return _run_worker(cfg, launched_by_us)
     _preflight(cfg)
+    nproc = strategies.get(cfg.train.strategy).num_processes(cfg)  # may refuse: before --out
     out = cfg.train.out or _default_out(cfg.train.strategy)
     os.makedirs(out, exist_ok=True)
-    nproc = strategies.get(cfg.train.strategy).num_processes(cfg)
     try:
         launch(cfg.train, nproc, [*argv, "--out", out])
     except JobFailed as exc:
@@ -254,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(ns.bench_module)
         return int(module.run(ns))
     except UsageError as exc:
-        sys.stderr.write(f"disttrain: error: {exc}\n")
+        # the contract is one line; a multi-line text from a library is cut to its first
+        sys.stderr.write(f"disttrain: error: {(str(exc).strip().splitlines() or ['?'])[0]}\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("disttrain: interrupted\n")

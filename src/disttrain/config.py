@@ -10,6 +10,7 @@ section dataclass to :data:`SECTIONS`; its fields join the same flat namespace.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -207,6 +208,8 @@ def _coerce(name: str, f: dataclasses.Field[Any], value: Any) -> Any:
         raise UsageError(
             f"setting {name!r} must be {kind.__name__}, got {type(value).__name__} {value!r}"
         )
+    if kind is float and not math.isfinite(value):
+        raise UsageError(f"--{_flag(name)} must be a finite number, got {value}")
     choices = f.metadata.get("choices")
     if choices and value not in choices:
         raise UsageError(f"--{_flag(name)} must be one of {', '.join(choices)}, got {value!r}")

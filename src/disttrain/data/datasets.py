@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sysconfig
+import zipfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,7 +15,10 @@ import torch
 
 from disttrain.comm.errors import UsageError
 
-__all__ = ["Dataset", "load_dataset"]
+__all__ = ["MAX_CLASSES", "Dataset", "load_dataset"]
+
+#: The most classes an .npz data set may have: a larger label is a corrupt file, not a task.
+MAX_CLASSES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,8 @@ def npz(path: str) -> Dataset:
     """A user's data set: an .npz holding x_train, y_train, x_test, y_test (integer labels)."""
     if not os.path.isfile(path):
         raise UsageError(f"data file not found: {path}")
+    if not zipfile.is_zipfile(path):  # np.load would take it for a pickle or an .npy
+        raise UsageError(f"cannot read {path} as .npz: not a zip archive of .npy arrays")
     try:
         with np.load(path, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
@@ -119,6 +125,15 @@ def npz(path: str) -> Dataset:
             )
         if not np.issubdtype(y.dtype, np.integer) or y.min() < 0:
             raise UsageError(f"{path}: y_{part} must hold non-negative integer class labels")
+        if y.max() >= MAX_CLASSES:  # the output layer has one row per class
+            raise UsageError(
+                f"{path}: y_{part} holds label {int(y.max())}; labels are class indices "
+                f"0..C-1 with C <= {MAX_CLASSES}"
+            )
+        if x.dtype.kind not in "biuf":  # bool, integers, floats; not text, complex or objects
+            raise UsageError(f"{path}: x_{part} must hold numbers, got dtype {x.dtype}")
+        if x.dtype.kind == "f" and not np.isfinite(x).all():
+            raise UsageError(f"{path}: x_{part} holds NaN or Inf values")
     if arrays["x_train"].shape[1:] != arrays["x_test"].shape[1:]:
         raise UsageError(f"{path}: x_train and x_test have different sample shapes")
     classes = int(max(arrays["y_train"].max(), arrays["y_test"].max())) + 1

@@ -17,9 +17,11 @@ from typing import Any
 
 import torch
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from disttrain.comm.errors import PeerFailure
 from disttrain.comm.meter import record_send
+from disttrain.ps.auth import CurveKey, secure_client
 from disttrain.ps.protocol import (
     FLAG_STOP,
     HEADER,
@@ -34,13 +36,23 @@ from disttrain.ps.protocol import (
 
 __all__ = ["Heartbeat", "PSClient"]
 
+_HANDSHAKE_EVENTS = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+
 
 class Heartbeat(threading.Thread):
     """Sends a HEARTBEAT to every server every ``interval`` seconds until stopped."""
 
-    def __init__(self, worker: int, endpoints: list[str], interval: float) -> None:
+    def __init__(
+        self, worker: int, endpoints: list[str], interval: float, curve: CurveKey | None = None
+    ) -> None:
         super().__init__(name=f"ps-heartbeat-w{worker}", daemon=True)
         self.worker = worker
+        self.curve = curve
         self.endpoints = endpoints
         self.interval = interval
         self.sent = [0] * len(endpoints)  # bytes per server, metered when the thread ends
@@ -53,12 +65,17 @@ class Heartbeat(threading.Thread):
             s = ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.IDENTITY, f"h{self.worker}".encode())
             s.setsockopt(zmq.LINGER, 0)
+            if self.curve is not None:
+                secure_client(s, self.curve)
             s.connect(ep)
             socks.append(s)
         try:
             while not self._stop_event.is_set():
                 for k, s in enumerate(socks):
-                    s.send_multipart(encode(MsgType.HEARTBEAT, k, self.worker, 0))
+                    try:  # never block: with no connection (yet, or refused), skip this beat
+                        s.send_multipart(encode(MsgType.HEARTBEAT, k, self.worker, 0), zmq.NOBLOCK)
+                    except zmq.Again:
+                        continue
                     self.sent[k] += HEADER.size
                 self._stop_event.wait(self.interval)
         finally:
@@ -82,6 +99,7 @@ class PSClient:
         dtype: torch.dtype,
         timeout: float,
         heartbeat: float,
+        curve: CurveKey | None = None,
     ) -> None:
         self.worker = worker
         self.ranks = ranks
@@ -92,13 +110,20 @@ class PSClient:
         self.stop = False
         ctx = zmq.Context.instance()
         self.socks: list[zmq.Socket[Any]] = []
+        self.monitors: list[zmq.Socket[Any]] = []
+        self.handshaken: set[int] = set()
         for ep in endpoints:
             s = ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.IDENTITY, f"w{worker}".encode())
             s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.SNDTIMEO, max(1, int(timeout * 1000)))
+            if curve is not None:
+                secure_client(s, curve)
+                # to tell "wrong key" from "server silent" when no answer comes
+                self.monitors.append(s.get_monitor_socket(_HANDSHAKE_EVENTS))
             s.connect(ep)
             self.socks.append(s)
-        self.heartbeat = Heartbeat(worker, endpoints, heartbeat)
+        self.heartbeat = Heartbeat(worker, endpoints, heartbeat, curve)
         self.heartbeat.start()
 
     @property
@@ -106,18 +131,17 @@ class PSClient:
         return self.bounds[-1][1]
 
     def _send(self, k: int, frames: list[bytes | memoryview]) -> None:
-        self.socks[k].send_multipart(frames)
+        try:  # SNDTIMEO: a server never connected (down, or refusing our key) is not a hang
+            self.socks[k].send_multipart(frames)
+        except zmq.Again:
+            raise PeerFailure(self._silent(k, "could not send to"), rank=self.ranks[k]) from None
         record_send(self.ranks[k], sum(memoryview(f).nbytes for f in frames))
 
     def _recv(self, k: int, deadline: float) -> tuple[Header, bytes]:
         sock = self.socks[k]
         remaining = deadline - time.monotonic()
         if remaining <= 0 or not sock.poll(int(remaining * 1000), zmq.POLLIN):
-            raise PeerFailure(
-                f"parameter server {k} (rank {self.ranks[k]}) did not answer worker "
-                f"{self.worker} within {self.timeout:.0f} s",
-                rank=self.ranks[k],
-            )
+            raise PeerFailure(self._silent(k, "did not answer"), rank=self.ranks[k])
         try:
             header, payload = decode(sock.recv_multipart())
         except ProtocolError as exc:
@@ -129,6 +153,32 @@ class PSClient:
                 rank=self.ranks[k],
             )
         return header, payload
+
+    def _silent(self, k: int, what: str) -> str:
+        why = ""
+        if self.monitors and not self._handshake_succeeded(k):
+            why = (
+                ": no CURVE handshake succeeded; every process of the job must use the "
+                "same --ps-curve-key file"
+            )
+        if what == "could not send to":
+            return (
+                f"worker {self.worker} could not send to parameter server {k} "
+                f"(rank {self.ranks[k]}) within {self.timeout:.0f} s{why}"
+            )
+        return (
+            f"parameter server {k} (rank {self.ranks[k]}) did not answer worker "
+            f"{self.worker} within {self.timeout:.0f} s{why}"
+        )
+
+    def _handshake_succeeded(self, k: int) -> bool:
+        """Whether socket ``k`` ever completed a CURVE handshake (read from its monitor)."""
+        mon = self.monitors[k]
+        while mon.poll(0, zmq.POLLIN):
+            event = recv_monitor_message(mon)
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.handshaken.add(k)
+        return k in self.handshaken
 
     def _gather_weights(self, out: torch.Tensor, deadline: float) -> None:
         """Read one WEIGHTS reply from every server into ``out``."""
@@ -201,5 +251,9 @@ class PSClient:
                 if nbytes:
                     record_send(self.ranks[k], nbytes, messages=nbytes // HEADER.size)
         for s in self.socks:
+            if self.monitors:
+                s.disable_monitor()
             s.close()
-        self.socks = []
+        for m in self.monitors:
+            m.close()
+        self.socks, self.monitors = [], []

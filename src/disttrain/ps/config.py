@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from disttrain.comm.errors import UsageError
 from disttrain.config import TrainConfig, opt, register_section
+from disttrain.ps.auth import CurveKey, read_key
 from disttrain.ps.consistency import MODES
 
-__all__ = ["PSConfig", "parse_straggler"]
+__all__ = ["LOOPBACK", "PSConfig", "parse_straggler"]
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def parse_straggler(spec: str) -> tuple[int, float] | None:
@@ -41,6 +45,8 @@ class PSConfig:
     ps_address: str = opt("127.0.0.1", "ps: address the servers listen on")
     ps_heartbeat: float = opt(0.5, "ps: seconds between a worker's heartbeats")
     ps_worker_timeout: float = opt(10.0, "ps: seconds of silence before a worker is lost")
+    # security (docs/parameter-server.md): CURVE on the servers' ZeroMQ sockets
+    ps_curve_key: str = opt("", "ps: CURVE secret-key file; authenticates and encrypts PS traffic")
 
     def validate(self) -> None:
         if self.servers <= 0:
@@ -59,6 +65,11 @@ class PSConfig:
         if not self.ps_address:
             raise UsageError("--ps-address must not be empty (default 127.0.0.1)")
         parse_straggler(self.straggler)
+        self.curve_key()
+
+    def curve_key(self) -> CurveKey | None:
+        """The job's CURVE key pair from ``--ps-curve-key``, or None without one."""
+        return read_key(self.ps_curve_key) if self.ps_curve_key else None
 
     def validate_with(self, train: TrainConfig) -> None:
         """Checks that need the worker count."""
@@ -68,6 +79,11 @@ class PSConfig:
         if train.precision == "fp16" and train.strategy == "ps" and self.ps_mode != "sync":
             # the loss scale is agreed by a collective over the workers every step
             raise UsageError("--precision fp16 with --strategy ps needs --ps-mode sync; use bf16")
+        if train.strategy == "ps" and not self.ps_curve_key and self.ps_address not in LOOPBACK:
+            sys.stderr.write(
+                f"disttrain: warning: --ps-address {self.ps_address} without --ps-curve-key: "
+                "anyone who can reach the servers can push gradients\n"
+            )
         straggler = parse_straggler(self.straggler)
         if straggler and straggler[0] >= workers:
             raise UsageError(

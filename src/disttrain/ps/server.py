@@ -23,6 +23,7 @@ import zmq
 
 from disttrain.comm.errors import PeerFailure
 from disttrain.comm.meter import record_send
+from disttrain.ps.auth import CurveKey, secure_server
 from disttrain.ps.consistency import Batch, Consistency, staleness_lr_scale
 from disttrain.ps.protocol import (
     FLAG_STOP,
@@ -39,10 +40,17 @@ __all__ = ["ShardServer", "bind_router"]
 OptimizerFactory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 
 
-def bind_router(address: str = "127.0.0.1") -> tuple[zmq.Socket[Any], str]:
-    """A ROUTER socket bound to an ephemeral port of ``address``, and its endpoint."""
+def bind_router(
+    address: str = "127.0.0.1", curve: CurveKey | None = None
+) -> tuple[zmq.Socket[Any], str]:
+    """A ROUTER socket bound to an ephemeral port of ``address``, and its endpoint.
+
+    With ``curve``, the socket is a CURVE server admitting only the job's key (ps/auth.py).
+    """
     sock = zmq.Context.instance().socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 5000)  # deliver the final replies before the process exits
+    if curve is not None:
+        secure_server(sock, curve)
     host = f"[{address}]" if ":" in address else address
     if ":" in address:
         sock.setsockopt(zmq.IPV6, 1)
@@ -154,14 +162,22 @@ class ShardServer:
         identity, body = frames[0], frames[1:]
         self.messages_in += 1
         self.bytes_in += sum(len(f) for f in body)
+        # Security: a peer that is not one of this job's workers is dropped without a
+        # reply (it learns nothing); a known worker's broken frame is answered with ERROR
+        # so that the worker fails at once. Neither touches any state.
         peer = _peer(identity)
+        if peer is None or peer[1] not in self.last_seen:
+            self.rejected["unknown_worker"] += 1
+            return
         try:
             header, payload = decode(body)
         except ProtocolError as exc:
             self._refuse(identity, "malformed", f"malformed frame: {exc}")
             return
-        if peer is None or peer[1] not in self.last_seen or header.worker != peer[1]:
-            self._refuse(identity, "unknown_worker", f"unknown peer {identity!r}")
+        if header.worker != peer[1]:
+            self._refuse(
+                identity, "unknown_worker", f"worker field {header.worker} from {identity!r}"
+            )
             return
         kind, worker = peer
         if worker not in self.cons.live:

@@ -124,11 +124,12 @@ class ParameterServer(Strategy):
             self.client = PSClient(
                 self.world.rank, endpoints, [self.n_workers + k for k in range(self.n_servers)],
                 self.bounds, dtypes.pop(), self.config.train.timeout, self.ps.ps_heartbeat,
+                self.ps.curve_key(),
             )  # fmt: skip
             return
         k = self.world.rank - self.n_workers
         lo, hi = self.bounds[k]
-        sock, endpoint = bind_router(self.ps.ps_address)
+        sock, endpoint = bind_router(self.ps.ps_address, self.ps.curve_key())
         host = _publish_host(self.ps.ps_address)
         port = endpoint.rsplit(":", 1)[1]
         store.set(_KEY.format(k), f"tcp://{host}:{port}" if ":" not in host else endpoint)

@@ -93,6 +93,18 @@ def latest(root: str) -> int | None:
     return steps[-1] if steps else None
 
 
+def _reason(exc: BaseException) -> str:
+    """One line out of torch.load's multi-line refusal: the rule the file broke."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if lines and lines[0].startswith("Weights only load failed"):
+        # torch's advice comes first; the line naming the refused global or opcode follows
+        advice = ("Check the documentation", "Please file an issue")
+        details = [x for x in lines[1:] if not x.startswith(advice)]
+        return f"refused by weights_only: {details[0] if details else '?'}"
+    text = lines[0] if lines else type(exc).__name__
+    return text.split(". This is")[0]  # miniz's advice after a truncated file
+
+
 def load(root: str, rank: int, world_size: int, step: int | None = None) -> dict[str, Any]:
     """This rank's state from the newest (or the given) committed checkpoint under ``root``."""
     if not os.path.isdir(root):
@@ -106,7 +118,9 @@ def load(root: str, rank: int, world_size: int, step: int | None = None) -> dict
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # unpickling refused, truncated or foreign file
-        raise UsageError(f"--resume: {path} is not a disttrain checkpoint ({exc})") from None
+        raise UsageError(
+            f"--resume: {path} is not a disttrain checkpoint ({_reason(exc)})"
+        ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise UsageError(f"--resume: {path} is not a disttrain checkpoint (no {FORMAT} tag)")
     if state["world_size"] != world_size:

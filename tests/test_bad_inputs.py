@@ -1,0 +1,413 @@
+"""The bad-input matrix: every case exits 2 with one line naming the problem, before any worker.
+
+Each row is (id, a builder of the argv given a scratch folder, a substring the
+message must contain). The CLI runs in-process (``disttrain.cli.main``) with
+the launcher replaced by a trap, so "before any worker starts" is checked, not
+assumed. Wire frames go to a real shard server over ZeroMQ: each is refused and
+leaves the server's weights, version and optimizer state unchanged.
+docs/errors.md lists the same cases.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import zmq
+
+from disttrain import cli
+from disttrain.train import checkpoint
+from tests.ps.test_server import N, Running, _dealer
+
+REPO = Path(__file__).resolve().parents[1]
+Argv = Callable[[Path], list[str]]
+
+
+# --- scratch inputs ---------------------------------------------------------------------
+def _toml(text: str) -> Argv:
+    def build(tmp: Path) -> list[str]:
+        (tmp / "run.toml").write_text(text)
+        return ["--config", str(tmp / "run.toml")]
+
+    return build
+
+
+def _good_arrays() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {
+        "x_train": rng.normal(size=(64, 4)).astype(np.float32),
+        "y_train": rng.integers(0, 3, 64),
+        "x_test": rng.normal(size=(16, 4)).astype(np.float32),
+        "y_test": rng.integers(0, 3, 16),
+    }
+
+
+def _npz(**change: Any) -> Argv:
+    """A data file: the good arrays with ``change`` applied (None removes a key)."""
+
+    def build(tmp: Path) -> list[str]:
+        arrays = {**_good_arrays(), **change}
+        arrays = {k: v for k, v in arrays.items() if v is not None}
+        np.savez(tmp / "data.npz", **arrays)
+        return ["--dataset", str(tmp / "data.npz")]
+
+    return build
+
+
+def _file(name: str, content: bytes, flag: str) -> Argv:
+    def build(tmp: Path) -> list[str]:
+        (tmp / name).write_bytes(content)
+        return [flag, str(tmp / name)]
+
+    return build
+
+
+class Exploit:
+    """A pickle that would create a folder when unpickled: weights_only must refuse it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.mkdir, (self.path,))
+
+
+def _checkpoint(kind: str) -> Argv:
+    """An earlier run's --out with a checkpoint at step 4 that is bad in the way ``kind`` says."""
+
+    def build(tmp: Path) -> list[str]:
+        root = tmp / "earlier"
+        if kind == "missing":
+            return ["--resume", str(root)]
+        root.mkdir()
+        if kind == "empty":
+            return ["--resume", str(root)]
+        path = Path(checkpoint.save(str(root), 4, 0, 2, {"model": {"w": torch.ones(3)}}))
+        if kind == "foreign":
+            torch.save({"state_dict": {"w": torch.ones(3)}}, path)
+        elif kind == "truncated":
+            path.write_bytes(path.read_bytes()[:40])
+        elif kind == "garbage":
+            path.write_bytes(b"not a checkpoint at all\n" * 4)
+        elif kind == "pickle":
+            torch.save({"format": checkpoint.FORMAT, "x": Exploit(str(tmp / "pwned"))}, path)
+        elif kind == "world":
+            checkpoint.save(str(root), 4, 0, 4, {"model": {"w": torch.ones(3)}})
+        if kind != "uncommitted":
+            checkpoint.commit(str(root), 4)
+        return ["--resume", str(root)]
+
+    return build
+
+
+FACTORIES = """
+import torch
+NOT_CALLABLE = 3
+def raises():
+    raise RuntimeError("factory exploded")
+def returns_int():
+    return 7
+def good():
+    return torch.nn.Sequential(torch.nn.Linear(64, 10))
+"""
+
+
+def _model(spec: str) -> Argv:
+    def build(tmp: Path) -> list[str]:
+        (tmp / "userfactories.py").write_text(FACTORIES)
+        (tmp / "explodes_on_import.py").write_text("raise ImportError('broken on purpose')\n")
+        return ["--model", spec]
+
+    return build
+
+
+def _flags(*argv: str) -> Argv:
+    return lambda tmp: list(argv)
+
+
+# --- the matrix -------------------------------------------------------------------------
+CASES: list[tuple[str, Argv, str]] = [
+    # command line
+    ("unknown-flag", _flags("--wrokers", "2"), "unrecognized arguments: --wrokers"),
+    ("int-flag-not-int", _flags("--epochs", "ten"), "--epochs: invalid int value"),
+    ("choice-flag", _flags("--optimizer", "adagrad"), "--optimizer: invalid choice"),
+    ("workers-zero", _flags("--workers", "0"), "--workers must be positive"),
+    ("batch-not-divisible", _flags("--batch-size", "63"), "not divisible by the 2 workers"),
+    ("negative-lr", _flags("--lr", "-0.1"), "--lr must be positive"),
+    ("nan-lr", _flags("--lr", "nan"), "--lr must be"),
+    ("zero-timeout", _flags("--timeout", "0"), "--timeout must be positive"),
+    ("inf-timeout", _flags("--timeout", "inf"), "--timeout must be"),
+    ("unknown-strategy", _flags("--strategy", "magic"), "unknown strategy 'magic'"),
+    ("unknown-model", _flags("--model", "resnet999"), "unknown model 'resnet999'"),
+    ("unknown-dataset", _flags("--dataset", "imagenet"), "unknown dataset 'imagenet'"),
+    ("restarts-without-ckpt", _flags("--max-restarts", "1"), "needs --checkpoint-every"),
+    ("nnodes-without-rdzv", _flags("--nnodes", "2"), "needs --rdzv-endpoint"),
+    ("node-rank-outside", _flags("--node-rank", "3"), "--node-rank 3 is outside"),
+    ("batch-bigger-than-data", _flags("--batch-size", "4096"), "larger than the 1437"),
+    ("cuda-without-gpu", _flags("--device", "cuda"), "no CUDA device"),
+    # config files
+    ("toml-missing", lambda tmp: ["--config", str(tmp / "nope.toml")], "config file not found"),
+    ("toml-syntax", _toml("workers = = 2\n"), "is not valid TOML"),
+    ("toml-unknown-key", _toml("wrokers = 2\n"), "unknown key 'wrokers'"),
+    ("toml-wrong-type", _toml('workers = "two"\n'), "'workers' must be int"),
+    ("toml-bad-choice", _toml('optimizer = "adagrad"\n'), "--optimizer must be one of"),
+    ("toml-table", _toml("[train]\nworkers = 2\n"), "unknown key 'train'"),
+    ("toml-binary", _file("run.toml", b"\xff\xfe\x00bin", "--config"), "is not valid TOML"),
+    ("toml-bad-value", _toml("lr = -1.0\n"), "--lr must be positive"),
+    # data files
+    ("npz-missing-file", lambda tmp: ["--dataset", str(tmp / "d.npz")], "data file not found"),
+    ("npz-not-a-zip", _file("d.npz", b"hello", "--dataset"), "not a zip archive"),
+    ("npz-missing-key", _npz(y_test=None), "lacks the array(s) y_test"),
+    ("npz-1d-x", _npz(x_train=np.zeros(64, np.float32)), "x_train must be (N, ...)"),
+    ("npz-length-mismatch", _npz(y_train=np.zeros(63, np.int64)), "y_train (N,)"),
+    ("npz-empty", _npz(x_test=np.zeros((0, 4), np.float32), y_test=np.zeros(0, np.int64)), "N > 0"),
+    ("npz-float-labels", _npz(y_train=np.full(64, 0.5)), "integer class labels"),
+    ("npz-negative-label", _npz(y_test=np.full(16, -1)), "non-negative integer class labels"),
+    ("npz-huge-label", _npz(y_train=np.full(64, 10**9)), "label 1000000000"),
+    ("npz-nan", _npz(x_train=np.full((64, 4), np.nan, np.float32)), "x_train holds NaN or Inf"),
+    ("npz-inf", _npz(x_test=np.full((16, 4), np.inf, np.float32)), "x_test holds NaN or Inf"),
+    ("npz-text", _npz(x_train=np.full((64, 4), "a")), "x_train must hold numbers"),
+    ("npz-shape-mismatch", _npz(x_test=np.zeros((16, 5), np.float32)), "different sample shapes"),
+    ("npz-object", _npz(x_train=np.array([[None]] * 64, dtype=object)), "cannot read"),
+    # checkpoints
+    ("resume-missing", _checkpoint("missing"), "no such folder"),
+    ("resume-no-checkpoint", _checkpoint("empty"), "no complete checkpoint"),
+    ("resume-uncommitted", _checkpoint("uncommitted"), "no complete checkpoint"),
+    ("resume-foreign", _checkpoint("foreign"), "no disttrain-checkpoint-v1 tag"),
+    ("resume-truncated", _checkpoint("truncated"), "is not a disttrain checkpoint"),
+    ("resume-garbage", _checkpoint("garbage"), "refused by weights_only"),
+    ("resume-pickle-code", _checkpoint("pickle"), "refused by weights_only: Trying to load"),
+    ("resume-world-size", _checkpoint("world"), "resume with --workers 4"),
+    # model factories
+    ("factory-no-import", _model("no_such_pkg.models:net"), "cannot import no_such_pkg.models"),
+    ("factory-import-raises", _model("explodes_on_import:net"), "broken on purpose"),
+    ("factory-no-function", _model("userfactories:missing"), "has no function 'missing'"),
+    ("factory-not-callable", _model("userfactories:NOT_CALLABLE"), "no function 'NOT_CALLABLE'"),
+    ("factory-raises", _model("userfactories:raises"), "factory exploded"),
+    ("factory-not-module", _model("userfactories:returns_int"), "returned int, not an nn.Module"),
+    ("factory-no-colon-part", _model("userfactories:"), "package.module:function"),
+    ("mlp-on-text", _flags("--model", "mlp", "--dataset", "pycode"), "use --model gpt"),
+    ("gpt-on-digits", _flags("--model", "gpt"), "--model gpt needs a language-model"),
+    # strategy options
+    ("ps-mode", _flags("--strategy", "ps", "--ps-mode", "eventual"), "--ps-mode: invalid choice"),
+    ("ps-servers-zero", _flags("--strategy", "ps", "--servers", "0"), "--servers must be positive"),
+    ("ps-staleness", _flags("--strategy", "ps", "--staleness-bound", "-1"), "--staleness-bound"),
+    ("ps-softsync", _flags("--strategy", "ps", "--softsync", "3"), "--softsync 3 exceeds"),
+    ("ps-straggler", _flags("--strategy", "ps", "--straggler", "1"), "use RANK:FACTOR"),
+    ("ps-straggler-rank", _flags("--strategy", "ps", "--straggler", "5:2"), "names rank 5"),
+    ("ps-heartbeat", _flags("--strategy", "ps", "--ps-worker-timeout", "0.5"), "two heartbeats"),
+    (
+        "ps-fp16-async",
+        _flags("--strategy", "ps", "--precision", "fp16", "--ps-mode", "async"),
+        "needs --ps-mode sync",
+    ),
+    (
+        "ps-curve-key-missing",
+        _flags("--strategy", "ps", "--ps-curve-key", "/nonexistent/k"),
+        "--ps-curve-key /nonexistent/k: cannot read",
+    ),
+    ("ps-curve-key-garbage", _file("k", b"short\n", "--ps-curve-key"), "not a CURVE secret key"),
+    (
+        "pipeline-stages-vs-workers",
+        _flags("--strategy", "pipeline", "--stages", "3"),
+        "--stages 3 needs one worker per stage",
+    ),
+    (
+        "pipeline-more-stages-than-layers",
+        _flags("--strategy", "pipeline", "--workers", "4", "--model", "userfactories:good"),
+        "more than the model's 1 layers",
+    ),
+    (
+        "pipeline-microbatches",
+        _flags("--strategy", "pipeline", "--microbatches", "5"),
+        "--microbatches 5 does not divide",
+    ),
+    ("pipeline-balance", _flags("--strategy", "pipeline", "--balance", "1,x"), "--balance"),
+    (
+        "hybrid-mesh",
+        _flags("--strategy", "hybrid", "--workers", "4", "--dp", "3", "--pp", "2"),
+        "--dp 3 x --pp 2 = 6 ranks",
+    ),
+    ("hybrid-no-inner", _flags("--strategy", "hybrid"), "needs --pp P or --tp T"),
+    (
+        "tensor-no-split",
+        _flags("--strategy", "tensor", "--workers", "3", "--batch-size", "63"),
+        "splits into 3 slices",
+    ),
+    ("compression-spec", _flags("--compression", "topk:many"), "--compression 'topk:many'"),
+    ("compression-name", _flags("--compression", "zip"), "choose one of none"),
+    ("algorithm-name", _flags("--algorithm", "gossip"), "unknown algorithm 'gossip'"),
+    ("localsgd-period", _flags("--strategy", "localsgd", "--period", "0"), "--period must be"),
+    ("consensus-step", _flags("--consensus-step", "1.5"), "--consensus-step must be in (0, 1]"),
+    ("fault-kind", _flags("--inject-fault", "explode:rank=0"), "kind must be one of"),
+    ("fault-rank-outside", _flags("--inject-fault", "kill:rank=9:step=2"), "names rank 9"),
+    ("fault-no-rank", _flags("--inject-fault", "kill:step=2"), "name the rank"),
+    ("fault-slow-factor", _flags("--inject-fault", "slow:0.5:rank=0"), "FACTOR must be >= 1"),
+]
+
+
+class LaunchedAWorker(AssertionError):
+    """The launcher was reached: the input was not refused before workers start."""
+
+
+@pytest.fixture
+def no_launch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    import disttrain.launch.local as local
+
+    def trap(*args: Any, **kwargs: Any) -> None:
+        raise LaunchedAWorker("a worker was launched")
+
+    monkeypatch.setattr(local, "launch", trap)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the user factories
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _check_one_line(err: str, expect: str) -> None:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert expect in lines[0], lines[0]
+    assert lines[0].startswith("disttrain"), lines[0]
+
+
+@pytest.mark.parametrize(("argv", "expect"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_and_exit_2_before_any_worker(
+    argv: Argv, expect: str, no_launch: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = no_launch / "out"
+    args = ["train", "--no-progress", "--out", str(out), *argv(no_launch)]
+    with pytest.raises(SystemExit) as exit_info:
+        sys.exit(cli.main(args))
+    assert exit_info.value.code == 2
+    _check_one_line(capsys.readouterr().err, expect)
+    assert not out.exists(), "nothing should be written for a refused run"
+    assert not (no_launch / "pwned").exists(), "unpickling ran code from a checkpoint"
+
+
+def test_the_matrix_is_big_and_its_ids_unique_and_documented() -> None:
+    assert len(CASES) >= 40
+    assert len({c[0] for c in CASES}) == len(CASES)
+    doc = (REPO / "docs" / "errors.md").read_text()
+    missing = [cid for cid, *_ in [*CASES, *FRAMES] if f"| `{cid}` |" not in doc]
+    assert not missing, f"docs/errors.md lacks the cases {missing}"
+
+
+def test_the_exploit_checkpoint_would_run_code_without_weights_only(tmp_path: Path) -> None:
+    """The pickle case can fail: a plain ``torch.load`` of that file does run its code."""
+    build = _checkpoint("pickle")
+    root = Path(build(tmp_path)[1])
+    path = next(root.glob("checkpoints/step-*/rank-*.pt"))
+    torch.load(path, weights_only=False)
+    assert (tmp_path / "pwned").is_dir()
+
+
+def test_the_real_command_exits_2_with_one_line(tmp_path: Path) -> None:
+    """One case through a real process: the entry point, not only ``main``."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "disttrain", "train", "--workers", "0", "--out", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    _check_one_line(proc.stderr, "--workers must be positive")
+
+
+# --- wire frames ------------------------------------------------------------------------
+def _header(raw: bytes, at: int, value: bytes) -> bytes:
+    return raw[:at] + value + raw[at + len(value) :]
+
+
+def _push(worker: int = 0, shard: int = 0) -> list[bytes]:
+    from disttrain.ps.protocol import MsgType, encode_tensor
+
+    return [bytes(f) for f in encode_tensor(MsgType.PUSH, shard, worker, 0, torch.ones(N))]
+
+
+FRAMES: list[tuple[str, bytes, Callable[[], list[bytes]], str]] = [
+    # (id, sender identity, frames, the rejection counter that must move)
+    ("one-frame", b"w0", lambda: [b"garbage"], "malformed"),
+    ("three-frames", b"w0", lambda: [*_push(), b"extra"], "malformed"),
+    ("short-header", b"w0", lambda: [_push()[0][:20], _push()[1]], "malformed"),
+    ("bad-magic", b"w0", lambda: [_header(_push()[0], 0, b"XX"), _push()[1]], "malformed"),
+    ("bad-version", b"w0", lambda: [_header(_push()[0], 2, b"\x07"), _push()[1]], "malformed"),
+    ("unknown-op", b"w0", lambda: [_header(_push()[0], 3, b"\x63"), _push()[1]], "malformed"),
+    ("unknown-dtype", b"w0", lambda: [_header(_push()[0], 5, b"\x63"), _push()[1]], "malformed"),
+    ("wrong-length", b"w0", lambda: [_push()[0], _push()[1][:-4]], "malformed"),
+    (
+        "nan-lr",
+        b"w0",
+        lambda: [_header(_push()[0], 28, b"\x00\x00\xc0\x7f"), _push()[1]],
+        "malformed",
+    ),
+    ("unknown-peer", b"intruder", _push, "unknown_worker"),
+    ("unknown-worker-index", b"w7", lambda: _push(worker=7), "unknown_worker"),
+    ("spoofed-worker-field", b"w0", lambda: _push(worker=1), "unknown_worker"),
+    ("wrong-shard", b"w0", lambda: _push(shard=3), "wrong_shard"),
+]
+
+
+@pytest.fixture(scope="module")
+def shard_server() -> Any:
+    r = Running("async", workers=2, worker_timeout=60.0)
+    yield r
+    for sock in _SOCKETS.values():
+        sock.close()
+    _SOCKETS.clear()
+    r.stop()
+
+
+@pytest.mark.parametrize(
+    ("identity", "frames", "counter"), [f[1:] for f in FRAMES], ids=[f[0] for f in FRAMES]
+)
+def test_a_bad_frame_is_refused_and_changes_nothing(
+    identity: bytes, frames: Callable[[], list[bytes]], counter: str, shard_server: Running
+) -> None:
+    from disttrain.ps.protocol import MsgType, decode
+
+    server = shard_server.server
+    probe = _socket(shard_server, b"w1")
+    before = _pull(probe, 1)
+    version, counts = server.cons.version, dict(server.rejected)
+    sender = _socket(shard_server, identity)
+    sender.send_multipart(frames())
+    if identity in (b"w0", b"w1"):  # a known worker is told why, so it fails fast
+        header, payload = decode(sender.recv_multipart())
+        assert header.type == MsgType.ERROR and payload, payload
+    else:  # a stranger is told nothing at all
+        deadline = time.monotonic() + 10
+        while server.rejected[counter] == counts.get(counter, 0) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not sender.poll(300, zmq.POLLIN)
+    assert torch.equal(_pull(probe, 1), before)
+    assert server.cons.version == version and server.optimizer.state == {}
+    assert server.rejected[counter] == counts.get(counter, 0) + 1
+    assert shard_server.error is None
+
+
+_SOCKETS: dict[bytes, zmq.Socket[Any]] = {}
+
+
+def _socket(running: Running, identity: bytes) -> zmq.Socket[Any]:
+    """One socket per identity for the whole module: a ROUTER keeps routing an identity to
+    its first connection, so a second socket of the same name would not get the replies."""
+    if identity not in _SOCKETS:
+        _SOCKETS[identity] = _dealer(running.endpoint, identity)
+    return _SOCKETS[identity]
+
+
+def _pull(sock: zmq.Socket[Any], worker: int) -> torch.Tensor:
+    from disttrain.ps.protocol import MsgType, decode, decode_tensor, encode
+
+    sock.send_multipart(encode(MsgType.PULL, 0, worker, 0))
+    header, payload = decode(sock.recv_multipart())
+    assert header.type == MsgType.WEIGHTS
+    return decode_tensor(header, payload, torch.float32, N)
