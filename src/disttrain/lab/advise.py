@@ -92,18 +92,16 @@ def _calibration(args: argparse.Namespace) -> Calibration:
 
 
 def _network(args: argparse.Namespace, cal: Calibration) -> costmodel.Network:
+    """The flags' link; what is not given comes from the calibration (its n=2 link fit)."""
     from disttrain.launch.netns import parse_rate
 
-    if args.bandwidth is None and args.latency is None:
-        a, b, g = cal.loopback_link(2) if cal.loopback else (cal.alpha, cal.beta, cal.gamma)
-        return costmodel.Network(a, b, g, name="calibrated link")
-    beta = cal.beta
-    if args.bandwidth is not None:
-        beta = 8 / parse_rate(args.bandwidth)
-    alpha = cal.alpha if args.latency is None and args.bandwidth is None else 0.0
+    beta = cal.beta if args.bandwidth is None else 8 / parse_rate(args.bandwidth)
     if args.latency is not None:
         alpha = parse_duration(args.latency, "--latency")
-    return costmodel.Network(alpha, beta, name=f"{args.bandwidth or ''} {args.latency or ''}")
+    else:  # a bandwidth alone: an ideal zero-latency link, as the table's title says
+        alpha = cal.alpha if args.bandwidth is None else 0.0
+    name = "calibrated link" if args.bandwidth is None and args.latency is None else "flags"
+    return costmodel.Network(alpha, beta, name=name)
 
 
 def _inputs(args: argparse.Namespace) -> tuple[costmodel.Workload, int, list[str]]:
