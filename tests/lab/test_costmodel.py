@@ -193,3 +193,19 @@ def test_calibration_round_trip(tmp_path: pytest.TempPathFactory) -> None:
         fh.write('{"nonsense": 1}')
     with pytest.raises(ValueError, match="unknown keys"):
         Calibration.load(path)
+
+
+def test_shared_host_fit_recovers_its_constants() -> None:
+    from disttrain.lab.calibrate import STAT, fit_shared_link
+
+    alpha, delta, beta = 120e-6, 30e-6, 1 / 2e9
+    rows = []
+    for alg in ALGS:
+        for s in (4096, 1 << 16, 1 << 20, 8 << 20):
+            p = critical_path(alg, s, 4, 4)
+            rows.append({"algorithm": alg, "size": s, STAT: p.shared_seconds(alpha, delta, beta)})
+    a, d, b = fit_shared_link(rows, 4)
+    assert (a, d, b) == pytest.approx((alpha, delta, beta), rel=0.01)
+    net = costmodel.Network(alpha=a, beta=b, delta=d, shared_host=True)
+    t, p = costmodel.allreduce_seconds("ring", 1 << 20, 4, net, CAL)
+    assert t == pytest.approx(p.steps * a + p.total_messages * d + p.total_bytes * b)
