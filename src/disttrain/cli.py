@@ -78,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     from disttrain.launch import cluster
 
     cluster.add_arguments(sub.add_parser("cluster", help="an emulated multi-host cluster"), _Parser)
+    from disttrain.lab import advise
+
+    advise.add_arguments(
+        sub.add_parser("advise", help="rank strategies by a calibrated cost model")
+    )
     return parser
 
 
@@ -251,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
             from disttrain.launch import cluster
 
             return cluster.main(ns)
+        if ns.command == "advise":
+            from disttrain.lab import advise
+
+            return advise.run(ns)
         module = importlib.import_module(ns.bench_module)
         return int(module.run(ns))
     except UsageError as exc:

@@ -1,0 +1,179 @@
+"""``disttrain advise``: strategies ranked by predicted step time for a model, nodes and network.
+
+    disttrain advise --params 25M --nodes 256 --bandwidth 25Gbit --latency 5us
+    disttrain advise --params 6.4M --nodes 4 --bandwidth 100mbit --batch-size 64
+    disttrain advise --calibrate                 # fit α, β, γ and compute rates here
+    disttrain advise --params 25M --nodes 64 --calibration my.json
+
+The model is :mod:`disttrain.lab.costmodel`; its constants come from
+``--calibration FILE`` or, when it exists, the default file that ``--calibrate``
+writes (``~/.cache/disttrain/calibration.json``, under ``$XDG_CACHE_HOME`` if set),
+else from built-in defaults (the table says which). Flags override the file:
+``--bandwidth``/``--latency`` set β and α (else the calibrated loopback link),
+``--flops`` sets a node's compute rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+from dataclasses import asdict, replace
+
+from disttrain.comm.errors import UsageError
+from disttrain.lab import costmodel
+from disttrain.lab.calibration import DEFAULT_PATH, Calibration
+
+__all__ = ["add_arguments", "parse_count", "parse_duration", "run"]
+
+_COUNT = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)(?:e(\d+))?\s*([kmgbt]?)\s*$", re.I)
+_SCALE = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "b": 1e9, "t": 1e12}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ns|us|µs|ms|s)\s*$", re.I)
+_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+_GRAD_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def parse_count(text: str, flag: str) -> float:
+    """``25M`` -> 25e6 (decimal: K, M, G or B, T); UsageError naming ``flag`` otherwise."""
+    m = _COUNT.match(text)
+    if not m:
+        raise UsageError(f"{flag} {text!r} is not a count: write e.g. 25M, 1.5B, 350K")
+    value = float(m.group(1)) * 10 ** int(m.group(2) or 0) * _SCALE[m.group(3).lower()]
+    if not 0 < value < 1e18:
+        raise UsageError(f"{flag} {text!r} must be above 0")
+    return value
+
+
+def parse_duration(text: str, flag: str) -> float:
+    """``5us`` -> 5e-6 seconds (ns, us, ms, s); UsageError naming ``flag`` otherwise."""
+    m = _DURATION.match(text)
+    if not m:
+        raise UsageError(f"{flag} {text!r} is not a duration: write e.g. 5us, 0.2ms, 1s")
+    value = float(m.group(1)) * _SECONDS[m.group(2).lower()]
+    if value > 60:
+        raise UsageError(f"{flag} {text!r} is more than a minute")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--params", help="model parameters, e.g. 25M (required unless --calibrate)")
+    parser.add_argument("--nodes", default="256", help="data-parallel ranks, 1 to 10,000")
+    parser.add_argument("--bandwidth", help="each node's link, e.g. 25Gbit, 100mbit")
+    parser.add_argument("--latency", help="per-message latency, e.g. 5us (default: 0 if only "
+                        "--bandwidth is given, else the calibrated α)")  # fmt: skip
+    parser.add_argument("--batch-size", help="GLOBAL batch (default: 32 per node)")
+    parser.add_argument(
+        "--model-flops", help="forward+backward flops per sample (default 6·params)"
+    )
+    parser.add_argument("--flops", help="a node's sustained flop/s, e.g. 20T (default: calibrated)")
+    parser.add_argument("--fusion-mb", type=float, default=4.0, help="bucket size (default 4)")
+    parser.add_argument("--overlap", action="store_true", help="buckets overlap backward")
+    parser.add_argument("--grad-dtype", default="fp32", choices=sorted(_GRAD_BYTES))
+    parser.add_argument("--servers", type=int, default=1, help="parameter servers (ps:*)")
+    parser.add_argument("--strategies", default="", help="comma-separated (default: all, see docs)")
+    parser.add_argument(
+        "--calibration", default="", help=f"constants file (default {DEFAULT_PATH})"
+    )
+    parser.add_argument("--calibrate", action="store_true", help="measure this machine, save")
+    parser.add_argument("--workers", type=int, default=4, help="--calibrate: most local ranks")
+    parser.add_argument("--json", dest="json_path", default="", help="also write the rows here")
+
+
+def _calibration(args: argparse.Namespace) -> Calibration:
+    path = args.calibration or (DEFAULT_PATH if os.path.exists(DEFAULT_PATH) else "")
+    if not path:
+        return Calibration.defaults()
+    try:
+        return Calibration.load(path)
+    except ValueError as exc:
+        raise UsageError(f"--calibration: {exc}") from None
+
+
+def _network(args: argparse.Namespace, cal: Calibration) -> costmodel.Network:
+    """The flags' link; what is not given comes from the calibration (its n=2 link fit)."""
+    from disttrain.launch.netns import parse_rate
+
+    beta = cal.beta if args.bandwidth is None else 8 / parse_rate(args.bandwidth)
+    if args.latency is not None:
+        alpha = parse_duration(args.latency, "--latency")
+    else:  # a bandwidth alone: an ideal zero-latency link, as the table's title says
+        alpha = cal.alpha if args.bandwidth is None else 0.0
+    name = "calibrated link" if args.bandwidth is None and args.latency is None else "flags"
+    return costmodel.Network(alpha, beta, name=name)
+
+
+def _inputs(args: argparse.Namespace) -> tuple[costmodel.Workload, int, list[str]]:
+    if args.params is None:
+        raise UsageError("--params is required (e.g. --params 25M), or use --calibrate")
+    params = int(parse_count(args.params, "--params"))
+    nodes_f = parse_count(args.nodes, "--nodes")
+    nodes = int(nodes_f)
+    if nodes != nodes_f or not 1 <= nodes <= 10_000:
+        raise UsageError(f"--nodes {args.nodes!r}: a whole number from 1 to 10,000")
+    batch = int(parse_count(args.batch_size, "--batch-size")) if args.batch_size else 32 * nodes
+    if batch < nodes:
+        raise UsageError(f"--batch-size {batch} is smaller than --nodes {nodes}")
+    if not 0 <= args.fusion_mb <= 1e6 or math.isnan(args.fusion_mb):
+        raise UsageError(f"--fusion-mb {args.fusion_mb}: use 0 (off) or a size in MB")
+    if args.servers < 1:
+        raise UsageError(f"--servers {args.servers}: at least 1")
+    flops = parse_count(args.model_flops, "--model-flops") if args.model_flops else None
+    work = costmodel.Workload(
+        params=params, batch_size=batch, bytes_per_param=_GRAD_BYTES[args.grad_dtype],
+        flops_per_sample=flops, bucket_bytes=int(args.fusion_mb * (1 << 20)),
+        overlap=args.overlap, servers=args.servers,
+    )  # fmt: skip
+    names = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    return work, nodes, names or list(costmodel.DEFAULT_STRATEGIES)
+
+
+def _table(preds: list[costmodel.Prediction], title: str, caption: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, caption=caption)
+    for col in ("#", "strategy", "step ms", "compute ms", "comm ms", "MB/rank/step",
+                "efficiency", "samples/s", "why"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("strategy", "why") else "right")
+    for i, p in enumerate(preds, 1):
+        why = p.reason + (f" ({p.note})" if p.note else "")
+        table.add_row(str(i), p.strategy, f"{p.step_seconds * 1e3:.4g}",
+                      f"{p.compute_seconds * 1e3:.4g}", f"{p.comm_seconds * 1e3:.4g}",
+                      f"{p.bytes_per_rank / 1e6:.4g}", f"{p.efficiency:.0%}",
+                      f"{p.samples_per_second:.4g}", why)  # fmt: skip
+    Console(width=220).print(table)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.calibrate:
+        from disttrain.lab import calibrate
+
+        if not 2 <= args.workers <= 8:
+            raise UsageError(f"--workers {args.workers}: calibrate with 2 to 8 local ranks")
+        path = args.calibration or DEFAULT_PATH
+        cal = calibrate.calibrate(args.workers)
+        cal.save(path)
+        print(calibrate.describe(cal))
+        print(f"saved to {path}")
+        return 0
+    cal = _calibration(args)
+    work, nodes, names = _inputs(args)
+    net = _network(args, cal)
+    if args.flops:
+        cal = replace(cal, seconds_per_flop=1 / parse_count(args.flops, "--flops"))
+    try:
+        preds = costmodel.rank(names, work, nodes, net, cal)
+    except ValueError as exc:
+        raise UsageError(f"--strategies: {exc}") from None
+    title = (f"{work.params / 1e6:.4g}M parameters, {nodes} nodes, global batch "
+             f"{work.batch_size}, α {net.alpha * 1e6:.3g} us, "
+             f"{8 / net.beta / 1e9:.4g} Gbit/s, buckets {args.fusion_mb:g} MB")  # fmt: skip
+    _table(preds, title, f"constants: {cal.source}")
+    if args.json_path:
+        with open(args.json_path, "w") as fh:
+            json.dump({"network": asdict(net), "workload": asdict(work), "nodes": nodes,
+                       "calibration": cal.source,
+                       "rows": [asdict(p) for p in preds]}, fh, indent=1)  # fmt: skip
+    return 0

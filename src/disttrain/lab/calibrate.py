@@ -1,0 +1,213 @@
+"""``disttrain advise --calibrate``: measure this machine with `bench` runs, fit the cost model.
+
+What is measured, and how each constant is fitted (:mod:`disttrain.lab.calibration`):
+
+- ``bench allreduce`` (no length check) at n = 2..W local ranks: per n, the shared-host
+  link (α per step, δ per message, β per byte over all ranks) by a relative least-squares
+  fit of each row's 10th-percentile time (the machine's own cost, without most of the
+  bursts other users cause) against the rows' paths; at n = 2 also the critical-path α, β.
+- a timed ``a += b`` on 8 MB: γ, the memory cost of reducing a byte.
+- ``bench dp`` with one rank at two batch sizes: forward+backward seconds per flop and the
+  per-parameter seconds of a step (``plain`` rows); with n ranks at the same per-rank batch:
+  how much slower compute runs when n ranks share this host's cores.
+- one-bit compression of 1M entries at 1 % density: encode and decode seconds per entry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from disttrain.lab.calibration import Calibration, fit_compute, nonneg_relative_lstsq
+from disttrain.lab.collective_paths import critical_path
+
+__all__ = [
+    "STAT",
+    "bench_allreduce_rows",
+    "bench_dp_rows",
+    "calibrate",
+    "describe",
+    "fit_shared_link",
+    "mlp_params",
+]
+
+#: The per-row statistic the allreduce fits and the validation use.
+STAT = "time_p10_s"
+CAL_SIZES = ("4KB", "1MB", "8MB")
+CAL_BATCH = 16  # per-rank samples of the compute calibration (and 4x that)
+
+
+def _run_quiet(module: Any, parser_args: list[str]) -> dict[str, Any]:
+    """Parse ``parser_args`` with a bench's own flags, run it, return its JSON (output hidden)."""
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    with tempfile.TemporaryDirectory(prefix="disttrain-cal-") as folder:
+        path = os.path.join(folder, "rows.json")
+        args = parser.parse_args([*parser_args, "--json", path])
+        with contextlib.redirect_stdout(io.StringIO()):
+            code = module.run(args)
+        if code != 0:
+            raise RuntimeError(f"bench {' '.join(parser_args)} exited {code}")
+        with open(path) as fh:
+            result: dict[str, Any] = json.load(fh)
+    return result
+
+
+def bench_allreduce_rows(
+    workers: int, sizes: Sequence[str], algorithms: Sequence[str], iters: int = 10, warmup: int = 2
+) -> list[dict[str, Any]]:
+    """`disttrain bench allreduce` rows (length check off: training runs without it)."""
+    from disttrain.lab import bench_allreduce
+
+    got = _run_quiet(bench_allreduce, [
+        "--workers", str(workers), "--sizes", ",".join(sizes), "--algorithms",
+        ",".join(algorithms), "--iters", str(iters), "--warmup", str(warmup),
+        "--no-length-check", "--no-progress"])  # fmt: skip
+    rows: list[dict[str, Any]] = got["rows"]
+    return rows
+
+
+def bench_dp_rows(
+    workers: int, batch_size: int, fusion_mb: float = 4.0, steps: int = 10, warmup: int = 2
+) -> dict[str, Any]:
+    """`disttrain bench dp` rows for the mlp (name -> samples/s and per-phase medians)."""
+    from disttrain.lab import bench_dp
+
+    got = _run_quiet(bench_dp, [
+        "--workers", str(workers), "--model", "mlp", "--batch-size", str(batch_size),
+        "--fusion-mb", str(fusion_mb), "--steps", str(steps), "--warmup", str(warmup)])  # fmt: skip
+    rows: dict[str, Any] = got["rows"]
+    return rows
+
+
+def mlp_params() -> tuple[int, list[int]]:
+    """The bench mlp's parameter count and its gradient tensors' sizes in bytes (fp32)."""
+    from disttrain.data import load_dataset
+    from disttrain.models import build_model
+
+    data = load_dataset("digits", 2048, 64, 10, 64, 400_000)  # as bench dp loads it
+    model = build_model("mlp", data)
+    sizes = [p.numel() * 4 for p in model.parameters()]
+    return sum(sizes) // 4, sizes
+
+
+def fit_shared_link(rows: Sequence[dict[str, Any]], n: int) -> list[float]:
+    """[α, δ, β] of ranks sharing this host, from bench allreduce rows at ``n`` ranks."""
+    paths = [critical_path(r["algorithm"], r["size"], n, 4) for r in rows]
+    feats = [[p.steps, p.total_messages, p.total_bytes] for p in paths]
+    return nonneg_relative_lstsq(feats, [r[STAT] for r in rows])
+
+
+def _gamma(nbytes: int = 8 << 20, reps: int = 15) -> float:
+    import torch
+
+    a = torch.ones(nbytes // 4)
+    b = torch.ones(nbytes // 4)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a.add_(b)
+        times.append(time.perf_counter() - t0)
+    return min(times) / nbytes  # the least loaded of the repetitions, as STAT does
+
+
+def _codec(entries: int = 1 << 20, reps: int = 5) -> tuple[float, float]:
+    import torch
+
+    from disttrain.compression.onebit import OneBit
+
+    g = torch.randn(entries, generator=torch.Generator().manual_seed(0))
+    codec = OneBit(float(g.abs().quantile(0.99)))  # 1 % of the entries sent
+    enc, dec = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        payload, _ = codec.compress_and_decode(g)
+        enc.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        codec.decompress(payload)
+        dec.append(time.perf_counter() - t0)
+    return min(enc) / entries, min(dec) / entries
+
+
+def _compute_seconds(row: dict[str, Any]) -> float:
+    ms = row["step_ms"]
+    return float(ms.get("forward_backward", 0.0) + ms.get("optimizer", 0.0)) / 1e3
+
+
+def calibrate(
+    workers: int = 4,
+    sizes: Sequence[str] = CAL_SIZES,
+    algorithms: Sequence[str] = ("ring", "tree", "star", "alltoall"),
+    progress: bool = True,
+) -> Calibration:
+    """Run the benches on this machine (2..``workers`` ranks) and fit every constant."""
+
+    def say(text: str) -> None:
+        if progress:
+            print(f"calibrate: {text}", flush=True)
+
+    load_before = os.getloadavg()
+    loopback: dict[str, list[float]] = {}
+    raw: dict[str, Any] = {}
+    for n in range(2, workers + 1):
+        say(f"bench allreduce on {n} ranks ({', '.join(algorithms)}; {', '.join(sizes)})")
+        rows = bench_allreduce_rows(n, sizes, algorithms)
+        loopback[str(n)] = fit_shared_link(rows, n)
+        raw[f"allreduce_{n}"] = [{k: r[k] for k in ("algorithm", "size", STAT)} for r in rows]
+        if n == 2:
+            paths = [critical_path(r["algorithm"], r["size"], 2, 4) for r in rows]
+            alpha, beta = nonneg_relative_lstsq(
+                [[p.steps, p.critical_bytes] for p in paths], [r[STAT] for r in rows]
+            )
+    say("memory reduction rate and one-bit codec")
+    gamma = _gamma()
+    enc, dec = _codec()
+    params, _ = mlp_params()
+    say(f"bench dp, 1 rank, batch {CAL_BATCH} and {4 * CAL_BATCH} (mlp, {params:,} parameters)")
+    points = []
+    for batch in (CAL_BATCH, 4 * CAL_BATCH):
+        points.append((float(batch), _compute_seconds(bench_dp_rows(1, batch)["plain"])))
+    s_flop, s_param = fit_compute(points, params, 6.0 * params)
+    base = points[0][1]
+    colocation: dict[str, float] = {}
+    for n in range(2, workers + 1):
+        say(f"bench dp, {n} ranks at {CAL_BATCH} samples each")
+        row = bench_dp_rows(n, CAL_BATCH * n)["dp fusion=4 no-overlap"]
+        colocation[str(n)] = max(1.0, _compute_seconds(row) / base)
+    return Calibration(
+        alpha=alpha, beta=beta, gamma=gamma, seconds_per_flop=s_flop, seconds_per_param=s_param,
+        seconds_per_encode=enc, seconds_per_decode=dec, cores=os.cpu_count() or 1,
+        colocation=colocation, loopback=loopback,
+        source=f"calibrated on {os.uname().nodename} at {time.strftime('%Y-%m-%d %H:%M:%S')}",
+        meta={"loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+              "compute_points": points, "params": params, "stat": STAT, "rows": raw},
+    )  # fmt: skip
+
+
+def describe(cal: Calibration) -> str:
+    """A few lines a person can read: each constant in its usual unit."""
+    lines = [
+        cal.source,
+        f"link (n=2, critical path): α {cal.alpha * 1e6:.1f} us, "
+        f"1/β {1 / cal.beta / 1e9 if cal.beta else float('inf'):.3g} GB/s",
+        f"memory reduction: 1/γ {1 / cal.gamma / 1e9 if cal.gamma else float('inf'):.3g} GB/s",
+        f"compute: {1 / cal.seconds_per_flop / 1e9 if cal.seconds_per_flop else float('inf'):.3g}"
+        f" GFLOP/s forward+backward, {cal.seconds_per_param * 1e9:.3g} ns per parameter per step",
+        f"one-bit codec: encode {cal.seconds_per_encode * 1e9:.3g} ns, "
+        f"decode {cal.seconds_per_decode * 1e9:.3g} ns per entry",
+    ]
+    for n, (a, d, b) in sorted(cal.loopback.items()):
+        rate = 1 / b / 1e9 if b else float("inf")
+        lines.append(
+            f"loopback, {n} ranks sharing {cal.cores} cores: α {a * 1e6:.1f} us/step, "
+            f"δ {d * 1e6:.1f} us/message, 1/β {rate:.3g} GB/s over all ranks; "
+            f"compute ×{cal.colocation.get(n, 1.0):.2f}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,147 @@
+"""Calibrated constants of the cost model (α, β, γ, compute rates), their fits and their JSON file.
+
+Fits are weighted least squares on *relative* residuals (each row divided by its
+measured time), so a 4 KB allreduce of 200 us counts as much as a 64 MB one of
+0.5 s, with the constraint that every constant is non-negative (all subsets of the
+unknowns are tried; the best non-negative one wins: exact for 2-3 unknowns).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_PATH",
+    "Calibration",
+    "fit_compute",
+    "fit_link",
+    "nonneg_relative_lstsq",
+]
+
+#: Where ``disttrain advise --calibrate`` writes, and ``advise`` reads, by default.
+DEFAULT_PATH = os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+    "disttrain",
+    "calibration.json",
+)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Constants of one machine. Times in seconds; ``loopback`` maps ranks -> (α, β, γ)."""
+
+    alpha: float = 20e-6  # per message
+    beta: float = 1 / 1.0e9  # per byte on a link
+    gamma: float = 1 / 2.0e9  # per byte added in memory
+    seconds_per_flop: float = 1 / 20e9  # forward+backward
+    seconds_per_param: float = 5e-9  # optimizer step and per-step fixed work per parameter
+    seconds_per_encode: float = 2e-9  # compress one gradient entry (error feedback included)
+    seconds_per_decode: float = 1e-9  # decode one peer's payload, per gradient entry
+    cores: int = 1
+    colocation: dict[str, float] = field(default_factory=dict)  # ranks on one host -> slowdown
+    loopback: dict[str, list[float]] = field(default_factory=dict)  # ranks -> [α, β, γ]
+    source: str = "built-in defaults (not calibrated: run `disttrain advise --calibrate`)"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def defaults(cls) -> Calibration:
+        return cls()
+
+    def colocation_factor(self, ranks_per_host: int) -> float:
+        """How much slower compute runs with this many ranks sharing one host's cores."""
+        if ranks_per_host <= 1:
+            return 1.0
+        measured = self.colocation.get(str(ranks_per_host))
+        if measured is not None:
+            return measured
+        return max(1.0, ranks_per_host / max(1, self.cores))
+
+    def loopback_link(self, ranks: int) -> tuple[float, float, float]:
+        """(α, β, γ) fitted over loopback with ``ranks`` local ranks, else the closest fitted."""
+        if not self.loopback:
+            return self.alpha, self.beta, self.gamma
+        key = min(self.loopback, key=lambda k: (abs(int(k) - ranks), int(k)))
+        a, b, g = self.loopback[key]
+        return a, b, g
+
+    def save(self, path: str) -> None:
+        folder = os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        with open(path, "w") as fh:
+            json.dump(asdict(self), fh, indent=1)
+
+    @classmethod
+    def load(cls, path: str) -> Calibration:
+        """Read a calibration file; ValueError (one line) if it is not one."""
+        try:
+            with open(path) as fh:
+                raw = json.load(fh)
+        except FileNotFoundError:
+            raise ValueError(f"calibration file {path} does not exist") from None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"calibration file {path} is not readable JSON ({exc})") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"calibration file {path}: expected a JSON object")
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"calibration file {path}: unknown keys {', '.join(unknown)}")
+        try:
+            cal = cls(**raw)
+        except TypeError as exc:
+            raise ValueError(f"calibration file {path}: {exc}") from None
+        for name in ("alpha", "beta", "gamma", "seconds_per_flop", "seconds_per_param"):
+            value = getattr(cal, name)
+            if not isinstance(value, int | float) or value < 0:
+                raise ValueError(f"calibration file {path}: {name} must be a number >= 0")
+        return cal
+
+
+def nonneg_relative_lstsq(rows: Sequence[Sequence[float]], times: Sequence[float]) -> list[float]:
+    """x >= 0 minimising Σ ((rows·x - t) / t)²: every subset of unknowns, best feasible fit."""
+    a = np.asarray(rows, dtype=np.float64)
+    t = np.asarray(times, dtype=np.float64)
+    if a.ndim != 2 or len(a) != len(t) or len(t) == 0:
+        raise ValueError("need one row of features per measured time")
+    if np.any(t <= 0):
+        raise ValueError("measured times must be positive")
+    w = a / t[:, None]
+    k = a.shape[1]
+    best: tuple[float, list[float]] = (float("inf"), [0.0] * k)
+    for size in range(k, 0, -1):
+        for cols in itertools.combinations(range(k), size):
+            sol, *_ = np.linalg.lstsq(w[:, cols], np.ones(len(t)), rcond=None)
+            if np.any(sol < 0):
+                continue
+            x = [0.0] * k
+            for c, v in zip(cols, sol, strict=True):
+                x[c] = float(v)
+            err = float(np.sum((w @ np.asarray(x) - 1.0) ** 2))
+            if err < best[0] - 1e-15:
+                best = (err, x)
+    return best[1]
+
+
+def fit_link(paths: Sequence[tuple[int, int, int]], times: Sequence[float]) -> tuple[float, ...]:
+    """(α, β, γ) from measured allreduce times and their (steps, critical bytes, reduced bytes)."""
+    a, b, g = nonneg_relative_lstsq([list(p) for p in paths], times)
+    return a, b, g
+
+
+def fit_compute(
+    points: Sequence[tuple[float, float]], params: int, flops_per_sample: float
+) -> tuple[float, float]:
+    """(seconds per flop, seconds per parameter) from (samples per rank, step seconds) points.
+
+    step = samples·flops_per_sample·s_flop + params·s_param: two or more batch sizes.
+    """
+    rows = [[samples * flops_per_sample, float(params)] for samples, _ in points]
+    s_flop, s_param = nonneg_relative_lstsq(rows, [t for _, t in points])
+    return s_flop, s_param

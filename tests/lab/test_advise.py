@@ -1,0 +1,125 @@
+"""`disttrain advise`: units, the ranked table, the calibration file, bad input (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from disttrain.cli import main
+from disttrain.comm.errors import UsageError
+from disttrain.lab.advise import parse_count, parse_duration
+from disttrain.lab.calibration import Calibration
+
+
+def test_units() -> None:
+    assert parse_count("25M", "--params") == 25e6
+    assert parse_count("1.5B", "--params") == 1.5e9
+    assert parse_count("350k", "--params") == 350e3
+    assert parse_count("10000", "--nodes") == 10_000
+    assert parse_count("20T", "--flops") == 20e12
+    assert parse_duration("5us", "--latency") == pytest.approx(5e-6)
+    assert parse_duration("0.2ms", "--latency") == pytest.approx(2e-4)
+    assert parse_duration("1s", "--latency") == 1.0
+    assert parse_duration("30ns", "--latency") == pytest.approx(3e-8)
+    for bad in ("", "M", "25X", "-3M", "0", "1e"):
+        with pytest.raises(UsageError):
+            parse_count(bad, "--params")
+    for bad in ("5", "5 parsecs", "-1us", "2h", "120s"):
+        with pytest.raises(UsageError):
+            parse_duration(bad, "--latency")
+
+
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No calibration file from the user's home leaks into the test."""
+    monkeypatch.setattr("disttrain.lab.advise.DEFAULT_PATH", str(tmp_path / "none.json"))
+
+
+def test_ranked_table_and_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _isolated(tmp_path, monkeypatch)
+    out = tmp_path / "rows.json"
+    code = main(["advise", "--params", "25M", "--nodes", "256", "--bandwidth", "25Gbit",
+                 "--latency", "5us", "--json", str(out)])  # fmt: skip
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "allreduce:ring" in text and "built-in defaults" in text
+    rows = json.loads(out.read_text())["rows"]
+    steps = [r["step_seconds"] for r in rows]
+    assert steps == sorted(steps)
+    assert all(r["reason"] for r in rows)
+    assert json.loads(out.read_text())["network"]["beta"] == pytest.approx(8 / 25e9)
+
+
+def test_latency_and_size_change_the_winner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _isolated(tmp_path, monkeypatch)
+    out = tmp_path / "rows.json"
+
+    def first(params: str, latency: str) -> str:
+        main(["advise", "--params", params, "--nodes", "64", "--bandwidth", "10gbit",
+              "--latency", latency, "--fusion-mb", "0", "--json", str(out),
+              "--strategies", "allreduce:ring,allreduce:butterfly,allreduce:tree"])  # fmt: skip
+        return str(json.loads(out.read_text())["rows"][0]["strategy"])
+
+    assert first("1K", "100us") in ("allreduce:butterfly", "allreduce:tree")
+    assert first("100M", "1us") == "allreduce:ring"
+
+
+def test_uses_the_calibration_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _isolated(tmp_path, monkeypatch)
+    path = tmp_path / "cal.json"
+    Calibration(seconds_per_flop=1e-9, source="calibrated on a test box").save(str(path))
+    out = tmp_path / "rows.json"
+    assert main(["advise", "--params", "1M", "--nodes", "4", "--calibration", str(path),
+                 "--strategies", "allreduce:ring", "--json", str(out)]) == 0  # fmt: skip
+    assert "calibrated on a test box" in capsys.readouterr().out
+    row = json.loads(out.read_text())["rows"][0]
+    # 32 samples per node x 6 flops per parameter x 1M parameters x 1 ns
+    assert row["compute_seconds"] == pytest.approx(32 * 6e6 * 1e-9 + 1e6 * 5e-9)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--params", "25X", "--nodes", "4"],
+        ["--params", "25M", "--nodes", "10001"],
+        ["--params", "25M", "--nodes", "2.5"],
+        ["--params", "25M", "--bandwidth", "fast"],
+        ["--params", "25M", "--bandwidth", "25Gbit", "--latency", "5 lightyears"],
+        ["--params", "25M", "--batch-size", "2", "--nodes", "4"],
+        ["--params", "25M", "--strategies", "allreduce:nope"],
+        ["--params", "25M", "--strategies", "localsgd:0"],
+        ["--params", "25M", "--servers", "0"],
+        ["--params", "25M", "--calibration", "/no/such/file.json"],
+        ["--nodes", "4"],
+        ["--calibrate", "--workers", "1"],
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    flags: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    _isolated(tmp_path, monkeypatch)
+    try:
+        code = main(["advise", *flags])
+    except SystemExit as exc:  # argparse's own errors
+        code = int(exc.code or 0)
+    assert code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "error" in lines[0], lines
+
+
+def test_bad_input_from_the_command_line() -> None:
+    proc = subprocess.run([sys.executable, "-m", "disttrain", "advise", "--params", "25M",
+                           "--bandwidth", "100mbps!"], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "--bandwidth" in proc.stderr

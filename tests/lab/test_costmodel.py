@@ -1,0 +1,211 @@
+"""The cost model: cost() reproduced, closed forms, ranking flips, fits that recover constants."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from disttrain import collectives
+from disttrain.lab import costmodel
+from disttrain.lab.calibration import Calibration, fit_compute, fit_link, nonneg_relative_lstsq
+from disttrain.lab.collective_paths import critical_path
+
+ALGS = [a for a in collectives.ALGORITHMS]
+CAL = Calibration.defaults()
+
+
+@pytest.mark.parametrize("algorithm", ALGS)
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7, 8, 9])
+@pytest.mark.parametrize("nbytes", [4, 4096, 1000 * 4, 12345 * 4])
+def test_bytes_and_messages_are_each_algorithms_cost(algorithm: str, n: int, nbytes: int) -> None:
+    algo = collectives.get(algorithm)
+    costs = [algo.cost(nbytes, n, r, 4) for r in range(n)]
+    path = critical_path(algorithm, nbytes, n, 4)
+    assert path.bytes_per_rank == max(c.bytes_sent for c in costs)
+    assert path.messages_per_rank == max(c.messages for c in costs)
+    assert path.total_bytes == sum(c.bytes_sent for c in costs)
+    assert path.total_messages == sum(c.messages for c in costs)
+
+
+def test_ring_closed_form() -> None:
+    # T = 2(n-1)·α + 2(n-1)/n·S·β, for S divisible by n
+    alpha, beta, n, s = 7e-6, 1 / 3e9, 8, 8 * 1024 * 4
+    t, path = costmodel.allreduce_seconds("ring", s, n, costmodel.Network(alpha, beta, 0.0), CAL)
+    assert path.steps == 2 * (n - 1)
+    assert t == pytest.approx(2 * (n - 1) * alpha + 2 * (n - 1) / n * s * beta, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "n", "steps", "bytes_in_s"),
+    [
+        ("butterfly", 8, 3, 3.0),  # log2(n) whole arrays
+        ("butterfly", 6, 4, 4.0),  # log2(4) + a fold step at each end
+        ("halving_doubling", 8, 6, 2 * 7 / 8),  # 2·log2(n) steps, 2(n-1)/n·S
+        ("halving_doubling", 5, 6, 2 * 3 / 4 + 2),  # p = 4, + S each way to the folded pair
+        ("tree", 7, 4, 8.0),  # 2·log2(n) levels, 2S through a parent per level
+        ("tree", 2, 2, 2.0),  # one child: S up, S down
+        ("star", 5, 5, 8.0),  # 2(n-1)·S through the root, n messages
+        ("alltoall", 5, 4, 4.0),  # (n-1)·S from every rank
+        ("roundrobin", 4, 6, 1.5),
+    ],
+)
+def test_closed_forms_by_hand(algorithm: str, n: int, steps: int, bytes_in_s: float) -> None:
+    s = 960 * 4  # divisible by every n used
+    path = critical_path(algorithm, s, n, 4)
+    assert path.steps == steps
+    assert path.critical_bytes == pytest.approx(bytes_in_s * s)
+    assert path.seconds(1.0, 0.0, 0.0) == steps
+    assert path.seconds(0.0, 2.0, 0.0) == pytest.approx(2 * bytes_in_s * s)
+
+
+def _time(alg: str, nbytes: int, n: int, net: costmodel.Network) -> float:
+    return costmodel.allreduce_seconds(alg, nbytes, n, net, CAL)[0]
+
+
+def test_small_messages_on_high_latency_favour_few_steps() -> None:
+    net = costmodel.Network(alpha=50e-6, beta=1 / 10e9, gamma=0.0)
+    ring = _time("ring", 4096, 64, net)
+    assert _time("butterfly", 4096, 64, net) < ring
+    assert _time("tree", 4096, 64, net) < ring
+    assert _time("halving_doubling", 4096, 64, net) < ring
+
+
+def test_large_messages_favour_bandwidth_optimal() -> None:
+    net = costmodel.Network(alpha=5e-6, beta=1 / 1e9, gamma=1 / 10e9)
+    s = 256 << 20
+    for fast in ("ring", "halving_doubling"):
+        for slow in ("butterfly", "tree", "star", "alltoall"):
+            assert _time(fast, s, 64, net) < _time(slow, s, 64, net), (fast, slow)
+
+
+def test_star_degrades_with_n() -> None:
+    net = costmodel.Network(alpha=5e-6, beta=1 / 1e9, gamma=0.0)
+    ratios = [_time("star", 1 << 20, n, net) / _time("ring", 1 << 20, n, net) for n in (2, 8, 64)]
+    assert ratios[0] < ratios[1] < ratios[2]
+
+
+def test_fusion_buckets_set_latency_terms() -> None:
+    net = costmodel.Network(alpha=1e-3, beta=0.0, gamma=0.0)
+    cal = Calibration(seconds_per_flop=0.0, seconds_per_param=0.0)
+    work = costmodel.Workload(params=4 << 20, batch_size=64)  # 16 MB of gradients
+    one = costmodel.predict("allreduce:ring", work, 4, net, cal)
+    many = costmodel.predict("allreduce:ring", costmodel.Workload(
+        params=4 << 20, batch_size=64, bucket_bytes=1 << 20), 4, net, cal)  # fmt: skip
+    assert one.comm_seconds == pytest.approx(4 * 6 * 1e-3)  # 4 MB buckets: 4 x 2(n-1) steps
+    assert many.comm_seconds == pytest.approx(16 * 6 * 1e-3)
+    assert costmodel.bucket_sizes(10, 4) == [4, 4, 2]
+    assert costmodel.bucket_sizes(10, 0) == [10]
+
+
+def test_strategies_relate_as_their_definitions() -> None:
+    net = costmodel.Network(alpha=5e-6, beta=8 / 10e9)
+    work = costmodel.Workload(params=10_000_000, batch_size=64 * 16, bucket_bytes=0)
+    ring = costmodel.predict("allreduce:ring", work, 16, net, CAL)
+    local = costmodel.predict("localsgd:8:ring", work, 16, net, CAL)
+    assert local.comm_seconds == pytest.approx(ring.comm_seconds / 8)
+    assert local.compute_seconds == ring.compute_seconds
+    one_server = costmodel.predict("ps:sync", work, 16, net, CAL)
+    many = costmodel.predict("ps:sync", costmodel.Workload(
+        params=10_000_000, batch_size=64 * 16, servers=16), 16, net, CAL)  # fmt: skip
+    assert many.comm_seconds < one_server.comm_seconds
+    assert costmodel.predict("ps:async", work, 16, net, CAL).step_seconds <= one_server.step_seconds
+    everyone = costmodel.predict("decentralized:0.01", work, 1000, net, CAL)
+    gossip = costmodel.predict("decentralized:0.01:ring", work, 1000, net, CAL)
+    assert gossip.comm_seconds < everyone.comm_seconds
+    assert costmodel.compressed_bytes(1_000_000, 0.01) < 1_000_000 * 4 // 32
+
+
+def test_efficiency_is_one_on_one_node_and_falls_with_comm() -> None:
+    net = costmodel.Network(alpha=5e-6, beta=8 / 1e9)
+    work = costmodel.Workload(params=25_000_000, batch_size=32)
+    assert costmodel.predict("allreduce:ring", work, 1, net, CAL).efficiency == 1.0
+    big = costmodel.Workload(params=25_000_000, batch_size=32 * 64)
+    assert costmodel.predict("allreduce:ring", big, 64, net, CAL).efficiency < 1.0
+
+
+def test_ten_thousand_nodes() -> None:
+    net = costmodel.Network(alpha=5e-6, beta=8 / 25e9)
+    work = costmodel.Workload(params=25_000_000, batch_size=32 * 10_000)
+    preds = costmodel.rank(costmodel.DEFAULT_STRATEGIES, work, 10_000, net, CAL)
+    assert len(preds) == len(costmodel.DEFAULT_STRATEGIES)
+    assert all(math.isfinite(p.step_seconds) and p.step_seconds > 0 for p in preds)
+    assert [p.step_seconds for p in preds] == sorted(p.step_seconds for p in preds)
+    ring = next(p for p in preds if p.strategy == "allreduce:ring")
+    assert ring.reason.startswith("latency-bound")  # 2·9,999 steps per bucket at 5 us
+
+
+def test_unknown_strategy_is_a_value_error() -> None:
+    work = costmodel.Workload(params=10, batch_size=1)
+    net = costmodel.Network(1e-6, 1e-9)
+    for bad in ("allreduce:nope", "gossip", "localsgd:0", "decentralized:2"):
+        with pytest.raises(ValueError):
+            costmodel.predict(bad, work, 2, net, CAL)
+
+
+def test_fit_recovers_alpha_beta_gamma() -> None:
+    alpha, beta, gamma = 37e-6, 1 / 2.5e9, 1 / 7e9
+    rows, times = [], []
+    for i, alg in enumerate(ALGS):
+        for n in (2, 3, 4, 8):
+            for s in (4096, 1 << 16, 1 << 20, 1 << 24):
+                p = critical_path(alg, s, n, 4)
+                noise = 1 + 0.002 * ((i + n + s) % 3 - 1)  # ±0.2 %, deterministic
+                rows.append((p.steps, p.critical_bytes, p.reduced_bytes))
+                times.append(p.seconds(alpha, beta, gamma) * noise)
+    a, b, g = fit_link(rows, times)
+    assert a == pytest.approx(alpha, rel=0.01)
+    assert b == pytest.approx(beta, rel=0.01)
+    assert g == pytest.approx(gamma, rel=0.01)
+
+
+def test_fit_compute_recovers_rates() -> None:
+    params, flops = 1_000_000, 6e6
+    s_flop, s_param = 1 / 30e9, 4e-9
+    points = [(b, b * flops * s_flop + params * s_param) for b in (8.0, 32.0, 128.0)]
+    got = fit_compute(points, params, flops)
+    assert got[0] == pytest.approx(s_flop, rel=0.01)
+    assert got[1] == pytest.approx(s_param, rel=0.01)
+
+
+def test_nonneg_fit_never_returns_negative() -> None:
+    # t grows with the first feature only; an unconstrained fit would make x2 negative
+    x = nonneg_relative_lstsq([[1, 5], [2, 1], [3, 9], [4, 0]], [1.0, 2.1, 2.9, 4.2])
+    assert all(v >= 0 for v in x)
+    with pytest.raises(ValueError):
+        nonneg_relative_lstsq([[1.0]], [0.0])
+
+
+def test_calibration_round_trip(tmp_path: pytest.TempPathFactory) -> None:
+    path = str(tmp_path / "sub" / "cal.json")  # type: ignore[operator]
+    cal = Calibration(alpha=1e-5, loopback={"2": [1e-5, 2e-6, 1e-9]}, colocation={"2": 1.4})
+    cal.save(path)
+    back = Calibration.load(path)
+    assert back == cal
+    assert back.loopback_link(3) == (1e-5, 2e-6, 1e-9)  # the closest fitted
+    assert back.colocation_factor(2) == 1.4
+    assert Calibration(cores=2).colocation_factor(4) == 2.0
+    with open(path, "w") as fh:
+        fh.write('{"alpha": -1}')
+    with pytest.raises(ValueError, match="alpha"):
+        Calibration.load(path)
+    with open(path, "w") as fh:
+        fh.write('{"nonsense": 1}')
+    with pytest.raises(ValueError, match="unknown keys"):
+        Calibration.load(path)
+
+
+def test_shared_host_fit_recovers_its_constants() -> None:
+    from disttrain.lab.calibrate import STAT, fit_shared_link
+
+    alpha, delta, beta = 120e-6, 30e-6, 1 / 2e9
+    rows = []
+    for alg in ALGS:
+        for s in (4096, 1 << 16, 1 << 20, 8 << 20):
+            p = critical_path(alg, s, 4, 4)
+            rows.append({"algorithm": alg, "size": s, STAT: p.shared_seconds(alpha, delta, beta)})
+    a, d, b = fit_shared_link(rows, 4)
+    assert (a, d, b) == pytest.approx((alpha, delta, beta), rel=0.01)
+    net = costmodel.Network(alpha=a, beta=b, delta=d, shared_host=True)
+    t, p = costmodel.allreduce_seconds("ring", 1 << 20, 4, net, CAL)
+    assert t == pytest.approx(p.steps * a + p.total_messages * d + p.total_bytes * b)
