@@ -78,6 +78,17 @@ def build_parser() -> argparse.ArgumentParser:
     from disttrain.launch import cluster
 
     cluster.add_arguments(sub.add_parser("cluster", help="an emulated multi-host cluster"), _Parser)
+    from disttrain.lab import compare
+
+    compare_parser = sub.add_parser(
+        "compare",
+        help="run the same workload under several strategies and write a report",
+        argument_default=argparse.SUPPRESS,
+        description="Train the same workload under each of --strategies; write DIR/report.md "
+        "and report.html (see docs/lab.md). Train flags given here go to every run.",
+    )
+    _add_config_flags(compare_parser)
+    compare.add_arguments(compare_parser)
     return parser
 
 
@@ -240,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
             from disttrain.launch import cluster
 
             return cluster.main(ns)
+        if ns.command == "compare":
+            from disttrain.lab import compare
+
+            return compare.run(ns, argv)
         module = importlib.import_module(ns.bench_module)
         return int(module.run(ns))
     except UsageError as exc:
