@@ -57,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--algorithms-table",
         action="store_true",
+        default=False,  # the compare parser suppresses defaults not given explicitly
         help="also measure one allreduce per algorithm (star, tree, butterfly, ring) on --workers",
     )
     parser.add_argument(
