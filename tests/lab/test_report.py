@@ -84,7 +84,7 @@ def test_rows_and_ratios() -> None:
     assert rows[3] == {"run": "ps:async", "status": "failed: ps: rank 1 died"}
     lines = speedup_lines([DENSE, ONEBIT, NEVER, FAILED], 0.9)
     assert "7.50x sooner than allreduce:ring" in lines[1]
-    assert lines[2] == "localsgd:period=16 did not reach 0.9."
+    assert lines[2] == "localsgd:period=16 did not reach 0.9 (best 0.7000)."
     assert "failed" in lines[3]
     slower = speedup_lines([ONEBIT, DENSE], 0.9)
     assert "7.50x later" in slower[1]

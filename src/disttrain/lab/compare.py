@@ -190,6 +190,7 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
     _check_runs(specs, common)
     launcher: list[str] = []
     net = "this machine, loopback (one node)"
+    given = common  # the report states the total workers, the network line the split
     if ns.cluster:
         launcher, per_host, net = _cluster_launcher(ns.cluster, workers, ns.run_timeout)
         common = {**common, "workers": per_host}
@@ -198,7 +199,7 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
 
         parse_size(ns.table_size)
     os.makedirs(out, exist_ok=True)
-    meta = _meta(ns, argv, common, net)
+    meta = _meta(ns, argv, given, net)
     results: list[RunResult] = []
     show = getattr(ns, "progress", True) and sys.stderr.isatty()
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
@@ -209,7 +210,9 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
                 print(f"compare: run {i}/{len(specs)}: {spec.label}", file=sys.stderr)
             flags = spec.flags(common)
             try:
-                summary = train_run(flags, timeout=ns.run_timeout, launcher=launcher)
+                # on the cluster, `cluster run --timeout` stops the nodes first and cleans up
+                limit = ns.run_timeout + (60 if launcher else 0)
+                summary = train_run(flags, timeout=limit, launcher=launcher)
                 results.append(RunResult(spec.label, flags, summary))
                 status = "done"
             except (RunFailed, OSError) as exc:

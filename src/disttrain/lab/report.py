@@ -103,7 +103,8 @@ def speedup_lines(runs: list[RunResult], target: float) -> list[str]:
         if run.summary is None:
             lines.append(f"{run.label} failed: {run.error}")
         elif reached is None:
-            lines.append(f"{run.label} did not reach {target:g}.")
+            best = max((m.get("test_accuracy") or 0.0 for m in run.evaluations), default=0.0)
+            lines.append(f"{run.label} did not reach {target:g} (best {best:.4f}).")
         else:
             ratio = anchor[0] / reached[0]
             word = "sooner" if ratio >= 1 else "later"

@@ -67,6 +67,10 @@ def draw_plots(out_dir: str, runs: list[RunResult], target: float) -> dict[str, 
                 xs, ys = [a for a in xs if a > 0], [b for a, b in zip(xs, ys, strict=True) if a > 0]
             if xs:
                 ax.plot(xs, ys, marker="o", label=run.label)
+        if x == "epoch":
+            from matplotlib.ticker import MaxNLocator
+
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if x == "bytes_sent" and ax.lines:
             ax.set_xscale("log")
         if name == "accuracy_vs_time.png":
