@@ -145,3 +145,70 @@ def test_compare_two_strategies_end_to_end(
     assert runs[1]["summary"]["config"]["period"] == 2
     for name in ("report.html", "loss_vs_epoch.png", "throughput.png"):
         assert os.path.getsize(os.path.join(out, name)) > 1000
+
+
+def _fake_summary(flags: dict[str, object]) -> dict[str, object]:
+    evaluation = {"step": 2, "epoch": 0, "test_loss": 1.0, "test_accuracy": 0.95,
+                  "wall_seconds": 3.0, "bytes_sent": 10}  # fmt: skip
+    return {"final_accuracy": 0.95, "final_loss": 1.0, "wall_seconds": 3.5,
+            "samples_per_second": 40.0, "bytes_sent_per_rank": 10.0, "steps": 2,
+            "flags": flags, "metrics": [evaluation]}  # fmt: skip
+
+
+def test_failed_run_is_reported_and_the_others_still_run(
+    tmp_path: object, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from disttrain.lab import runs
+
+    calls: list[tuple[dict[str, object], list[str]]] = []
+
+    def fake_train_run(flags: dict[str, object], timeout: float, launcher: list[str]) -> object:
+        calls.append((flags, list(launcher)))
+        if flags["strategy"] == "ps":
+            raise runs.RunFailed("train --strategy ps: disttrain: rank 1 stopped")
+        return _fake_summary(flags)
+
+    monkeypatch.setattr(runs, "train_run", fake_train_run)
+    out = os.path.join(str(tmp_path), "cmp")
+    argv = ["compare", "--strategies", "ps:async, localsgd:4", "--workers", "2", "--out", out]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "compare: ps:async failed: train --strategy ps: disttrain: rank 1 stopped" in err
+    assert [c[0]["strategy"] for c in calls] == ["ps", "localsgd"]
+    assert calls[1][0] == {"workers": 2, "strategy": "localsgd", "period": 4} and not calls[1][1]
+    with open(os.path.join(out, "report.md")) as fh:
+        report = fh.read()
+    assert "| ps:async | failed: train --strategy ps: disttrain: rank 1 stopped |" in report
+    assert "| localsgd:4 | ok | 0.9500 |" in report
+
+
+def test_cluster_runs_go_through_cluster_run(
+    tmp_path: object, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--cluster: each run is `disttrain cluster run --name N -- ...`, --workers split by host."""
+    from disttrain.lab import runs
+    from disttrain.launch import cluster, netns
+
+    layout = cluster.plan("cmpt", 2, "100mbit")
+    monkeypatch.setattr(netns, "check_tools", lambda: None)
+    monkeypatch.setattr(cluster, "load", lambda name: layout if name == "cmpt" else None)
+    calls: list[tuple[dict[str, object], list[str]]] = []
+
+    def fake_train_run(flags: dict[str, object], timeout: float, launcher: list[str]) -> object:
+        calls.append((flags, list(launcher)))
+        return _fake_summary(flags)
+
+    monkeypatch.setattr(runs, "train_run", fake_train_run)
+    out = os.path.join(str(tmp_path), "cmp")
+    argv = ["compare", "--strategies", "allreduce:ring", "--workers", "4", "--cluster", "cmpt",
+            "--run-timeout", "77", "--out", out]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    flags, launcher = calls[0]
+    assert flags["workers"] == 2  # 4 in all, over 2 hosts
+    assert launcher[1:] == ["-m", "disttrain", "cluster", "run", "--name", "cmpt",
+                            "--timeout", "77.0", "--"]  # fmt: skip
+    with open(os.path.join(out, "report.md")) as fh:
+        report = fh.read()
+    assert "2 hosts x 2 workers, 100 Mbit/s per host link" in report and "workers=4" in report
+    assert main([*argv[:4], "3", "--batch-size", "63", *argv[5:]]) == 2  # 3 workers, 2 hosts
+    assert "not a multiple of the cluster's 2 hosts" in capsys.readouterr().err

@@ -20,6 +20,7 @@ import argparse
 import math
 import os
 import shlex
+import subprocess
 import sys
 import time
 from typing import Any
@@ -215,11 +216,8 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
                 summary = train_run(flags, timeout=limit, launcher=launcher)
                 results.append(RunResult(spec.label, flags, summary))
                 status = "done"
-            except (RunFailed, OSError) as exc:
+            except (RunFailed, OSError, subprocess.TimeoutExpired) as exc:
                 results.append(RunResult(spec.label, flags, None, str(exc)))
-                status = "FAILED"
-            except Exception as exc:  # subprocess.TimeoutExpired and the like
-                results.append(RunResult(spec.label, flags, None, f"{type(exc).__name__}: {exc}"))
                 status = "FAILED"
             progress.update(
                 task, completed=1, description=f"run {i}/{len(specs)}: {spec.label}: {status}"
