@@ -1,4 +1,4 @@
-"""The ``disttrain`` command: ``train``, ``bench`` and ``cluster``.
+"""The ``disttrain`` command: ``train``, ``bench``, ``compare``, ``advise`` and ``cluster``.
 
 Bad input is reported as one line on stderr with exit code 2, before any
 worker starts. A failed worker ends the job with exit code 1 and a line that
@@ -83,6 +83,17 @@ def build_parser() -> argparse.ArgumentParser:
     advise.add_arguments(
         sub.add_parser("advise", help="rank strategies by a calibrated cost model")
     )
+    from disttrain.lab import compare
+
+    compare_parser = sub.add_parser(
+        "compare",
+        help="run the same workload under several strategies and write a report",
+        argument_default=argparse.SUPPRESS,
+        description="Train the same workload under each of --strategies; write DIR/report.md "
+        "and report.html (see docs/lab.md). Train flags given here go to every run.",
+    )
+    _add_config_flags(compare_parser)
+    compare.add_arguments(compare_parser)
     return parser
 
 
@@ -260,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
             from disttrain.lab import advise
 
             return advise.run(ns)
+        if ns.command == "compare":
+            from disttrain.lab import compare
+
+            return compare.run(ns, argv)
         module = importlib.import_module(ns.bench_module)
         return int(module.run(ns))
     except UsageError as exc:

@@ -26,7 +26,7 @@ from typing import Any
 
 from disttrain.comm.errors import UsageError
 
-__all__ = ["add_arguments", "parse_size", "run"]
+__all__ = ["add_arguments", "measure", "parse_size", "run"]
 
 _UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
 _DTYPES = ("float32", "float64", "bfloat16", "float16", "int64")
@@ -317,9 +317,14 @@ def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print("* native's bytes are gloo's documented ring cost, not observed")
 
 
-def run(args: argparse.Namespace) -> int:
+def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Check ``args`` (the flags of :func:`add_arguments`), spawn the ranks, return the rows."""
     sizes, names = _validate(args)
-    rows = _spawn(sizes, names, args)
+    return _spawn(sizes, names, args)
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = measure(args)
     _print(rows, args)
     if args.json_path:
         with open(args.json_path, "w") as fh:

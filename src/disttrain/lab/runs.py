@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["RunFailed", "train_run"]
@@ -16,8 +17,14 @@ class RunFailed(RuntimeError):
     """A benchmark's training run exited non-zero."""
 
 
-def train_run(flags: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
-    """``disttrain train`` with ``flags`` (name -> value; True for a bare switch); its summary."""
+def train_run(
+    flags: dict[str, Any], timeout: float = 1800, launcher: Sequence[str] = ()
+) -> dict[str, Any]:
+    """``disttrain train`` with ``flags`` (name -> value; True for a bare switch); its summary.
+
+    ``launcher`` is a command the train command is appended to, e.g.
+    ``disttrain cluster run --`` to run it as a multi-node job on the emulated cluster.
+    """
     argv = [sys.executable, "-m", "disttrain", "train", "--no-progress"]
     for name, value in flags.items():
         flag = "--" + name.replace("_", "-")
@@ -29,7 +36,7 @@ def train_run(flags: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
             argv += [flag, str(value)]
     with tempfile.TemporaryDirectory(prefix="disttrain-bench-") as out:
         result = subprocess.run(
-            [*argv, "--out", out], capture_output=True, text=True, timeout=timeout,
+            [*launcher, *argv, "--out", out], capture_output=True, text=True, timeout=timeout,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip
         if result.returncode != 0:

@@ -1,0 +1,86 @@
+"""The ``compare`` report's PNG plots (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from disttrain.lab.report import RunResult
+
+__all__ = ["PLOTS", "draw_plots"]
+
+#: file name -> caption, in report order
+PLOTS: dict[str, str] = {
+    "loss_vs_epoch.png": "test loss vs epoch",
+    "loss_vs_time.png": "test loss vs wall time",
+    "accuracy_vs_time.png": "test accuracy vs wall time (dashed: the target)",
+    "accuracy_vs_bytes.png": "test accuracy vs bytes sent by rank 0 (log scale)",
+    "throughput.png": "throughput (samples/s)",
+}
+
+
+def _series(run: RunResult, x: str, y: str) -> tuple[list[float], list[float]]:
+    points = [
+        (m[x], m[y]) for m in run.evaluations if m.get(x) is not None and m.get(y) is not None
+    ]
+    return [float(p[0]) for p in points], [float(p[1]) for p in points]
+
+
+def draw_plots(out_dir: str, runs: list[RunResult], target: float) -> dict[str, str]:
+    """Draw every plot of :data:`PLOTS` into ``out_dir``; name -> path of those drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt
+
+    done = [r for r in runs if r.summary is not None]
+    paths: dict[str, str] = {}
+
+    def save(fig: Any, ax: Any, name: str, xlabel: str, ylabel: str) -> None:
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(PLOTS[name])
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
+        fig.tight_layout()
+        paths[name] = os.path.join(out_dir, name)
+        fig.savefig(paths[name], dpi=100)
+        plt.close(fig)
+
+    curves = (
+        ("loss_vs_epoch.png", "epoch", "test_loss", "epoch", "test loss"),
+        ("loss_vs_time.png", "wall_seconds", "test_loss", "wall time (s)", "test loss"),
+        ("accuracy_vs_time.png", "wall_seconds", "test_accuracy", "wall time (s)", "accuracy"),
+        ("accuracy_vs_bytes.png", "bytes_sent", "test_accuracy", "bytes sent", "test accuracy"),
+    )
+    for name, x, y, xlabel, ylabel in curves:
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for run in done:
+            xs, ys = _series(run, x, y)
+            if x == "epoch":
+                xs = [
+                    v + 1 for v in xs
+                ]  # metrics count epochs from 0; "after epoch 1" reads better
+            if x == "bytes_sent":
+                xs, ys = [a for a in xs if a > 0], [b for a, b in zip(xs, ys, strict=True) if a > 0]
+            if xs:
+                ax.plot(xs, ys, marker="o", label=run.label)
+        if x == "epoch":
+            from matplotlib.ticker import MaxNLocator
+
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if x == "bytes_sent" and ax.lines:
+            ax.set_xscale("log")
+        if name == "accuracy_vs_time.png":
+            ax.axhline(target, color="grey", linestyle="--", linewidth=1)
+        save(fig, ax, name, xlabel, ylabel)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    labels = [r.label for r in done]
+    values = [float((r.summary or {}).get("samples_per_second") or 0.0) for r in done]
+    bars = ax.bar(range(len(values)), values, color="tab:blue")
+    ax.bar_label(bars, fmt="%.0f", fontsize="small")
+    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize="small")
+    save(fig, ax, "throughput.png", "", "samples/s")
+    return paths

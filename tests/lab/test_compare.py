@@ -1,0 +1,214 @@
+"""`disttrain compare`: the spec grammar, bad input refused before any run, and a small real run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from disttrain.cli import main
+from disttrain.comm.errors import UsageError
+from disttrain.lab.compare_spec import parse_one, parse_specs
+
+
+@pytest.mark.parametrize(
+    ("text", "strategy", "settings"),
+    [
+        ("allreduce:ring", "allreduce", {"algorithm": "ring"}),
+        ("ps:async", "ps", {"ps_mode": "async"}),
+        ("localsgd:period=16", "localsgd", {"period": 16}),
+        ("localsgd:8", "localsgd", {"period": 8}),
+        ("decentralized:onebit", "decentralized", {"compression": "onebit:0.03"}),
+        ("decentralized:onebit:0.05", "decentralized", {"compression": "onebit:0.05"}),
+        (
+            "decentralized:compression=topk:0.01:optimizer=sgd:lr=0.5",
+            "decentralized",
+            {"compression": "topk:0.01", "optimizer": "sgd", "lr": 0.5},
+        ),
+        ("ps:ssp:staleness-bound=3:straggler=1:2.5", "ps",
+         {"ps_mode": "ssp", "staleness_bound": 3, "straggler": "1:2.5"}),
+        ("allreduce:overlap=false", "allreduce", {"overlap": False}),
+        ("hybrid:pp=2", "hybrid", {"pp": 2}),
+        ("tensor", "tensor", {}),
+    ],
+)  # fmt: skip
+def test_spec_grammar(text: str, strategy: str, settings: dict[str, object]) -> None:
+    spec = parse_one(text)
+    assert (spec.label, spec.strategy, spec.settings) == (text, strategy, settings)
+    assert type(spec.settings.get("lr", 0.0)) is float
+    common = {"workers": 4, "lr": 0.1, "strategy": "x"}
+    assert spec.flags(common) == {**common, "strategy": strategy, **settings}
+
+
+def test_spec_list() -> None:
+    specs = parse_specs(" allreduce:ring, ps:async ,, decentralized:onebit ")
+    assert [s.label for s in specs] == ["allreduce:ring", "ps:async", "decentralized:onebit"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("nope:1", "unknown strategy 'nope'"),
+        ("", "give at least one"),
+        ("allreduce:ring, allreduce:ring", "listed twice"),
+        ("localsgd:period=x", "period='x' is not a int"),
+        ("allreduce:overlap=maybe", "overlap='maybe' is not a bool"),
+        ("localsgd:bogus=1", "'bogus' is not a train setting"),
+        ("hybrid:3", "hybrid has no main setting"),
+        ("allreduce:out=/tmp", "compare sets --out itself"),
+        ("localsgd:16:period=8", "period given twice"),
+        ("allreduce:=3", "no name before '='"),
+        ("allreduce:algorithm=", "empty value"),
+    ],
+)
+def test_bad_spec_grammar(text: str, message: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(message)):
+        parse_specs(text)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--strategies", "nope"], "unknown strategy 'nope'"),
+        (["--strategies", "localsgd:period=x"], "is not a int"),
+        (["--strategies", "allreduce:nope"], "unknown algorithm 'nope'"),
+        (["--strategies", "localsgd:period=0"], "--period must be >= 1"),  # checked like train does
+        (["--strategies", "allreduce", "--batch-size", "63"], "not divisible"),
+        (["--strategies", "allreduce", "--strategy", "ps"], "--strategy cannot be given"),
+        (["--strategies", "allreduce", "--target", "2"], "--target must be in (0, 1]"),
+        (["--strategies", "allreduce", "--cluster", "nocl"], "cluster"),
+        (["--strategies", "allreduce", "--workers", "three"], "invalid int value"),
+    ],
+)
+def test_bad_input_exits_2_before_any_run(
+    argv: list[str],
+    message: str,
+    tmp_path: object,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DISTTRAIN_CLUSTER_DIR", str(tmp_path))  # no cluster is up there
+    out = os.path.join(str(tmp_path), "report")
+    try:
+        code = main(["compare", *argv, "--out", out])
+    except SystemExit as exc:  # argparse's own errors (a flag's type) exit from the parser
+        code = int(exc.code or 0)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not os.path.exists(out)  # nothing ran, nothing written
+
+
+@pytest.mark.timeout(600)
+def test_compare_two_strategies_end_to_end(
+    tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = os.path.join(str(tmp_path), "cmp")
+    code = main(
+        ["compare", "--strategies", "allreduce:ring, localsgd:period=2", "--workers", "2",
+         "--max-steps", "4", "--batch-size", "32", "--target", "0.01", "--out", out,
+         "--run-timeout", "300"]
+    )  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    with open(os.path.join(out, "runs.json")) as fh:
+        runs = json.load(fh)
+    with open(os.path.join(out, "report.md")) as fh:
+        report = fh.read()
+    assert [r["label"] for r in runs] == ["allreduce:ring", "localsgd:period=2"]
+    for run in runs:
+        s = run["summary"]
+        assert (
+            s["steps"] == 4 and s["world_size"] == 2 and s["strategy"] == run["flags"]["strategy"]
+        )
+        assert s["config"]["seed"] == 0 and s["config"]["batch_size"] == 32  # same workload
+        row = next(line for line in report.splitlines() if line.startswith(f"| {run['label']} |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        evaluation = next(m for m in s["metrics"] if "test_accuracy" in m)
+        assert cells == [
+            run["label"],
+            "ok",
+            f"{s['final_accuracy']:.4f}",
+            f"{s['final_loss']:.4f}",
+            f"{s['wall_seconds']:.1f}",
+            f"{s['samples_per_second']:.1f}",
+            f"{s['bytes_sent_per_rank']:,.0f}",
+            f"{evaluation['wall_seconds']:.1f} (epoch 1)",  # any accuracy reaches 0.01
+            cells[8],  # the ratio: checked below
+            "4",
+        ]
+    t0, t1 = (next(m for m in r["summary"]["metrics"] if "test_accuracy" in m) for r in runs)
+    assert report.count(f"{t0['wall_seconds'] / t1['wall_seconds']:.2f}x") >= 1
+    assert runs[0]["summary"]["config"]["algorithm"] == "ring"
+    assert runs[1]["summary"]["config"]["period"] == 2
+    for name in ("report.html", "loss_vs_epoch.png", "throughput.png"):
+        assert os.path.getsize(os.path.join(out, name)) > 1000
+
+
+def _fake_summary(flags: dict[str, object]) -> dict[str, object]:
+    evaluation = {"step": 2, "epoch": 0, "test_loss": 1.0, "test_accuracy": 0.95,
+                  "wall_seconds": 3.0, "bytes_sent": 10}  # fmt: skip
+    return {"final_accuracy": 0.95, "final_loss": 1.0, "wall_seconds": 3.5,
+            "samples_per_second": 40.0, "bytes_sent_per_rank": 10.0, "steps": 2,
+            "flags": flags, "metrics": [evaluation]}  # fmt: skip
+
+
+def test_failed_run_is_reported_and_the_others_still_run(
+    tmp_path: object, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from disttrain.lab import runs
+
+    calls: list[tuple[dict[str, object], list[str]]] = []
+
+    def fake_train_run(flags: dict[str, object], timeout: float, launcher: list[str]) -> object:
+        calls.append((flags, list(launcher)))
+        if flags["strategy"] == "ps":
+            raise runs.RunFailed("train --strategy ps: disttrain: rank 1 stopped")
+        return _fake_summary(flags)
+
+    monkeypatch.setattr(runs, "train_run", fake_train_run)
+    out = os.path.join(str(tmp_path), "cmp")
+    argv = ["compare", "--strategies", "ps:async, localsgd:4", "--workers", "2", "--out", out]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "compare: ps:async failed: train --strategy ps: disttrain: rank 1 stopped" in err
+    assert [c[0]["strategy"] for c in calls] == ["ps", "localsgd"]
+    assert calls[1][0] == {"workers": 2, "strategy": "localsgd", "period": 4} and not calls[1][1]
+    with open(os.path.join(out, "report.md")) as fh:
+        report = fh.read()
+    assert "| ps:async | failed: train --strategy ps: disttrain: rank 1 stopped |" in report
+    assert "| localsgd:4 | ok | 0.9500 |" in report
+
+
+def test_cluster_runs_go_through_cluster_run(
+    tmp_path: object, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--cluster: each run is `disttrain cluster run --name N -- ...`, --workers split by host."""
+    from disttrain.lab import runs
+    from disttrain.launch import cluster, netns
+
+    layout = cluster.plan("cmpt", 2, "100mbit")
+    monkeypatch.setattr(netns, "check_tools", lambda: None)
+    monkeypatch.setattr(cluster, "load", lambda name: layout if name == "cmpt" else None)
+    calls: list[tuple[dict[str, object], list[str]]] = []
+
+    def fake_train_run(flags: dict[str, object], timeout: float, launcher: list[str]) -> object:
+        calls.append((flags, list(launcher)))
+        return _fake_summary(flags)
+
+    monkeypatch.setattr(runs, "train_run", fake_train_run)
+    out = os.path.join(str(tmp_path), "cmp")
+    argv = ["compare", "--strategies", "allreduce:ring", "--workers", "4", "--cluster", "cmpt",
+            "--run-timeout", "77", "--out", out]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    flags, launcher = calls[0]
+    assert flags["workers"] == 2  # 4 in all, over 2 hosts
+    assert launcher[1:] == ["-m", "disttrain", "cluster", "run", "--name", "cmpt",
+                            "--timeout", "77.0", "--"]  # fmt: skip
+    with open(os.path.join(out, "report.md")) as fh:
+        report = fh.read()
+    assert "2 hosts x 2 workers, 100 Mbit/s per host link" in report and "workers=4" in report
+    assert main([*argv[:4], "3", "--batch-size", "63", *argv[5:]]) == 2  # 3 workers, 2 hosts
+    assert "not a multiple of the cluster's 2 hosts" in capsys.readouterr().err
