@@ -79,7 +79,8 @@ CASES: dict[str, tuple[dict[str, Any], int]] = {
     "allreduce onebit": (
         {"strategy": "allreduce", "compression": "onebit:0.001", "workers": 2}, 2,
     ),
-    "allreduce topk": ({"strategy": "allreduce", "compression": "topk:0.5", "workers": 2}, 2),
+    # a dense cast: top-k is left out because fp16 and fp32 may pick a different k-th entry
+    "allreduce fp16 cast": ({"strategy": "allreduce", "compression": "fp16", "workers": 2}, 2),
 }  # fmt: skip
 
 
@@ -111,7 +112,7 @@ def test_one_ranks_inf_makes_every_rank_skip_halve_and_regrow(case: str) -> None
         size = float(moved.abs().max())
         assert size > 1e-4, (rank, size)  # not vacuous: the fp32 step moved something
         torch.testing.assert_close(params[0] - start, moved, atol=0.05 * size, rtol=0)
-    if case in ("ps sync", "decentralized onebit", "allreduce onebit", "allreduce topk"):
+    if case in ("ps sync", "decentralized onebit", "allreduce onebit", "allreduce fp16 cast"):
         # replicas: identical on both workers at every step
         assert [t[2] for t in workers[0]] == [t[2] for t in workers[1]]
 
