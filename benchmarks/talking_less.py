@@ -59,6 +59,10 @@ CONFIGS: dict[str, dict[str, list[str]]] = {
         "decentralized onebit:0.03, momentum-correction": [
             "--strategy", "decentralized", "--compression", "onebit:0.03", "--momentum-correction",
         ],
+        # the velocity is ~1/(1-m) = 10x the gradient: 10x the threshold for similar bytes
+        "decentralized onebit:0.3, momentum-correction": [
+            "--strategy", "decentralized", "--compression", "onebit:0.3", "--momentum-correction",
+        ],
     },
     "pycode": {
         "allreduce fp32, adam (anchor)": ["--strategy", "allreduce"],
