@@ -89,6 +89,10 @@ CONFIGS: dict[str, dict[str, list[str]]] = {
             "--strategy", "decentralized", "--compression", "onebit:0.03", *MOMENTUM,
             "--momentum-correction",
         ],
+        "decentralized onebit:0.3, momentum lr 0.05, momentum-correction": [
+            "--strategy", "decentralized", "--compression", "onebit:0.3", *MOMENTUM,
+            "--momentum-correction",
+        ],
     },
 }  # fmt: skip
 
