@@ -2,6 +2,8 @@
 
     PYTHONPATH=src python benchmarks/talking_less.py --workload digits --repeats 1
     PYTHONPATH=src python benchmarks/talking_less.py --workload pycode --repeats 1
+    PYTHONPATH=src python benchmarks/talking_less.py --workload pycode --pycode-chars 200000 \
+        --only "localsgd H=16;decentralized onebit:0.03;..."
 
 Each configuration runs ``disttrain train`` as a subprocess (4 workers, the
 same seed, epochs and global batch), then reads its summary.json. Bytes are
@@ -25,6 +27,9 @@ __all__ = ["CONFIGS", "main"]
 
 #: label -> extra flags; the first one is the anchor.
 SGD = ["--optimizer", "sgd", "--lr", "0.5"]  # = momentum 0.9 at lr 0.05, without the momentum
+MOMENTUM = ["--optimizer", "momentum", "--lr", "0.05"]
+#: Strom's "fewer nodes early": only rank 0 sends for the first epoch (22 steps on digits)
+FEW_EARLY = ["--active-warmup-steps", "22", "--active-workers", "1"]
 CONFIGS: dict[str, dict[str, list[str]]] = {
     "digits": {
         "allreduce fp32 (anchor)": ["--strategy", "allreduce"],
@@ -45,6 +50,19 @@ CONFIGS: dict[str, dict[str, list[str]]] = {
             "--strategy", "decentralized", "--compression", "onebit:0.015", "--topology", "ring",
             *SGD,
         ],
+        "decentralized onebit:0.03, sgd lr 0.5, 1 active for 22 steps": [
+            "--strategy", "decentralized", "--compression", "onebit:0.03", *SGD, *FEW_EARLY,
+        ],
+        "decentralized onebit:0.03, 1 active for 22 steps": [
+            "--strategy", "decentralized", "--compression", "onebit:0.03", *FEW_EARLY,
+        ],
+        "decentralized onebit:0.03, momentum-correction": [
+            "--strategy", "decentralized", "--compression", "onebit:0.03", "--momentum-correction",
+        ],
+        # the velocity is ~1/(1-m) = 10x the gradient: 10x the threshold for similar bytes
+        "decentralized onebit:0.3, momentum-correction": [
+            "--strategy", "decentralized", "--compression", "onebit:0.3", "--momentum-correction",
+        ],
     },
     "pycode": {
         "allreduce fp32, adam (anchor)": ["--strategy", "allreduce"],
@@ -60,6 +78,21 @@ CONFIGS: dict[str, dict[str, list[str]]] = {
         "decentralized onebit:0.03, sgd lr 0.5": [
             "--strategy", "decentralized", "--compression", "onebit:0.03", *SGD,
         ],
+        "decentralized onebit:0.03, sgd lr 0.5, 1 active for 22 steps": [
+            "--strategy", "decentralized", "--compression", "onebit:0.03", *SGD, *FEW_EARLY,
+        ],
+        "allreduce fp32, momentum lr 0.05": ["--strategy", "allreduce", *MOMENTUM],
+        "decentralized onebit:0.03, momentum lr 0.05": [
+            "--strategy", "decentralized", "--compression", "onebit:0.03", *MOMENTUM,
+        ],
+        "decentralized onebit:0.03, momentum lr 0.05, momentum-correction": [
+            "--strategy", "decentralized", "--compression", "onebit:0.03", *MOMENTUM,
+            "--momentum-correction",
+        ],
+        "decentralized onebit:0.3, momentum lr 0.05, momentum-correction": [
+            "--strategy", "decentralized", "--compression", "onebit:0.3", *MOMENTUM,
+            "--momentum-correction",
+        ],
     },
 }  # fmt: skip
 
@@ -70,6 +103,14 @@ BASE = {
         "--optimizer", "adam", "--lr", "0.002", "--batch-size", "32",
     ],
 }  # fmt: skip
+
+
+def base_flags(workload: str, pycode_chars: int) -> list[str]:
+    """The workload's flags, with --pycode-chars replaced for a longer pycode run."""
+    flags = list(BASE[workload])
+    if workload == "pycode":
+        flags[flags.index("--pycode-chars") + 1] = str(pycode_chars)
+    return flags
 
 
 def run_one(flags: list[str], out: str, timeout: float) -> dict[str, Any]:
@@ -84,20 +125,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=sorted(CONFIGS), default="digits")
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--only", default="", help="comma-separated labels to run (anchor always)")
+    parser.add_argument("--only", default="", help="';'-separated labels to run (anchor always)")
     parser.add_argument("--timeout", type=float, default=1200.0)
+    parser.add_argument(
+        "--pycode-chars", type=int, default=60000, help="pycode: more text, more steps per epoch"
+    )
     args = parser.parse_args(argv)
     configs = CONFIGS[args.workload]
     labels = list(configs)
     if args.only:
-        wanted = set(args.only.split(","))
+        wanted = {w.strip() for w in args.only.split(";")}
+        unknown = wanted - set(labels)
+        if unknown:
+            parser.error(f"--only: unknown labels {sorted(unknown)}; choose from {labels}")
         labels = [labels[0], *[lb for lb in labels[1:] if lb in wanted]]
     rows: dict[str, list[dict[str, Any]]] = {lb: [] for lb in labels}
     with tempfile.TemporaryDirectory(prefix="talking-less-") as tmp:
         for rep in range(args.repeats):
             for i, label in enumerate(labels):
                 out = os.path.join(tmp, f"{rep}-{i}")
-                s = run_one(BASE[args.workload] + configs[label], out, args.timeout)
+                flags = base_flags(args.workload, args.pycode_chars) + configs[label]
+                s = run_one(flags, out, args.timeout)
                 rows[label].append(s)
                 print(f"# done {label} (repeat {rep + 1})", file=sys.stderr, flush=True)
 

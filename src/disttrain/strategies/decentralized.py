@@ -14,6 +14,17 @@ last sent: the error feedback is x - x̂), updates the copies with what is
 decoded, and moves toward its neighbours by ``x += γ Σ_j w_ij (x̂_j - x̂_i)``
 with Metropolis weights (1/3 on a ring). There ``onebit:TAU`` thresholds
 *parameter* changes, so TAU is in parameter units (about lr × gradient).
+
+Two options of the all-peers exchange, both measured in benchmarks/RESULTS.md:
+``--active-warmup-steps S --active-workers K`` lets only ranks [0, K) send for
+the first S steps (the seed's "fewer nodes early in training"); the others
+send an empty update, keep no residual for those steps, and the sum is
+divided by K. ``--momentum-correction`` (with ``--optimizer momentum``) is
+Deep Gradient Compression's fix for momentum under sparsification (Lin et al.,
+ICLR 2018): the velocity ``u = m·u + g`` is kept locally and accumulated into
+the residual *before* compression, the optimizer's own momentum is set to 0,
+and ``u`` is zeroed wherever an entry was sent (momentum factor masking), so a
+delayed ±τ entry is applied once instead of being re-applied by momentum.
 """
 
 from __future__ import annotations
@@ -39,7 +50,7 @@ from disttrain.compression import (
     exchange_payloads,
     parse,
 )
-from disttrain.config import opt, register_section
+from disttrain.config import RunConfig, opt, register_section
 from disttrain.strategies.base import Strategy, register
 from disttrain.strategies.localsgd import average_tensors
 
@@ -53,10 +64,35 @@ class DecentralizedConfig:
 
     topology: str = opt("all", "decentralized: who talks to whom", ("all", "ring"))
     consensus_step: float = opt(0.5, "decentralized ring: gossip step γ of CHOCO-SGD, in (0, 1]")
+    active_warmup_steps: int = opt(
+        0, "decentralized: for the first N steps only --active-workers ranks send updates"
+    )
+    active_workers: int = opt(1, "decentralized: ranks that send during --active-warmup-steps")
+    momentum_correction: bool = opt(
+        False, "decentralized: DGC momentum correction and masking (needs --optimizer momentum)"
+    )
 
     def validate(self) -> None:
         if not 0 < self.consensus_step <= 1:
             raise UsageError(f"--consensus-step must be in (0, 1], got {self.consensus_step}")
+        if self.active_warmup_steps < 0:
+            raise UsageError(f"--active-warmup-steps must be >= 0, got {self.active_warmup_steps}")
+        if self.active_workers < 1:
+            raise UsageError(f"--active-workers must be >= 1, got {self.active_workers}")
+
+    def validate_with(self, train: Any) -> None:
+        """Checks that need the training settings (before any worker starts)."""
+        if self.momentum_correction and train.optimizer != "momentum":
+            raise UsageError(
+                f"--momentum-correction replaces the optimizer's momentum: use --optimizer "
+                f"momentum (got {train.optimizer})"
+            )
+        if self.topology == "ring" and (self.momentum_correction or self.active_warmup_steps):
+            raise UsageError("--momentum-correction and --active-warmup-steps need --topology all")
+        if self.active_warmup_steps and self.active_workers > train.world_size:
+            raise UsageError(
+                f"--active-workers {self.active_workers} exceeds the {train.world_size} workers"
+            )
 
 
 def ring_neighbours(rank: int, size: int) -> tuple[list[int], list[int]]:
@@ -73,6 +109,11 @@ class Decentralized(Strategy):
 
     name = "decentralized"
 
+    @classmethod
+    def num_processes(cls, config: RunConfig) -> int:
+        config.section(DecentralizedConfig).validate_with(config.train)
+        return config.train.workers
+
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         super().setup(model, optimizer)
         cc = self.config.section(CompressionConfig)
@@ -87,6 +128,15 @@ class Decentralized(Strategy):
         self.payload_bytes = 0
         self.entropy_bits_sum = 0.0
         self.sparse_payloads = 0
+        self.steps_exchanged = 0
+        self.velocity: torch.Tensor | None = None
+        self.momentum = 0.0
+        if self.settings.momentum_correction:
+            self.settings.validate_with(self.config.train)
+            group = optimizer.param_groups[0]
+            self.momentum = float(group.get("momentum", 0.0))
+            for group in optimizer.param_groups:
+                group["momentum"] = 0.0  # applied here, before compression, instead
         params = list(model.parameters())
         # Replicas start equal (outside the measured traffic: the trainer resets the meter).
         average_tensors(list(model.state_dict().values()), self.config.train.algorithm, self.size)
@@ -118,7 +168,22 @@ class Decentralized(Strategy):
         if not grads:
             return
         before = meter.bytes_sent
-        payload, mine = self.feedback.compress(_flatten_dense_tensors(grads))
+        self.steps_exchanged += 1
+        flat = _flatten_dense_tensors(grads)
+        warm = self.steps_exchanged <= self.settings.active_warmup_steps
+        active = min(self.settings.active_workers, self.size) if warm else self.size
+        if self.rank >= active:
+            # inactive early on: an empty update (no residual, no velocity kept for it)
+            payload, mine = self.compressor.compress_and_decode(torch.zeros_like(flat))
+        elif self.settings.momentum_correction:
+            # DGC: u = m·u + g accumulated into the residual; u masked where sent
+            if self.velocity is None:
+                self.velocity = torch.zeros_like(flat)
+            self.velocity.mul_(self.momentum).add_(flat)
+            payload, mine = self.feedback.compress(self.velocity)
+            self.velocity.masked_fill_(mine != 0, 0.0)
+        else:
+            payload, mine = self.feedback.compress(flat)
         send_to, recv_from = all_peers(self.rank, self.size)
         with timeline.span("exchange", peers=len(send_to)):
             got = exchange_payloads(payload, self.compressor, send_to, recv_from)
@@ -128,7 +193,7 @@ class Decentralized(Strategy):
         total = torch.zeros_like(mine)
         for r in range(self.size):  # the same order on every rank: identical replicas
             total += decoded[r]
-        total /= self.size
+        total /= active
         for g, v in zip(grads, _unflatten_dense_tensors(total, grads), strict=True):
             g.copy_(v)
         self._account(payload, mine, len(send_to), before)
@@ -183,6 +248,9 @@ class Decentralized(Strategy):
             "claimed_wire_bytes_per_rank": self.claimed_bytes,
             "residual_norm": self.residual_norm(),
             "length_prefix_bytes": 0 if self.compressor.summable else LENGTH_BYTES,
+            "active_warmup_steps": self.settings.active_warmup_steps,
+            "active_workers": self.settings.active_workers,
+            "momentum_correction": self.momentum if self.settings.momentum_correction else None,
         }
         if self.sparse_payloads:
             n = max(self.entries_sent, 1)
@@ -194,12 +262,20 @@ class Decentralized(Strategy):
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"feedback": self.feedback.state_dict()}
+        state: dict[str, Any] = {
+            "feedback": self.feedback.state_dict(),
+            "steps_exchanged": torch.tensor(self.steps_exchanged),
+        }
+        if self.velocity is not None:
+            state["velocity"] = self.velocity.clone()
         if self.ring:
             state["public"] = {r: v.clone() for r, v in self.public.items()}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.feedback.load_state_dict(state.get("feedback", {}))
+        self.steps_exchanged = int(state.get("steps_exchanged", 0))
+        if state.get("velocity") is not None:
+            self.velocity = state["velocity"].clone()
         if self.ring and "public" in state:
             self.public = {int(r): v.clone() for r, v in state["public"].items()}

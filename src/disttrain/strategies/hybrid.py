@@ -55,6 +55,11 @@ class Hybrid(Strategy):
         self.dp, _, self.kind = mesh_shape(pc, world.world_size)
         self.mesh = Mesh.create(world.world_size, world.rank, self.dp)
         self.inner: Pipeline | TensorParallel
+
+        def scaled(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return self.loss_fn(out, y)  # late-bound: fp16 wraps self.loss_fn with the scale
+
+        loss_fn = scaled
         if self.kind == "pp":
             self.inner = Pipeline(config, world, loss_fn)
             self.inner.bind(

@@ -141,8 +141,10 @@ class Pipeline(Strategy):
         meta = [copy.deepcopy(part).to("meta") for part in parts]
         self.full = model if self.stage == 0 else None  # stage 0 gathers the model to evaluate
         grid = schedule.build(self.pc.schedule, self.microbatches, self.stages)
+        # late-bound: the step runner wraps self.loss_fn with the fp16 loss scale after this
         self.runner = PipelineRunner(
-            parts[self.stage], self.stage, grid, meta, self.loss_fn, self.group,
+            parts[self.stage], self.stage, grid, meta, lambda out, y: self.loss_fn(out, y),
+            self.group,
             recompute=self.pc.recompute,
         )  # fmt: skip
         return parts[self.stage]

@@ -2,7 +2,9 @@
 
 Kinds: ``kill`` (SIGKILL itself), ``raise`` (a RuntimeError), ``hang`` (sleep
 forever), ``slow:FACTOR`` (sleep FACTOR-1 times the step's compute time),
-``nan`` (poison its gradients). The fault fires on rank R at step T (from 1).
+``nan`` (poison its gradients), ``inf`` (one gradient element becomes +Inf, at
+step T only: an fp16 overflow on one rank). The fault fires on rank R at step T
+(from 1).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from disttrain.comm.errors import UsageError
 
 __all__ = ["Fault", "parse_fault"]
 
-KINDS = ("kill", "raise", "hang", "slow", "nan")
+KINDS = ("kill", "raise", "hang", "slow", "nan", "inf")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,11 @@ class Fault:
             for p in model.parameters():
                 if p.grad is not None:
                     p.grad.fill_(float("nan"))
+                    break
+        if self.kind == "inf" and self.fires(rank, step):
+            for p in model.parameters():
+                if p.grad is not None and p.grad.numel():
+                    p.grad.view(-1)[0] = float("inf")  # a single element, on this rank only
                     break
 
 

@@ -235,6 +235,10 @@ class PipelineRunner:
         recv: torch.Tensor | None = None
         if peer > self.stage:  # the next stage: our activation out, its gradient in
             send = send_act
+            if send is not None:
+                # under autocast the stage's output is fp16/bf16, but the peer's buffer has the
+                # meta run's dtype (fp32): a shorter message would be silently misread
+                send = send.to(shapes[self.stage][1])
             if theirs is not None and theirs.kind == "B":
                 shape, dtype = shapes[self.stage]
                 recv = grads[theirs.microbatch] = torch.empty(shape, dtype=dtype, device=device)
