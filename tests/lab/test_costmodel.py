@@ -209,3 +209,16 @@ def test_shared_host_fit_recovers_its_constants() -> None:
     net = costmodel.Network(alpha=a, beta=b, delta=d, shared_host=True)
     t, p = costmodel.allreduce_seconds("ring", 1 << 20, 4, net, CAL)
     assert t == pytest.approx(p.steps * a + p.total_messages * d + p.total_bytes * b)
+
+
+def test_codec_time_has_a_dense_and_a_per_sent_entry_term() -> None:
+    # coding = P·e + K·e_s + peers·(P·d + K·d_s), K = P·density; no link cost here
+    cal = Calibration(seconds_per_encode=3e-9, seconds_per_decode=2e-9,
+                      seconds_per_encode_sent=5e-7, seconds_per_decode_sent=4e-7)  # fmt: skip
+    net = costmodel.Network(alpha=0.0, beta=0.0)
+    work = costmodel.Workload(params=1_000_000, batch_size=64)
+    for density in (0.0004, 0.01):
+        p = costmodel.predict(f"decentralized:{density}", work, 4, net, cal)
+        sent = 1_000_000 * density
+        expected = 1e6 * 3e-9 + sent * 5e-7 + 3 * (1e6 * 2e-9 + sent * 4e-7)
+        assert p.comm_seconds == pytest.approx(expected, rel=1e-9)

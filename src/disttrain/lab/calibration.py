@@ -42,8 +42,10 @@ class Calibration:
     gamma: float = 1 / 2.0e9  # per byte added in memory
     seconds_per_flop: float = 1 / 20e9  # forward+backward
     seconds_per_param: float = 5e-9  # optimizer step and per-step fixed work per parameter
-    seconds_per_encode: float = 2e-9  # compress one gradient entry (error feedback included)
-    seconds_per_decode: float = 1e-9  # decode one peer's payload, per gradient entry
+    seconds_per_encode: float = 2e-9  # compress, per gradient entry (threshold scan, residual)
+    seconds_per_decode: float = 1e-9  # decode one peer's payload, per gradient entry (scatter)
+    seconds_per_encode_sent: float = 1e-6  # compress, per entry sent (index coding)
+    seconds_per_decode_sent: float = 1e-6  # decode one peer's payload, per entry it sent
     cores: int = 1
     colocation: dict[str, float] = field(default_factory=dict)  # ranks on one host -> slowdown
     loopback: dict[str, list[float]] = field(default_factory=dict)  # ranks -> [α, β, γ]

@@ -34,7 +34,8 @@ Strategies (``predict``'s first argument):
   the fastest by this model if not named). Convergence per step differs: not modelled.
 - ``decentralized:DENSITY`` (``:ring`` for the two-neighbour gossip): Strom-style
   sparse updates, DENSITY of the entries sent with exp-Golomb coded gaps, to every peer
-  in n−1 sequential rounds (or to 2 neighbours), plus encode/decode time per element.
+  in n−1 sequential rounds (or to 2 neighbours), plus encode/decode time per element
+  and per sent element.
 
 Pipelines are not modelled: their cost depends on per-layer activation sizes and the
 stage balance, which a parameter count does not give (see docs/lab.md).
@@ -299,7 +300,11 @@ def _decentralized(opts: list[str], work: Workload, n: int, net: Network,
     # each round: the length then the payload, both ways at once; rounds in sequence
     latency = 2 * peers * net.alpha
     bandwidth = peers * payload * net.beta
-    coding = work.params * cal.seconds_per_encode + peers * work.params * cal.seconds_per_decode
+    # encode scans every entry and codes the sent ones; each peer's payload is decoded alike
+    sent = work.params * density
+    encode = work.params * cal.seconds_per_encode + sent * cal.seconds_per_encode_sent
+    decode = work.params * cal.seconds_per_decode + sent * cal.seconds_per_decode_sent
+    coding = encode + peers * decode
     comm = latency + bandwidth + coding
     terms = {"latency": latency, "bandwidth": bandwidth, "encode": coding}
     bound = _bound(terms)
@@ -307,7 +312,8 @@ def _decentralized(opts: list[str], work: Workload, n: int, net: Network,
     reason = {
         "latency": f"latency-bound: 2 messages to each of {what} × α",
         "bandwidth": f"bandwidth-bound: {_mb(payload)} to each of {what}",
-        "encode": f"decode-bound: {peers} payloads of {work.params:,} entries decoded",
+        "encode": f"codec-bound: 1 encode and {peers} decodes of {work.params:,} entries, "
+        f"{sent:,.0f} sent",
     }[bound]
     if comm < 0.1 * compute:
         bound, reason = "compute", "compute-bound; " + reason
