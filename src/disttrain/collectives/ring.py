@@ -4,30 +4,40 @@ Baidu's ring allreduce (Gibiansky 2017, Horovod): the tensor is cut into n
 chunks; in n-1 reduce-scatter steps each rank passes a partial sum one hop to
 the right and adds the chunk arriving from the left, so that rank r ends with
 the full sum of chunk (r+1) mod n; n-1 all-gather steps then pass the finished
-chunks around. Per rank: 2(n-1) messages and 2(n-1)/n·S bytes, independent of
-n for large n: bandwidth-optimal, but 2(n-1) latency terms.
+chunks around. Per rank: 2(n-1)/n·S bytes, independent of n for large n:
+bandwidth-optimal, but 2(n-1) latency terms.
+
+Pipelined by segments (as gloo's and NCCL's rings are): each chunk is cut into
+segments of about :func:`chunks.segment_bytes`, and a segment is forwarded to
+the right as soon as it has been received and summed, while the next segments
+are still on the wire. The chunk a rank receives in step s is exactly the one
+it sends in step s+1 (and the last reduce-scatter chunk is the first one the
+all-gather sends), so the 2(n-1) steps form one continuous stream with no
+barrier between steps. Messages per rank: the segments of every chunk sent.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch.distributed import ProcessGroup
 
 from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
-from disttrain.collectives.chunks import chunk_bounds, chunk_sizes
+from disttrain.collectives.chunks import chunk_bounds, chunk_sizes, segment_bounds, segment_count
 from disttrain.collectives.scratch import buffer
-from disttrain.comm.p2p import exchange, group_rank, group_size
+from disttrain.comm.p2p import group_rank, group_size, irecv, isend
 
 __all__ = ["Ring"]
 
 
 @register
 class Ring(AllReduceAlgorithm):
-    """Ring reduce-scatter + all-gather.
+    """Segment-pipelined ring reduce-scatter + all-gather.
 
     Any world size: a ring needs no power of two. Lengths not divisible by n
     give chunks differing by one element; fewer elements than ranks give empty
-    chunks, whose messages are skipped by both sides.
+    chunks, which have no segments and are skipped by both sides.
     """
 
     name = "ring"
@@ -35,26 +45,57 @@ class Ring(AllReduceAlgorithm):
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         n, r = group_size(group), group_rank(group)
         right, left = (r + 1) % n, (r - 1) % n
-        bounds = chunk_bounds(flat.numel(), n)
-        chunks = [flat[a:b] for a, b in bounds]
-        # One scratch buffer of the largest chunk, reused for every step.
-        scratch = buffer(self.name, 0, bounds[0][1] - bounds[0][0], flat.dtype)
-        for step in range(n - 1):  # reduce-scatter
-            send_i, recv_i = (r - step) % n, (r - step - 1) % n
-            incoming = scratch[: chunks[recv_i].numel()]
-            exchange(chunks[send_i], right, incoming, left, group)
-            chunks[recv_i].add_(incoming)
-        for step in range(n - 1):  # all-gather: receive straight into place
-            send_i, recv_i = (r + 1 - step) % n, (r - step) % n
-            exchange(chunks[send_i], right, chunks[recv_i], left, group)
+        itemsize = flat.element_size()
+        chunks = [flat[a:b] for a, b in chunk_bounds(flat.numel(), n)]
+        segs = [[c[a:b] for a, b in segment_bounds(c.numel(), itemsize)] for c in chunks]
+        # Two scratch buffers of the largest chunk, alternating by step: step s+1's
+        # receives are posted while step s's are still being summed.
+        largest = chunks[0].numel()
+        scratch = [buffer(self.name, k, largest, flat.dtype) for k in (0, 1)]
+        steps = 2 * (n - 1)
+        # Step s receives chunk (r-s-1) mod n and sends chunk (r-s) mod n, in both
+        # phases; s < n-1 is the reduce-scatter (receive into scratch, then add),
+        # s >= n-1 the all-gather (receive straight into place).
+        sends: list[list[Any]] = [[] for _ in range(steps)]
+
+        def post_recvs(s: int) -> list[tuple[Any, torch.Tensor]]:
+            i = (r - s - 1) % n
+            if s < n - 1:
+                into = scratch[s % 2]
+                bounds = segment_bounds(chunks[i].numel(), itemsize)
+                return [(irecv(into[a:b], left, group), into[a:b]) for a, b in bounds]
+            # The all-gather overwrites chunk i, which this rank sent in reduce-scatter
+            # step s-(n-1): that send must be done first. (A gloo work must be waited
+            # on exactly once: a second wait blocks until the timeout.)
+            for work in sends[s - (n - 1)]:
+                work.wait()
+            sends[s - (n - 1)] = []
+            return [(irecv(seg, left, group), seg) for seg in segs[i]]
+
+        sends[0] = [isend(seg, right, group) for seg in segs[r % n]]
+        pending = post_recvs(0)
+        for s in range(steps):
+            ahead = post_recvs(s + 1) if s + 1 < steps else []
+            i = (r - s - 1) % n
+            for (work, incoming), seg in zip(pending, segs[i], strict=True):
+                work.wait()
+                if s < n - 1:
+                    seg.add_(incoming)
+                if s + 1 < steps:  # forward it at once: step s+1 sends chunk i
+                    sends[s + 1].append(isend(seg, right, group))
+            pending = ahead
+        for step_sends in sends:
+            for work in step_sends:
+                work.wait()
 
     def cost(self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1) -> Cost:
         # Rank r sends every chunk but (r+1) in the reduce-scatter and every
-        # chunk but (r+2) in the all-gather: 2S - c[r+1] - c[r+2] = 2(n-1)/n·S.
+        # chunk but (r+2) in the all-gather: 2S - c[r+1] - c[r+2] = 2(n-1)/n·S,
+        # one message per segment of each chunk sent.
         n = world_size
         if n == 1 or nbytes == 0:
             return Cost(0, 0)
-        sizes = [s * itemsize for s in chunk_sizes(nbytes // itemsize, n)]
+        sizes = chunk_sizes(nbytes // itemsize, n)
         sent = [sizes[(rank - s) % n] for s in range(n - 1)]
         sent += [sizes[(rank + 1 - s) % n] for s in range(n - 1)]
-        return Cost(sum(sent), sum(1 for b in sent if b))
+        return Cost(sum(sent) * itemsize, sum(segment_count(size, itemsize) for size in sent))

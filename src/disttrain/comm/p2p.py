@@ -2,8 +2,9 @@
 
 Ranks here are *group* ranks; they are translated to global ranks for
 torch.distributed and for the meter. A receive and its matching send are
-always posted together (``irecv`` + ``isend``, then wait on both): a blocking
-``recv`` after ``isend`` was measured 5-50x slower at small sizes.
+always posted together (``irecv`` + ``isend``, then wait on both), so no ordering
+between peers is needed to avoid a deadlock. (The design note's "blocking recv
+is 5-50x slower" did not reproduce: benchmarks/p2p_posting.py, RESULTS.md.)
 """
 
 from __future__ import annotations
@@ -17,7 +18,17 @@ from torch.distributed import ProcessGroup
 
 from disttrain.comm.meter import record_send
 
-__all__ = ["exchange", "global_rank", "group_rank", "group_size", "post", "recv", "send"]
+__all__ = [
+    "exchange",
+    "global_rank",
+    "group_rank",
+    "group_size",
+    "irecv",
+    "isend",
+    "post",
+    "recv",
+    "send",
+]
 
 
 def group_size(group: ProcessGroup | None = None) -> int:
@@ -37,6 +48,23 @@ def global_rank(group: ProcessGroup | None, rank: int) -> int:
 
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+def isend(tensor: torch.Tensor, dst: int, group: ProcessGroup | None = None) -> Any:
+    """Post a metered send of the contiguous ``tensor`` to group rank ``dst``; return its work.
+
+    The caller waits on the work before writing ``tensor`` again. For
+    algorithms that keep several messages in flight (segment pipelining).
+    """
+    peer = global_rank(group, dst)
+    work = dist.isend(tensor, dst=peer, group=group)
+    record_send(peer, _nbytes(tensor))
+    return work
+
+
+def irecv(tensor: torch.Tensor, src: int, group: ProcessGroup | None = None) -> Any:
+    """Post a receive into the contiguous ``tensor`` from group rank ``src``; return its work."""
+    return dist.irecv(tensor, src=global_rank(group, src), group=group)
 
 
 def exchange(

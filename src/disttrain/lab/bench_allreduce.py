@@ -3,13 +3,15 @@
     disttrain bench allreduce --workers 4 --sizes 4KB,1MB,16MB,64MB --algorithms all --json out.json
 
 N ranks are spawned on this host (file store, gloo pinned to the loopback
-interface, one torch thread each). For every size and algorithm: ``--warmup``
-untimed calls, then ``--iters`` timed calls, each started after a barrier and
-timed as the slowest rank's wall time. Reported: median time and its spread
+interface, one torch thread each). For every size: ``--warmup`` untimed calls
+of each algorithm, then ``--iters`` rounds in which every algorithm makes one
+timed call (interleaved, so that all see the same load), each started after a
+barrier and timed as the slowest rank's wall time. Reported: median time and its spread
 (10th and 90th percentile), algbw = S/t, busbw = algbw·2(n-1)/n (nccl-tests'
 definitions), the bytes one rank sent in one call as the meter counted them and
-as the algorithm's cost states (the most of any rank), and busbw as a ratio
-of ``native``'s measured in the same run.
+as the algorithm's cost states (the most of any rank), busbw as a ratio
+of ``native``'s measured in the same run, and "paired": the median over rounds
+of the call's time over native's in the same round.
 """
 
 from __future__ import annotations
@@ -69,8 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--length-check",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="keep the cross-rank length check on, as in training (default: on)",
+        default=False,
+        help="check every call's length on all ranks first (one extra 16-byte collective); "
+        "off by default, as in training (--check-collectives)",
     )
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per collective")
     parser.add_argument("--json", dest="json_path", default="", help="also write the rows here")
@@ -113,12 +116,9 @@ def _measure(sizes: list[int], names: list[str], args: argparse.Namespace) -> li
     import torch.distributed as dist
 
     from disttrain import collectives
-    from disttrain.collectives.checks import check_cost_bytes
-    from disttrain.comm import meter
 
     n, rank = dist.get_world_size(), dist.get_rank()
-    dtype = getattr(torch, args.dtype)
-    itemsize = torch.empty(0, dtype=dtype).element_size()
+    itemsize = torch.empty(0, dtype=getattr(torch, args.dtype)).element_size()
     collectives.set_length_check(args.length_check)
     progress: Any = None
     if rank == 0 and not args.no_progress:
@@ -126,45 +126,13 @@ def _measure(sizes: list[int], names: list[str], args: argparse.Namespace) -> li
 
         progress = Progress(transient=True)
         progress.start()
-        task = progress.add_task(f"allreduce on {n} ranks", total=len(sizes) * len(names))
+        task = progress.add_task(f"allreduce on {n} ranks", total=len(sizes) * args.iters)
+    else:
+        task = None
     rows: list[dict[str, Any]] = []
     try:
         for nbytes in sizes:
-            numel = nbytes // itemsize
-            for name in names:
-                if progress is not None:
-                    progress.update(task, description=f"{name} {_label(nbytes)}")
-                algo = collectives.get(name)
-                x = torch.ones(numel, dtype=dtype)
-                for _ in range(args.warmup):
-                    algo.all_reduce(x)
-                    x.fill_(1)  # keep values small: repeated sums would overflow low precision
-                times = torch.zeros(args.iters, dtype=torch.float64)
-                for i in range(args.iters):
-                    x.fill_(1)
-                    dist.barrier()
-                    meter.reset()
-                    start = time.perf_counter()
-                    algo.all_reduce(x)
-                    times[i] = time.perf_counter() - start
-                sent = torch.tensor([meter.bytes_sent, meter.messages_sent], dtype=torch.int64)
-                dist.all_reduce(times, op=dist.ReduceOp.MAX)
-                dist.all_reduce(sent, op=dist.ReduceOp.MAX)
-                if rank == 0:
-                    rows.append(
-                        _row(
-                            name,
-                            numel * itemsize,
-                            n,
-                            times.tolist(),
-                            sent.tolist(),
-                            algo,
-                            itemsize,
-                            check_cost_bytes(n) if args.length_check else (0, 0),
-                        )
-                    )
-                if progress is not None:
-                    progress.advance(task)
+            rows += _measure_size(nbytes // itemsize, names, args, progress, task)
     finally:
         if progress is not None:
             progress.stop()
@@ -174,6 +142,68 @@ def _measure(sizes: list[int], names: list[str], args: argparse.Namespace) -> li
             row["busbw_GBps"] / anchor["busbw_GBps"] if anchor["busbw_GBps"] else None
         )
         row["time_vs_native"] = row["time_median_s"] / anchor["time_median_s"]
+        # Per-iteration ratio against the native call made in the same round
+        # (moments apart), then the median: robust to load that drifts during a run.
+        paired = [t / a for t, a in zip(row.pop("times"), anchor["times_anchor"], strict=True)]
+        row["time_vs_native_paired"] = statistics.median(paired)
+    for row in rows:
+        row.pop("times_anchor", None)
+    return rows
+
+
+def _measure_size(
+    numel: int, names: list[str], args: argparse.Namespace, progress: Any, task: Any
+) -> list[dict[str, Any]]:
+    """Time every algorithm on ``numel`` elements, interleaved; rank 0 returns the rows.
+
+    Interleaved: round i runs each algorithm once (in an order rotated by i),
+    so every algorithm sees the same load as its native anchor, instead of
+    each taking its ``--iters`` calls in a block while the load drifts.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from disttrain import collectives
+    from disttrain.collectives.checks import check_cost_bytes
+    from disttrain.comm import meter
+
+    n, rank = dist.get_world_size(), dist.get_rank()
+    dtype = getattr(torch, args.dtype)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    algos = [collectives.get(name) for name in names]
+    x = torch.ones(numel, dtype=dtype)
+    for algo in algos:
+        for _ in range(args.warmup):
+            algo.all_reduce(x)
+            x.fill_(1)  # keep values small: repeated sums would overflow low precision
+    times = torch.zeros(len(names), args.iters, dtype=torch.float64)
+    sent = torch.zeros(len(names), 2, dtype=torch.int64)
+    for i in range(args.iters):
+        if progress is not None:
+            progress.update(task, description=f"{_label(numel * itemsize)} round {i + 1}")
+        for k in [(i + j) % len(names) for j in range(len(names))]:
+            x.fill_(1)
+            dist.barrier()
+            meter.reset()
+            start = time.perf_counter()
+            algos[k].all_reduce(x)
+            times[k, i] = time.perf_counter() - start
+            sent[k] = torch.tensor([meter.bytes_sent, meter.messages_sent])
+        if progress is not None:
+            progress.advance(task)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    dist.all_reduce(sent, op=dist.ReduceOp.MAX)
+    if rank != 0:
+        return []
+    check = check_cost_bytes(n) if args.length_check else (0, 0)
+    rows = []
+    for k, name in enumerate(names):
+        row = _row(name, numel * itemsize, n, times[k].tolist(), sent[k].tolist(), algos[k],
+                   itemsize, check)  # fmt: skip
+        row["times"] = times[k].tolist()
+        if name == "native":
+            row["times_anchor"] = times[k].tolist()
+        rows.append(row)
     return rows
 
 
@@ -297,6 +327,7 @@ def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         "sent B (theory)",
         "busbw / native",
         "time / native",
+        "paired",
     ):
         table.add_column(col, justify="right")
     for r in rows:
@@ -312,9 +343,11 @@ def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
             str(r["bytes_sent_theory"]),
             "-" if ratio is None else f"{ratio:.2f}",
             f"{r['time_vs_native']:.2f}",
+            f"{r['time_vs_native_paired']:.2f}",
         )
     Console(width=200).print(table)
     print("* native's bytes are gloo's documented ring cost, not observed")
+    print("paired: median over rounds of time / native's time in the same round (interleaved)")
 
 
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -135,21 +135,34 @@ def _ours(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
 
 
 def _torch_pipe(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
-    """The anchor: torch.distributed.pipelining on the same stages and micro-batches."""
+    """Ours and the anchor, torch.distributed.pipelining, on the same stages and micro-batches.
+
+    Both run in the same processes, steps alternating (ours, torch, ours, ...),
+    so that both see the same load; ``paired`` is the median over rounds of
+    our step time over torch's in the same round.
+    """
+    import copy
+
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
     from torch.nn import functional as F
 
     from disttrain.parallel import placement
+    from disttrain.parallel.pipeline.runner import PipelineRunner
 
     rank, p = dist.get_rank(), dist.get_world_size()
+    ours_parts = placement.split(
+        _model(p, a.layers_per_stage, a.width), [2 * a.layers_per_stage] * p
+    )
+    meta = [copy.deepcopy(s).to("meta") for s in ours_parts]
+    runner = PipelineRunner(ours_parts[rank], rank, schedule.build(sched, m, p), meta, F.mse_loss)
     parts = placement.split(_model(p, a.layers_per_stage, a.width), [2 * a.layers_per_stage] * p)
     stage = PipelineStage(parts[rank], rank, p, torch.device("cpu"))
     cls = ScheduleGPipe if sched == "gpipe" else Schedule1F1B
     sch = cls(stage, m, loss_fn=F.mse_loss)
     x, y = torch.randn(a.batch, a.width), torch.randn(a.batch, a.width)
 
-    def step() -> None:
+    def theirs() -> None:
         if rank == 0:
             sch.step(x)
         elif rank == p - 1:
@@ -157,7 +170,22 @@ def _torch_pipe(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
         else:
             sch.step()
 
-    return {"step": statistics.median(_time_steps(step, a.repeats))}
+    def timed(step: Callable[[], object]) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        step()
+        dist.barrier()
+        return time.perf_counter() - t0
+
+    ours_t, torch_t = [], []
+    for i in range(a.repeats + 2):
+        o, t = timed(lambda: runner.run(x, y)), timed(theirs)
+        if i >= 2:
+            ours_t.append(o)
+            torch_t.append(t)
+    return {"ours": statistics.median(ours_t), "torch": statistics.median(torch_t),
+            "paired": statistics.median(o / t for o, t in zip(ours_t, torch_t, strict=True)),
+            "peak": runner.activations.peak}  # fmt: skip
 
 
 def _tensor(a: argparse.Namespace, how: str) -> dict[str, Any]:
@@ -252,13 +280,17 @@ def run(a: argparse.Namespace) -> int:
     print(f"\nStep time at M={m}: ours vs torch.distributed.pipelining (ratio < 1: ours faster)")
     results["schedules"] = {}
     for sched in ("gpipe", "1f1b"):
-        ours = _spawn(_ours, p, (a, sched, m))
-        row = {"ours": ours[0]["step"], "peak_activation_bytes": [r["peak"] for r in ours]}
-        if not a.skip_torch:
-            row["torch"] = _spawn(_torch_pipe, p, (a, sched, m))[0]["step"]
-            row["ratio"] = row["ours"] / row["torch"]
+        if a.skip_torch:
+            ours = _spawn(_ours, p, (a, sched, m))
+            row = {"ours": ours[0]["step"], "peak_activation_bytes": [r["peak"] for r in ours]}
+        else:
+            both = _spawn(_torch_pipe, p, (a, sched, m))
+            row = {"ours": both[0]["ours"], "torch": both[0]["torch"],
+                   "ratio": both[0]["ours"] / both[0]["torch"], "paired": both[0]["paired"],
+                   "peak_activation_bytes": [r["peak"] for r in both]}  # fmt: skip
         results["schedules"][sched] = row
-        anchor = f"torch {row['torch']:.4f} s  ratio {row['ratio']:.2f}" if "torch" in row else ""
+        anchor = (f"torch {row['torch']:.4f} s  ratio {row['ratio']:.2f}  "
+                  f"paired {row['paired']:.2f}" if "torch" in row else "")  # fmt: skip
         print(f"  {sched:<6} ours {row['ours']:.4f} s  {anchor}  "
               f"peak activations per stage {row['peak_activation_bytes']}")  # fmt: skip
     if p > 1:

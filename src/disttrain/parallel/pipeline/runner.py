@@ -1,13 +1,17 @@
 """Execute a pipeline schedule on one stage: compute the grid's actions, pass tensors on.
 
-Every stage walks the same grid tick by tick. After the compute of a tick,
-neighbours swap what that tick produced: stage s sends the activation of a
-forward to s+1 and receives, in the same ``p2p.exchange``, the gradient that
-s+1's backward produced. Both sides read the grid, so they agree on who sends
-what without any header. Pairs (s, s+1) with even s exchange first, odd s
-second (odd-even ordering), so no cycle of waits can form and the chain of
-stages never serialises. Receive buffers are shaped by running the whole model
-once on the ``meta`` device (no memory, no compute) for each batch shape.
+Each stage runs its own column of the grid in order, without waiting for the
+other stages' ticks: a forward's activation is sent to s+1 and a backward's
+input gradient to s-1 with ``isend`` and not waited on (the next action starts
+at once; all sends are waited on at the end of the step), and the receive
+that an action needs is posted one action ahead, so it is usually complete
+when the action starts. A stage receives only activations from s-1 (in the
+forward order of s-1) and gradients from s+1 (in its backward order), each a
+FIFO stream between one pair of ranks, so both sides agree on what each message
+is without any header. The grid's column order respects every dependency (it
+is a simulation of the schedule), so the waits cannot form a cycle. Receive
+buffers are shaped by running the whole model once on the ``meta`` device (no
+memory, no compute) for each batch shape.
 
 The loss of a micro-batch is scaled by 1/M, so the summed gradients over the
 M micro-batches equal the gradient of the mean loss over the whole batch.
@@ -156,26 +160,52 @@ class PipelineRunner:
         times = self.times = StepTimes()
         self.activations.reset_peak()
         step_start = time.perf_counter()
-        for row in self.grid:
-            action = row[s]
-            send_act: torch.Tensor | None = None
-            send_grad: torch.Tensor | None = None
-            if action is not None:
-                t0 = time.perf_counter()
-                if action.kind == "F":
-                    with timeline.span("forward", microbatch=action.microbatch, stage=s):
-                        send_act = self._do_forward(action, xs, ys, inputs, outputs, m_count)
-                    if s == last:
-                        loss_sum += outputs[action.microbatch].detach()
-                else:
-                    with timeline.span("backward", microbatch=action.microbatch, stage=s):
-                        send_grad = self._do_backward(action, inputs, outputs, grads)
-                times.compute += time.perf_counter() - t0
+        actions = [a for a in (row[s] for row in self.grid) if a is not None]
+        # Activations arrive from s-1 in our forward order, gradients from s+1 in
+        # our backward order (the same micro-batch order as the sender's).
+        acts = _Inbox(
+            [a.microbatch for a in actions if a.kind == "F"] if s > 0 else [],
+            self.ranks[s - 1] if s > 0 else -1, shapes[s - 1] if s > 0 else None,
+            device, self.group, requires_grad=True,
+        )  # fmt: skip
+        grads_in = _Inbox(
+            [a.microbatch for a in actions if a.kind == "B"] if s < last else [],
+            self.ranks[s + 1] if s < last else -1, shapes[s], device, self.group,
+        )  # fmt: skip
+        sends: list[tuple[Any, torch.Tensor]] = []  # kept alive until their send is done
+        for action in actions:
+            m = action.microbatch
             t0 = time.perf_counter()
-            for peer in (s + 1, s - 1) if s % 2 == 0 else (s - 1, s + 1):
-                if 0 <= peer < self.stages:
-                    self._swap(row, peer, send_act, send_grad, shapes, inputs, grads, device)
-            times.comm += time.perf_counter() - t0
+            if action.kind == "F" and s > 0:
+                with timeline.span("send/recv", peer_stage=s - 1):
+                    inputs[m] = acts.take(m)
+            elif action.kind == "B" and s < last:
+                with timeline.span("send/recv", peer_stage=s + 1):
+                    grads[m] = grads_in.take(m)
+            t1 = time.perf_counter()
+            times.comm += t1 - t0
+            if action.kind == "F":
+                with timeline.span("forward", microbatch=m, stage=s):
+                    out = self._do_forward(action, xs, ys, inputs, outputs, m_count)
+                if s == last:
+                    loss_sum += outputs[m].detach()
+            else:
+                with timeline.span("backward", microbatch=m, stage=s):
+                    out = self._do_backward(action, inputs, outputs, grads)
+            t2 = time.perf_counter()
+            times.compute += t2 - t1
+            if out is not None:  # to s+1 after a forward, to s-1 after a backward
+                peer = s + 1 if action.kind == "F" else s - 1
+                # under autocast a stage's output is fp16/bf16, but the peer's buffer has the
+                # meta run's dtype (fp32): a shorter message would be silently misread
+                out = out.to(shapes[s if action.kind == "F" else s - 1][1])
+                sends.append((p2p.isend(out, self.ranks[peer], self.group), out))
+            times.comm += time.perf_counter() - t2
+        t0 = time.perf_counter()
+        with timeline.span("send wait", sends=len(sends)):
+            for work, _ in sends:
+                work.wait()
+        times.comm += time.perf_counter() - t0
         times.step = time.perf_counter() - step_start
         return loss_sum if s == last else None
 
@@ -218,39 +248,50 @@ class PipelineRunner:
         assert inp.grad is not None
         return inp.grad
 
-    def _swap(
+
+class _Inbox:
+    """The tensors one neighbour sends, in a known order, each receive posted one ahead.
+
+    Holding one receive in flight beyond the tensor being used keeps the
+    transfer off the critical path without holding more than one extra buffer
+    (1F1B's activation bound is kept).
+    """
+
+    def __init__(
         self,
-        row: list[Action | None],
-        peer: int,
-        send_act: torch.Tensor | None,
-        send_grad: torch.Tensor | None,
-        shapes: list[tuple[torch.Size, torch.dtype]],
-        inputs: dict[int, torch.Tensor],
-        grads: dict[int, torch.Tensor],
+        order: list[int],
+        src: int,
+        shape: tuple[torch.Size, torch.dtype] | None,
         device: torch.device,
+        group: ProcessGroup | None,
+        requires_grad: bool = False,
     ) -> None:
-        """Exchange with one neighbour what this tick produced for each other."""
-        theirs = row[peer]
-        send: torch.Tensor | None = None
-        recv: torch.Tensor | None = None
-        if peer > self.stage:  # the next stage: our activation out, its gradient in
-            send = send_act
-            if send is not None:
-                # under autocast the stage's output is fp16/bf16, but the peer's buffer has the
-                # meta run's dtype (fp32): a shorter message would be silently misread
-                send = send.to(shapes[self.stage][1])
-            if theirs is not None and theirs.kind == "B":
-                shape, dtype = shapes[self.stage]
-                recv = grads[theirs.microbatch] = torch.empty(shape, dtype=dtype, device=device)
-        else:  # the previous stage: our input gradient out, its activation in
-            send = send_grad
-            if theirs is not None and theirs.kind == "F":
-                shape, dtype = shapes[peer]
-                recv = torch.empty(shape, dtype=dtype, device=device)
-                inputs[theirs.microbatch] = recv
-        if send is None and recv is None:
+        self.order = order
+        self.src = src
+        self.shape = shape
+        self.device = device
+        self.group = group
+        self.requires_grad = requires_grad
+        self.next = 0
+        self.posted: tuple[int, Any, torch.Tensor] | None = None
+        self._post()
+
+    def _post(self) -> None:
+        if self.next >= len(self.order):
+            self.posted = None
             return
-        with timeline.span("send/recv", peer_stage=peer):
-            p2p.exchange(send, self.ranks[peer], recv, self.ranks[peer], self.group)
-        if recv is not None and peer < self.stage and recv.is_floating_point():
-            recv.requires_grad_(True)
+        assert self.shape is not None
+        shape, dtype = self.shape
+        buf = torch.empty(shape, dtype=dtype, device=self.device)
+        self.posted = (self.order[self.next], p2p.irecv(buf, self.src, self.group), buf)
+        self.next += 1
+
+    def take(self, m: int) -> torch.Tensor:
+        """Wait for micro-batch ``m``'s tensor (the next in order) and post the following one."""
+        assert self.posted is not None and self.posted[0] == m, (m, self.posted)
+        _, work, buf = self.posted
+        work.wait()
+        self._post()
+        if self.requires_grad and buf.is_floating_point():
+            buf.requires_grad_(True)
+        return buf
