@@ -20,7 +20,7 @@ import torch
 from disttrain import amp
 from disttrain.config import TrainConfig
 from disttrain.strategies import Strategy
-from disttrain.train.faults import Fault
+from disttrain.train.faults import Fault, check_gradients
 from disttrain.train.metrics import Timers
 
 __all__ = ["StepRunner"]
@@ -69,6 +69,8 @@ class StepRunner:
         if fault:
             fault.after_compute(self.rank, step, time.perf_counter() - start)
             fault.after_backward(self.rank, step, strategy.model)
+        if not self.scaler:  # under fp16 the scaler's agreed skip handles non-finite values
+            check_gradients(strategy.model, self.rank, step)
         scale = self.scaler.scale if self.scaler else 1.0
         skip = False
         during = strategy.communicates_during_backward
