@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from disttrain.collectives.checks import check_lengths
+from disttrain.collectives.checks import check_call
 
 __all__ = [
     "ALGORITHMS",
@@ -72,7 +72,7 @@ class AllReduceAlgorithm(ABC):
         if n == 1:
             return tensor
         if _check[0]:
-            check_lengths(tensor.numel(), group)
+            check_call(f"allreduce/{self.name}/{tensor.dtype}", tensor.numel(), group)
         if tensor.numel() == 0:
             return tensor
         if tensor.is_contiguous():
