@@ -68,6 +68,16 @@ class PSConfig:
         if train.precision == "fp16" and train.strategy == "ps" and self.ps_mode != "sync":
             # the loss scale is agreed by a collective over the workers every step
             raise UsageError("--precision fp16 with --strategy ps needs --ps-mode sync; use bf16")
+        if (
+            train.strategy == "ps"
+            and self.ps_mode != "sync"
+            and (train.checkpoint_every or train.resume)
+        ):
+            # the servers' state matches no single step of every worker outside sync mode
+            raise UsageError(
+                f"--checkpoint-every and --resume with --strategy ps need --ps-mode sync "
+                f"(got {self.ps_mode})"
+            )
         straggler = parse_straggler(self.straggler)
         if straggler and straggler[0] >= workers:
             raise UsageError(

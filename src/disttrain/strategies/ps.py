@@ -40,6 +40,7 @@ from disttrain.ps.consistency import Consistency
 from disttrain.ps.server import ShardServer, bind_router
 from disttrain.ps.sharding import flatten, shard_bounds, unflatten_into
 from disttrain.strategies.base import Strategy, register
+from disttrain.train import checkpoint
 
 __all__ = ["ParameterServer"]
 
@@ -141,6 +142,34 @@ class ParameterServer(Strategy):
             worker_timeout=self.ps.ps_worker_timeout,
             rank=self.world.rank,
         )  # fmt: skip
+        self._server_checkpoints()
+
+    # --- checkpoints: servers save and restore their own shards (sync mode) ------------
+    def _server_checkpoints(self) -> None:
+        """Restore this server from ``--resume`` (or a restart); save every N sync rounds.
+
+        A server saves step T's shard and optimizer before it answers round T, so
+        every server's file exists before the workers save theirs and rank 0
+        commits step T (after a barrier of the workers).
+        """
+        assert self.server is not None
+        tc = self.config.train
+        source = checkpoint.resume_source(tc.resume, tc.out)
+        if source:
+            state = checkpoint.load(source, self.world.rank, self.n_workers)
+            try:
+                self.server.load_state_dict(state["server"])
+            except (KeyError, ValueError) as exc:
+                raise UsageError(f"--resume {source}: rank {self.world.rank}: {exc}") from None
+        if not (tc.checkpoint_every and tc.out):
+            return
+        server, every, rank = self.server, tc.checkpoint_every, self.world.rank
+
+        def save(step: int) -> None:
+            if step % every == 0:
+                checkpoint.save(tc.out, step, rank, self.n_workers, {"server": server.state_dict()})
+
+        server.on_round = save
 
     def serve(self) -> dict[str, Any]:
         assert self.server is not None

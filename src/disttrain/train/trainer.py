@@ -138,10 +138,7 @@ def _resume(
     tc: Any, strategy: strategies.Strategy, optimizer: torch.optim.Optimizer, runner: StepRunner
 ) -> int:
     """Restore this rank from ``--resume`` (or, after an elastic restart, from ``--out``)."""
-    source = tc.resume
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    if not source and restarted and tc.out and checkpoint.latest(tc.out) is not None:
-        source = tc.out
+    source = checkpoint.resume_source(tc.resume, tc.out)
     if not source:
         return 0
     n = dist.get_world_size(strategy.worker_group)
