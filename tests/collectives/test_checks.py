@@ -51,9 +51,11 @@ def _different_calls() -> dict[str, str]:
 
     from disttrain import collectives
     from disttrain.broadcast import broadcast_tensors
+    from disttrain.collectives import checks
     from disttrain.comm import CollectiveMismatch
 
     rank = dist.get_rank()
+    checks.set_checks_everywhere(True)  # --check-collectives: broadcasts are checked too
     errors = {}
     cases = {
         # rank 1 broadcasts while the others allreduce: without the check, a hang or garbage

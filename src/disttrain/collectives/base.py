@@ -50,7 +50,8 @@ def set_length_check(enabled: bool) -> bool:
     On by default: gloo silently accepts a *shorter* message than the receive
     buffer and aborts the whole process (SIGABRT) on a *longer* one, so a
     length mismatch would otherwise corrupt data or crash. The check costs one
-    16-byte native allreduce per call (see docs/collectives.md for its time).
+    32-byte native allreduce per call (see docs/collectives.md for its time); it
+    also checks that every rank calls the same algorithm on the same dtype.
     """
     old = _check[0]
     _check[0] = enabled

@@ -26,12 +26,37 @@ from disttrain.comm.errors import CollectiveMismatch
 from disttrain.comm.meter import record_send
 from disttrain.comm.p2p import global_rank
 
-__all__ = ["CHECK_BYTES", "check_call", "check_cost_bytes", "check_lengths", "op_code"]
+__all__ = [
+    "CHECK_BYTES",
+    "check_call",
+    "check_cost_bytes",
+    "check_lengths",
+    "checks_everywhere",
+    "op_code",
+    "set_checks_everywhere",
+]
 
 #: The payload of the check: four int64 values.
 CHECK_BYTES = 32
 
 _NAMES: dict[int, str] = {}
+_everywhere = [False]
+
+
+def set_checks_everywhere(enabled: bool) -> bool:
+    """Also check broadcasts and native async buckets (``--check-collectives``); old value.
+
+    Off by default, unlike the algorithms' own length check: these sites are the
+    library's hot paths (parameter broadcast, DDP-style buckets) and the check
+    blocks on a collective of its own.
+    """
+    old = _everywhere[0]
+    _everywhere[0] = enabled
+    return old
+
+
+def checks_everywhere() -> bool:
+    return _everywhere[0]
 
 
 def op_code(name: str) -> int:

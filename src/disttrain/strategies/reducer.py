@@ -29,7 +29,7 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 from disttrain import collectives
-from disttrain.collectives.checks import check_call
+from disttrain.collectives.checks import check_call, checks_everywhere
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import record_send
 from disttrain.comm.p2p import global_rank
@@ -162,7 +162,7 @@ class Reducer:
         send = bucket.buffer if wire is None else bucket.buffer.to(wire)
         self.launched_total += 1
         if self._thread is None:
-            if collectives.length_check_enabled():  # --check-collectives: same call everywhere?
+            if checks_everywhere():  # --check-collectives: same call everywhere?
                 check_call(f"allreduce/native/{send.dtype}", send.numel(), self.group)
             work = dist.all_reduce(send, group=self.group, async_op=True)
             self._meter_native(send)

@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from disttrain import collectives, strategies
+from disttrain.collectives import checks
 from disttrain.comm import world as world_mod
 from disttrain.comm.meter import meter
 from disttrain.config import RunConfig
@@ -157,6 +158,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     tc = cfg.train
     world = world_mod.init(device=tc.device, timeout=tc.timeout, threads=tc.threads)
     collectives.set_length_check(tc.check_collectives)
+    checks.set_checks_everywhere(tc.check_collectives)
     if tc.pin_cpus:
         pin_to_cpu(world.local_rank)
     fault = parse_fault(tc.inject_fault)
