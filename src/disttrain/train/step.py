@@ -50,6 +50,7 @@ class StepRunner:
             scaler = self.scaler
             strategy.loss_fn = lambda out, y: plain(out, y) * scaler.scale
         self.skipped_steps = 0
+        self.check_finite = tc.check_finite and self.scaler is None
 
     def _overflow(self) -> bool:
         assert self.scaler is not None
@@ -69,7 +70,7 @@ class StepRunner:
         if fault:
             fault.after_compute(self.rank, step, time.perf_counter() - start)
             fault.after_backward(self.rank, step, strategy.model)
-        if not self.scaler:  # under fp16 the scaler's agreed skip handles non-finite values
+        if self.check_finite:  # under fp16 the scaler's agreed skip handles non-finite values
             check_gradients(strategy.model, self.rank, step)
         scale = self.scaler.scale if self.scaler else 1.0
         skip = False
