@@ -33,6 +33,7 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 from disttrain.comm.errors import UsageError
+from disttrain.comm.world import group_timeout
 from disttrain.config import RunConfig
 from disttrain.ps.client import PSClient
 from disttrain.ps.config import PSConfig, parse_straggler
@@ -115,7 +116,7 @@ class ParameterServer(Strategy):
             raise UsageError(f"--servers {self.n_servers} exceeds the {total} parameters")
         self.bounds = shard_bounds(total, self.n_servers)
         # every rank joins the workers' group (new_group is collective on the whole world)
-        self._group = dist.new_group(list(range(self.n_workers)))
+        self._group = dist.new_group(list(range(self.n_workers)), timeout=group_timeout())
         store = dist.distributed_c10d._get_default_store()
         if self.is_worker:
             keys = [_KEY.format(k) for k in range(self.n_servers)]
@@ -222,7 +223,9 @@ class ParameterServer(Strategy):
         lost = {entry["worker"] for s in self.stats for entry in s["lost_workers"]}
         if lost:
             survivors = [w for w in range(self.n_workers) if w not in lost]
-            self._group = dist.new_group(survivors, use_local_synchronization=True)
+            self._group = dist.new_group(
+                survivors, use_local_synchronization=True, timeout=group_timeout()
+            )
 
     # --- reporting --------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:

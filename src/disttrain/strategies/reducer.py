@@ -33,6 +33,7 @@ from disttrain.collectives.checks import check_call, checks_everywhere
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import record_send
 from disttrain.comm.p2p import global_rank
+from disttrain.comm.world import group_timeout
 from disttrain.fusion import MB, FlatBucket, make_buckets
 from disttrain.strategies.commthread import CommThread
 
@@ -91,7 +92,7 @@ class Reducer:
         if self.active and algorithm != "native":
             # Collective: every rank creates the reducer, so every rank makes this group.
             ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
-            self._comm_group = dist.new_group(ranks)
+            self._comm_group = dist.new_group(ranks, timeout=group_timeout())
             self._thread = CommThread()
         if self.active and overlap:
             for p in ordered:
