@@ -18,4 +18,8 @@ if _is_worker():
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+if code == 1:  # a failed job: the launcher has cleaned up and said why; leave at once
+    sys.stdout.flush()  # (the interpreter's teardown of torch took seconds on a loaded host)
+    sys.stderr.flush()
+    os._exit(code)
 sys.exit(code)

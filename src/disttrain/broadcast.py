@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from disttrain.collectives.checks import check_call, checks_everywhere
 from disttrain.comm.meter import record_send
 from disttrain.comm.p2p import global_rank
 from disttrain.fusion import flatten, unflatten
@@ -35,6 +36,8 @@ def broadcast_tensors(
     me = dist.get_rank(group)
     for same in by_dtype.values():
         flat = flatten([t.detach() for t in same])
+        if checks_everywhere():  # --check-collectives: the same call on every rank?
+            check_call(f"broadcast/{flat.dtype}", flat.numel(), group)
         dist.broadcast(flat, src=global_rank(group, src), group=group)
         if me == src:
             # gloo broadcasts from the root to each rank in turn

@@ -183,6 +183,8 @@ def _run_worker(cfg: Any, launched_by_us: bool) -> int:
 
 def _train_worker(cfg: Any, launched_by_us: bool) -> int:
     from disttrain.comm import world
+    from disttrain.comm.errors import PeerFailure
+    from disttrain.launch import rollcall
     from disttrain.launch.local import PEER_EXIT_CODE
     from disttrain.train.progress import print_summary
     from disttrain.train.trainer import train
@@ -196,8 +198,11 @@ def _train_worker(cfg: Any, launched_by_us: bool) -> int:
             raise
         rank = os.environ.get("RANK", "0")
         text = _one_line(exc)
-        if isinstance(exc, dist.DistError) or _PEER_ERROR.search(text):
+        if isinstance(exc, (dist.DistError, PeerFailure)) or _PEER_ERROR.search(text):
             sys.stderr.write(f"disttrain: rank {rank} stopped: a peer failed ({text})\n")
+            # answer the launcher's roll call, so that a peer that hung can be named
+            named = exc.rank if isinstance(exc, PeerFailure) else None
+            rollcall.answer(int(rank), cfg.train.world_size, cfg.train.timeout, named)
             return PEER_EXIT_CODE
         sys.stderr.write(f"disttrain: rank {rank}: {type(exc).__name__}: {text}\n")
         return 1

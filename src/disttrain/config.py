@@ -66,6 +66,9 @@ class TrainConfig:
     log_every: int = opt(1, "write a metrics.jsonl line every N steps")
     progress: bool = opt(True, "show a live progress bar on rank 0")
     inject_fault: str = opt("", "fault for tests and demos, e.g. kill:rank=1:step=5 (see docs)")
+    check_finite: bool = opt(
+        True, "stop a worker whose own gradients hold NaN/Inf, naming it (one pass a step)"
+    )
     # mixed precision (docs/training.md); the loss-scaler defaults are PyTorch GradScaler's
     precision: str = opt("fp32", "arithmetic precision (autocast)", ("fp32", "bf16", "fp16"))
     loss_scale: float = opt(2.0**16, "fp16: initial loss scale")

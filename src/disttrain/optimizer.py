@@ -31,6 +31,7 @@ from torch.distributed import ProcessGroup
 
 from disttrain.broadcast import broadcast_optimizer_state, broadcast_tensors
 from disttrain.comm.errors import UsageError
+from disttrain.comm.world import group_timeout
 from disttrain.strategies.reducer import Reducer
 
 __all__ = ["DistributedOptimizer"]
@@ -79,7 +80,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # The join flag has a group of its own: on the gradients' group it would queue
         # behind (or ahead of) buckets already launched during backward.
         ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
-        self._flag_group = dist.new_group(ranks)
+        self._flag_group = dist.new_group(ranks, timeout=group_timeout())
 
     # --- the wrapped optimizer's own state ----------------------------------------------
     @property

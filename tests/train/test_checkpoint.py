@@ -83,6 +83,42 @@ def test_killed_and_resumed_equals_uninterrupted_bit_for_bit(tmp_path: Path) -> 
     assert bad.returncode == 2 and "resume with --workers 2" in bad.stderr
 
 
+#: synchronous strategies besides allreduce, each with the state a resume must restore:
+#: localsgd its replicas between averages and its period clock (checkpoint at 6, H = 4),
+#: pipeline each stage's own part, ps sync the servers' shards and optimizer state.
+RESUMED = {
+    "localsgd": ("--strategy", "localsgd", "--period", "4"),
+    "pipeline": ("--strategy", "pipeline", "--microbatches", "2"),
+    "ps-sync": ("--strategy", "ps", "--ps-mode", "sync"),
+}
+TINY = ("--model", "mlp", "--max-steps", "12", "--no-progress", "--timeout", "20")
+
+
+@pytest.mark.timeout(600)  # three short training runs
+@pytest.mark.parametrize("strategy", list(RESUMED))
+def test_resume_is_bit_identical_for_each_synchronous_strategy(
+    strategy: str, tmp_path: Path
+) -> None:
+    flags = (*RESUMED[strategy], *TINY)
+    full, killed, resumed = tmp_path / "full", tmp_path / "killed", tmp_path / "resumed"
+    assert run_cli("train", *flags, "--out", str(full)).returncode == 0
+    crash = run_cli("train", *flags, "--checkpoint-every", "6",
+                    "--inject-fault", "kill:rank=1:step=8", "--out", str(killed))  # fmt: skip
+    assert crash.returncode == 1 and checkpoint.latest(str(killed)) == 6, crash.stderr
+    again = run_cli("train", *flags, "--resume", str(killed), "--out", str(resumed))
+    assert again.returncode == 0, again.stderr
+    a, b = _params(full), _params(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert _losses(resumed) == _losses(full)[6:]
+
+
+def test_an_asynchronous_parameter_server_refuses_checkpoints(tmp_path: Path) -> None:
+    result = run_cli("train", "--strategy", "ps", "--ps-mode", "async", "--checkpoint-every", "2",
+                     "--out", str(tmp_path / "o"), timeout=120)  # fmt: skip
+    assert result.returncode == 2
+    assert "need --ps-mode sync" in result.stderr and "Traceback" not in result.stderr
+
+
 @pytest.mark.timeout(600)
 def test_an_elastic_restart_resumes_from_the_last_checkpoint(tmp_path: Path) -> None:
     full, restarted = tmp_path / "full", tmp_path / "restarted"

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from disttrain.collectives.checks import check_lengths
+from disttrain.collectives.checks import check_call
 
 __all__ = [
     "ALGORITHMS",
@@ -50,7 +50,8 @@ def set_length_check(enabled: bool) -> bool:
     On by default: gloo silently accepts a *shorter* message than the receive
     buffer and aborts the whole process (SIGABRT) on a *longer* one, so a
     length mismatch would otherwise corrupt data or crash. The check costs one
-    16-byte native allreduce per call (see docs/collectives.md for its time).
+    32-byte native allreduce per call (see docs/collectives.md for its time); it
+    also checks that every rank calls the same algorithm on the same dtype.
     """
     old = _check[0]
     _check[0] = enabled
@@ -72,7 +73,7 @@ class AllReduceAlgorithm(ABC):
         if n == 1:
             return tensor
         if _check[0]:
-            check_lengths(tensor.numel(), group)
+            check_call(f"allreduce/{self.name}/{tensor.dtype}", tensor.numel(), group)
         if tensor.numel() == 0:
             return tensor
         if tensor.is_contiguous():

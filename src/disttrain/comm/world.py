@@ -24,6 +24,7 @@ __all__ = [
     "STORE_FILE_ENV",
     "World",
     "current",
+    "group_timeout",
     "init",
     "is_initialized",
     "local_rank",
@@ -109,6 +110,14 @@ def init(device: str = "cpu", timeout: float = 60.0, threads: int | None = 1) ->
         )
     _world = World(rank, world_size, lrank, backend, torch_device, timeout)
     return _world
+
+
+def group_timeout() -> timedelta | None:
+    """The job's ``--timeout`` for sub-groups: ``new_group`` would otherwise wait 30 min.
+
+    None (torch's default) outside a world joined by :func:`init`.
+    """
+    return None if _world is None else timedelta(seconds=_world.timeout)
 
 
 def is_initialized() -> bool:

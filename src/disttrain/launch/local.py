@@ -24,7 +24,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from disttrain.comm.world import STORE_FILE_ENV
 from disttrain.config import TrainConfig
-from disttrain.launch import rendezvous
+from disttrain.launch import rendezvous, rollcall
 
 __all__ = ["PEER_EXIT_CODE", "WORKER_ENV", "JobFailed", "launch"]
 
@@ -57,16 +57,29 @@ def _describe(rank: int, failure: ProcessFailure) -> str:
     return f"worker rank {rank} (pid {failure.pid}) {how}{detail}"
 
 
-def root_cause(failures: dict[int, ProcessFailure]) -> tuple[int, ProcessFailure]:
-    """The failed rank that caused the others to stop.
+def root_cause(
+    failures: dict[int, ProcessFailure],
+    answers: dict[int, int | None] | None = None,
+    members: int = 0,
+) -> tuple[int, ProcessFailure, bool]:
+    """The failed rank that caused the others to stop, and whether it hung.
 
     Not one that exited because a peer failed (PEER_EXIT_CODE), nor one the
-    agent stopped with SIGTERM after the first failure.
+    agent stopped with SIGTERM after the first failure. When every failure is
+    of that kind, someone hung: the worker (rank < ``members``) that did not
+    answer the roll call of its peers (``answers``, see :mod:`rollcall`), or
+    else the rank a peer's error named.
     """
     collateral = (PEER_EXIT_CODE, -signal.SIGTERM)
     own = {r: f for r, f in failures.items() if f.exitcode not in collateral}
+    if not own and answers:
+        silent = [r for r in sorted(failures) if r < members and r not in answers]
+        named = sorted({r for r in answers.values() if r is not None and r in failures})
+        for r in silent or named:
+            return r, failures[r], True
     pool = own or failures
-    return min(pool.items(), key=lambda item: (item[1].timestamp, item[0]))
+    rank, failure = min(pool.items(), key=lambda item: (item[1].timestamp, item[0]))
+    return rank, failure, False
 
 
 def launch(cfg: TrainConfig, nproc_per_node: int, argv: list[str]) -> None:
@@ -75,6 +88,7 @@ def launch(cfg: TrainConfig, nproc_per_node: int, argv: list[str]) -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)  # we explain failures ourselves
     tmp = tempfile.mkdtemp(prefix="disttrain-job-")
     run_id = f"disttrain-{uuid.uuid4().hex[:12]}"
+    calls = os.path.join(tmp, "rollcall")
     env_backup = dict(os.environ)
     os.environ[WORKER_ENV] = "1"
     os.environ.setdefault("OMP_NUM_THREADS", str(cfg.threads))
@@ -84,6 +98,8 @@ def launch(cfg: TrainConfig, nproc_per_node: int, argv: list[str]) -> None:
         os.environ[STORE_FILE_ENV] = os.path.join(tmp, "workers.store")
         backend, endpoint = rendezvous.BACKEND, ""
         rdzv_configs = {"store_path": os.path.join(tmp, "agent.store")}
+        os.makedirs(calls, exist_ok=True)
+        os.environ[rollcall.ENV] = calls  # how a hung worker gets named
     else:
         backend, endpoint = "c10d", cfg.rdzv_endpoint
         rdzv_configs = {"rank": cfg.node_rank}
@@ -104,10 +120,18 @@ def launch(cfg: TrainConfig, nproc_per_node: int, argv: list[str]) -> None:
     try:
         elastic_launch(config, sys.executable)("-m", "disttrain", *argv)
     except ChildFailedError as exc:
-        rank, failure = root_cause(exc.failures)
+        answers = rollcall.read(calls)
+        rank, failure, hung = root_cause(exc.failures, answers, cfg.world_size)
         others = len(exc.failures) - 1
         tail = f"; {others} other worker(s) stopped because of it" if others else ""
-        raise JobFailed(_describe(rank, failure) + tail, rank) from None
+        if hung:
+            why = (
+                f"worker rank {rank} (pid {failure.pid}) hung: no answer within --timeout "
+                f"{cfg.timeout:g} s, while {len(answers)} peer(s) that waited on it did answer"
+            )
+        else:
+            why = _describe(rank, failure)
+        raise JobFailed(why + tail, rank) from None
     finally:
         os.environ.clear()
         os.environ.update(env_backup)

@@ -6,7 +6,9 @@ kills. For strategies that survive a worker's loss (asynchronous parameter
 servers), the process the agent started therefore forks first: the child
 trains; the parent waits, and when the child was killed by a signal it
 reports the loss on stderr and exits 0, so the agent lets the others finish.
-Any other failure (an exception, exit code 1 or 3) is passed on unchanged.
+A worker that raised (exit code 1: its own error, already on stderr) is lost
+the same way. A worker that stopped because a peer failed (exit code 3: a
+server is gone) or over bad input (2) passes its code on: the job cannot go on.
 The child dies with its parent (PR_SET_PDEATHSIG), and a SIGTERM or SIGINT
 sent to the parent, as the agent does when it stops a job, is passed on.
 """
@@ -23,6 +25,7 @@ from types import FrameType
 __all__ = ["run_supervised"]
 
 _PR_SET_PDEATHSIG = 1
+_OWN_ERROR = 1  # the worker's exit code after an exception of its own (cli._train_worker)
 
 
 def _die_with_parent() -> None:
@@ -73,4 +76,10 @@ def run_supervised(fn: Callable[[], int], rank: int) -> int:
             f"disttrain: rank {rank}: worker lost (killed by {name}); the job goes on without it\n"
         )
         return 0
-    return os.WEXITSTATUS(status)
+    code = os.WEXITSTATUS(status)
+    if code == _OWN_ERROR:
+        sys.stderr.write(
+            f"disttrain: rank {rank}: worker lost (it raised); the job goes on without it\n"
+        )
+        return 0
+    return code

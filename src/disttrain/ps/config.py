@@ -79,6 +79,16 @@ class PSConfig:
         if train.precision == "fp16" and train.strategy == "ps" and self.ps_mode != "sync":
             # the loss scale is agreed by a collective over the workers every step
             raise UsageError("--precision fp16 with --strategy ps needs --ps-mode sync; use bf16")
+        if (
+            train.strategy == "ps"
+            and self.ps_mode != "sync"
+            and (train.checkpoint_every or train.resume)
+        ):
+            # the servers' state matches no single step of every worker outside sync mode
+            raise UsageError(
+                f"--checkpoint-every and --resume with --strategy ps need --ps-mode sync "
+                f"(got {self.ps_mode})"
+            )
         if train.strategy == "ps" and not self.ps_curve_key and self.ps_address not in LOOPBACK:
             sys.stderr.write(
                 f"disttrain: warning: --ps-address {self.ps_address} without --ps-curve-key: "

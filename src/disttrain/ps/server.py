@@ -100,6 +100,8 @@ class ShardServer:
         self.first_push: float | None = None
         self.work_done_at: float | None = None
         self.finished = False
+        #: called with the step number after each sync round, before its replies (checkpoints)
+        self.on_round: Callable[[int], None] | None = None
 
     # --- sending ------------------------------------------------------------------
     def _send(self, identity: bytes, frames: list[bytes | memoryview]) -> None:
@@ -145,7 +147,10 @@ class ShardServer:
             self._apply(batch)
         if self.cons.stopped and self.work_done_at is None:
             self.work_done_at = time.monotonic()
-        for w in self.cons.releasable():
+        released = self.cons.releasable()
+        if released and self.on_round is not None and self.cons.mode == "sync":
+            self.on_round(max(self.cons.clocks[w] for w in released))
+        for w in released:
             self._send_weights(f"w{w}".encode(), w)
         if self.cons.all_finished() and not self.finished:
             if self.work_done_at is None:
@@ -262,6 +267,34 @@ class ShardServer:
         finally:
             self.sock.close(linger=5000)
         return self.figures()
+
+    # --- checkpoints: the shard's state, saved and restored (apart from the protocol) ------
+    def state_dict(self) -> dict[str, Any]:
+        """The shard, its optimizer and the round clock: enough to resume a sync run exactly."""
+        return {
+            "param": self.param.detach().clone(),
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.cons.version,
+            "received": self.cons.received,
+            "budget": self.cons.budget,
+            "clocks": [self.cons.clocks[w] for w in self.cons.workers],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output (same shard bounds and workers)."""
+        if state["param"].shape != self.param.shape or len(state["clocks"]) != len(
+            self.cons.workers
+        ):
+            raise ValueError(f"parameter server {self.shard}: the checkpoint is of another shard")
+        with torch.no_grad():
+            self.param.copy_(state["param"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.cons.version = int(state["version"])
+        self.cons.received = int(state["received"])
+        self.cons.budget = int(state["budget"])
+        for w, clock in zip(self.cons.workers, state["clocks"], strict=True):
+            self.cons.clocks[w] = int(clock)
+            self.cons.read_version[w] = self.cons.version
 
     def figures(self) -> dict[str, Any]:
         end = self.work_done_at or time.monotonic()

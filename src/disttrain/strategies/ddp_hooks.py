@@ -20,6 +20,7 @@ from torch.distributed import ProcessGroup
 
 from disttrain import collectives
 from disttrain.comm.errors import UsageError
+from disttrain.comm.world import group_timeout
 from disttrain.strategies.commthread import CommThread
 
 __all__ = ["AlgorithmHook", "allreduce_hook", "register"]
@@ -46,7 +47,7 @@ class AlgorithmHook:
         self.comm_group: ProcessGroup | None = process_group
         if algorithm != "native" and self.world_size > 1:
             ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
-            self.comm_group = dist.new_group(ranks)
+            self.comm_group = dist.new_group(ranks, timeout=group_timeout())
             self.thread = CommThread("disttrain-ddp-hook")
         self.buckets = 0
 

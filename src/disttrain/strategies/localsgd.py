@@ -148,8 +148,14 @@ class LocalSGD(Strategy):
         }
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps_done": self.steps_done, "averaging_rounds": self.averaging_rounds}
+        # the period clock: the step of the last average decides whether finish() averages
+        return {
+            "steps_done": self.steps_done, "averaging_rounds": self.averaging_rounds,
+            "last_average": self._last_average, "sync_steps": self.sync_steps,
+        }  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps_done = int(state.get("steps_done", 0))
         self.averaging_rounds = int(state.get("averaging_rounds", 0))
+        self._last_average = int(state.get("last_average", 0))
+        self.sync_steps = int(state.get("sync_steps", 0))

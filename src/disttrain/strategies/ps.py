@@ -34,6 +34,7 @@ from torch.distributed import ProcessGroup
 
 from disttrain import timeline
 from disttrain.comm.errors import UsageError
+from disttrain.comm.world import group_timeout
 from disttrain.config import RunConfig
 from disttrain.ps.client import PSClient
 from disttrain.ps.config import PSConfig, parse_straggler
@@ -41,6 +42,7 @@ from disttrain.ps.consistency import Consistency
 from disttrain.ps.server import ShardServer, bind_router
 from disttrain.ps.sharding import flatten, shard_bounds, unflatten_into
 from disttrain.strategies.base import Strategy, register
+from disttrain.train import checkpoint
 
 __all__ = ["ParameterServer"]
 
@@ -115,7 +117,7 @@ class ParameterServer(Strategy):
             raise UsageError(f"--servers {self.n_servers} exceeds the {total} parameters")
         self.bounds = shard_bounds(total, self.n_servers)
         # every rank joins the workers' group (new_group is collective on the whole world)
-        self._group = dist.new_group(list(range(self.n_workers)))
+        self._group = dist.new_group(list(range(self.n_workers)), timeout=group_timeout())
         store = dist.distributed_c10d._get_default_store()
         if self.is_worker:
             keys = [_KEY.format(k) for k in range(self.n_servers)]
@@ -143,6 +145,34 @@ class ParameterServer(Strategy):
             worker_timeout=self.ps.ps_worker_timeout,
             rank=self.world.rank,
         )  # fmt: skip
+        self._server_checkpoints()
+
+    # --- checkpoints: servers save and restore their own shards (sync mode) ------------
+    def _server_checkpoints(self) -> None:
+        """Restore this server from ``--resume`` (or a restart); save every N sync rounds.
+
+        A server saves step T's shard and optimizer before it answers round T, so
+        every server's file exists before the workers save theirs and rank 0
+        commits step T (after a barrier of the workers).
+        """
+        assert self.server is not None
+        tc = self.config.train
+        source = checkpoint.resume_source(tc.resume, tc.out)
+        if source:
+            state = checkpoint.load(source, self.world.rank, self.n_workers)
+            try:
+                self.server.load_state_dict(state["server"])
+            except (KeyError, ValueError) as exc:
+                raise UsageError(f"--resume {source}: rank {self.world.rank}: {exc}") from None
+        if not (tc.checkpoint_every and tc.out):
+            return
+        server, every, rank = self.server, tc.checkpoint_every, self.world.rank
+
+        def save(step: int) -> None:
+            if step % every == 0:
+                checkpoint.save(tc.out, step, rank, self.n_workers, {"server": server.state_dict()})
+
+        server.on_round = save
 
     def serve(self) -> dict[str, Any]:
         assert self.server is not None
@@ -197,7 +227,9 @@ class ParameterServer(Strategy):
         lost = {entry["worker"] for s in self.stats for entry in s["lost_workers"]}
         if lost:
             survivors = [w for w in range(self.n_workers) if w not in lost]
-            self._group = dist.new_group(survivors, use_local_synchronization=True)
+            self._group = dist.new_group(
+                survivors, use_local_synchronization=True, timeout=group_timeout()
+            )
 
     # --- reporting --------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:

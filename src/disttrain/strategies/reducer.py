@@ -29,9 +29,11 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 from disttrain import collectives, timeline
+from disttrain.collectives.checks import check_call, checks_everywhere
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import record_send
 from disttrain.comm.p2p import global_rank
+from disttrain.comm.world import group_timeout
 from disttrain.fusion import MB, FlatBucket, make_buckets
 from disttrain.strategies.commthread import CommThread
 
@@ -90,7 +92,7 @@ class Reducer:
         if self.active and algorithm != "native":
             # Collective: every rank creates the reducer, so every rank makes this group.
             ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
-            self._comm_group = dist.new_group(ranks)
+            self._comm_group = dist.new_group(ranks, timeout=group_timeout())
             self._thread = CommThread()
         if self.active and overlap:
             for p in ordered:
@@ -161,6 +163,8 @@ class Reducer:
         send = bucket.buffer if wire is None else bucket.buffer.to(wire)
         self.launched_total += 1
         if self._thread is None:
+            if checks_everywhere():  # --check-collectives: same call everywhere?
+                check_call(f"allreduce/native/{send.dtype}", send.numel(), self.group)
             work = dist.all_reduce(send, group=self.group, async_op=True)
             self._meter_native(send)
         else:

@@ -23,7 +23,7 @@ import torch
 
 from disttrain.comm.errors import UsageError
 
-__all__ = ["FORMAT", "latest", "load", "save"]
+__all__ = ["FORMAT", "commit", "latest", "load", "resume_source", "save"]
 
 FORMAT = "disttrain-checkpoint-v1"
 _STEP = re.compile(r"^step-(\d{8})$")
@@ -129,3 +129,17 @@ def load(root: str, rank: int, world_size: int, step: int | None = None) -> dict
             f"has {world_size}; resume with --workers {state['world_size']}"
         )
     return state
+
+
+def resume_source(resume: str, out: str) -> str:
+    """Where to restore from: ``--resume``, or after an elastic restart one's own ``--out``.
+
+    Empty when it starts afresh. Shared by workers (the trainer) and by
+    parameter servers, which restore their shards and optimizer themselves.
+    """
+    if resume:
+        return resume
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    if restarted and out and latest(out) is not None:
+        return out
+    return ""

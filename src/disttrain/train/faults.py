@@ -4,21 +4,55 @@ Kinds: ``kill`` (SIGKILL itself), ``raise`` (a RuntimeError), ``hang`` (sleep
 forever), ``slow:FACTOR`` (sleep FACTOR-1 times the step's compute time),
 ``nan`` (poison its gradients), ``inf`` (one gradient element becomes +Inf, at
 step T only: an fp16 overflow on one rank). The fault fires on rank R at step T
-(from 1).
+(from 1) and says so on stderr (tests time the job's end from that line).
+
+:func:`check_gradients` is the guard the ``nan`` fault exercises: every step,
+before any gradient is communicated, a worker whose own gradients hold NaN or
+Inf stops with an error naming its rank and the parameter, instead of
+spreading NaN into every replica (fp16 runs skip it: the loss scaler's agreed
+skip handles overflow there).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
-from disttrain.comm.errors import UsageError
+from disttrain.comm.errors import DisttrainError, UsageError
 
-__all__ = ["Fault", "parse_fault"]
+__all__ = ["Fault", "NonFiniteGradient", "check_gradients", "parse_fault"]
+
+
+class NonFiniteGradient(DisttrainError):
+    """A worker's own gradients hold NaN or Inf: the message names the rank and parameter."""
+
+
+def check_gradients(model: nn.Module, rank: int, step: int) -> None:
+    """Raise :class:`NonFiniteGradient` if any local gradient of ``model`` is not finite.
+
+    One fused norm per step (``_foreach_norm``): NaN/Inf propagate into it; a huge
+    but finite gradient can overflow it too, so a non-finite total is confirmed
+    parameter by parameter before raising.
+    """
+    named = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
+    if not named:
+        return
+    norms = torch._foreach_norm([g for _, g in named])
+    if bool(torch.isfinite(torch.stack(norms).sum())):
+        return
+    for name, grad in named:
+        if not bool(torch.isfinite(grad).all()):
+            raise NonFiniteGradient(
+                f"rank {rank} computed a non-finite gradient for {name} at step {step}; "
+                f"stopping before it reaches the other workers"
+            )
+
 
 KINDS = ("kill", "raise", "hang", "slow", "nan", "inf")
 
@@ -39,9 +73,18 @@ class Fault:
         # slow and nan persist from their step on; the others fire once
         return step >= self.step if self.kind in ("slow", "nan") else step == self.step
 
+    def _announce(self, rank: int, step: int) -> None:
+        if step == self.step:
+            sys.stderr.write(
+                f"disttrain: rank {rank}: injecting fault {self.kind} at step {step}\n"
+            )
+            sys.stderr.flush()
+
     def before_step(self, rank: int, step: int) -> None:
         if not self.fires(rank, step):
             return
+        if self.kind in ("kill", "raise", "hang"):
+            self._announce(rank, step)
         if self.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if self.kind == "raise":
@@ -52,10 +95,12 @@ class Fault:
 
     def after_compute(self, rank: int, step: int, compute_seconds: float) -> None:
         if self.kind == "slow" and self.fires(rank, step):
+            self._announce(rank, step)
             time.sleep(compute_seconds * (self.factor - 1.0))
 
     def after_backward(self, rank: int, step: int, model: nn.Module) -> None:
         if self.kind == "nan" and self.fires(rank, step):
+            self._announce(rank, step)
             for p in model.parameters():
                 if p.grad is not None:
                     p.grad.fill_(float("nan"))

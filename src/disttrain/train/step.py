@@ -20,7 +20,7 @@ import torch
 from disttrain import amp, timeline
 from disttrain.config import TrainConfig
 from disttrain.strategies import Strategy
-from disttrain.train.faults import Fault
+from disttrain.train.faults import Fault, check_gradients
 from disttrain.train.metrics import Timers
 
 __all__ = ["StepRunner"]
@@ -50,6 +50,7 @@ class StepRunner:
             scaler = self.scaler
             strategy.loss_fn = lambda out, y: plain(out, y) * scaler.scale
         self.skipped_steps = 0
+        self.check_finite = tc.check_finite and self.scaler is None
 
     def _overflow(self) -> bool:
         assert self.scaler is not None
@@ -69,6 +70,8 @@ class StepRunner:
         if fault:
             fault.after_compute(self.rank, step, time.perf_counter() - start)
             fault.after_backward(self.rank, step, strategy.model)
+        if self.check_finite:  # under fp16 the scaler's agreed skip handles non-finite values
+            check_gradients(strategy.model, self.rank, step)
         scale = self.scaler.scale if self.scaler else 1.0
         skip = False
         during = strategy.communicates_during_backward

@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from disttrain import collectives, strategies, timeline
+from disttrain.collectives import checks
 from disttrain.comm import world as world_mod
 from disttrain.comm.meter import meter
 from disttrain.config import RunConfig
@@ -138,10 +139,7 @@ def _resume(
     tc: Any, strategy: strategies.Strategy, optimizer: torch.optim.Optimizer, runner: StepRunner
 ) -> int:
     """Restore this rank from ``--resume`` (or, after an elastic restart, from ``--out``)."""
-    source = tc.resume
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    if not source and restarted and tc.out and checkpoint.latest(tc.out) is not None:
-        source = tc.out
+    source = checkpoint.resume_source(tc.resume, tc.out)
     if not source:
         return 0
     n = dist.get_world_size(strategy.worker_group)
@@ -161,6 +159,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     world = world_mod.init(device=tc.device, timeout=tc.timeout, threads=tc.threads)
     recorder = timeline.start(world.rank) if tc.timeline else None
     collectives.set_length_check(tc.check_collectives)
+    checks.set_checks_everywhere(tc.check_collectives)
     if tc.pin_cpus:
         pin_to_cpu(world.local_rank)
     fault = parse_fault(tc.inject_fault)

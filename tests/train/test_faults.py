@@ -1,0 +1,163 @@
+"""The fault matrix: every strategy x kill, raise, hang and nan, through the real command.
+
+Each case runs ``disttrain train --inject-fault KIND:rank=1:step=3 --timeout 5``
+and checks that the job ends within timeout + 15 s of the fault (timed from
+the line the faulty rank prints as it fires), with exit code 1 and a line
+naming rank 1 (or, for an asynchronous parameter server, exit code 0 with
+rank 1 dropped and the others finishing their work), and that afterwards no
+process of the job is alive, none of them left a listening socket, and
+/dev/shm holds nothing the job created.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from disttrain.train.faults import parse_fault
+from tests.netcheck import descendants, listening_addresses
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT = 5  # --timeout: a few seconds (startup skew on a loaded 2-core host stays below it)
+TINY = ("--model", "mlp", "--max-steps", "6", "--no-progress", "--timeout", str(TIMEOUT))
+
+#: name -> flags; every strategy the registry holds (ps twice: sync and async)
+STRATEGIES: dict[str, tuple[str, ...]] = {
+    "allreduce": ("--strategy", "allreduce"),
+    "localsgd": ("--strategy", "localsgd", "--period", "2"),
+    "decentralized": ("--strategy", "decentralized"),
+    "pipeline": ("--strategy", "pipeline"),
+    "tensor": ("--strategy", "tensor"),
+    "hybrid": ("--strategy", "hybrid", "--workers", "4", "--dp", "2", "--tp", "2"),
+    "ps-sync": ("--strategy", "ps", "--ps-mode", "sync"),
+    "ps-async": (
+        "--strategy", "ps", "--ps-mode", "async", "--workers", "3", "--batch-size", "63",
+        "--ps-heartbeat", "0.2", "--ps-worker-timeout", "2",
+    ),
+}  # fmt: skip
+
+#: kind -> what rank 1's failure must say on stderr (exit code 1)
+NAMED = {
+    "kill": ("worker rank 1", "SIGKILL"),
+    "raise": ("worker rank 1", "injected fault on rank 1 at step 3"),
+    "hang": ("worker rank 1", "hung: no answer within --timeout 5 s"),
+    "nan": ("worker rank 1", "rank 1 computed a non-finite gradient"),
+}
+#: an asynchronous parameter server drops a worker that dies or raises, and finishes
+DROPPED = {"kill", "raise", "nan"}
+
+
+def test_every_registered_strategy_is_in_the_matrix() -> None:
+    from disttrain import strategies
+
+    assert {s.split("-")[0] for s in STRATEGIES} == set(strategies.STRATEGIES)
+    assert {parse_fault(f"{k}:rank=1") is not None for k in NAMED} == {True}
+
+
+def _shm() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _with_arg(text: str) -> list[int]:
+    """Live processes whose command line holds ``text`` (the run's --out folder)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if text.encode() in cmdline and _alive(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+class _Job:
+    """``disttrain train`` in a subprocess; stderr read live, every pid of its tree recorded."""
+
+    def __init__(self, args: list[str]) -> None:
+        env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "disttrain", "train", *args], env=env, cwd=REPO,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.lines: list[str] = []
+        self.fired_at: float | None = None
+        self.pids: set[int] = {self.proc.pid}
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            if self.fired_at is None and "injecting fault" in line:
+                self.fired_at = time.monotonic()
+            self.lines.append(line)
+
+    def wait(self, limit: float) -> tuple[int, float]:
+        """Exit code, and seconds from the fault firing to the end of the job."""
+        deadline = time.monotonic() + limit
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            self.pids.update(descendants(self.proc.pid))
+            time.sleep(0.1)
+        if self.proc.poll() is None:
+            for pid in descendants(self.proc.pid)[::-1]:
+                os.kill(pid, 9)
+            self.proc.wait()
+            pytest.fail(f"the job did not end within {limit:.0f} s:\n{self.stderr}")
+        ended = time.monotonic()
+        self._reader.join(timeout=5)
+        assert self.fired_at is not None, self.stderr
+        return self.proc.returncode, ended - self.fired_at
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.lines)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", list(NAMED))
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_a_fault_ends_the_job_naming_the_rank_and_leaves_nothing(
+    strategy: str, kind: str, tmp_path: Path
+) -> None:
+    out = tmp_path / f"{strategy}-{kind}"
+    shm_before = _shm()
+    job = _Job([*STRATEGIES[strategy], *TINY, "--inject-fault", f"{kind}:rank=1:step=3",
+                "--out", str(out)])  # fmt: skip
+    code, seconds = job.wait(limit=240)  # start-up on a loaded 2-core machine, then the fault
+    err = job.stderr
+    if strategy == "ps-async" and kind in DROPPED:  # the others train on, then finish
+        assert code == 0, err
+        assert "rank 1: worker lost" in err, err
+        summary = json.loads((out / "summary.json").read_text())
+        assert [w["worker"] for w in summary["lost_workers"]] == [1]
+    else:
+        assert seconds <= TIMEOUT + 15, (seconds, err)
+        assert code == 1, err
+        last = err.strip().splitlines()[-1]  # the launcher's one line names the root cause
+        assert all(words in last for words in NAMED[kind]) or (
+            kind != "hang" and NAMED[kind][0] in last and NAMED[kind][1] in err
+        ), err
+    time.sleep(0.5)  # let the kernel reap what the agent stopped
+    left = [p for p in job.pids if _alive(p)] + _with_arg(str(out))
+    assert not left, f"processes left behind: {left}"
+    assert listening_addresses(sorted(job.pids)) == []
+    created = {n for n in _shm() - shm_before if any(str(p) in n for p in job.pids)}
+    assert not created, f"/dev/shm leftovers: {created}"
