@@ -7,10 +7,11 @@ step T only: an fp16 overflow on one rank). The fault fires on rank R at step T
 (from 1) and says so on stderr (tests time the job's end from that line).
 
 :func:`check_gradients` is the guard the ``nan`` fault exercises: every step,
-before any gradient is communicated, a worker whose own gradients hold NaN or
-Inf stops with an error naming its rank and the parameter, instead of
-spreading NaN into every replica (fp16 runs skip it: the loss scaler's agreed
-skip handles overflow there).
+after backward and before the step's synchronisation, a worker whose own
+gradients hold NaN or Inf stops with an error naming its rank and the
+parameter, instead of training on with NaN in every replica. With ``--overlap``
+the buckets sent during backward have already left; the job still ends there.
+fp16 runs skip the check: the loss scaler's agreed skip handles overflow there.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def check_gradients(model: nn.Module, rank: int, step: int) -> None:
         if not bool(torch.isfinite(grad).all()):
             raise NonFiniteGradient(
                 f"rank {rank} computed a non-finite gradient for {name} at step {step}; "
-                f"stopping before it reaches the other workers"
+                f"stopping this worker"
             )
 
 
