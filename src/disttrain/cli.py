@@ -146,7 +146,7 @@ def _preflight(cfg: Any) -> None:
             f"--batch-size {tc.batch_size} is larger than the {len(data.x_train)} training samples"
         )
     model = build_model(tc.model, data, tc.seq_len)
-    # Model-parallel strategies check their split (stages, micro-batches, mesh) here.
+    # Strategies check what needs the whole config (pipeline stages, mesh, ps modes) here.
     validate = getattr(strategies.get(tc.strategy), "validate_config", None)
     if validate is not None:
         validate(cfg, model)
@@ -243,7 +243,7 @@ def cmd_train(ns: argparse.Namespace, argv: list[str]) -> int:
             )
         return _run_worker(cfg, launched_by_us)
     _preflight(cfg)
-    nproc = strategies.get(cfg.train.strategy).num_processes(cfg)  # may refuse: before --out
+    nproc = strategies.get(cfg.train.strategy).num_processes(cfg)
     out = cfg.train.out or _default_out(cfg.train.strategy)
     os.makedirs(out, exist_ok=True)
     try:

@@ -110,9 +110,8 @@ class Decentralized(Strategy):
     name = "decentralized"
 
     @classmethod
-    def num_processes(cls, config: RunConfig) -> int:
+    def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
         config.section(DecentralizedConfig).validate_with(config.train)
-        return config.train.workers
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         super().setup(model, optimizer)

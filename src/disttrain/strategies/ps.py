@@ -76,9 +76,12 @@ class ParameterServer(Strategy):
 
     # --- roles ----------------------------------------------------------------------
     @classmethod
+    def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
+        config.section(PSConfig).validate_with(config.train)
+
+    @classmethod
     def num_processes(cls, config: RunConfig) -> int:
         ps: PSConfig = config.section(PSConfig)
-        ps.validate_with(config.train)
         return config.train.workers + ps.servers
 
     @classmethod
