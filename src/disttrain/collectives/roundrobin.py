@@ -6,9 +6,18 @@ each round is a permutation, so no rank receives twice at once. The owner sums
 its chunk, then n-1 more rounds hand every owner's chunk to everyone.
 2(n-1)/n·S bytes per rank like the ring, but each message goes straight to
 its destination instead of hopping.
+
+Rounds are pipelined two deep: round k+1 is posted before round k's chunk is
+summed (into the other of two scratch buffers), so the sum overlaps the next
+transfer, and in the all-gather round k+1 is posted before round k is waited
+on. So at most two rounds are in flight: a rank receives from two peers at
+once, not n-1. Measured at n=4, 16 MB: 0.96-1.08x native's time paired,
+against 1.09-1.21x for one round at a time (docs/collectives.md).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch.distributed import ProcessGroup
@@ -16,18 +25,23 @@ from torch.distributed import ProcessGroup
 from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
 from disttrain.collectives.chunks import chunk_bounds, chunk_sizes
 from disttrain.collectives.scratch import buffer
-from disttrain.comm.p2p import exchange, group_rank, group_size
+from disttrain.comm.p2p import group_rank, group_size, irecv, isend
 
 __all__ = ["RoundRobin"]
+
+# Rounds in flight at once. Two lets one round's sum (or wake-up) overlap the
+# next round's transfer; more only adds receivers per rank (measured: posting
+# every all-gather round at once was no faster than two).
+_DEPTH = 2
 
 
 @register
 class RoundRobin(AllReduceAlgorithm):
-    """Pairwise-exchange reduce-scatter + all-gather.
+    """Pairwise-exchange reduce-scatter + all-gather, two rounds in flight.
 
     Any world size: the rounds are shifts mod n, a permutation for every n.
     Uneven lengths give chunks differing by one element; empty chunks (fewer
-    elements than ranks) are not sent.
+    elements than ranks) are neither sent nor received.
     """
 
     name = "roundrobin"
@@ -36,14 +50,42 @@ class RoundRobin(AllReduceAlgorithm):
         n, r = group_size(group), group_rank(group)
         chunks = [flat[a:b] for a, b in chunk_bounds(flat.numel(), n)]
         mine = chunks[r]
-        incoming = buffer(self.name, 0, mine.numel(), flat.dtype)
-        for k in range(1, n):  # reduce-scatter
+        scratch = [buffer(self.name, k, mine.numel(), flat.dtype) for k in range(_DEPTH)]
+        sends: list[Any] = []
+
+        def post(k: int, send: torch.Tensor, recv: torch.Tensor) -> Any:
+            """Post round k: ``send`` to rank r+k, ``recv`` from r-k; the receive's work."""
             to, frm = (r + k) % n, (r - k) % n
-            exchange(chunks[to], to, incoming, frm, group)
-            mine.add_(incoming)
+            if send.numel():
+                sends.append(isend(send, to, group))
+            return irecv(recv, frm, group) if recv.numel() else None
+
+        # Reduce-scatter: round k receives into scratch[k % 2]; round k+2 reuses that
+        # buffer, and it is posted only after round k's sum.
+        pending = [post(k, chunks[(r + k) % n], scratch[k % _DEPTH]) for k in range(1, _DEPTH)]
+        for k in range(1, n):
+            if k + _DEPTH - 1 < n:
+                ahead = k + _DEPTH - 1
+                pending.append(post(ahead, chunks[(r + ahead) % n], scratch[ahead % _DEPTH]))
+            work = pending.pop(0)
+            if work is not None:
+                work.wait()
+                mine.add_(scratch[k % _DEPTH])
+        # The all-gather receives into the chunks sent above: those sends must be done.
+        # (A gloo work is waited on exactly once: a second wait blocks until the timeout.)
+        for work in sends:
+            work.wait()
+        sends.clear()
+        pending = []
         for k in range(1, n):  # all-gather, straight into place
-            to, frm = (r + k) % n, (r - k) % n
-            exchange(mine, to, chunks[frm], frm, group)
+            pending.append(post(k, mine, chunks[(r - k) % n]))
+            if len(pending) == _DEPTH:
+                work = pending.pop(0)
+                if work is not None:
+                    work.wait()
+        for work in [*pending, *sends]:
+            if work is not None:
+                work.wait()
 
     def cost(self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1) -> Cost:
         # Every chunk but its own once (S - c_r), then its own to the n-1 others.
