@@ -120,11 +120,11 @@ def good():
 """
 
 
-def _model(spec: str) -> Argv:
+def _model(spec: str, *more: str) -> Argv:
     def build(tmp: Path) -> list[str]:
         (tmp / "userfactories.py").write_text(FACTORIES)
         (tmp / "explodes_on_import.py").write_text("raise ImportError('broken on purpose')\n")
-        return ["--model", spec]
+        return ["--model", spec, *more]
 
     return build
 
@@ -222,7 +222,7 @@ CASES: list[tuple[str, Argv, str]] = [
     ),
     (
         "pipeline-more-stages-than-layers",
-        _flags("--strategy", "pipeline", "--workers", "4", "--model", "userfactories:good"),
+        _model("userfactories:good", "--strategy", "pipeline", "--workers", "4"),
         "more than the model's 1 layers",
     ),
     (
@@ -291,6 +291,33 @@ def test_bad_input_is_one_line_and_exit_2_before_any_worker(
     _check_one_line(capsys.readouterr().err, expect)
     assert not out.exists(), "nothing should be written for a refused run"
     assert not (no_launch / "pwned").exists(), "unpickling ran code from a checkpoint"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--strategy", "pipeline", "--workers", "3", "--microbatches", "4"],
+        ["--strategy", "hybrid", "--workers", "6", "--dp", "2", "--pp", "3"],
+    ],
+    ids=["pipeline-3-stages", "hybrid-dp2-pp3"],
+)
+def test_a_batch_that_all_stages_share_need_not_split_by_the_worker_count(
+    argv: list[str], no_launch: Path
+) -> None:
+    """64 is not a multiple of 3 or 6, but pipeline stages share each batch: accepted."""
+    args = ["train", "--no-progress", "--batch-size", "64", "--out", str(no_launch / "o"), *argv]
+    with pytest.raises(LaunchedAWorker):
+        cli.main(args)
+
+
+def test_data_parallel_strategies_still_need_the_batch_to_split(
+    no_launch: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for strategy in ("allreduce", "localsgd", "decentralized", "ps"):
+        args = ["train", "--no-progress", "--strategy", strategy, "--workers", "3",
+                "--batch-size", "64", "--out", str(no_launch / strategy)]  # fmt: skip
+        assert cli.main(args) == 2, strategy
+        _check_one_line(capsys.readouterr().err, "not divisible by the 3 workers")
 
 
 def test_the_matrix_is_big_and_its_ids_unique_and_documented() -> None:

@@ -22,7 +22,6 @@ def test_flags_override_the_file_which_overrides_defaults(tmp_path: Path) -> Non
     ("flags", "message"),
     [
         ({"workers": 0}, "--workers must be positive"),
-        ({"batch_size": 10, "workers": 4}, "use a multiple of 4"),
         ({"node_rank": 2, "nnodes": 2, "rdzv_endpoint": "h:1"}, "--node-rank 2 is outside 0..1"),
         ({"max_steps": -1}, "--max-steps must be >= 0"),
         ({"optimizer": "rmsprop"}, "--optimizer must be one of"),

@@ -147,9 +147,7 @@ def _preflight(cfg: Any) -> None:
         )
     model = build_model(tc.model, data, tc.seq_len)
     # Strategies check what needs the whole config (pipeline stages, mesh, ps modes) here.
-    validate = getattr(strategies.get(tc.strategy), "validate_config", None)
-    if validate is not None:
-        validate(cfg, model)
+    strategies.get(tc.strategy).validate_config(cfg, model)
     if tc.resume:
         from disttrain.train import checkpoint
 

@@ -130,12 +130,8 @@ class TrainConfig:
             raise UsageError(f"--max-steps must be >= 0, got {self.max_steps}")
         if self.lr <= 0:
             raise UsageError(f"--lr must be positive, got {self.lr}")
-        world = self.workers * self.nnodes
-        if self.batch_size % world:
-            raise UsageError(
-                f"--batch-size {self.batch_size} is not divisible by the {world} workers: "
-                f"use a multiple of {world}"
-            )
+        # Whether --batch-size splits into the data shards depends on the strategy
+        # (tensor and pipeline stages all see the whole batch): Strategy.validate_config.
         if not 0 <= self.node_rank < self.nnodes:
             raise UsageError(f"--node-rank {self.node_rank} is outside 0..{self.nnodes - 1}")
         if self.nnodes > 1 and not self.rdzv_endpoint:

@@ -26,6 +26,7 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 from disttrain import timeline
+from disttrain.comm.errors import UsageError
 from disttrain.comm.world import World
 from disttrain.config import RunConfig
 
@@ -51,6 +52,21 @@ class Strategy:
     def num_processes(cls, config: RunConfig) -> int:
         """Processes to start on each node (servers included, for parameter servers)."""
         return config.train.workers
+
+    @classmethod
+    def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
+        """Raise UsageError for settings this strategy cannot run; called before any process starts.
+
+        By default each worker gets 1/world of every global batch, so the batch
+        must split evenly. Strategies whose ranks share one batch override this.
+        """
+        del model
+        world = config.train.world_size
+        if config.train.batch_size % world:
+            raise UsageError(
+                f"--batch-size {config.train.batch_size} is not divisible by the {world} "
+                f"workers: use a multiple of {world}"
+            )
 
     @classmethod
     def survives_loss_of(cls, config: RunConfig, rank: int) -> bool:

@@ -111,6 +111,7 @@ class Decentralized(Strategy):
 
     @classmethod
     def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
+        super().validate_config(config, model)
         config.section(DecentralizedConfig).validate_with(config.train)
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

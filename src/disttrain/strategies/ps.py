@@ -77,6 +77,7 @@ class ParameterServer(Strategy):
     # --- roles ----------------------------------------------------------------------
     @classmethod
     def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
+        super().validate_config(config, model)
         config.section(PSConfig).validate_with(config.train)
 
     @classmethod
