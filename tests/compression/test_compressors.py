@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from disttrain.comm.errors import UsageError
-from disttrain.compression import OneBit, TopK, parse
+from disttrain.compression import OneBit, SparseCompressor, TopK, parse
 
 
 def _x(n: int = 5000, seed: int = 0) -> torch.Tensor:
@@ -61,6 +61,29 @@ def test_compress_and_decode_agrees_with_decompress(spec: str) -> None:
     p, dense = c.compress_and_decode(_x(seed=7))
     assert torch.equal(dense, c.decompress(p))
     assert torch.equal(p.data, c.compress(_x(seed=7)).data)
+
+
+@pytest.mark.parametrize(
+    "spec", ["none", "fp16", "topk:0.01", "topk:1", "onebit:0.7", "onebit:100"]
+)
+def test_add_into_is_the_dense_add_bit_for_bit(spec: str) -> None:
+    # the decentralized sum adds sparse payloads entry by entry: replicas must not drift
+    c = parse(spec)
+    p = c.compress(_x(seed=3))
+    running = _x(seed=4) * 1e-3
+    expected = running + c.decompress(p)
+    c.add_into(running, p)
+    assert torch.equal(running, expected)
+
+
+@pytest.mark.parametrize("spec", ["topk:0.01", "onebit:0.7", "onebit:100"])
+def test_sparse_entries_are_the_sent_positions(spec: str) -> None:
+    c = parse(spec)
+    assert isinstance(c, SparseCompressor)
+    p, dense = c.compress_and_decode(_x(seed=5))
+    idx, values = c.entries(p)
+    assert idx.tolist() == torch.nonzero(dense).reshape(-1).tolist()
+    assert torch.equal(torch.from_numpy(values), dense[torch.from_numpy(idx)])
 
 
 def test_onebit_costs_a_few_bits_per_entry() -> None:

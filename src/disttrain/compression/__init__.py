@@ -1,6 +1,6 @@
 """L1: gradient/update compressors (casts, top-k, Strom one-bit), error feedback, index coding."""
 
-from disttrain.compression.base import Compressor, Payload
+from disttrain.compression.base import Compressor, Payload, SparseCompressor
 from disttrain.compression.casts import BF16, FP16, Identity
 from disttrain.compression.config import CompressionConfig
 from disttrain.compression.error_feedback import ErrorFeedback
@@ -32,6 +32,7 @@ __all__ = [
     "Identity",
     "OneBit",
     "Payload",
+    "SparseCompressor",
     "TopK",
     "all_peers",
     "compressed_all_reduce",

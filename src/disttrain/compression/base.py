@@ -15,9 +15,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 
-__all__ = ["Compressor", "Payload"]
+__all__ = ["Compressor", "Payload", "SparseCompressor"]
 
 
 @dataclass
@@ -56,6 +57,10 @@ class Compressor(ABC):
     def decompress(self, payload: Payload) -> torch.Tensor:
         """The dense fp32 tensor of ``payload.numel`` entries that ``payload`` stands for."""
 
+    def add_into(self, total: torch.Tensor, payload: Payload) -> None:
+        """``total += decompress(payload)``, in place (sparse codes add only their entries)."""
+        total += self.decompress(payload)
+
     def compress_and_decode(self, tensor: torch.Tensor) -> tuple[Payload, torch.Tensor]:
         """The payload and the dense tensor it decodes to (override when cheaper than both)."""
         payload = self.compress(tensor)
@@ -76,3 +81,28 @@ class Compressor(ABC):
 
     def __repr__(self) -> str:
         return f"<compressor {self.spec}>"
+
+
+class SparseCompressor(Compressor):
+    """A compressor whose payload is a list of entries: sorted indices and their values.
+
+    Decoding touches only those entries: :meth:`add_into` scatters them into
+    the running sum instead of building a dense tensor per peer (measured on
+    the 6.4M-entry mlp at 0.5 % density: 3 ms against 10 ms for a dense
+    decode plus 5 ms for its dense add, per peer).
+    """
+
+    @abstractmethod
+    def entries(self, payload: Payload) -> tuple[np.ndarray, np.ndarray]:
+        """The sent indices (sorted, int64) and their float32 values."""
+
+    def decompress(self, payload: Payload) -> torch.Tensor:
+        out = torch.zeros(payload.numel, dtype=torch.float32)
+        self.add_into(out, payload)
+        return out
+
+    def add_into(self, total: torch.Tensor, payload: Payload) -> None:
+        # Indices are unique, so the scatter is a plain per-entry add: the same
+        # float operations, in the same order, as adding the dense decode.
+        idx, values = self.entries(payload)
+        total.index_add_(0, torch.from_numpy(idx), torch.from_numpy(values))

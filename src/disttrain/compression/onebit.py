@@ -20,13 +20,13 @@ import math
 import numpy as np
 import torch
 
-from disttrain.compression.base import Compressor, Payload
+from disttrain.compression.base import Payload, SparseCompressor
 from disttrain.compression.index_coding import coded_bytes, decode_indices, encode_indices
 
 __all__ = ["OneBit"]
 
 
-class OneBit(Compressor):
+class OneBit(SparseCompressor):
     """Send ``sign(x) * tau`` where ``|x| > tau``, as coded indices and sign bits."""
 
     name = "onebit"
@@ -59,12 +59,9 @@ class OneBit(Compressor):
         signs = np.unpackbits(buf[used : used + math.ceil(idx.size / 8)])[: idx.size]
         return idx, signs, used
 
-    def decompress(self, payload: Payload) -> torch.Tensor:
+    def entries(self, payload: Payload) -> tuple[np.ndarray, np.ndarray]:
         idx, signs, _ = self._split(payload)
-        out = torch.zeros(payload.numel, dtype=torch.float32)
-        values = np.where(signs == 1, -self.tau, self.tau).astype(np.float32)
-        out[torch.from_numpy(idx)] = torch.from_numpy(values)
-        return out
+        return idx, np.where(signs == 1, -self.tau, self.tau).astype(np.float32)
 
     def wire_bytes(self, payload: Payload) -> int:
         idx, _, _ = self._split(payload)

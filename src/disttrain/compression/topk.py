@@ -12,13 +12,13 @@ import math
 import numpy as np
 import torch
 
-from disttrain.compression.base import Compressor, Payload
+from disttrain.compression.base import Payload, SparseCompressor
 from disttrain.compression.index_coding import coded_bytes, decode_indices, encode_indices
 
 __all__ = ["TopK"]
 
 
-class TopK(Compressor):
+class TopK(SparseCompressor):
     """Keep ``ceil(ratio * numel)`` entries of largest magnitude."""
 
     name = "topk"
@@ -52,11 +52,9 @@ class TopK(Compressor):
         values = buf[used : used + 4 * idx.size].copy().view("<f4")
         return idx, values, used
 
-    def decompress(self, payload: Payload) -> torch.Tensor:
+    def entries(self, payload: Payload) -> tuple[np.ndarray, np.ndarray]:
         idx, values, _ = self._split(payload)
-        out = torch.zeros(payload.numel, dtype=torch.float32)
-        out[torch.from_numpy(idx)] = torch.from_numpy(values.astype(np.float32))
-        return out
+        return idx, values.astype(np.float32)
 
     def wire_bytes(self, payload: Payload) -> int:
         idx, _, _ = self._split(payload)

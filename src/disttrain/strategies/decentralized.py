@@ -45,6 +45,7 @@ from disttrain.compression import (
     CompressionStats,
     ErrorFeedback,
     Payload,
+    SparseCompressor,
     all_peers,
     empirical_entropy_bits,
     exchange_payloads,
@@ -147,15 +148,15 @@ class Decentralized(Strategy):
             self.public = {r: x.clone() for r in [self.rank, *send_to]}
 
     # --- accounting ------------------------------------------------------------------
-    def _account(self, payload: Payload, sent: torch.Tensor, peers: int, before: int) -> None:
+    def _account(self, payload: Payload, peers: int, before: int) -> None:
         self.stats.dense_bytes += 4 * payload.numel * peers
         self.stats.sent_bytes += meter.bytes_sent - before
         self.stats.exchanges += 1
         self.payload_bytes += payload.nbytes
         prefix = 0 if self.compressor.fixed_wire_numel(payload.numel) else LENGTH_BYTES
         self.claimed_bytes += peers * (self.compressor.wire_bytes(payload) + prefix)
-        if not self.compressor.summable:
-            idx = torch.nonzero(sent).reshape(-1).numpy()
+        if isinstance(self.compressor, SparseCompressor):
+            idx = self.compressor.entries(payload)[0]  # O(entries), not a scan of ``sent``
             self.entries_sent += int(idx.size)
             self.entropy_bits_sum += empirical_entropy_bits(idx) * idx.size
             self.sparse_payloads += 1
@@ -187,16 +188,17 @@ class Decentralized(Strategy):
         send_to, recv_from = all_peers(self.rank, self.size)
         with timeline.span("exchange", peers=len(send_to)):
             got = exchange_payloads(payload, self.compressor, send_to, recv_from)
-        decode = self.compressor.decompress
-        decoded = {src: decode(p) for src, p in zip(recv_from, got, strict=True)}
-        decoded[self.rank] = mine
+        payloads = dict(zip(recv_from, got, strict=True))
         total = torch.zeros_like(mine)
         for r in range(self.size):  # the same order on every rank: identical replicas
-            total += decoded[r]
+            if r == self.rank:
+                total += mine
+            else:  # sparse codes add only their entries (same float ops as a dense add)
+                self.compressor.add_into(total, payloads[r])
         total /= active
         for g, v in zip(grads, _unflatten_dense_tensors(total, grads), strict=True):
             g.copy_(v)
-        self._account(payload, mine, len(send_to), before)
+        self._account(payload, len(send_to), before)
 
     # --- ring: CHOCO gossip ---------------------------------------------------------
     def after_step(self, step: int) -> None:
@@ -212,14 +214,14 @@ class Decentralized(Strategy):
         with timeline.span("gossip", peers=len(send_to)):
             got = exchange_payloads(payload, self.compressor, send_to, recv_from)
         for src, theirs in zip(recv_from, got, strict=True):
-            self.public[src] += self.compressor.decompress(theirs)
+            self.compressor.add_into(self.public[src], theirs)
         weight = 1.0 / 3.0  # Metropolis-Hastings on a ring: 1 / (1 + max degree)
         for src in recv_from:
             x += self.settings.consensus_step * weight * (self.public[src] - own)
         with torch.no_grad():
             for p, v in zip(params, _unflatten_dense_tensors(x, params), strict=True):
                 p.copy_(v)
-        self._account(payload, sent, len(send_to), before)
+        self._account(payload, len(send_to), before)
         self._residual = x - own
 
     def finish(self) -> None:
