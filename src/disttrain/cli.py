@@ -158,6 +158,18 @@ def _default_out(strategy: str) -> str:
     return os.path.join("runs", f"{time.strftime('%Y%m%d-%H%M%S')}-{strategy}-{os.getpid()}")
 
 
+def _torchrun_default_out(strategy: str) -> str:
+    """The folder every rank of one ``torchrun`` job agrees on when ``--out`` is not given.
+
+    Ranks start at different instants in different processes, so a time stamp
+    or pid would give each its own folder (and checkpoints, timeline parts and
+    roll-call files would scatter). The rendezvous id names the job: ``torchrun
+    --standalone`` draws a fresh one per job; a fixed ``--rdzv-id`` reuses it.
+    """
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    return os.path.join("runs", f"torchrun-{run_id}-{strategy}")
+
+
 # gloo's words for a peer that died or stopped answering
 _PEER_ERROR = re.compile(r"peer|timed out|timeout|connection (reset|closed|refused)", re.I)
 
@@ -230,14 +242,10 @@ def cmd_train(ns: argparse.Namespace, argv: list[str]) -> int:
     cfg = config.load(flags, getattr(ns, "config", None))
     if _is_worker():
         launched_by_us = os.environ.get("DISTTRAIN_WORKER") == "1"
-        if not cfg.train.out and int(os.environ.get("RANK", "0")) == 0:
+        if not cfg.train.out and not launched_by_us:  # torchrun, and no --out
+            out = _torchrun_default_out(cfg.train.strategy)
             cfg = config.RunConfig(
-                {
-                    **cfg.sections,
-                    config.TrainConfig: dataclasses.replace(
-                        cfg.train, out=_default_out(cfg.train.strategy)
-                    ),
-                }
+                {**cfg.sections, config.TrainConfig: dataclasses.replace(cfg.train, out=out)}
             )
         return _run_worker(cfg, launched_by_us)
     _preflight(cfg)

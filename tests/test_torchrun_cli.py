@@ -1,0 +1,33 @@
+"""``torchrun -m disttrain train`` without ``--out``: every rank writes into one shared folder."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from tests.test_api import TORCHRUN, _free_port
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_all_ranks_of_a_torchrun_job_share_the_default_out_folder(tmp_path: Path) -> None:
+    # Before, only rank 0 got a default folder: rank 1's checkpoint files went nowhere
+    # (or into the working directory). The job's rendezvous id now names the folder.
+    cmd = [
+        str(TORCHRUN), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+        "--master-port", str(_free_port()), "--rdzv-id", "job7",
+        "-m", "disttrain", "train", "--max-steps", "4", "--epochs", "1",
+        "--checkpoint-every", "2", "--no-progress", "--timeout", "60",
+    ]  # fmt: skip
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(REPO / "src")}  # fmt: skip
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert runs == ["torchrun-job7-allreduce"], runs
+    out = tmp_path / "runs" / runs[0]
+    assert (out / "summary.json").is_file()
+    ranks = sorted(p.name for p in out.glob("checkpoints/step-*/rank-*.pt"))
+    assert ranks and {"rank-00000.pt", "rank-00001.pt"} <= set(ranks), ranks
+    assert not (tmp_path / "checkpoints").exists()
