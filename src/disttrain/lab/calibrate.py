@@ -122,7 +122,8 @@ def _codec(entries: int = 1 << 20, reps: int = 5) -> tuple[float, float, float, 
     """One-bit codec time as a + b·density per gradient entry, for encode and for decode.
 
     Encoding scans every entry (threshold, residual) and codes each sent index; decoding
-    scatters into a dense vector and decodes each index. Measured at two densities, the
+    decodes each index and adds its entry into the running sum (``add_into``, as the
+    decentralized strategy does). Measured at two densities, the
     two terms separate: returns (encode per entry, decode per entry, encode per sent
     entry, decode per sent entry).
     """
@@ -132,6 +133,7 @@ def _codec(entries: int = 1 << 20, reps: int = 5) -> tuple[float, float, float, 
 
     g = torch.randn(entries, generator=torch.Generator().manual_seed(0))
     per_entry: dict[float, tuple[float, float]] = {}
+    total = torch.zeros(entries)
     for density in (0.001, 0.01):
         codec = OneBit(float(g.abs().quantile(1 - density)))
         enc, dec = [], []
@@ -140,7 +142,7 @@ def _codec(entries: int = 1 << 20, reps: int = 5) -> tuple[float, float, float, 
             payload, _ = codec.compress_and_decode(g)
             enc.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            codec.decompress(payload)
+            codec.add_into(total, payload)
             dec.append(time.perf_counter() - t0)
         per_entry[density] = (min(enc) / entries, min(dec) / entries)
     (e1, d1), (e2, d2) = per_entry[0.001], per_entry[0.01]
