@@ -5,10 +5,19 @@
 
 Each part starts its own P local processes (gloo, one thread each) on a file
 store. Step times are medians over ``--repeats`` timed steps after two warm-up
-steps, measured on rank 0 between barriers; ratios compare with the anchor
-measured in the same run. The bubble is each stage's idle share of the step,
-1 - compute/step, averaged over the stages: it also holds the time spent
-waiting in p2p, which the formula leaves out.
+steps, measured on rank 0 between barriers; ours and the anchor run in the
+same processes, in an order that alternates from step to step, and ``paired``
+is the median over rounds of ours over the anchor's in the same round.
+
+The bubble (:func:`bubble`) of a step is each stage's idle share of the
+pipeline's step, 1 - compute_s / (last stage's end - first stage's start),
+averaged over the stages: the formula's definition, where every stage's time
+runs to the end of the step. It also holds the time spent waiting in p2p and
+the time a peer was not scheduled while computing (``preempted``: wall minus
+CPU time of the compute), which the formula leaves out. The first pass's
+figure, each stage's idle share of its *own* step (ending at its last send),
+is kept as ``own_step``. Stage 0's input requires a gradient here, so every
+stage's backward computes an input gradient (equal stages).
 """
 
 from __future__ import annotations
@@ -27,9 +36,10 @@ import torch
 from torch import nn
 
 from disttrain.comm.errors import UsageError
+from disttrain.lab import bench_tensor
 from disttrain.parallel.pipeline import schedule
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "bubble", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-torch", action="store_true", help="leave out the torch anchors")
     parser.add_argument("--bubble-only", action="store_true", help="measure the bubble only")
     parser.add_argument("--out", default="", help="folder for results.json and bubble.png")
+    parser.add_argument(
+        "--unequal", action="store_true",
+        help="bubble: leave stage 0's input without a gradient (its backward then does less)",
+    )  # fmt: skip
 
 
 def _model(stages: int, per_stage: int, width: int) -> nn.Sequential:
@@ -108,7 +122,7 @@ def _time_steps(step: Callable[[], None], repeats: int) -> list[float]:
 
 
 def _ours(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
-    """Our runner: step time, idle share of this stage, peak saved-activation bytes."""
+    """Our runner: each timed step's StepTimes on this stage, peak saved-activation bytes."""
     import copy
 
     import torch.distributed as dist
@@ -122,24 +136,49 @@ def _ours(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
     parts = placement.split(model, [2 * a.layers_per_stage] * p)
     meta = [copy.deepcopy(s).to("meta") for s in parts]
     runner = PipelineRunner(parts[rank], rank, schedule.build(sched, m, p), meta, F.mse_loss)
-    x, y = torch.randn(a.batch, a.width), torch.randn(a.batch, a.width)
-    idle: list[float] = []
+    # equal stages: stage 0's backward then computes its input gradient, as every other's does
+    x = torch.randn(a.batch, a.width, requires_grad=not getattr(a, "unequal", False))
+    y = torch.randn(a.batch, a.width)
+    steps: list[dict[str, float]] = []
 
     def step() -> None:
         runner.run(x, y)
-        idle.append(runner.times.idle)
+        steps.append(dict(vars(runner.times)))
+        x.grad = None
 
     times = _time_steps(step, a.repeats)
-    return {"step": statistics.median(times), "idle": statistics.median(idle[2:]),
+    return {"step": statistics.median(times), "steps": steps[2:],
             "peak": runner.activations.peak}  # fmt: skip
+
+
+def bubble(per_rank: list[list[dict[str, float]]]) -> dict[str, float]:
+    """The measured bubble from every rank's StepTimes fields (``per_rank[r][step]``).
+
+    For each step, the pipeline's step is ``window`` = the latest ``end`` minus
+    the earliest ``start`` (monotonic clock, one per host); a stage's idle share
+    is 1 - compute / window, averaged over the stages; the figures are medians
+    over the steps. ``own_step`` is the earlier measure (each stage's idle share
+    of its own step); ``preempted`` the share of the window in which a stage
+    was computing but not running (wall minus CPU time), averaged over stages.
+    """
+    rows = []
+    for step in zip(*per_rank, strict=True):
+        window = max(t["end"] for t in step) - min(t["start"] for t in step)
+        idle = [1.0 - t["compute"] / window for t in step]
+        own = [1.0 - t["compute"] / t["step"] for t in step]
+        lost = [max(0.0, t["compute"] - t["compute_cpu"]) / window for t in step]
+        rows.append((statistics.mean(idle), statistics.mean(own), statistics.mean(lost), window))
+    med = [statistics.median(col) for col in zip(*rows, strict=True)]
+    return {"measured": med[0], "own_step": med[1], "preempted": med[2], "window": med[3]}
 
 
 def _torch_pipe(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
     """Ours and the anchor, torch.distributed.pipelining, on the same stages and micro-batches.
 
-    Both run in the same processes, steps alternating (ours, torch, ours, ...),
-    so that both see the same load; ``paired`` is the median over rounds of
-    our step time over torch's in the same round.
+    Both run in the same processes, one step of each per round, ours first in
+    even rounds and torch first in odd ones (neither always follows the
+    other's step), so that both see the same load; ``paired`` is the median
+    over rounds of our step time over torch's in the same round.
     """
     import copy
 
@@ -179,48 +218,16 @@ def _torch_pipe(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
 
     ours_t, torch_t = [], []
     for i in range(a.repeats + 2):
-        o, t = timed(lambda: runner.run(x, y)), timed(theirs)
+        if i % 2 == 0:
+            o, t = timed(lambda: runner.run(x, y)), timed(theirs)
+        else:
+            t, o = timed(theirs), timed(lambda: runner.run(x, y))
         if i >= 2:
             ours_t.append(o)
             torch_t.append(t)
     return {"ours": statistics.median(ours_t), "torch": statistics.median(torch_t),
             "paired": statistics.median(o / t for o, t in zip(ours_t, torch_t, strict=True)),
             "peak": runner.activations.peak}  # fmt: skip
-
-
-def _tensor(a: argparse.Namespace, how: str) -> dict[str, Any]:
-    """A Linear(W, 4W)-ReLU-Linear(4W, W) block, sliced our way or DTensor's."""
-    import torch.distributed as dist
-    from torch.nn import functional as F
-
-    from disttrain.comm.meter import meter
-    from disttrain.parallel import tensor
-
-    rank, t = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
-    w = a.width
-    block = nn.Sequential(nn.Linear(w, 4 * w), nn.ReLU(), nn.Linear(4 * w, w))
-    if how == "dtensor":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor.parallel import (
-            ColwiseParallel,
-            RowwiseParallel,
-            parallelize_module,
-        )
-
-        mesh = init_device_mesh("cpu", (t,))
-        model = parallelize_module(block, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-    else:
-        model, _ = tensor.shard_model(block, rank, t, None, how)
-    x, y = torch.randn(a.batch, w, requires_grad=True), torch.randn(a.batch, w)
-
-    def step() -> None:
-        F.mse_loss(model(x), y).backward()
-
-    meter.reset()
-    times = _time_steps(step, a.repeats)
-    return {"step": statistics.median(times),
-            "bytes_per_step": meter.bytes_sent / (a.repeats + 2)}  # fmt: skip
 
 
 def _plot(path: str, ms: list[int], p: int, measured: list[float]) -> None:
@@ -265,15 +272,17 @@ def run(a: argparse.Namespace) -> int:
     results: dict[str, Any] = {"stages": p, "width": a.width, "batch": a.batch, "bubble": []}
     print(f"GPipe bubble, P={p}, {a.layers_per_stage} x Linear({a.width}) per stage, "
           f"batch {a.batch} (median of {a.repeats} steps; shared, noisy machine)")  # fmt: skip
-    print(f"{'M':>4} {'theory':>8} {'measured':>9} {'rel.err':>8} {'step s':>8}")
+    print(f"{'M':>4} {'theory':>8} {'measured':>9} {'rel.err':>8} {'own step':>9} "
+          f"{'preempted':>10} {'step s':>8}")  # fmt: skip
     for m in ms:
         per_rank = _spawn(_ours, p, (a, "gpipe", m))
         theory = (p - 1) / (m + p - 1)
-        measured = statistics.mean(r["idle"] for r in per_rank)
-        err = (measured - theory) / theory if theory else 0.0
-        results["bubble"].append({"m": m, "theory": theory, "measured": measured,
-                                  "step": per_rank[0]["step"]})  # fmt: skip
-        print(f"{m:>4} {theory:>8.3f} {measured:>9.3f} {err:>+8.1%} {per_rank[0]['step']:>8.4f}")
+        row = {"m": m, "theory": theory, **bubble([r["steps"] for r in per_rank]),
+               "step": per_rank[0]["step"]}  # fmt: skip
+        results["bubble"].append(row)
+        err = (row["measured"] - theory) / theory if theory else 0.0
+        print(f"{m:>4} {theory:>8.3f} {row['measured']:>9.3f} {err:>+8.1%} "
+              f"{row['own_step']:>9.3f} {row['preempted']:>10.3f} {row['step']:>8.4f}")  # fmt: skip
     m = max(ms)
     if a.bubble_only:
         return _write(a, results, ms, p)
@@ -296,13 +305,14 @@ def run(a: argparse.Namespace) -> int:
     if p > 1:
         print(f"\nTensor slicing, Linear({a.width},{4 * a.width})-ReLU-Linear on {p} ranks")
         results["tensor"] = {}
-        for how in ("megatron", "naive", *(() if a.skip_torch else ("dtensor",))):
-            r = _spawn(_tensor, p, (a, how))[0]
-            results["tensor"][how] = r
-            print(f"  {how:<9} {r['step']:.4f} s  metered {r['bytes_per_step'] / 1e6:.2f} MB/step")
-        if "dtensor" in results["tensor"]:
-            ratio = results["tensor"]["megatron"]["step"] / results["tensor"]["dtensor"]["step"]
-            print(f"  megatron / dtensor step time: {ratio:.2f}")
+        print("  (all in the same processes, order rotating each round; paired = median over")
+        print("   rounds of this step / DTensor's step in the same round)")
+        results["tensor"] = _spawn(bench_tensor.paired_steps, p, (a, not a.skip_torch))[0]
+        for how, r in results["tensor"].items():
+            anchor = (f"  ratio {r['ratio']:.2f}  paired {r['paired']:.2f}"
+                      if "paired" in r else "")  # fmt: skip
+            print(f"  {how:<9} {r['step']:.4f} s  metered {r['bytes_per_step'] / 1e6:.2f} "
+                  f"MB/step{anchor}")  # fmt: skip
     return _write(a, results, ms, p)
 
 

@@ -85,17 +85,32 @@ class _Saved:
 
 
 class StepTimes:
-    """Where one stage's step went: compute (busy), communication, and the whole step."""
+    """Where one stage's step went: compute (busy), communication, and the whole step.
+
+    ``start`` and ``end`` are ``time.monotonic()`` readings, one clock for every
+    process of a host, so the stages' steps can be laid on one time line (the
+    pipeline's step is from the first stage's start to the last stage's end).
+    ``compute_cpu`` is this thread's CPU time during the compute: ``compute -
+    compute_cpu`` is the time the operating system ran something else while
+    this stage was computing (a loaded machine), which a peer waits for as idle.
+    """
 
     def __init__(self) -> None:
         self.compute = 0.0
+        self.compute_cpu = 0.0
         self.comm = 0.0
         self.step = 0.0
+        self.start = 0.0
+        self.end = 0.0
 
     @property
     def idle(self) -> float:
-        """Share of the step not spent computing: the measured bubble (plus communication)."""
+        """Share of this stage's own step not spent computing (the bubble plus communication)."""
         return 1.0 - self.compute / self.step if self.step > 0 else 0.0
+
+    def idle_in(self, window: float) -> float:
+        """Share of ``window`` (the pipeline's step, common to all stages) not spent computing."""
+        return 1.0 - self.compute / window if window > 0 else 0.0
 
 
 class PipelineRunner:
@@ -159,6 +174,7 @@ class PipelineRunner:
         loss_sum = torch.zeros((), device=device)
         times = self.times = StepTimes()
         self.activations.reset_peak()
+        times.start = time.monotonic()
         step_start = time.perf_counter()
         actions = [a for a in (row[s] for row in self.grid) if a is not None]
         # Activations arrive from s-1 in our forward order, gradients from s+1 in
@@ -184,6 +200,7 @@ class PipelineRunner:
                     grads[m] = grads_in.take(m)
             t1 = time.perf_counter()
             times.comm += t1 - t0
+            cpu1 = time.thread_time()
             if action.kind == "F":
                 with timeline.span("forward", microbatch=m, stage=s):
                     out = self._do_forward(action, xs, ys, inputs, outputs, m_count)
@@ -194,6 +211,7 @@ class PipelineRunner:
                     out = self._do_backward(action, inputs, outputs, grads)
             t2 = time.perf_counter()
             times.compute += t2 - t1
+            times.compute_cpu += time.thread_time() - cpu1
             if out is not None:  # to s+1 after a forward, to s-1 after a backward
                 peer = s + 1 if action.kind == "F" else s - 1
                 # under autocast a stage's output is fp16/bf16, but the peer's buffer has the
@@ -207,6 +225,7 @@ class PipelineRunner:
                 work.wait()
         times.comm += time.perf_counter() - t0
         times.step = time.perf_counter() - step_start
+        times.end = time.monotonic()
         return loss_sum if s == last else None
 
     def _do_forward(
