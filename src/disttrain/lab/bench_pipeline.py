@@ -225,8 +225,12 @@ def _torch_pipe(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
         if i >= 2:
             ours_t.append(o)
             torch_t.append(t)
+    ratios = [o / t for o, t in zip(ours_t, torch_t, strict=True)]
+    # timed rounds start at i = 2 (even): ours ran first in ratios[0::2], torch in ratios[1::2]
     return {"ours": statistics.median(ours_t), "torch": statistics.median(torch_t),
-            "paired": statistics.median(o / t for o, t in zip(ours_t, torch_t, strict=True)),
+            "paired": statistics.median(ratios),
+            "paired_ours_first": statistics.median(ratios[0::2]),
+            "paired_torch_first": statistics.median(ratios[1::2]) if len(ratios) > 1 else None,
             "peak": runner.activations.peak}  # fmt: skip
 
 
@@ -296,10 +300,14 @@ def run(a: argparse.Namespace) -> int:
             both = _spawn(_torch_pipe, p, (a, sched, m))
             row = {"ours": both[0]["ours"], "torch": both[0]["torch"],
                    "ratio": both[0]["ours"] / both[0]["torch"], "paired": both[0]["paired"],
+                   "paired_ours_first": both[0]["paired_ours_first"],
+                   "paired_torch_first": both[0]["paired_torch_first"],
                    "peak_activation_bytes": [r["peak"] for r in both]}  # fmt: skip
         results["schedules"][sched] = row
         anchor = (f"torch {row['torch']:.4f} s  ratio {row['ratio']:.2f}  "
-                  f"paired {row['paired']:.2f}" if "torch" in row else "")  # fmt: skip
+                  f"paired {row['paired']:.2f} (ours first {row['paired_ours_first']:.2f}, "
+                  f"torch first {row['paired_torch_first'] or 0:.2f})"
+                  if "torch" in row else "")  # fmt: skip
         print(f"  {sched:<6} ours {row['ours']:.4f} s  {anchor}  "
               f"peak activations per stage {row['peak_activation_bytes']}")  # fmt: skip
     if p > 1:

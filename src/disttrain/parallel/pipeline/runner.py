@@ -217,7 +217,8 @@ class PipelineRunner:
                 # under autocast a stage's output is fp16/bf16, but the peer's buffer has the
                 # meta run's dtype (fp32): a shorter message would be silently misread
                 out = out.to(shapes[s if action.kind == "F" else s - 1][1])
-                sends.append((p2p.isend(out, self.ranks[peer], self.group), out))
+                with timeline.span("send", peer_stage=peer):
+                    sends.append((p2p.isend(out, self.ranks[peer], self.group), out))
             times.comm += time.perf_counter() - t2
         t0 = time.perf_counter()
         with timeline.span("send wait", sends=len(sends)):
