@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/pipeline-third/trace_gpipe.py 8 3 1024 1024  # M steps batch width
 
-Equal stages as in ``disttrain bench pipeline`` (stage 0's input requires a
-gradient). After 3 warm-up steps, each traced step prints, per stage: the
+Equal stages as in ``disttrain bench pipeline`` (stage 0's micro-batch inputs
+require a gradient). After 3 warm-up steps, each traced step prints, per stage: the
 runner's StepTimes (compute wall and CPU time, comm), its idle share of the
 common window (first start to last end), and every timeline span (receive
 waits ``send/recv``, ``forward``, ``backward``, ``send`` posting, the final
@@ -35,9 +35,10 @@ def work(a: argparse.Namespace, m: int, steps: int) -> list[dict[str, Any]]:
     rank, p = dist.get_rank(), dist.get_world_size()
     parts = placement.split(bp._model(p, 2, a.width), [4] * p)
     meta = [copy.deepcopy(s).to("meta") for s in parts]
+    if rank == 0:
+        parts[0] = torch.nn.Sequential(bp._InputGrad(), parts[0])
     runner = PipelineRunner(parts[rank], rank, schedule.build("gpipe", m, p), meta, F.mse_loss)
-    x = torch.randn(a.batch, a.width, requires_grad=True)
-    y = torch.randn(a.batch, a.width)
+    x, y = torch.randn(a.batch, a.width), torch.randn(a.batch, a.width)
     for _ in range(3):
         dist.barrier()
         runner.run(x, y)

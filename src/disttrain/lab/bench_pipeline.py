@@ -16,7 +16,7 @@ runs to the end of the step. It also holds the time spent waiting in p2p and
 the time a peer was not scheduled while computing (``preempted``: wall minus
 CPU time of the compute), which the formula leaves out. The first pass's
 figure, each stage's idle share of its *own* step (ending at its last send),
-is kept as ``own_step``. Stage 0's input requires a gradient here, so every
+is kept as ``own_step``. Stage 0's micro-batch inputs require a gradient here, so every
 stage's backward computes an input gradient (equal stages).
 """
 
@@ -54,6 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bubble-only", action="store_true", help="measure the bubble only")
     parser.add_argument("--out", default="", help="folder for results.json and bubble.png")
     parser.add_argument(
+        "--recv-ahead", choices=("auto", "on", "off"), default="auto",
+        help="post each receive one action early (auto: the runner's default for the schedule)",
+    )  # fmt: skip
+    parser.add_argument(
         "--unequal", action="store_true",
         help="bubble: leave stage 0's input without a gradient (its backward then does less)",
     )  # fmt: skip
@@ -65,6 +69,22 @@ def _model(stages: int, per_stage: int, width: int) -> nn.Sequential:
     for _ in range(stages * per_stage):
         layers += [nn.Linear(width, width), nn.ReLU()]
     return nn.Sequential(*layers)
+
+
+def _recv_ahead(a: argparse.Namespace, sched: str) -> bool:
+    from disttrain.parallel.pipeline.runner import recv_ahead_default
+
+    how = getattr(a, "recv_ahead", "auto")
+    return recv_ahead_default(sched) if how == "auto" else how == "on"
+
+
+class _InputGrad(nn.Module):
+    """Makes each micro-batch's input a leaf that needs a gradient, so the first Linear's
+    backward computes its input gradient like every later stage's (and only that: a
+    gradient for the whole batch's ``x`` would also add every micro-batch's into it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.detach().requires_grad_(torch.is_grad_enabled())
 
 
 def _entry(rank: int, size: int, store: str, fn: Callable[..., Any], args: Any, q: Any) -> None:
@@ -135,16 +155,19 @@ def _ours(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
     model = _model(p, a.layers_per_stage, a.width)
     parts = placement.split(model, [2 * a.layers_per_stage] * p)
     meta = [copy.deepcopy(s).to("meta") for s in parts]
-    runner = PipelineRunner(parts[rank], rank, schedule.build(sched, m, p), meta, F.mse_loss)
-    # equal stages: stage 0's backward then computes its input gradient, as every other's does
-    x = torch.randn(a.batch, a.width, requires_grad=not getattr(a, "unequal", False))
-    y = torch.randn(a.batch, a.width)
+    if rank == 0 and not getattr(a, "unequal", False):
+        # equal stages: stage 0's backward then computes its input gradient, as every other's does
+        parts[0] = nn.Sequential(_InputGrad(), parts[0])
+    runner = PipelineRunner(
+        parts[rank], rank, schedule.build(sched, m, p), meta, F.mse_loss,
+        recv_ahead=_recv_ahead(a, sched),
+    )  # fmt: skip
+    x, y = torch.randn(a.batch, a.width), torch.randn(a.batch, a.width)
     steps: list[dict[str, float]] = []
 
     def step() -> None:
         runner.run(x, y)
         steps.append(dict(vars(runner.times)))
-        x.grad = None
 
     times = _time_steps(step, a.repeats)
     return {"step": statistics.median(times), "steps": steps[2:],
@@ -194,7 +217,10 @@ def _torch_pipe(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
         _model(p, a.layers_per_stage, a.width), [2 * a.layers_per_stage] * p
     )
     meta = [copy.deepcopy(s).to("meta") for s in ours_parts]
-    runner = PipelineRunner(ours_parts[rank], rank, schedule.build(sched, m, p), meta, F.mse_loss)
+    runner = PipelineRunner(
+        ours_parts[rank], rank, schedule.build(sched, m, p), meta, F.mse_loss,
+        recv_ahead=_recv_ahead(a, sched),
+    )  # fmt: skip
     parts = placement.split(_model(p, a.layers_per_stage, a.width), [2 * a.layers_per_stage] * p)
     stage = PipelineStage(parts[rank], rank, p, torch.device("cpu"))
     cls = ScheduleGPipe if sched == "gpipe" else Schedule1F1B

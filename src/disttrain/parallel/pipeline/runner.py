@@ -5,7 +5,8 @@ other stages' ticks: a forward's activation is sent to s+1 and a backward's
 input gradient to s-1 with ``isend`` and not waited on (the next action starts
 at once; all sends are waited on at the end of the step), and the receive
 that an action needs is posted one action ahead, so it is usually complete
-when the action starts. A stage receives only activations from s-1 (in the
+when the action starts (GPipe), or when the action needs it (1F1B, where the
+early post was measured slower: :func:`recv_ahead_default`). A stage receives only activations from s-1 (in the
 forward order of s-1) and gradients from s+1 (in its backward order), each a
 FIFO stream between one pair of ranks, so both sides agree on what each message
 is without any header. The grid's column order respects every dependency (it
@@ -33,7 +34,7 @@ from disttrain import timeline
 from disttrain.comm import p2p
 from disttrain.parallel.pipeline.schedule import Action, Grid
 
-__all__ = ["ActivationMeter", "PipelineRunner", "StepTimes"]
+__all__ = ["ActivationMeter", "PipelineRunner", "StepTimes", "recv_ahead_default"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -113,6 +114,17 @@ class StepTimes:
         return 1.0 - self.compute / window if window > 0 else 0.0
 
 
+def recv_ahead_default(schedule: str) -> bool:
+    """Whether the runner posts each receive one action early for the schedule named ``schedule``.
+
+    Measured on the 2-core box (benchmarks/RESULTS.md, "Third pass"): for 1F1B
+    posting when needed was faster (its steady state alternates with the
+    peer, so the message an action needs is produced just before it and an
+    early post overlaps nothing); for GPipe the early post was as fast or faster.
+    """
+    return schedule != "1f1b"
+
+
 class PipelineRunner:
     """Runs ``grid`` for stage ``stage`` of ``len(meta_stages)``; ranks are ``group`` ranks."""
 
@@ -126,6 +138,7 @@ class PipelineRunner:
         group: ProcessGroup | None = None,
         ranks: list[int] | None = None,
         recompute: bool = False,
+        recv_ahead: bool = True,
     ) -> None:
         self.module = module
         self.stage = stage
@@ -137,6 +150,7 @@ class PipelineRunner:
         self.group = group
         self.ranks = ranks or list(range(self.stages))  # stage -> rank in ``group``
         self.recompute = recompute
+        self.recv_ahead = recv_ahead
         self.activations = ActivationMeter([p.detach() for p in module.parameters()])
         self.times = StepTimes()
         self._shapes: dict[tuple[Any, ...], list[tuple[torch.Size, torch.dtype]]] = {}
@@ -182,11 +196,12 @@ class PipelineRunner:
         acts = _Inbox(
             [a.microbatch for a in actions if a.kind == "F"] if s > 0 else [],
             self.ranks[s - 1] if s > 0 else -1, shapes[s - 1] if s > 0 else None,
-            device, self.group, requires_grad=True,
+            device, self.group, requires_grad=True, ahead=self.recv_ahead,
         )  # fmt: skip
         grads_in = _Inbox(
             [a.microbatch for a in actions if a.kind == "B"] if s < last else [],
             self.ranks[s + 1] if s < last else -1, shapes[s], device, self.group,
+            ahead=self.recv_ahead,
         )  # fmt: skip
         sends: list[tuple[Any, torch.Tensor]] = []  # kept alive until their send is done
         for action in actions:
@@ -274,7 +289,12 @@ class _Inbox:
 
     Holding one receive in flight beyond the tensor being used keeps the
     transfer off the critical path without holding more than one extra buffer
-    (1F1B's activation bound is kept).
+    (1F1B's activation bound is kept). With ``ahead=False`` each receive is
+    posted only when its tensor is needed: gloo moves a message's bytes only
+    once its receive is posted, so an early post makes this process's gloo
+    thread read them while the stage computes, on a core the compute (and the
+    peer) also needs; when the sender's action runs just before the one that
+    needs it (1F1B's steady state), the early post overlaps nothing.
     """
 
     def __init__(
@@ -285,7 +305,9 @@ class _Inbox:
         device: torch.device,
         group: ProcessGroup | None,
         requires_grad: bool = False,
+        ahead: bool = True,
     ) -> None:
+        self.ahead = ahead
         self.order = order
         self.src = src
         self.shape = shape
@@ -294,7 +316,8 @@ class _Inbox:
         self.requires_grad = requires_grad
         self.next = 0
         self.posted: tuple[int, Any, torch.Tensor] | None = None
-        self._post()
+        if ahead:
+            self._post()
 
     def _post(self) -> None:
         if self.next >= len(self.order):
@@ -308,10 +331,15 @@ class _Inbox:
 
     def take(self, m: int) -> torch.Tensor:
         """Wait for micro-batch ``m``'s tensor (the next in order) and post the following one."""
+        if not self.ahead:
+            self._post()  # the receive for m, now
         assert self.posted is not None and self.posted[0] == m, (m, self.posted)
         _, work, buf = self.posted
         work.wait()
-        self._post()
+        if self.ahead:
+            self._post()
+        else:
+            self.posted = None
         if self.requires_grad and buf.is_floating_point():
             buf.requires_grad_(True)
         return buf
