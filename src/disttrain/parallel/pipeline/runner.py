@@ -6,10 +6,11 @@ input gradient to s-1 with ``isend`` and not waited on (the next action starts
 at once; all sends are waited on at the end of the step), and the receive
 that an action needs is posted one action ahead, so it is usually complete
 when the action starts (GPipe), or when the action needs it (1F1B, where the
-early post was measured slower: :func:`recv_ahead_default`). A stage receives
-only activations from s-1 (in the forward order of s-1) and gradients from s+1 (in its backward order), each a
-FIFO stream between one pair of ranks, so both sides agree on what each message
-is without any header. The grid's column order respects every dependency (it
+early post was measured slower: :func:`recv_ahead_default`). A stage
+receives only activations from s-1 (in the forward order of s-1) and
+gradients from s+1 (in its backward order), each a FIFO stream between one
+pair of ranks, so both sides agree on what each message is without any
+header. The grid's column order respects every dependency (it
 is a simulation of the schedule), so the waits cannot form a cycle. Receive
 buffers are shaped by running the whole model once on the ``meta`` device (no
 memory, no compute) for each batch shape.
