@@ -34,7 +34,7 @@ def work(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
     from torch.nn import functional as F
 
     from disttrain.parallel import placement
-    from disttrain.parallel.pipeline.runner import PipelineRunner
+    from disttrain.parallel.pipeline.runner import PipelineRunner, recv_ahead_default
 
     acc = {"compute": 0.0, "wait": 0.0}
 
@@ -58,7 +58,9 @@ def work(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
     sizes = [2 * a.layers_per_stage] * p
     ours_parts = placement.split(bp._model(p, a.layers_per_stage, a.width), sizes)
     meta = [copy.deepcopy(s).to("meta") for s in ours_parts]
-    runner = PipelineRunner(ours_parts[rank], rank, schedule.build(sched, m, p), meta, F.mse_loss)
+    grid = schedule.build(sched, m, p)
+    ahead = recv_ahead_default(sched)  # as the strategy and the bench run it
+    runner = PipelineRunner(ours_parts[rank], rank, grid, meta, F.mse_loss, recv_ahead=ahead)
     parts = placement.split(bp._model(p, a.layers_per_stage, a.width), sizes)
     stage = PipelineStage(parts[rank], rank, p, torch.device("cpu"))
     sch = (ScheduleGPipe if sched == "gpipe" else Schedule1F1B)(stage, m, loss_fn=F.mse_loss)

@@ -182,7 +182,10 @@ def bubble(per_rank: list[list[dict[str, float]]]) -> dict[str, float]:
     is 1 - compute / window, averaged over the stages; the figures are medians
     over the steps. ``own_step`` is the earlier measure (each stage's idle share
     of its own step); ``preempted`` the share of the window in which a stage
-    was computing but not running (wall minus CPU time), averaged over stages.
+    was computing but not running (wall minus CPU time), averaged over stages;
+    ``instant_hand_offs`` the idle share of the same actions' measured durations
+    replayed with instant hand-offs (:func:`schedule.replay`): above the formula
+    by the stages' unequal compute only.
     """
     rows = []
     for step in zip(*per_rank, strict=True):
@@ -190,9 +193,14 @@ def bubble(per_rank: list[list[dict[str, float]]]) -> dict[str, float]:
         idle = [1.0 - t["compute"] / window for t in step]
         own = [1.0 - t["compute"] / t["step"] for t in step]
         lost = [max(0.0, t["compute"] - t["compute_cpu"]) / window for t in step]
-        rows.append((statistics.mean(idle), statistics.mean(own), statistics.mean(lost), window))
+        # the same actions' measured durations, hand-offs instant: the stages' inequality alone
+        ideal, busy = schedule.replay([list(t["actions"]) for t in step])
+        instant = statistics.mean(1.0 - b / ideal for b in busy) if ideal > 0 else 0.0
+        rows.append((statistics.mean(idle), statistics.mean(own), statistics.mean(lost), window,
+                     instant))  # fmt: skip
     med = [statistics.median(col) for col in zip(*rows, strict=True)]
-    return {"measured": med[0], "own_step": med[1], "preempted": med[2], "window": med[3]}
+    return {"measured": med[0], "own_step": med[1], "preempted": med[2], "window": med[3],
+            "instant_hand_offs": med[4]}  # fmt: skip
 
 
 def _torch_pipe(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
@@ -303,7 +311,7 @@ def run(a: argparse.Namespace) -> int:
     print(f"GPipe bubble, P={p}, {a.layers_per_stage} x Linear({a.width}) per stage, "
           f"batch {a.batch} (median of {a.repeats} steps; shared, noisy machine)")  # fmt: skip
     print(f"{'M':>4} {'theory':>8} {'measured':>9} {'rel.err':>8} {'own step':>9} "
-          f"{'preempted':>10} {'step s':>8}")  # fmt: skip
+          f"{'preempted':>10} {'instant':>8} {'step s':>8}")  # fmt: skip
     for m in ms:
         per_rank = _spawn(_ours, p, (a, "gpipe", m))
         theory = (p - 1) / (m + p - 1)
@@ -312,7 +320,8 @@ def run(a: argparse.Namespace) -> int:
         results["bubble"].append(row)
         err = (row["measured"] - theory) / theory if theory else 0.0
         print(f"{m:>4} {theory:>8.3f} {row['measured']:>9.3f} {err:>+8.1%} "
-              f"{row['own_step']:>9.3f} {row['preempted']:>10.3f} {row['step']:>8.4f}")  # fmt: skip
+              f"{row['own_step']:>9.3f} {row['preempted']:>10.3f} "
+              f"{row['instant_hand_offs']:>8.3f} {row['step']:>8.4f}")  # fmt: skip
     m = max(ms)
     if a.bubble_only:
         return _write(a, results, ms, p)

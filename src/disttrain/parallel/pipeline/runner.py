@@ -104,6 +104,7 @@ class StepTimes:
         self.step = 0.0
         self.start = 0.0
         self.end = 0.0
+        self.actions: list[tuple[str, int, float]] = []  # (F or B, micro-batch, seconds), in order
 
     @property
     def idle(self) -> float:
@@ -227,6 +228,7 @@ class PipelineRunner:
                     out = self._do_backward(action, inputs, outputs, grads)
             t2 = time.perf_counter()
             times.compute += t2 - t1
+            times.actions.append((action.kind, m, t2 - t1))
             times.compute_cpu += time.thread_time() - cpu1
             if out is not None:  # to s+1 after a forward, to s-1 after a backward
                 peer = s + 1 if action.kind == "F" else s - 1
