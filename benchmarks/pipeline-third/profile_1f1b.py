@@ -7,7 +7,9 @@ Both run in the same 2 processes, rounds alternating which goes first (as in
 forward/backward calls, comm = receive waits and send posting). Torch: the
 time inside ``forward_one_chunk``/``backward_one_chunk`` (compute) and inside
 ``_wait_batch_p2p`` (waits), by wrapping them; "other" is the rest of the step
-(scheduling, building p2p ops, loss bookkeeping). Medians over rounds, in ms.
+(scheduling, building p2p ops, loss bookkeeping); "barrier to barrier" is
+the step as the bench times it (up to the barrier after it). Medians over
+rounds, in ms.
 """
 
 from __future__ import annotations
@@ -77,11 +79,13 @@ def work(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
         else:
             sch.step(target=y, losses=[])
         t = time.perf_counter() - t0
+        dist.barrier()
+        between = time.perf_counter() - t0  # as the bench times it: barrier to barrier
         if name == "ours":
-            return t, runner.times.compute, runner.times.comm
-        return t, acc["compute"], acc["wait"]
+            return t, runner.times.compute, runner.times.comm, between
+        return t, acc["compute"], acc["wait"], between
 
-    rows: dict[str, list[tuple[float, float, float]]] = {"ours": [], "torch": []}
+    rows: dict[str, list[tuple[float, float, float, float]]] = {"ours": [], "torch": []}
     for i in range(a.repeats + 2):
         for name in ("ours", "torch") if i % 2 == 0 else ("torch", "ours"):
             row = step(name)
@@ -97,6 +101,7 @@ def work(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
             "compute": med([r[1] for r in v]),
             "wait": med([r[2] for r in v]),
             "other": med([r[0] - r[1] - r[2] for r in v]),
+            "barrier to barrier": med([r[3] for r in v]),
         }
         for name, v in rows.items()
     }
