@@ -268,7 +268,9 @@ def _torch_pipe(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
             "peak": runner.activations.peak}  # fmt: skip
 
 
-def _plot(path: str, ms: list[int], p: int, measured: list[float]) -> None:
+def _plot(
+    path: str, ms: list[int], p: int, measured: list[float], instant: list[float] | None = None
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -278,6 +280,8 @@ def _plot(path: str, ms: list[int], p: int, measured: list[float]) -> None:
     grid = [m / 4 for m in range(4, 4 * max(ms) + 1)]
     ax.plot(grid, [(p - 1) / (m + p - 1) for m in grid], label="(P-1)/(M+P-1)")
     ax.plot(ms, measured, "o", label="measured (GPipe)")
+    if instant is not None:
+        ax.plot(ms, instant, "x", label="same actions, instant hand-offs")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("micro-batches M")
     ax.set_ylabel("bubble (idle share of stage time)")
@@ -364,6 +368,8 @@ def _write(a: argparse.Namespace, results: dict[str, Any], ms: list[int], p: int
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "results.json"), "w") as fh:
             json.dump(results, fh, indent=2)
-        _plot(os.path.join(a.out, "bubble.png"), ms, p, [b["measured"] for b in results["bubble"]])
+        bub = results["bubble"]
+        _plot(os.path.join(a.out, "bubble.png"), ms, p, [b["measured"] for b in bub],
+              [b["instant_hand_offs"] for b in bub])  # fmt: skip
         print(f"\nwrote {a.out}/results.json and {a.out}/bubble.png")
     return 0
