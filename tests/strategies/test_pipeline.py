@@ -20,10 +20,15 @@ CASES = [
 ]
 
 
-def _run_cases(world_size: int) -> list[dict[str, Any]]:
+def _run_cases(world_size: int, flip_recv_ahead: bool = False) -> list[dict[str, Any]]:
     from disttrain.comm import world
+    from disttrain.strategies import pipeline
     from disttrain.strategies.pipeline import Pipeline
     from disttrain.train.trainer import loss_fn
+
+    if flip_recv_ahead:  # the other way of posting receives than each schedule's default
+        default = pipeline.recv_ahead_default
+        pipeline.recv_ahead_default = lambda schedule: not default(schedule)  # type: ignore[assignment]
 
     results = []
     data = ref.batches(24)
@@ -59,6 +64,14 @@ def test_pipelines_equal_the_unsplit_model_after_10_steps() -> None:
             assert r["worst"] < ref.TOL, r
             assert sum(r["sizes"]) == 8 and len(r["sizes"]) == 3
     assert per_rank[0][3]["sizes"] == [3, 2, 3]
+
+
+def test_receives_posted_early_or_when_needed_give_the_same_steps() -> None:
+    # the default posts early for GPipe and when needed for 1F1B: here the other way round
+    per_rank = run_world(_run_cases, 3, args=(3, True), timeout=120)
+    for rank_results in per_rank:
+        for r in rank_results:
+            assert r["worst"] < ref.TOL, r
 
 
 def _gpipe_vs_1f1b_memory() -> tuple[int, int]:

@@ -5,10 +5,19 @@
 
 Each part starts its own P local processes (gloo, one thread each) on a file
 store. Step times are medians over ``--repeats`` timed steps after two warm-up
-steps, measured on rank 0 between barriers; ratios compare with the anchor
-measured in the same run. The bubble is each stage's idle share of the step,
-1 - compute/step, averaged over the stages: it also holds the time spent
-waiting in p2p, which the formula leaves out.
+steps, measured on rank 0 between barriers; ours and the anchor run in the
+same processes, in an order that alternates from step to step, and ``paired``
+is the median over rounds of ours over the anchor's in the same round.
+
+The bubble (:func:`bubble`) of a step is each stage's idle share of the
+pipeline's step, 1 - compute_s / (last stage's end - first stage's start),
+averaged over the stages: the formula's definition, where every stage's time
+runs to the end of the step. It also holds the time spent waiting in p2p and
+the time a peer was not scheduled while computing (``preempted``: wall minus
+CPU time of the compute), which the formula leaves out. The first pass's
+figure, each stage's idle share of its *own* step (ending at its last send),
+is kept as ``own_step``. Stage 0's micro-batch inputs require a gradient here, so every
+stage's backward computes an input gradient (equal stages).
 """
 
 from __future__ import annotations
@@ -27,9 +36,10 @@ import torch
 from torch import nn
 
 from disttrain.comm.errors import UsageError
+from disttrain.lab import bench_tensor
 from disttrain.parallel.pipeline import schedule
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "bubble", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +53,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-torch", action="store_true", help="leave out the torch anchors")
     parser.add_argument("--bubble-only", action="store_true", help="measure the bubble only")
     parser.add_argument("--out", default="", help="folder for results.json and bubble.png")
+    parser.add_argument(
+        "--recv-ahead", choices=("auto", "on", "off"), default="auto",
+        help="post each receive one action early (auto: the runner's default for the schedule)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--unequal", action="store_true",
+        help="bubble: leave stage 0's input without a gradient (its backward then does less)",
+    )  # fmt: skip
 
 
 def _model(stages: int, per_stage: int, width: int) -> nn.Sequential:
@@ -51,6 +69,22 @@ def _model(stages: int, per_stage: int, width: int) -> nn.Sequential:
     for _ in range(stages * per_stage):
         layers += [nn.Linear(width, width), nn.ReLU()]
     return nn.Sequential(*layers)
+
+
+def _recv_ahead(a: argparse.Namespace, sched: str) -> bool:
+    from disttrain.parallel.pipeline.runner import recv_ahead_default
+
+    how = getattr(a, "recv_ahead", "auto")
+    return recv_ahead_default(sched) if how == "auto" else how == "on"
+
+
+class _InputGrad(nn.Module):
+    """Makes each micro-batch's input a leaf that needs a gradient, so the first Linear's
+    backward computes its input gradient like every later stage's (and only that: a
+    gradient for the whole batch's ``x`` would also add every micro-batch's into it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.detach().requires_grad_(torch.is_grad_enabled())
 
 
 def _entry(rank: int, size: int, store: str, fn: Callable[..., Any], args: Any, q: Any) -> None:
@@ -108,7 +142,7 @@ def _time_steps(step: Callable[[], None], repeats: int) -> list[float]:
 
 
 def _ours(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
-    """Our runner: step time, idle share of this stage, peak saved-activation bytes."""
+    """Our runner: each timed step's StepTimes on this stage, peak saved-activation bytes."""
     import copy
 
     import torch.distributed as dist
@@ -121,25 +155,61 @@ def _ours(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
     model = _model(p, a.layers_per_stage, a.width)
     parts = placement.split(model, [2 * a.layers_per_stage] * p)
     meta = [copy.deepcopy(s).to("meta") for s in parts]
-    runner = PipelineRunner(parts[rank], rank, schedule.build(sched, m, p), meta, F.mse_loss)
+    if rank == 0 and not getattr(a, "unequal", False):
+        # equal stages: stage 0's backward then computes its input gradient, as every other's does
+        parts[0] = nn.Sequential(_InputGrad(), parts[0])
+    runner = PipelineRunner(
+        parts[rank], rank, schedule.build(sched, m, p), meta, F.mse_loss,
+        recv_ahead=_recv_ahead(a, sched),
+    )  # fmt: skip
     x, y = torch.randn(a.batch, a.width), torch.randn(a.batch, a.width)
-    idle: list[float] = []
+    steps: list[dict[str, float]] = []
 
     def step() -> None:
         runner.run(x, y)
-        idle.append(runner.times.idle)
+        steps.append(dict(vars(runner.times)))
 
     times = _time_steps(step, a.repeats)
-    return {"step": statistics.median(times), "idle": statistics.median(idle[2:]),
+    return {"step": statistics.median(times), "steps": steps[2:],
             "peak": runner.activations.peak}  # fmt: skip
+
+
+def bubble(per_rank: list[list[dict[str, float]]]) -> dict[str, float]:
+    """The measured bubble from every rank's StepTimes fields (``per_rank[r][step]``).
+
+    For each step, the pipeline's step is ``window`` = the latest ``end`` minus
+    the earliest ``start`` (monotonic clock, one per host); a stage's idle share
+    is 1 - compute / window, averaged over the stages; the figures are medians
+    over the steps. ``own_step`` is the earlier measure (each stage's idle share
+    of its own step); ``preempted`` the share of the window in which a stage
+    was computing but not running (wall minus CPU time), averaged over stages;
+    ``instant_hand_offs`` the idle share of the same actions' measured durations
+    replayed with instant hand-offs (:func:`schedule.replay`): above the formula
+    by the stages' unequal compute only.
+    """
+    rows = []
+    for step in zip(*per_rank, strict=True):
+        window = max(t["end"] for t in step) - min(t["start"] for t in step)
+        idle = [1.0 - t["compute"] / window for t in step]
+        own = [1.0 - t["compute"] / t["step"] for t in step]
+        lost = [max(0.0, t["compute"] - t["compute_cpu"]) / window for t in step]
+        # the same actions' measured durations, hand-offs instant: the stages' inequality alone
+        ideal, busy = schedule.replay([list(t["actions"]) for t in step])
+        instant = statistics.mean(1.0 - b / ideal for b in busy) if ideal > 0 else 0.0
+        rows.append((statistics.mean(idle), statistics.mean(own), statistics.mean(lost), window,
+                     instant))  # fmt: skip
+    med = [statistics.median(col) for col in zip(*rows, strict=True)]
+    return {"measured": med[0], "own_step": med[1], "preempted": med[2], "window": med[3],
+            "instant_hand_offs": med[4]}  # fmt: skip
 
 
 def _torch_pipe(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
     """Ours and the anchor, torch.distributed.pipelining, on the same stages and micro-batches.
 
-    Both run in the same processes, steps alternating (ours, torch, ours, ...),
-    so that both see the same load; ``paired`` is the median over rounds of
-    our step time over torch's in the same round.
+    Both run in the same processes, one step of each per round, ours first in
+    even rounds and torch first in odd ones (neither always follows the
+    other's step), so that both see the same load; ``paired`` is the median
+    over rounds of our step time over torch's in the same round.
     """
     import copy
 
@@ -155,7 +225,10 @@ def _torch_pipe(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
         _model(p, a.layers_per_stage, a.width), [2 * a.layers_per_stage] * p
     )
     meta = [copy.deepcopy(s).to("meta") for s in ours_parts]
-    runner = PipelineRunner(ours_parts[rank], rank, schedule.build(sched, m, p), meta, F.mse_loss)
+    runner = PipelineRunner(
+        ours_parts[rank], rank, schedule.build(sched, m, p), meta, F.mse_loss,
+        recv_ahead=_recv_ahead(a, sched),
+    )  # fmt: skip
     parts = placement.split(_model(p, a.layers_per_stage, a.width), [2 * a.layers_per_stage] * p)
     stage = PipelineStage(parts[rank], rank, p, torch.device("cpu"))
     cls = ScheduleGPipe if sched == "gpipe" else Schedule1F1B
@@ -179,51 +252,25 @@ def _torch_pipe(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
 
     ours_t, torch_t = [], []
     for i in range(a.repeats + 2):
-        o, t = timed(lambda: runner.run(x, y)), timed(theirs)
+        if i % 2 == 0:
+            o, t = timed(lambda: runner.run(x, y)), timed(theirs)
+        else:
+            t, o = timed(theirs), timed(lambda: runner.run(x, y))
         if i >= 2:
             ours_t.append(o)
             torch_t.append(t)
+    ratios = [o / t for o, t in zip(ours_t, torch_t, strict=True)]
+    # timed rounds start at i = 2 (even): ours ran first in ratios[0::2], torch in ratios[1::2]
     return {"ours": statistics.median(ours_t), "torch": statistics.median(torch_t),
-            "paired": statistics.median(o / t for o, t in zip(ours_t, torch_t, strict=True)),
+            "paired": statistics.median(ratios),
+            "paired_ours_first": statistics.median(ratios[0::2]),
+            "paired_torch_first": statistics.median(ratios[1::2]) if len(ratios) > 1 else None,
             "peak": runner.activations.peak}  # fmt: skip
 
 
-def _tensor(a: argparse.Namespace, how: str) -> dict[str, Any]:
-    """A Linear(W, 4W)-ReLU-Linear(4W, W) block, sliced our way or DTensor's."""
-    import torch.distributed as dist
-    from torch.nn import functional as F
-
-    from disttrain.comm.meter import meter
-    from disttrain.parallel import tensor
-
-    rank, t = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
-    w = a.width
-    block = nn.Sequential(nn.Linear(w, 4 * w), nn.ReLU(), nn.Linear(4 * w, w))
-    if how == "dtensor":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor.parallel import (
-            ColwiseParallel,
-            RowwiseParallel,
-            parallelize_module,
-        )
-
-        mesh = init_device_mesh("cpu", (t,))
-        model = parallelize_module(block, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-    else:
-        model, _ = tensor.shard_model(block, rank, t, None, how)
-    x, y = torch.randn(a.batch, w, requires_grad=True), torch.randn(a.batch, w)
-
-    def step() -> None:
-        F.mse_loss(model(x), y).backward()
-
-    meter.reset()
-    times = _time_steps(step, a.repeats)
-    return {"step": statistics.median(times),
-            "bytes_per_step": meter.bytes_sent / (a.repeats + 2)}  # fmt: skip
-
-
-def _plot(path: str, ms: list[int], p: int, measured: list[float]) -> None:
+def _plot(
+    path: str, ms: list[int], p: int, measured: list[float], instant: list[float] | None = None
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -233,6 +280,8 @@ def _plot(path: str, ms: list[int], p: int, measured: list[float]) -> None:
     grid = [m / 4 for m in range(4, 4 * max(ms) + 1)]
     ax.plot(grid, [(p - 1) / (m + p - 1) for m in grid], label="(P-1)/(M+P-1)")
     ax.plot(ms, measured, "o", label="measured (GPipe)")
+    if instant is not None:
+        ax.plot(ms, instant, "x", label="same actions, instant hand-offs")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("micro-batches M")
     ax.set_ylabel("bubble (idle share of stage time)")
@@ -265,15 +314,18 @@ def run(a: argparse.Namespace) -> int:
     results: dict[str, Any] = {"stages": p, "width": a.width, "batch": a.batch, "bubble": []}
     print(f"GPipe bubble, P={p}, {a.layers_per_stage} x Linear({a.width}) per stage, "
           f"batch {a.batch} (median of {a.repeats} steps; shared, noisy machine)")  # fmt: skip
-    print(f"{'M':>4} {'theory':>8} {'measured':>9} {'rel.err':>8} {'step s':>8}")
+    print(f"{'M':>4} {'theory':>8} {'measured':>9} {'rel.err':>8} {'own step':>9} "
+          f"{'preempted':>10} {'instant':>8} {'step s':>8}")  # fmt: skip
     for m in ms:
         per_rank = _spawn(_ours, p, (a, "gpipe", m))
         theory = (p - 1) / (m + p - 1)
-        measured = statistics.mean(r["idle"] for r in per_rank)
-        err = (measured - theory) / theory if theory else 0.0
-        results["bubble"].append({"m": m, "theory": theory, "measured": measured,
-                                  "step": per_rank[0]["step"]})  # fmt: skip
-        print(f"{m:>4} {theory:>8.3f} {measured:>9.3f} {err:>+8.1%} {per_rank[0]['step']:>8.4f}")
+        row = {"m": m, "theory": theory, **bubble([r["steps"] for r in per_rank]),
+               "step": per_rank[0]["step"]}  # fmt: skip
+        results["bubble"].append(row)
+        err = (row["measured"] - theory) / theory if theory else 0.0
+        print(f"{m:>4} {theory:>8.3f} {row['measured']:>9.3f} {err:>+8.1%} "
+              f"{row['own_step']:>9.3f} {row['preempted']:>10.3f} "
+              f"{row['instant_hand_offs']:>8.3f} {row['step']:>8.4f}")  # fmt: skip
     m = max(ms)
     if a.bubble_only:
         return _write(a, results, ms, p)
@@ -287,22 +339,27 @@ def run(a: argparse.Namespace) -> int:
             both = _spawn(_torch_pipe, p, (a, sched, m))
             row = {"ours": both[0]["ours"], "torch": both[0]["torch"],
                    "ratio": both[0]["ours"] / both[0]["torch"], "paired": both[0]["paired"],
+                   "paired_ours_first": both[0]["paired_ours_first"],
+                   "paired_torch_first": both[0]["paired_torch_first"],
                    "peak_activation_bytes": [r["peak"] for r in both]}  # fmt: skip
         results["schedules"][sched] = row
         anchor = (f"torch {row['torch']:.4f} s  ratio {row['ratio']:.2f}  "
-                  f"paired {row['paired']:.2f}" if "torch" in row else "")  # fmt: skip
+                  f"paired {row['paired']:.2f} (ours first {row['paired_ours_first']:.2f}, "
+                  f"torch first {row['paired_torch_first'] or 0:.2f})"
+                  if "torch" in row else "")  # fmt: skip
         print(f"  {sched:<6} ours {row['ours']:.4f} s  {anchor}  "
               f"peak activations per stage {row['peak_activation_bytes']}")  # fmt: skip
     if p > 1:
         print(f"\nTensor slicing, Linear({a.width},{4 * a.width})-ReLU-Linear on {p} ranks")
         results["tensor"] = {}
-        for how in ("megatron", "naive", *(() if a.skip_torch else ("dtensor",))):
-            r = _spawn(_tensor, p, (a, how))[0]
-            results["tensor"][how] = r
-            print(f"  {how:<9} {r['step']:.4f} s  metered {r['bytes_per_step'] / 1e6:.2f} MB/step")
-        if "dtensor" in results["tensor"]:
-            ratio = results["tensor"]["megatron"]["step"] / results["tensor"]["dtensor"]["step"]
-            print(f"  megatron / dtensor step time: {ratio:.2f}")
+        print("  (all in the same processes, order rotating each round; paired = median over")
+        print("   rounds of this step / DTensor's step in the same round)")
+        results["tensor"] = _spawn(bench_tensor.paired_steps, p, (a, not a.skip_torch))[0]
+        for how, r in results["tensor"].items():
+            anchor = (f"  ratio {r['ratio']:.2f}  paired {r['paired']:.2f}"
+                      if "paired" in r else "")  # fmt: skip
+            print(f"  {how:<9} {r['step']:.4f} s  metered {r['bytes_per_step'] / 1e6:.2f} "
+                  f"MB/step{anchor}")  # fmt: skip
     return _write(a, results, ms, p)
 
 
@@ -311,6 +368,8 @@ def _write(a: argparse.Namespace, results: dict[str, Any], ms: list[int], p: int
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "results.json"), "w") as fh:
             json.dump(results, fh, indent=2)
-        _plot(os.path.join(a.out, "bubble.png"), ms, p, [b["measured"] for b in results["bubble"]])
+        bub = results["bubble"]
+        _plot(os.path.join(a.out, "bubble.png"), ms, p, [b["measured"] for b in bub],
+              [b["instant_hand_offs"] for b in bub])  # fmt: skip
         print(f"\nwrote {a.out}/results.json and {a.out}/bubble.png")
     return 0

@@ -24,7 +24,7 @@ from disttrain.comm.world import World
 from disttrain.config import RunConfig
 from disttrain.parallel import placement
 from disttrain.parallel.pipeline import schedule
-from disttrain.parallel.pipeline.runner import PipelineRunner
+from disttrain.parallel.pipeline.runner import PipelineRunner, recv_ahead_default
 from disttrain.parallel.settings import ParallelConfig
 from disttrain.strategies.base import LossFn, Strategy, register
 
@@ -146,6 +146,7 @@ class Pipeline(Strategy):
             parts[self.stage], self.stage, grid, meta, lambda out, y: self.loss_fn(out, y),
             self.group,
             recompute=self.pc.recompute,
+            recv_ahead=recv_ahead_default(self.pc.schedule),
         )  # fmt: skip
         return parts[self.stage]
 

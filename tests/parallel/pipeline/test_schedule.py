@@ -14,6 +14,8 @@ from disttrain.parallel.pipeline.schedule import (
     none,
     one_f_one_b,
     render,
+    replay,
+    stage_actions,
 )
 
 SIZES = [(m, p) for m in (1, 2, 3, 4, 8, 16) for p in (1, 2, 3, 4)]
@@ -94,3 +96,44 @@ def test_bad_sizes_and_names() -> None:
         one_f_one_b(2, 0)
     with pytest.raises(ValueError, match="unknown schedule"):
         build("zigzag", 2, 2)
+
+
+def _orders(grid: Grid, f: float = 1.0, b: float = 1.0) -> list[list[tuple[str, int, float]]]:
+    """Each stage's actions in grid order, F taking ``f`` and B ``b`` seconds."""
+    return [
+        [(a.kind, a.microbatch, f if a.kind == "F" else b) for _, a in stage_actions(grid, s)]
+        for s in range(len(grid[0]))
+    ]
+
+
+@pytest.mark.parametrize("schedule", [gpipe, one_f_one_b])
+@pytest.mark.parametrize(("m", "p"), [(1, 2), (4, 2), (16, 2), (8, 3), (3, 4)])
+def test_replay_of_unit_ticks_is_the_grid(schedule, m: int, p: int) -> None:
+    grid = schedule(m, p)
+    window, busy = replay(_orders(grid))
+    assert window == len(grid) == 2 * (m + p - 1)
+    assert busy == [2 * m] * p
+    assert sum(1 - x / window for x in busy) / p == pytest.approx(bubble_fraction(grid))
+
+
+@pytest.mark.parametrize(("m", "p"), [(1, 2), (4, 2), (16, 2), (8, 3)])
+def test_gpipe_replay_with_slower_backward_keeps_the_formula(m: int, p: int) -> None:
+    # equal stages with B = 2F: (M+P-1)(F+B) per step, (P-1)/(M+P-1) idle
+    window, busy = replay(_orders(gpipe(m, p), f=1.0, b=2.0))
+    assert window == pytest.approx((m + p - 1) * 3.0)
+    assert sum(1 - x / window for x in busy) / p == pytest.approx((p - 1) / (m + p - 1))
+
+
+def test_replay_of_a_slower_stage_idles_the_others_more() -> None:
+    orders = _orders(gpipe(4, 2))
+    orders[1] = [(k, mb, 1.5) for k, mb, _ in orders[1]]  # stage 1 takes 1.5x as long
+    window, busy = replay(orders)
+    # stage 0: F0..F3 (4), wait for stage 1's F3 (ends 1+4*1.5=7) and B0 (8.5), B0..B3
+    # each after stage 1's: stage 1's B3 ends at 7+4*1.5=13, stage 0's B3 at 14
+    assert window == pytest.approx(14.0)
+    assert busy == [8.0, 12.0]
+
+
+def test_replay_rejects_orders_that_wait_on_each_other() -> None:
+    with pytest.raises(ValueError, match="wait on each other"):
+        replay([[("B", 0, 1.0), ("F", 0, 1.0)], [("F", 0, 1.0), ("B", 0, 1.0)]])

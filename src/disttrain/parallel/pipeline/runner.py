@@ -5,10 +5,12 @@ other stages' ticks: a forward's activation is sent to s+1 and a backward's
 input gradient to s-1 with ``isend`` and not waited on (the next action starts
 at once; all sends are waited on at the end of the step), and the receive
 that an action needs is posted one action ahead, so it is usually complete
-when the action starts. A stage receives only activations from s-1 (in the
-forward order of s-1) and gradients from s+1 (in its backward order), each a
-FIFO stream between one pair of ranks, so both sides agree on what each message
-is without any header. The grid's column order respects every dependency (it
+when the action starts (GPipe), or when the action needs it (1F1B, where the
+early post was measured slower: :func:`recv_ahead_default`). A stage
+receives only activations from s-1 (in the forward order of s-1) and
+gradients from s+1 (in its backward order), each a FIFO stream between one
+pair of ranks, so both sides agree on what each message is without any
+header. The grid's column order respects every dependency (it
 is a simulation of the schedule), so the waits cannot form a cycle. Receive
 buffers are shaped by running the whole model once on the ``meta`` device (no
 memory, no compute) for each batch shape.
@@ -33,7 +35,7 @@ from disttrain import timeline
 from disttrain.comm import p2p
 from disttrain.parallel.pipeline.schedule import Action, Grid
 
-__all__ = ["ActivationMeter", "PipelineRunner", "StepTimes"]
+__all__ = ["ActivationMeter", "PipelineRunner", "StepTimes", "recv_ahead_default"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -85,17 +87,44 @@ class _Saved:
 
 
 class StepTimes:
-    """Where one stage's step went: compute (busy), communication, and the whole step."""
+    """Where one stage's step went: compute (busy), communication, and the whole step.
+
+    ``start`` and ``end`` are ``time.monotonic()`` readings, one clock for every
+    process of a host, so the stages' steps can be laid on one time line (the
+    pipeline's step is from the first stage's start to the last stage's end).
+    ``compute_cpu`` is this thread's CPU time during the compute: ``compute -
+    compute_cpu`` is the time the operating system ran something else while
+    this stage was computing (a loaded machine), which a peer waits for as idle.
+    """
 
     def __init__(self) -> None:
         self.compute = 0.0
+        self.compute_cpu = 0.0
         self.comm = 0.0
         self.step = 0.0
+        self.start = 0.0
+        self.end = 0.0
+        self.actions: list[tuple[str, int, float]] = []  # (F or B, micro-batch, seconds), in order
 
     @property
     def idle(self) -> float:
-        """Share of the step not spent computing: the measured bubble (plus communication)."""
+        """Share of this stage's own step not spent computing (the bubble plus communication)."""
         return 1.0 - self.compute / self.step if self.step > 0 else 0.0
+
+    def idle_in(self, window: float) -> float:
+        """Share of ``window`` (the pipeline's step, common to all stages) not spent computing."""
+        return 1.0 - self.compute / window if window > 0 else 0.0
+
+
+def recv_ahead_default(schedule: str) -> bool:
+    """Whether the runner posts each receive one action early for the schedule named ``schedule``.
+
+    Measured on the 2-core box (benchmarks/RESULTS.md, "Third pass"): for 1F1B
+    posting when needed was faster (its steady state alternates with the
+    peer, so the message an action needs is produced just before it and an
+    early post overlaps nothing); for GPipe the early post was as fast or faster.
+    """
+    return schedule != "1f1b"
 
 
 class PipelineRunner:
@@ -111,6 +140,7 @@ class PipelineRunner:
         group: ProcessGroup | None = None,
         ranks: list[int] | None = None,
         recompute: bool = False,
+        recv_ahead: bool = True,
     ) -> None:
         self.module = module
         self.stage = stage
@@ -122,6 +152,7 @@ class PipelineRunner:
         self.group = group
         self.ranks = ranks or list(range(self.stages))  # stage -> rank in ``group``
         self.recompute = recompute
+        self.recv_ahead = recv_ahead
         self.activations = ActivationMeter([p.detach() for p in module.parameters()])
         self.times = StepTimes()
         self._shapes: dict[tuple[Any, ...], list[tuple[torch.Size, torch.dtype]]] = {}
@@ -159,6 +190,7 @@ class PipelineRunner:
         loss_sum = torch.zeros((), device=device)
         times = self.times = StepTimes()
         self.activations.reset_peak()
+        times.start = time.monotonic()
         step_start = time.perf_counter()
         actions = [a for a in (row[s] for row in self.grid) if a is not None]
         # Activations arrive from s-1 in our forward order, gradients from s+1 in
@@ -166,11 +198,12 @@ class PipelineRunner:
         acts = _Inbox(
             [a.microbatch for a in actions if a.kind == "F"] if s > 0 else [],
             self.ranks[s - 1] if s > 0 else -1, shapes[s - 1] if s > 0 else None,
-            device, self.group, requires_grad=True,
+            device, self.group, requires_grad=True, ahead=self.recv_ahead,
         )  # fmt: skip
         grads_in = _Inbox(
             [a.microbatch for a in actions if a.kind == "B"] if s < last else [],
             self.ranks[s + 1] if s < last else -1, shapes[s], device, self.group,
+            ahead=self.recv_ahead,
         )  # fmt: skip
         sends: list[tuple[Any, torch.Tensor]] = []  # kept alive until their send is done
         for action in actions:
@@ -184,6 +217,7 @@ class PipelineRunner:
                     grads[m] = grads_in.take(m)
             t1 = time.perf_counter()
             times.comm += t1 - t0
+            cpu1 = time.thread_time()
             if action.kind == "F":
                 with timeline.span("forward", microbatch=m, stage=s):
                     out = self._do_forward(action, xs, ys, inputs, outputs, m_count)
@@ -194,12 +228,15 @@ class PipelineRunner:
                     out = self._do_backward(action, inputs, outputs, grads)
             t2 = time.perf_counter()
             times.compute += t2 - t1
+            times.actions.append((action.kind, m, t2 - t1))
+            times.compute_cpu += time.thread_time() - cpu1
             if out is not None:  # to s+1 after a forward, to s-1 after a backward
                 peer = s + 1 if action.kind == "F" else s - 1
                 # under autocast a stage's output is fp16/bf16, but the peer's buffer has the
                 # meta run's dtype (fp32): a shorter message would be silently misread
                 out = out.to(shapes[s if action.kind == "F" else s - 1][1])
-                sends.append((p2p.isend(out, self.ranks[peer], self.group), out))
+                with timeline.span("send", peer_stage=peer):
+                    sends.append((p2p.isend(out, self.ranks[peer], self.group), out))
             times.comm += time.perf_counter() - t2
         t0 = time.perf_counter()
         with timeline.span("send wait", sends=len(sends)):
@@ -207,6 +244,7 @@ class PipelineRunner:
                 work.wait()
         times.comm += time.perf_counter() - t0
         times.step = time.perf_counter() - step_start
+        times.end = time.monotonic()
         return loss_sum if s == last else None
 
     def _do_forward(
@@ -254,7 +292,12 @@ class _Inbox:
 
     Holding one receive in flight beyond the tensor being used keeps the
     transfer off the critical path without holding more than one extra buffer
-    (1F1B's activation bound is kept).
+    (1F1B's activation bound is kept). With ``ahead=False`` each receive is
+    posted only when its tensor is needed: gloo moves a message's bytes only
+    once its receive is posted, so an early post makes this process's gloo
+    thread read them while the stage computes, on a core the compute (and the
+    peer) also needs; when the sender's action runs just before the one that
+    needs it (1F1B's steady state), the early post overlaps nothing.
     """
 
     def __init__(
@@ -265,7 +308,9 @@ class _Inbox:
         device: torch.device,
         group: ProcessGroup | None,
         requires_grad: bool = False,
+        ahead: bool = True,
     ) -> None:
+        self.ahead = ahead
         self.order = order
         self.src = src
         self.shape = shape
@@ -274,7 +319,8 @@ class _Inbox:
         self.requires_grad = requires_grad
         self.next = 0
         self.posted: tuple[int, Any, torch.Tensor] | None = None
-        self._post()
+        if ahead:
+            self._post()
 
     def _post(self) -> None:
         if self.next >= len(self.order):
@@ -288,10 +334,15 @@ class _Inbox:
 
     def take(self, m: int) -> torch.Tensor:
         """Wait for micro-batch ``m``'s tensor (the next in order) and post the following one."""
+        if not self.ahead:
+            self._post()  # the receive for m, now
         assert self.posted is not None and self.posted[0] == m, (m, self.posted)
         _, work, buf = self.posted
         work.wait()
-        self._post()
+        if self.ahead:
+            self._post()
+        else:
+            self.posted = None
         if self.requires_grad and buf.is_floating_point():
             buf.requires_grad_(True)
         return buf

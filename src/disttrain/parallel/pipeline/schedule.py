@@ -39,6 +39,7 @@ __all__ = [
     "none",
     "one_f_one_b",
     "render",
+    "replay",
     "stage_actions",
 ]
 
@@ -143,6 +144,37 @@ def build(name: str, microbatches: int, stages: int) -> Grid:
     except KeyError:
         choices = ", ".join(SCHEDULES)
         raise ValueError(f"unknown schedule {name!r}; choose one of {choices}") from None
+
+
+def replay(actions: list[list[tuple[str, int, float]]]) -> tuple[float, list[float]]:
+    """The step time and each stage's busy time if every hand-off were instant.
+
+    ``actions[s]`` is stage s's actions in the order it ran them, as (``F`` or
+    ``B``, micro-batch, measured seconds). F(m) on s starts when s is free and
+    F(m) on s-1 has ended; B(m) on s when s is free and B(m) on s+1 has ended.
+    With every action one tick this gives the grid's 2(M+P-1) ticks; with
+    measured durations, what it leaves above (P-1)/(M+P-1) is the stages'
+    unequal compute, and what a measured step has above it is communication.
+    """
+    stages = len(actions)
+    done: dict[tuple[str, int, int], float] = {}
+    free = [0.0] * stages
+    nxt = [0] * stages
+    while any(nxt[s] < len(actions[s]) for s in range(stages)):
+        progressed = False
+        for s in range(stages):
+            if nxt[s] >= len(actions[s]):
+                continue
+            kind, m, seconds = actions[s][nxt[s]]
+            dep = (kind, m, s - 1 if kind == "F" else s + 1)
+            if 0 <= dep[2] < stages and dep not in done:
+                continue  # its input is not computed yet
+            free[s] = done[(kind, m, s)] = max(free[s], done.get(dep, 0.0)) + seconds
+            nxt[s] += 1
+            progressed = True
+        if not progressed:
+            raise ValueError("the stages' action orders wait on each other (not a schedule)")
+    return max(free, default=0.0), [sum(a[2] for a in acts) for acts in actions]
 
 
 def stage_actions(grid: Grid, stage: int) -> list[tuple[int, Action]]:
