@@ -11,8 +11,8 @@ Rounds are pipelined two deep: round k+1 is posted before round k's chunk is
 summed (into the other of two scratch buffers), so the sum overlaps the next
 transfer, and in the all-gather round k+1 is posted before round k is waited
 on. So at most two rounds are in flight: a rank receives from two peers at
-once, not n-1. Measured at n=4, 16 MB: 0.96-1.08x native's time paired,
-against 1.09-1.21x for one round at a time (docs/collectives.md).
+once, not n-1. Measured at n=4, 16 MB (benchmarks/roundrobin_depth.py):
+1.00-1.03x native's time paired, against 1.04-1.08x one round at a time.
 """
 
 from __future__ import annotations
@@ -29,10 +29,6 @@ from disttrain.comm.p2p import group_rank, group_size, irecv, isend
 
 __all__ = ["RoundRobin"]
 
-# Rounds in flight at once. Two lets one round's sum (or wake-up) overlap the
-# next round's transfer; more only adds receivers per rank (measured: posting
-# every all-gather round at once was no faster than two).
-_DEPTH = 2
 
 
 @register
@@ -45,12 +41,17 @@ class RoundRobin(AllReduceAlgorithm):
     """
 
     name = "roundrobin"
+    #: Rounds in flight at once. Two lets one round's sum (or wake-up) overlap the
+    #: next round's transfer; more only adds receivers per rank and scratch buffers
+    #: (benchmarks/roundrobin_depth.py measures 1, 2 and all).
+    depth = 2
 
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         n, r = group_size(group), group_rank(group)
+        depth = max(1, min(self.depth, n - 1))
         chunks = [flat[a:b] for a, b in chunk_bounds(flat.numel(), n)]
         mine = chunks[r]
-        scratch = [buffer(self.name, k, mine.numel(), flat.dtype) for k in range(_DEPTH)]
+        scratch = [buffer(self.name, k, mine.numel(), flat.dtype) for k in range(depth)]
         sends: list[Any] = []
 
         def post(k: int, send: torch.Tensor, recv: torch.Tensor) -> Any:
@@ -60,17 +61,17 @@ class RoundRobin(AllReduceAlgorithm):
                 sends.append(isend(send, to, group))
             return irecv(recv, frm, group) if recv.numel() else None
 
-        # Reduce-scatter: round k receives into scratch[k % 2]; round k+2 reuses that
-        # buffer, and it is posted only after round k's sum.
-        pending = [post(k, chunks[(r + k) % n], scratch[k % _DEPTH]) for k in range(1, _DEPTH)]
+        # Reduce-scatter: round k receives into scratch[k % depth]; round k+depth reuses
+        # that buffer, and it is posted only after round k's sum.
+        pending = [post(k, chunks[(r + k) % n], scratch[k % depth]) for k in range(1, depth)]
         for k in range(1, n):
-            if k + _DEPTH - 1 < n:
-                ahead = k + _DEPTH - 1
-                pending.append(post(ahead, chunks[(r + ahead) % n], scratch[ahead % _DEPTH]))
+            if k + depth - 1 < n:
+                ahead = k + depth - 1
+                pending.append(post(ahead, chunks[(r + ahead) % n], scratch[ahead % depth]))
             work = pending.pop(0)
             if work is not None:
                 work.wait()
-                mine.add_(scratch[k % _DEPTH])
+                mine.add_(scratch[k % depth])
         # The all-gather receives into the chunks sent above: those sends must be done.
         # (A gloo work is waited on exactly once: a second wait blocks until the timeout.)
         for work in sends:
@@ -79,7 +80,7 @@ class RoundRobin(AllReduceAlgorithm):
         pending = []
         for k in range(1, n):  # all-gather, straight into place
             pending.append(post(k, mine, chunks[(r - k) % n]))
-            if len(pending) == _DEPTH:
+            if len(pending) == depth:
                 work = pending.pop(0)
                 if work is not None:
                     work.wait()
