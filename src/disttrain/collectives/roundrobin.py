@@ -30,7 +30,6 @@ from disttrain.comm.p2p import group_rank, group_size, irecv, isend
 __all__ = ["RoundRobin"]
 
 
-
 @register
 class RoundRobin(AllReduceAlgorithm):
     """Pairwise-exchange reduce-scatter + all-gather, two rounds in flight.
