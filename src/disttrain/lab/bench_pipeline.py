@@ -351,7 +351,6 @@ def run(a: argparse.Namespace) -> int:
               f"peak activations per stage {row['peak_activation_bytes']}")  # fmt: skip
     if p > 1:
         print(f"\nTensor slicing, Linear({a.width},{4 * a.width})-ReLU-Linear on {p} ranks")
-        results["tensor"] = {}
         print("  (all in the same processes, order rotating each round; paired = median over")
         print("   rounds of this step / DTensor's step in the same round)")
         results["tensor"] = _spawn(bench_tensor.paired_steps, p, (a, not a.skip_torch))[0]
