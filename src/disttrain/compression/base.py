@@ -87,9 +87,9 @@ class SparseCompressor(Compressor):
     """A compressor whose payload is a list of entries: sorted indices and their values.
 
     Decoding touches only those entries: :meth:`add_into` scatters them into
-    the running sum instead of building a dense tensor per peer (measured on
-    the 6.4M-entry mlp at 0.5 % density: 3 ms against 10 ms for a dense
-    decode plus 5 ms for its dense add, per peer).
+    the running sum instead of building and adding a dense tensor per peer
+    (decentralized one-bit at tau 0.03: 1.6-1.7x the samples/s, benchmarks/
+    RESULTS.md, "Decoding only the sent entries").
     """
 
     @abstractmethod
