@@ -20,7 +20,8 @@ import subprocess
 import sys
 import tempfile
 
-from disttrain.launch import cluster, linkprobe
+from disttrain.cluster import hosts as cluster
+from disttrain.cluster import linkprobe
 
 __all__ = ["main"]
 

@@ -59,7 +59,7 @@ def _buckets(sizes: list[int], fusion_mb: float) -> tuple[int, ...]:
     """The reducer's buckets: gradients in reverse registration order, filled up to the cap."""
     import torch
 
-    from disttrain.fusion import MB, assign_by_size
+    from disttrain.dataparallel.fusion import MB, assign_by_size
 
     grads = [torch.empty(s // 4) for s in reversed(sizes)]
     groups = assign_by_size(grads, int(fusion_mb * MB))
@@ -109,8 +109,9 @@ def _step_seconds(out: str) -> float:
 
 def _cluster(cal: Calibration, rates: list[str], params: int, sizes: list[int],
              steps: int) -> list[dict[str, Any]]:  # fmt: skip
+    from disttrain.cluster import hosts as cluster
+    from disttrain.cluster import linkprobe, netns
     from disttrain.comm.errors import UsageError
-    from disttrain.launch import cluster, linkprobe, netns
 
     try:
         netns.check_tools()

@@ -17,8 +17,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import disttrain as dt
 from disttrain.data import GlobalBatchSampler, load_dataset
+from disttrain.dataparallel.ddp_hooks import AlgorithmHook, allreduce_hook
 from disttrain.models import mlp
-from disttrain.strategies.ddp_hooks import AlgorithmHook, allreduce_hook
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """disttrain: train PyTorch models with every classic distributed strategy, and measure each."""
 
-from disttrain.broadcast import broadcast_optimizer_state, broadcast_parameters
 from disttrain.comm.world import init, local_rank, rank, shutdown, size
+from disttrain.dataparallel.broadcast import broadcast_optimizer_state, broadcast_parameters
 from disttrain.optimizer import DistributedOptimizer
 
 __all__ = [

@@ -3,10 +3,11 @@
 import os
 import sys
 
-from disttrain.cli import _is_worker, main
+from disttrain.cli import main
+from disttrain.launch.worker import is_worker
 
 code = main()
-if _is_worker():
+if is_worker():
     # A worker's outputs are written and closed by now. Leave without running C++ static
     # destructors: a gloo thread still joinable at interpreter exit calls std::terminate
     # (seen once in CI as "terminate called without an active exception", SIGABRT).

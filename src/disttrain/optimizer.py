@@ -4,7 +4,7 @@
                                   algorithm="ring", fusion_mb=25, compression=None)
 
 The wrapper registers the data-parallel engine's gradient hooks
-(:class:`~disttrain.strategies.reducer.Reducer`) on the named parameters, so
+(:class:`~disttrain.dataparallel.reducer.Reducer`) on the named parameters, so
 buckets go out while backward runs; ``step()`` first waits for them, then calls
 the wrapped optimizer. It *is* a ``torch.optim.Optimizer`` (LR schedulers accept
 it) whose ``param_groups`` and ``state`` are the wrapped optimizer's own.
@@ -29,10 +29,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed import ProcessGroup
 
-from disttrain.broadcast import broadcast_optimizer_state, broadcast_tensors
 from disttrain.comm.errors import UsageError
 from disttrain.comm.world import group_timeout
-from disttrain.strategies.reducer import Reducer
+from disttrain.dataparallel.broadcast import broadcast_optimizer_state, broadcast_tensors
+from disttrain.dataparallel.reducer import Reducer
 
 __all__ = ["DistributedOptimizer"]
 

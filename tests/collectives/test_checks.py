@@ -50,9 +50,9 @@ def _different_calls() -> dict[str, str]:
     import torch.distributed as dist
 
     from disttrain import collectives
-    from disttrain.broadcast import broadcast_tensors
     from disttrain.collectives import checks
     from disttrain.comm import CollectiveMismatch
+    from disttrain.dataparallel.broadcast import broadcast_tensors
 
     rank = dist.get_rank()
     checks.set_checks_everywhere(True)  # --check-collectives: broadcasts are checked too

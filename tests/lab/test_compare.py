@@ -186,8 +186,9 @@ def test_cluster_runs_go_through_cluster_run(
     tmp_path: object, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--cluster: each run is `disttrain cluster run --name N -- ...`, --workers split by host."""
+    from disttrain.cluster import hosts as cluster
+    from disttrain.cluster import netns
     from disttrain.lab import runs
-    from disttrain.launch import cluster, netns
 
     layout = cluster.plan("cmpt", 2, "100mbit")
     monkeypatch.setattr(netns, "check_tools", lambda: None)

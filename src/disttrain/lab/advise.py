@@ -93,7 +93,7 @@ def _calibration(args: argparse.Namespace) -> Calibration:
 
 def _network(args: argparse.Namespace, cal: Calibration) -> costmodel.Network:
     """The flags' link; what is not given comes from the calibration (its n=2 link fit)."""
-    from disttrain.launch.netns import parse_rate
+    from disttrain.cluster.netns import parse_rate
 
     beta = cal.beta if args.bandwidth is None else 8 / parse_rate(args.bandwidth)
     if args.latency is not None:
@@ -146,7 +146,8 @@ def _table(preds: list[costmodel.Prediction], title: str, caption: str) -> None:
     Console(width=220).print(table)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    del argv
     if args.calibrate:
         from disttrain.lab import calibrate
 

@@ -36,7 +36,14 @@ TABLE_ALGORITHMS = ("star", "tree", "butterfly", "ring")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """compare's own flags; the parser already holds every train flag (``--out`` included)."""
+    """compare's own flags, then every train flag (``--out`` included) for every run."""
+    from disttrain.launch.job import add_config_flags
+
+    parser.description = (
+        "Train the same workload under each of --strategies; write DIR/report.md "
+        "and report.html (see docs/lab.md). Train flags given here go to every run."
+    )
+    parser.argument_default = argparse.SUPPRESS
     parser.add_argument(
         "--strategies",
         required=True,
@@ -64,6 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--table-size", default="1MB", help="tensor size for --algorithms-table (default 1MB)"
     )
+    add_config_flags(parser)
 
 
 def _steps(name: str, n: int) -> str:
@@ -133,18 +141,19 @@ def _common_flags(ns: argparse.Namespace) -> dict[str, Any]:
 def _check_runs(specs: list[RunSpec], common: dict[str, Any]) -> None:
     """Each run's settings through the same checks ``disttrain train`` makes (UsageError)."""
     from disttrain import config
-    from disttrain.cli import _preflight
+    from disttrain.launch.preflight import preflight
 
     for spec in specs:
         try:
-            _preflight(config.load(spec.flags(common)))
+            preflight(config.load(spec.flags(common)))
         except UsageError as exc:
             raise UsageError(f"--strategies {spec.label!r}: {exc}") from None
 
 
 def _cluster_launcher(name: str, workers: int, timeout: float) -> tuple[list[str], int, str]:
     """(launcher command, workers per host, a description) for ``--cluster NAME``."""
-    from disttrain.launch import cluster, netns
+    from disttrain.cluster import hosts as cluster
+    from disttrain.cluster import netns
 
     netns.check_tools()
     layout = cluster.load(name)

@@ -25,7 +25,7 @@ from types import FrameType
 __all__ = ["run_supervised"]
 
 _PR_SET_PDEATHSIG = 1
-_OWN_ERROR = 1  # the worker's exit code after an exception of its own (cli._train_worker)
+_OWN_ERROR = 1  # the worker's exit code after an exception of its own (launch.worker)
 
 
 def _die_with_parent() -> None:

@@ -7,7 +7,7 @@ the N gradients is the gradient of the mean loss over all B. With
 each loss by its share of the shard, and communicates only after the last one:
 still one step of the same global batch, with 1/K of the activation memory.
 The mechanics (buckets, hooks, the communication thread) live in
-:mod:`disttrain.strategies.reducer`.
+:mod:`disttrain.dataparallel.reducer`.
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from disttrain import timeline
-from disttrain.broadcast import broadcast_tensors
 from disttrain.comm.errors import UsageError
 from disttrain.compression.config import CompressionConfig
 from disttrain.compression.error_feedback import ErrorFeedback
 from disttrain.compression.exchange import CompressionStats, compressed_all_reduce
 from disttrain.compression.registry import parse
 from disttrain.config import opt, register_section
+from disttrain.dataparallel.broadcast import broadcast_tensors
+from disttrain.dataparallel.reducer import Reducer
 from disttrain.strategies.base import Strategy, register
-from disttrain.strategies.reducer import Reducer
 
 __all__ = ["AllReduce", "DataParallelConfig", "broadcast_tensors"]
 

@@ -14,8 +14,8 @@ def _hook_vs_plain_ddp() -> dict[str, float]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from disttrain import collectives
+    from disttrain.dataparallel.ddp_hooks import AlgorithmHook, allreduce_hook
     from disttrain.models import mlp
-    from disttrain.strategies.ddp_hooks import AlgorithmHook, allreduce_hook
 
     rank = torch.distributed.get_rank()
     torch.manual_seed(0)

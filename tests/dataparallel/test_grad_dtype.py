@@ -12,7 +12,7 @@ def _reduce(compression: str | None) -> tuple[list[torch.Tensor], int]:
     import torch.distributed as dist
 
     from disttrain.comm.meter import meter
-    from disttrain.strategies.reducer import Reducer
+    from disttrain.dataparallel.reducer import Reducer
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))

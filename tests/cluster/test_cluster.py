@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 
 from disttrain import cli
+from disttrain.cluster import hosts as cluster
+from disttrain.cluster import linkprobe, netns
+from disttrain.cluster import run as cluster_run
 from disttrain.comm.errors import UsageError
-from disttrain.launch import cluster, cluster_run, linkprobe, netns
 from tests.netcheck import descendants, listening_addresses
 
 REPO = Path(__file__).resolve().parents[2]

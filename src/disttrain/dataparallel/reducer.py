@@ -34,8 +34,8 @@ from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import record_send
 from disttrain.comm.p2p import global_rank
 from disttrain.comm.world import group_timeout
-from disttrain.fusion import MB, FlatBucket, make_buckets
-from disttrain.strategies.commthread import CommThread
+from disttrain.dataparallel.commthread import CommThread
+from disttrain.dataparallel.fusion import MB, FlatBucket, make_buckets
 
 __all__ = ["COMPRESSIONS", "Reducer"]
 

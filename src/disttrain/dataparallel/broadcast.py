@@ -18,7 +18,7 @@ from torch.distributed import ProcessGroup
 from disttrain.collectives.checks import check_call, checks_everywhere
 from disttrain.comm.meter import record_send
 from disttrain.comm.p2p import global_rank
-from disttrain.fusion import flatten, unflatten
+from disttrain.dataparallel.fusion import flatten, unflatten
 
 __all__ = ["broadcast_optimizer_state", "broadcast_parameters", "broadcast_tensors"]
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the peers run this file as a plain script: standard library only
-    from disttrain.launch.cluster import Host
+    from disttrain.cluster.hosts import Host
 
 __all__ = ["LinkResult", "describe", "measure"]
 
@@ -105,7 +105,7 @@ def measure(src: Host, dst: Host, rate_bits: int, seconds: float = 1.0) -> LinkR
 
 def describe(result: LinkResult, rate_bits: int) -> str:
     """One line: measured goodput against the shaped rate, and the round trip."""
-    from disttrain.launch.netns import format_rate
+    from disttrain.cluster.netns import format_rate
 
     return (
         f"{result.bytes / 1e6:.1f} MB in {result.seconds:.3f} s: "

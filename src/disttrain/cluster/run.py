@@ -2,7 +2,7 @@
 
 Each node runs as ``ip netns exec dt-NAME-hI unshare --uts -- python SHIM
 HOSTNAME CMD...``: inside host i's network namespace, with ``/etc/hosts``
-replaced by the cluster's (see :func:`disttrain.launch.netns.write_hosts`) and
+replaced by the cluster's (see :func:`disttrain.cluster.netns.write_hosts`) and
 its own hostname, so torch's c10d rendezvous sees the machine it would see on a
 real cluster. ``disttrain train`` commands become the standard multi-node job:
 ``--nnodes H --node-rank I --rdzv-endpoint <host 0's address>:PORT``, with
@@ -23,8 +23,8 @@ import threading
 import time
 from typing import IO
 
+from disttrain.cluster.hosts import Cluster, Host, interruptible
 from disttrain.comm.errors import UsageError
-from disttrain.launch.cluster import Cluster, Host, interruptible
 
 __all__ = ["node_command", "run"]
 

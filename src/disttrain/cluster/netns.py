@@ -1,6 +1,6 @@
 """Network namespaces, veth links, a bridge and ``tc`` shaping, through iproute2.
 
-The emulated cluster (:mod:`disttrain.launch.cluster`) is built only from the
+The emulated cluster (:mod:`disttrain.cluster.hosts`) is built only from the
 helpers here. Everything is created *inside* namespaces whose names start with
 :data:`PREFIX`: a veth pair is created in the host's namespace with its peer
 moved straight into the bridge's namespace, so no interface, address or route

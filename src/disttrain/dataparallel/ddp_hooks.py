@@ -1,6 +1,6 @@
 """Any registered allreduce algorithm as a PyTorch DDP communication hook.
 
-    from disttrain.strategies.ddp_hooks import AlgorithmHook
+    from disttrain.dataparallel.ddp_hooks import AlgorithmHook
     ddp = DistributedDataParallel(model)
     ddp.register_comm_hook(AlgorithmHook("ring"), allreduce_hook)
 
@@ -21,7 +21,7 @@ from torch.distributed import ProcessGroup
 from disttrain import collectives
 from disttrain.comm.errors import UsageError
 from disttrain.comm.world import group_timeout
-from disttrain.strategies.commthread import CommThread
+from disttrain.dataparallel.commthread import CommThread
 
 __all__ = ["AlgorithmHook", "allreduce_hook", "register"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from disttrain.fusion import MB, assign_by_size, flatten, make_buckets, unflatten
+from disttrain.dataparallel.fusion import MB, assign_by_size, flatten, make_buckets, unflatten
 
 
 def _sizes(*numels: int, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:

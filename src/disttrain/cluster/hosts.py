@@ -18,7 +18,6 @@ namespace named ``dt-NAME-*`` that the state file does not list.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ipaddress
 import json
@@ -28,18 +27,15 @@ import signal
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from types import FrameType
-from typing import Any
 
+from disttrain.cluster import netns
 from disttrain.comm.errors import UsageError
-from disttrain.launch import netns
 
 __all__ = [
     "Cluster",
     "Host",
-    "add_arguments",
     "down",
     "load",
-    "main",
     "plan",
     "state_path",
     "up",
@@ -99,7 +95,7 @@ def state_path(name: str) -> str:
     return os.path.join(state_dir(), f"{name}.json")
 
 
-def _check_name(name: str) -> None:
+def check_name(name: str) -> None:
     if not _NAME.match(name):
         raise UsageError(
             f"--name {name!r}: use 1-8 lowercase letters or digits, starting with a letter"
@@ -108,7 +104,7 @@ def _check_name(name: str) -> None:
 
 def plan(name: str, hosts: int, bandwidth: str, subnet: str = DEFAULT_SUBNET) -> Cluster:
     """Check the request and lay out the cluster (nothing is created)."""
-    _check_name(name)
+    check_name(name)
     if not 1 <= hosts <= MAX_HOSTS:
         raise UsageError(f"--hosts must be between 1 and {MAX_HOSTS}, got {hosts}")
     rate = netns.parse_rate(bandwidth)
@@ -255,7 +251,7 @@ def status(name: str, as_json: bool) -> int:
     return 0 if whole else 1
 
 
-def _require(name: str) -> Cluster:
+def require(name: str) -> Cluster:
     cluster = load(name)
     if cluster is None:
         raise UsageError(f"cluster {name!r} is not up: `disttrain cluster up --hosts N` first")
@@ -263,74 +259,3 @@ def _require(name: str) -> Cluster:
     if missing:
         raise UsageError(f"cluster {name!r} is broken ({sorted(missing)} missing): down, then up")
     return cluster
-
-
-def add_arguments(parser: argparse.ArgumentParser, parser_class: type) -> None:
-    """The ``cluster`` verbs and their flags."""
-    verbs: Any = parser.add_subparsers(dest="verb", required=True, parser_class=parser_class)
-
-    def verb(name: str, help_text: str) -> argparse.ArgumentParser:
-        p = verbs.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--name", default=DEFAULT_NAME, help="which cluster (default: main)")
-        return p
-
-    p = verb("up", "create H hosts (network namespaces) joined by a shaped bridge")
-    p.add_argument("--hosts", type=int, required=True, help="number of hosts")
-    p.add_argument("--bandwidth", required=True, help="each host's link rate, e.g. 1gbit")
-    p.add_argument("--subnet", default=DEFAULT_SUBNET, help="private IPv4 subnet of the hosts")
-    p = verb("down", "remove the cluster and anything it left behind (idempotent)")
-    p = verb("status", "show the hosts, their addresses and shaped rates")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p = verb("run", "run CMD once per host; `disttrain train` becomes a multi-node job")
-    p.add_argument("--port", type=int, default=29400, help="rendezvous port on host 0")
-    p.add_argument("--timeout", type=float, default=0.0, help="kill all nodes after S seconds")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
-    p = verb("measure", "measure TCP throughput and round trip from host A to host B")
-    p.add_argument("--src", type=int, default=0, help="sending host")
-    p.add_argument("--dst", type=int, default=1, help="receiving host")
-    p.add_argument("--seconds", type=float, default=1.0, help="transfer about this long")
-
-
-def main(ns: argparse.Namespace) -> int:
-    """Dispatch a parsed ``disttrain cluster VERB`` command."""
-    _check_name(ns.name)
-    try:
-        if ns.verb == "up":
-            cluster = plan(ns.name, ns.hosts, ns.bandwidth, ns.subnet)
-            up(cluster)
-            return status(cluster.name, as_json=False)
-        if ns.verb == "run":
-            from disttrain.launch import cluster_run
-
-            cmd = ns.cmd[1:] if ns.cmd[:1] == ["--"] else ns.cmd
-            if not cmd:
-                raise UsageError("cluster run needs a command: disttrain cluster run -- CMD ...")
-            if ns.timeout < 0 or not 0 < ns.port < 65536:
-                raise UsageError("cluster run: --timeout must be >= 0 and --port in 1..65535")
-            netns.check_tools()
-            return cluster_run.run(_require(ns.name), cmd, ns.port, ns.timeout)
-        netns.check_tools()
-        if ns.verb == "down":
-            removed = down(ns.name)
-            print(
-                f"removed {', '.join(removed)}"
-                if removed
-                else f"cluster {ns.name!r}: nothing to remove"
-            )
-            return 0
-        if ns.verb == "status":
-            return status(ns.name, ns.json)
-        from disttrain.launch import linkprobe
-
-        cluster = _require(ns.name)
-        n = len(cluster.hosts)
-        if not (0 <= ns.src < n and 0 <= ns.dst < n and ns.src != ns.dst):
-            raise UsageError(f"--src and --dst must be two different hosts in 0..{n - 1}")
-        if not 0 < ns.seconds <= 60:
-            raise UsageError("--seconds must be in (0, 60]")
-        result = linkprobe.measure(cluster.hosts[ns.src], cluster.hosts[ns.dst],
-                                   cluster.rate_bits, ns.seconds)  # fmt: skip
-        print(linkprobe.describe(result, cluster.rate_bits))
-        return 0
-    except netns.IpError as exc:
-        raise UsageError(str(exc)) from None

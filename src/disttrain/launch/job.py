@@ -1,0 +1,103 @@
+"""``disttrain train`` once its flags are parsed: check, launch the workers, report.
+
+The same entry point serves both sides: in a worker process (started by our
+launcher or by ``torchrun``) it trains; otherwise it runs the pre-flight checks,
+starts the workers with :func:`disttrain.launch.local.launch` and prints the summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from disttrain.launch.preflight import preflight
+from disttrain.launch.worker import is_worker, run_worker, torchrun_default_out
+
+__all__ = ["add_arguments", "add_config_flags", "run", "run_job"]
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """Every settings field of every section as a flag; flags not given stay unset."""
+    import disttrain.strategies  # noqa: F401  (strategies register their settings sections)
+    from disttrain.config import section_fields
+
+    parser.argument_default = argparse.SUPPRESS
+    for name, (_, f) in section_fields().items():
+        flag = "--" + name.replace("_", "-")
+        kind = type(f.default)
+        help_text = f.metadata.get("help", "")
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
+        else:
+            choices = f.metadata.get("choices")
+            parser.add_argument(
+                flag, type=kind, choices=choices, help=f"{help_text} (default: {f.default!r})"
+            )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Train a model with a distributed strategy. --batch-size is the GLOBAL batch."
+    )
+    parser.argument_default = argparse.SUPPRESS
+    parser.add_argument("--config", help="TOML file with the same keys as the flags; flags win")
+    add_config_flags(parser)
+
+
+def run(ns: argparse.Namespace, argv: list[str]) -> int:
+    from disttrain import config
+
+    flags = {k: v for k, v in vars(ns).items() if k not in ("command", "config")}
+    return run_job(config.load(flags, getattr(ns, "config", None)), argv)
+
+
+def _default_out(strategy: str) -> str:
+    return os.path.join("runs", f"{time.strftime('%Y%m%d-%H%M%S')}-{strategy}-{os.getpid()}")
+
+
+def _partial_timeline(path: str, out: str) -> None:
+    """After a failed job, merge the parts the ranks that got to the end of train() wrote."""
+    from disttrain import timeline
+
+    parts = timeline.parts_folder(out, path)
+    if path and os.path.isdir(parts):
+        ranks = timeline.merge(parts, path)["ranks"]
+        sys.stderr.write(f"disttrain: partial timeline of ranks {ranks} written to {path}\n")
+
+
+def run_job(cfg: Any, argv: list[str]) -> int:
+    from disttrain import config, strategies
+    from disttrain.launch.local import JobFailed, launch
+    from disttrain.train.progress import print_summary
+
+    """Run ``disttrain train`` with the loaded config ``cfg``; ``argv`` is passed to workers."""
+    if is_worker():
+        launched_by_us = os.environ.get("DISTTRAIN_WORKER") == "1"
+        if not cfg.train.out and not launched_by_us:  # torchrun, and no --out
+            out = torchrun_default_out(cfg.train.strategy)
+            cfg = config.RunConfig(
+                {**cfg.sections, config.TrainConfig: dataclasses.replace(cfg.train, out=out)}
+            )
+        return run_worker(cfg, launched_by_us)
+    preflight(cfg)
+    nproc = strategies.get(cfg.train.strategy).num_processes(cfg)
+    out = cfg.train.out or _default_out(cfg.train.strategy)
+    os.makedirs(out, exist_ok=True)
+    try:
+        launch(cfg.train, nproc, [*argv, "--out", out])
+    except JobFailed as exc:
+        sys.stderr.write(f"disttrain: error: {exc}\n")
+        _partial_timeline(cfg.train.timeline, out)
+        return 1
+    path = os.path.join(out, "summary.json")
+    if not os.path.exists(path):  # multi-node: global rank 0 ran on another node
+        print(f"disttrain: done; rank 0 ran on another node and wrote its summary to its {out}")
+        return 0
+    with open(path) as fh:
+        print_summary(json.load(fh), out)
+    return 0

@@ -1,0 +1,89 @@
+"""The worker entry point (one process of a job) and its exit-code policy.
+
+Exit codes: 0 done; 1 this worker failed (its line names the rank and the error);
+``PEER_EXIT_CODE`` (3) this worker stopped because a *peer* failed, after answering
+the roll call that lets the launcher name a peer that hung.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import Any
+
+__all__ = ["is_worker", "run_worker", "torchrun_default_out"]
+
+
+def is_worker() -> bool:
+    """True inside a worker process: started by our launcher, or by ``torchrun``."""
+    from disttrain.launch.local import WORKER_ENV
+
+    return os.environ.get(WORKER_ENV) == "1" or (
+        "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ
+    )
+
+
+def torchrun_default_out(strategy: str) -> str:
+    """The folder every rank of one ``torchrun`` job agrees on when ``--out`` is not given.
+
+    Ranks start at different instants in different processes, so a time stamp
+    or pid would give each its own folder (and checkpoints, timeline parts and
+    roll-call files would scatter). The rendezvous id names the job: ``torchrun
+    --standalone`` draws a fresh one per job; a fixed ``--rdzv-id`` reuses it.
+    """
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    return os.path.join("runs", f"torchrun-{run_id}-{strategy}")
+
+
+# gloo's words for a peer that died or stopped answering
+_PEER_ERROR = re.compile(r"peer|timed out|timeout|connection (reset|closed|refused)", re.I)
+
+
+def _one_line(exc: BaseException) -> str:
+    """The gist of an error: its first line, without gloo's source path and advice."""
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    text = re.sub(r"^\[[^\]]*\]\s*", "", text)  # "[.../pair.cc:537] "
+    return text.split(". This is typically")[0]
+
+
+def run_worker(cfg: Any, launched_by_us: bool) -> int:
+    from disttrain import strategies
+    from disttrain.launch.supervise import run_supervised
+
+    rank = int(os.environ.get("RANK", "0"))
+    if strategies.get(cfg.train.strategy).survives_loss_of(cfg, rank):
+        return run_supervised(lambda: _train_worker(cfg, launched_by_us), rank)
+    return _train_worker(cfg, launched_by_us)
+
+
+def _train_worker(cfg: Any, launched_by_us: bool) -> int:
+    from disttrain.comm import world
+    from disttrain.comm.errors import PeerFailure
+    from disttrain.launch import rollcall
+    from disttrain.launch.local import PEER_EXIT_CODE
+    from disttrain.train.progress import print_summary
+    from disttrain.train.trainer import train
+
+    try:
+        summary = train(cfg)
+    except Exception as exc:
+        import torch.distributed as dist
+
+        if os.environ.get("DISTTRAIN_DEBUG"):
+            raise
+        rank = os.environ.get("RANK", "0")
+        text = _one_line(exc)
+        if isinstance(exc, (dist.DistError, PeerFailure)) or _PEER_ERROR.search(text):
+            sys.stderr.write(f"disttrain: rank {rank} stopped: a peer failed ({text})\n")
+            # answer the launcher's roll call, so that a peer that hung can be named
+            named = exc.rank if isinstance(exc, PeerFailure) else None
+            rollcall.answer(int(rank), cfg.train.world_size, cfg.train.timeout, named)
+            return PEER_EXIT_CODE
+        sys.stderr.write(f"disttrain: rank {rank}: {type(exc).__name__}: {text}\n")
+        return 1
+    finally:
+        world.shutdown()
+    if not launched_by_us and summary and int(os.environ.get("RANK", "0")) == 0:
+        print_summary(summary, cfg.train.out)
+    return 0
