@@ -1,11 +1,16 @@
-"""``disttrain bench NAME``: the benchmarks, each a module with ``add_arguments`` and ``run``."""
+"""``disttrain bench NAME``: the benchmarks, each a module with ``add_arguments`` and ``run``.
+
+Every module of this package is a benchmark named after its file (``_`` → ``-``),
+found by itself: adding a benchmark is adding one file here.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import pkgutil
 
-__all__ = ["BENCHES", "add_arguments", "run"]
+__all__ = ["BENCHES", "add_arguments", "benches", "run"]
 
 #: ``disttrain bench NAME`` -> module with ``add_arguments(parser)`` and ``run(args) -> int``.
 BENCHES: dict[str, str] = {
@@ -16,9 +21,18 @@ BENCHES: dict[str, str] = {
 }
 
 
+def benches() -> dict[str, str]:
+    """Every benchmark: the modules listed above and each module of this package."""
+    found = dict(BENCHES)
+    for info in pkgutil.iter_modules(__path__):
+        if not info.name.startswith("_"):
+            found[info.name.replace("_", "-")] = f"{__name__}.{info.name}"
+    return found
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench", required=True, parser_class=type(parser))
-    for name, module in sorted(BENCHES.items()):
+    for name, module in sorted(benches().items()):
         mod = importlib.import_module(module)
         p = sub.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
         mod.add_arguments(p)
