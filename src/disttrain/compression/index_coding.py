@@ -26,7 +26,14 @@ import math
 
 import numpy as np
 
-__all__ = ["HEADER_BYTES", "decode_indices", "empirical_entropy_bits", "encode_indices"]
+__all__ = [
+    "HEADER_BYTES",
+    "best_order",
+    "decode_indices",
+    "empirical_entropy_bits",
+    "encode_indices",
+    "order_costs",
+]
 
 #: count (uint32) + k (uint8)
 HEADER_BYTES = 5
@@ -49,17 +56,53 @@ def _cost_bits(gaps: np.ndarray, k: int) -> int:
     return int(2 * _bit_lengths((gaps >> k) + 1).sum()) + gaps.size * (1 + k)
 
 
-def best_order(gaps: np.ndarray) -> int:
-    """The order k with the fewest bits for these gaps.
+def order_costs(gaps: np.ndarray) -> np.ndarray:
+    """The exact size in bits of the code of ``gaps`` at every order k = 0..31, in one pass.
 
-    The optimum lies near log2 of the mean gap (the geometric case), so only
-    orders within 4 of it are tried, not all 32.
+    Per gap, ``2L + 1 + k`` bits with ``L = floor(log2((g >> k) + 1))``. Since
+    ``(g >> k) + 1 == (g + 2^k) >> k``, ``L = bitlen(g + 2^k) - k - 1``, so the total is
+    ``2·Σ bitlen(g + 2^k) - n(k + 1)``. With ``b = bitlen(g)``, ``bitlen(g + 2^k)`` is
+    ``k + 1`` when ``b <= k``, ``k + 2`` when ``b == k + 1``, and ``b`` plus a carry when
+    ``b >= k + 2``; the carry happens iff bits k..b-1 of g are all ones, i.e. iff
+    ``k >= s`` where ``s = bitlen(g XOR (2^b - 1))`` (b minus g's leading ones). So a
+    histogram of b and a difference array of the carry ranges [s, b-2] give every order.
     """
+    orders = np.arange(_MAX_K + 1, dtype=np.int64)
+    n = gaps.size
+    if n == 0:
+        return np.zeros(orders.size, dtype=np.int64)
+    g = gaps.astype(np.int64)
+    b = _bit_lengths_or_zero(g)
+    s = _bit_lengths_or_zero(g ^ ((np.int64(1) << b) - 1))
+    top = 66  # bit lengths of int64 gaps are < 64; k + 2 <= 33
+    count_b = np.bincount(b, minlength=top)  # gaps of each bit length
+    sum_b = np.bincount(b, weights=b.astype(np.float64), minlength=top)
+    below = np.cumsum(count_b)  # below[j]: gaps with b <= j
+    sum_above = sum_b[::-1].cumsum()[::-1]  # sum_above[j]: Σ b over gaps with b >= j
+    carry_ranges = s <= b - 2
+    diff = np.bincount(s[carry_ranges], minlength=top) - np.bincount(
+        b[carry_ranges] - 1, minlength=top
+    )
+    carries = np.cumsum(diff)
+    total = (
+        below[orders] * (orders + 1)  # b <= k
+        + count_b[orders + 1] * (orders + 2)  # b == k + 1
+        + sum_above[orders + 2].astype(np.int64)  # b >= k + 2, before the carry
+        + carries[orders]
+    )
+    return 2 * total - n * (orders + 1)
+
+
+def _bit_lengths_or_zero(v: np.ndarray) -> np.ndarray:
+    """bitlen(v) (0 for v == 0) for 0 <= v < 2^53, exactly, from frexp's exponent."""
+    return np.frexp(v.astype(np.float64))[1].astype(np.int64)
+
+
+def best_order(gaps: np.ndarray) -> int:
+    """The order k in 0..31 with the fewest bits for these gaps (the smallest on a tie)."""
     if gaps.size == 0:
         return 0
-    centre = int(np.log2(float(gaps.mean()) + 1.0))
-    candidates = range(max(0, centre - 4), min(_MAX_K, centre + 4) + 1)
-    return min(candidates, key=lambda k: _cost_bits(gaps, k))
+    return int(np.argmin(order_costs(gaps)))
 
 
 def encode_indices(indices: np.ndarray) -> np.ndarray:
