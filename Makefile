@@ -25,4 +25,4 @@ lint: $(STAMP)
 	$(BIN)/mypy src
 
 test: lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -rs  # -rs: every skipped test says why, in CI too
