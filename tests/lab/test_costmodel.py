@@ -102,7 +102,7 @@ def test_strategies_relate_as_their_definitions() -> None:
     net = costmodel.Network(alpha=5e-6, beta=8 / 10e9)
     work = costmodel.Workload(params=10_000_000, batch_size=64 * 16, bucket_bytes=0)
     ring = costmodel.predict("allreduce:ring", work, 16, net, CAL)
-    local = costmodel.predict("localsgd:8:ring", work, 16, net, CAL)
+    local = costmodel.predict("localsgd:8:algorithm=ring", work, 16, net, CAL)
     assert local.comm_seconds == pytest.approx(ring.comm_seconds / 8)
     assert local.compute_seconds == ring.compute_seconds
     one_server = costmodel.predict("ps:sync", work, 16, net, CAL)
@@ -110,8 +110,10 @@ def test_strategies_relate_as_their_definitions() -> None:
         params=10_000_000, batch_size=64 * 16, servers=16), 16, net, CAL)  # fmt: skip
     assert many.comm_seconds < one_server.comm_seconds
     assert costmodel.predict("ps:async", work, 16, net, CAL).step_seconds <= one_server.step_seconds
-    everyone = costmodel.predict("decentralized:0.01", work, 1000, net, CAL)
-    gossip = costmodel.predict("decentralized:0.01:ring", work, 1000, net, CAL)
+    everyone = costmodel.predict("decentralized:onebit:density=0.01", work, 1000, net, CAL)
+    gossip = costmodel.predict(
+        "decentralized:onebit:density=0.01:topology=ring", work, 1000, net, CAL
+    )
     assert gossip.comm_seconds < everyone.comm_seconds
     assert costmodel.compressed_bytes(1_000_000, 0.01) < 1_000_000 * 4 // 32
 
@@ -218,7 +220,7 @@ def test_codec_time_has_a_dense_and_a_per_sent_entry_term() -> None:
     net = costmodel.Network(alpha=0.0, beta=0.0)
     work = costmodel.Workload(params=1_000_000, batch_size=64)
     for density in (0.0004, 0.01):
-        p = costmodel.predict(f"decentralized:{density}", work, 4, net, cal)
+        p = costmodel.predict(f"decentralized:onebit:density={density}", work, 4, net, cal)
         sent = 1_000_000 * density
         expected = 1e6 * 3e-9 + sent * 5e-7 + 3 * (1e6 * 2e-9 + sent * 4e-7)
         assert p.comm_seconds == pytest.approx(expected, rel=1e-9)
