@@ -85,8 +85,9 @@ def predict(
         spec = strategy if isinstance(strategy, RunSpec) else parse_one(strategy, model=True)
         return STRATEGIES.get(spec.strategy).predict(spec, work, nodes, network, calibration)
     except (UsageError, ValueError) as exc:
-        message = str(exc)
-        raise ValueError(message if label in message else f"{label!r}: {message}") from None
+        message = str(exc)  # one line naming the spec (the registry's names its strategy)
+        named = repr(label) in message or message.startswith("--strategy ")
+        raise ValueError(message if named else f"{label!r}: {message}") from None
 
 
 def rank(

@@ -351,13 +351,16 @@ class Decentralized(Strategy):
             encode, decode = 0.0, 4 * work.params * costing.gamma_of(net, cal)
         coding = encode + peers * decode
         comm = latency + bandwidth + coding
-        bound = costing.bound_of({"latency": latency, "bandwidth": bandwidth, "encode": coding})
+        local = "encode" if sparse else "reduction"
+        bound = costing.bound_of({"latency": latency, "bandwidth": bandwidth, local: coding})
         what = "2 neighbours" if ring else f"n−1 = {peers} peers"
         reason = {
             "latency": f"latency-bound: 2 messages to each of {what} × α",
             "bandwidth": f"bandwidth-bound: {costing.mb(payload)} to each of {what}",
             "encode": f"codec-bound: 1 encode and {peers} decodes of {work.params:,} entries, "
             f"{sent:,.0f} sent",
+            "reduction": f"reduction-bound: {peers} received tensors of {work.params:,} "
+            "entries added",
         }[bound]
         if comm < 0.1 * compute:
             bound, reason = "compute", "compute-bound; " + reason
