@@ -145,7 +145,7 @@ CASES: list[tuple[str, Argv, str]] = [
     ("nan-lr", _flags("--lr", "nan"), "--lr must be"),
     ("zero-timeout", _flags("--timeout", "0"), "--timeout must be positive"),
     ("inf-timeout", _flags("--timeout", "inf"), "--timeout must be"),
-    ("unknown-strategy", _flags("--strategy", "magic"), "unknown strategy 'magic'"),
+    ("unknown-strategy", _flags("--strategy", "magic"), "'magic': unknown strategy"),
     ("unknown-model", _flags("--model", "resnet999"), "unknown model 'resnet999'"),
     ("unknown-dataset", _flags("--dataset", "imagenet"), "unknown dataset 'imagenet'"),
     ("restarts-without-ckpt", _flags("--max-restarts", "1"), "needs --checkpoint-every"),

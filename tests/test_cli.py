@@ -53,7 +53,7 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
         (["train", "--model", "json:nothing"], "has no function 'nothing'"),
         (["train", "--model", "transformer"], "unknown model 'transformer'"),
         (["train", "--dataset", "mnist"], "unknown dataset 'mnist'"),
-        (["train", "--strategy", "magic"], "unknown strategy 'magic'"),
+        (["train", "--strategy", "magic"], "'magic': unknown strategy"),
         (["train", "--algorithm", "magic"], "unknown algorithm 'magic'"),
         (["train", "--optimizer", "lbfgs"], "invalid choice: 'lbfgs'"),
         (["train", "--config", str(tmp / "nope.toml")], "config file not found"),

@@ -10,7 +10,7 @@ import pytest
 
 from disttrain.cli import main
 from disttrain.comm.errors import UsageError
-from disttrain.lab.compare_spec import parse_one, parse_specs
+from disttrain.strategies.spec import parse_one, parse_specs
 
 
 @pytest.mark.parametrize(
@@ -50,7 +50,7 @@ def test_spec_list() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("nope:1", "unknown strategy 'nope'"),
+        ("nope:1", "'nope': unknown strategy"),
         ("", "give at least one"),
         ("allreduce:ring, allreduce:ring", "listed twice"),
         ("localsgd:period=x", "period='x' is not a int"),
@@ -71,7 +71,7 @@ def test_bad_spec_grammar(text: str, message: str) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--strategies", "nope"], "unknown strategy 'nope'"),
+        (["--strategies", "nope"], "'nope': unknown strategy"),
         (["--strategies", "localsgd:period=x"], "is not a int"),
         (["--strategies", "allreduce:nope"], "unknown algorithm 'nope'"),
         (["--strategies", "localsgd:period=0"], "--period must be >= 1"),  # checked like train does

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -102,7 +103,7 @@ def test_strategies_relate_as_their_definitions() -> None:
     net = costmodel.Network(alpha=5e-6, beta=8 / 10e9)
     work = costmodel.Workload(params=10_000_000, batch_size=64 * 16, bucket_bytes=0)
     ring = costmodel.predict("allreduce:ring", work, 16, net, CAL)
-    local = costmodel.predict("localsgd:8:ring", work, 16, net, CAL)
+    local = costmodel.predict("localsgd:8:algorithm=ring", work, 16, net, CAL)
     assert local.comm_seconds == pytest.approx(ring.comm_seconds / 8)
     assert local.compute_seconds == ring.compute_seconds
     one_server = costmodel.predict("ps:sync", work, 16, net, CAL)
@@ -110,8 +111,10 @@ def test_strategies_relate_as_their_definitions() -> None:
         params=10_000_000, batch_size=64 * 16, servers=16), 16, net, CAL)  # fmt: skip
     assert many.comm_seconds < one_server.comm_seconds
     assert costmodel.predict("ps:async", work, 16, net, CAL).step_seconds <= one_server.step_seconds
-    everyone = costmodel.predict("decentralized:0.01", work, 1000, net, CAL)
-    gossip = costmodel.predict("decentralized:0.01:ring", work, 1000, net, CAL)
+    everyone = costmodel.predict("decentralized:onebit:density=0.01", work, 1000, net, CAL)
+    gossip = costmodel.predict(
+        "decentralized:onebit:density=0.01:topology=ring", work, 1000, net, CAL
+    )
     assert gossip.comm_seconds < everyone.comm_seconds
     assert costmodel.compressed_bytes(1_000_000, 0.01) < 1_000_000 * 4 // 32
 
@@ -218,7 +221,51 @@ def test_codec_time_has_a_dense_and_a_per_sent_entry_term() -> None:
     net = costmodel.Network(alpha=0.0, beta=0.0)
     work = costmodel.Workload(params=1_000_000, batch_size=64)
     for density in (0.0004, 0.01):
-        p = costmodel.predict(f"decentralized:{density}", work, 4, net, cal)
+        p = costmodel.predict(f"decentralized:onebit:density={density}", work, 4, net, cal)
         sent = 1_000_000 * density
         expected = 1e6 * 3e-9 + sent * 5e-7 + 3 * (1e6 * 2e-9 + sent * 4e-7)
         assert p.comm_seconds == pytest.approx(expected, rel=1e-9)
+
+
+def test_one_grammar_with_compare() -> None:
+    """advise's specs are compare's: the main setting, key=value, a compressor's default."""
+    from disttrain.comm.errors import UsageError
+    from disttrain.strategies.spec import parse_one
+
+    net = costmodel.Network(alpha=0.0, beta=1e-9, gamma=0.0)
+    work = costmodel.Workload(params=1_000_000, batch_size=64)
+    topk = costmodel.predict("decentralized:topk:0.01", work, 4, net, CAL)
+    # top-k at density 0.01: exp-Golomb gaps and an fp32 value per sent entry, to 3 peers
+    assert topk.bytes_per_rank == 3 * costmodel.compressed_bytes(1_000_000, 0.01, 32)
+    onebit = costmodel.predict("decentralized:onebit:density=0.01", work, 4, net, CAL)
+    assert onebit.bytes_per_rank == 3 * costmodel.compressed_bytes(1_000_000, 0.01, 1)
+    assert "assumes 0.01" in onebit.note
+    with pytest.raises(
+        ValueError, match=re.escape("density=0.01")
+    ):  # τ does not give one-bit's share
+        costmodel.predict("decentralized:onebit", work, 4, net, CAL)
+    with pytest.raises(ValueError, match="RATIO"):
+        costmodel.predict("decentralized:topk:0.01:density=0.1", work, 4, net, CAL)
+    with pytest.raises(UsageError, match="only `disttrain advise` reads it"):
+        parse_one("decentralized:onebit:density=0.01")  # compare trains: no assumptions
+    # a spec's settings override the workload's for its row
+    ps = costmodel.predict("ps:sync", work, 4, net, CAL)
+    assert costmodel.predict("ps:sync:servers=4", work, 4, net, CAL).comm_seconds < (
+        ps.comm_seconds
+    )
+    one = costmodel.predict("allreduce:ring:fusion-mb=0", work, 4, net, CAL)
+    many = costmodel.predict("allreduce:ring:fusion-mb=1", work, 4, net, CAL)
+    assert one.messages_per_rank * 4 == many.messages_per_rank  # 4 MB: one bucket vs four
+    with pytest.raises(ValueError, match="does not read lr"):
+        costmodel.predict("allreduce:ring:lr=0.5", work, 4, net, CAL)
+    for strategy in ("pipeline", "tensor", "hybrid"):
+        with pytest.raises(ValueError, match=f"{strategy} is not modelled: "):
+            costmodel.predict(strategy, work, 4, net, CAL)
+
+
+def test_default_rows_come_from_the_strategies() -> None:
+    rows = costmodel.default_strategies()
+    algorithms = [a for a in collectives.ALGORITHMS if a != "native"]
+    assert [r for r in rows if r.startswith("allreduce:")] == [f"allreduce:{a}" for a in algorithms]
+    assert {"ps:sync", "ps:async", "localsgd:8", "localsgd:32"} <= set(rows)
+    assert not [r for r in rows if r.split(":")[0] in ("pipeline", "tensor", "hybrid")]

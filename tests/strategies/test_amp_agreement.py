@@ -45,10 +45,10 @@ def _trace(flags: dict[str, Any], steps: int, inject: str) -> Trace | None:
     model = strategy.prepare_model(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     strategy.setup(model, optimizer)
-    if not strategy.is_worker:  # a parameter server: serve until the workers are done
-        strategy.serve()
+    if not strategy.roles.is_worker:  # a parameter server: serve until the workers are done
+        strategy.roles.serve()
         return None
-    strategy.limits(1, steps)
+    strategy.roles.limits(1, steps)
     runner = StepRunner(
         strategy, optimizer, cfg.train, Timers(), parse_fault(inject), dist.get_rank()
     )  # fmt: skip

@@ -11,6 +11,12 @@ writes (``~/.cache/disttrain/calibration.json``, under ``$XDG_CACHE_HOME`` if se
 else from built-in defaults (the table says which). Flags override the file:
 ``--bandwidth``/``--latency`` set β and α (else the calibrated loopback link),
 ``--flops`` sets a node's compute rate.
+
+``--strategies`` is written in the spec grammar of ``disttrain compare``
+(:mod:`disttrain.strategies.spec`): ``allreduce:ring``, ``ps:async:servers=4``,
+``localsgd:8:algorithm=ring``, ``decentralized:topk:0.01``; a spec's settings
+override the flags for its row; one-bit's share of entries sent is stated
+(``decentralized:onebit:density=0.01``), since τ does not give it.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from dataclasses import asdict, replace
 from disttrain.comm.errors import UsageError
 from disttrain.lab import costmodel
 from disttrain.lab.calibration import DEFAULT_PATH, Calibration
+from disttrain.strategies.spec import RunSpec, parse_one, parse_specs
 
 __all__ = ["add_arguments", "parse_count", "parse_duration", "run"]
 
@@ -72,7 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overlap", action="store_true", help="buckets overlap backward")
     parser.add_argument("--grad-dtype", default="fp32", choices=sorted(_GRAD_BYTES))
     parser.add_argument("--servers", type=int, default=1, help="parameter servers (ps:*)")
-    parser.add_argument("--strategies", default="", help="comma-separated (default: all, see docs)")
+    parser.add_argument(
+        "--strategies",
+        default="",
+        help="comma-separated strategy[:value][:key=value...], the grammar of compare "
+        "(default: each strategy's own rows)",
+    )
     parser.add_argument(
         "--calibration", default="", help=f"constants file (default {DEFAULT_PATH})"
     )
@@ -104,7 +116,7 @@ def _network(args: argparse.Namespace, cal: Calibration) -> costmodel.Network:
     return costmodel.Network(alpha, beta, name=name)
 
 
-def _inputs(args: argparse.Namespace) -> tuple[costmodel.Workload, int, list[str]]:
+def _inputs(args: argparse.Namespace) -> tuple[costmodel.Workload, int, list[RunSpec]]:
     if args.params is None:
         raise UsageError("--params is required (e.g. --params 25M), or use --calibrate")
     params = int(parse_count(args.params, "--params"))
@@ -125,8 +137,9 @@ def _inputs(args: argparse.Namespace) -> tuple[costmodel.Workload, int, list[str
         flops_per_sample=flops, bucket_bytes=int(args.fusion_mb * (1 << 20)),
         overlap=args.overlap, servers=args.servers,
     )  # fmt: skip
-    names = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    return work, nodes, names or list(costmodel.DEFAULT_STRATEGIES)
+    if args.strategies.strip():
+        return work, nodes, parse_specs(args.strategies, model=True)
+    return work, nodes, [parse_one(s, model=True) for s in costmodel.default_strategies()]
 
 
 def _table(preds: list[costmodel.Prediction], title: str, caption: str) -> None:
@@ -160,12 +173,12 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         print(f"saved to {path}")
         return 0
     cal = _calibration(args)
-    work, nodes, names = _inputs(args)
+    work, nodes, specs = _inputs(args)
     net = _network(args, cal)
     if args.flops:
         cal = replace(cal, seconds_per_flop=1 / parse_count(args.flops, "--flops"))
     try:
-        preds = costmodel.rank(names, work, nodes, net, cal)
+        preds = costmodel.rank(specs, work, nodes, net, cal)
     except ValueError as exc:
         raise UsageError(f"--strategies: {exc}") from None
     title = (f"{work.params / 1e6:.4g}M parameters, {nodes} nodes, global batch "

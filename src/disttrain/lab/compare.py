@@ -5,7 +5,7 @@
 
 Every run is a ``disttrain train`` subprocess (:func:`disttrain.lab.runs.train_run`)
 with the same flags (so the same seed, data and batch), changed only by its
-spec (grammar in :mod:`disttrain.lab.compare_spec`); any other train flag given
+spec (grammar in :mod:`disttrain.strategies.spec`); any other train flag given
 here (``--straggler``, ``--batch-size``, ``--lr``, ...) goes to every run.
 Runs go one after another, never at once, so they do not compete for the CPU.
 ``--cluster NAME`` runs each one as a multi-node job on the emulated cluster
@@ -26,8 +26,8 @@ import time
 from typing import Any
 
 from disttrain.comm.errors import UsageError
-from disttrain.lab.compare_spec import RunSpec, parse_specs
 from disttrain.lab.report import RunResult, write_report
+from disttrain.strategies.spec import RunSpec, parse_specs
 
 __all__ = ["TABLE_ALGORITHMS", "add_arguments", "algorithms_table", "run"]
 

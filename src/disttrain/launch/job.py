@@ -85,7 +85,7 @@ def run_job(cfg: Any, argv: list[str]) -> int:
             )
         return run_worker(cfg, launched_by_us)
     preflight(cfg)
-    nproc = strategies.get(cfg.train.strategy).num_processes(cfg)
+    nproc = strategies.get(cfg.train.strategy).layout.num_processes(cfg)
     out = cfg.train.out or _default_out(cfg.train.strategy)
     os.makedirs(out, exist_ok=True)
     try:

@@ -17,11 +17,7 @@ def preflight(cfg: Any) -> None:
     from disttrain.train.faults import parse_fault
 
     tc = cfg.train
-    if tc.strategy not in strategies.STRATEGIES:
-        raise UsageError(
-            f"unknown strategy {tc.strategy!r}: "
-            f"choose one of {', '.join(sorted(strategies.STRATEGIES))}"
-        )
+    strategy = strategies.get(tc.strategy)  # an unknown name: the registry's usage error
     if tc.algorithm not in collectives.ALGORITHMS:
         raise UsageError(
             f"unknown algorithm {tc.algorithm!r}: choose one of {', '.join(collectives.ALGORITHMS)}"
@@ -50,7 +46,7 @@ def preflight(cfg: Any) -> None:
         )
     model = build_model(tc.model, data, tc.seq_len)
     # Strategies check what needs the whole config (pipeline stages, mesh, ps modes) here.
-    strategies.get(tc.strategy).validate_config(cfg, model)
+    strategy.validate_config(cfg, model)
     if tc.resume:
         from disttrain.train import checkpoint
 

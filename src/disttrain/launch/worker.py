@@ -52,7 +52,7 @@ def run_worker(cfg: Any, launched_by_us: bool) -> int:
     from disttrain.launch.supervise import run_supervised
 
     rank = int(os.environ.get("RANK", "0"))
-    if strategies.get(cfg.train.strategy).survives_loss_of(cfg, rank):
+    if strategies.get(cfg.train.strategy).layout.survives_loss_of(cfg, rank):
         return run_supervised(lambda: _train_worker(cfg, launched_by_us), rank)
     return _train_worker(cfg, launched_by_us)
 

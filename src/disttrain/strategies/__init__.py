@@ -1,14 +1,17 @@
-"""L2: data-parallel strategies, one file each, registered by name."""
+"""L2: data-parallel strategies, one file each, registered by name.
 
-from disttrain.strategies import (  # noqa: F401  (register themselves)
-    allreduce,
-    decentralized,
-    hybrid,
-    localsgd,
-    pipeline,
-    ps,
-    tensor,
-)
+Every module of this package but the helpers below is a strategy file and is
+imported here (:func:`disttrain.registry.import_submodules`): a new strategy is one
+new file. Plug-in strategies come from ``$DISTTRAIN_PLUGINS``.
+"""
+
+from disttrain.registry import import_submodules, load_plugins
 from disttrain.strategies.base import STRATEGIES, Strategy, get, register
 
-__all__ = ["STRATEGIES", "Strategy", "get", "register"]
+#: Modules of this package that hold no strategy (the interface and its helpers).
+HELPERS = ("base", "layout", "spec")
+
+import_submodules(__name__, skip=HELPERS)
+load_plugins()
+
+__all__ = ["HELPERS", "STRATEGIES", "Strategy", "get", "register"]

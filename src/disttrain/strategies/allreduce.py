@@ -13,14 +13,14 @@ The mechanics (buckets, hooks, the communication thread) live in
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from disttrain import timeline
+from disttrain import collectives, costing, timeline
 from disttrain.comm.errors import UsageError
 from disttrain.compression.config import CompressionConfig
 from disttrain.compression.error_feedback import ErrorFeedback
@@ -30,6 +30,9 @@ from disttrain.config import opt, register_section
 from disttrain.dataparallel.broadcast import broadcast_tensors
 from disttrain.dataparallel.reducer import Reducer
 from disttrain.strategies.base import Strategy, register
+
+if TYPE_CHECKING:
+    from disttrain.strategies.spec import RunSpec
 
 __all__ = ["AllReduce", "DataParallelConfig", "broadcast_tensors"]
 
@@ -66,6 +69,8 @@ class AllReduce(Strategy):
     # Buckets may be summed during backward: under fp16 the trainer unscales after the
     # sum (a sum carries any rank's Inf/NaN to all). Also right with --no-overlap.
     communicates_during_backward = True
+    main_setting: ClassVar[str | None] = "algorithm"
+    cost_settings: ClassVar[tuple[str, ...]] = ("algorithm", "fusion_mb", "overlap")
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         super().setup(model, optimizer)
@@ -155,3 +160,63 @@ class AllReduce(Strategy):
             return self.step_metrics()
         stats = self.reducer.stats()
         return {"data_parallel": {**stats, "accumulate": self.accumulate}}
+
+    # --- the cost model ---------------------------------------------------------------
+    @classmethod
+    def advise_specs(cls) -> list[str]:
+        # one row per algorithm; native is gloo's ring, modelled as the ring
+        return [f"{cls.name}:{a}" for a in collectives.ALGORITHMS if a != "native"]
+
+    @classmethod
+    def predict(
+        cls,
+        spec: RunSpec,
+        work: costing.Workload,
+        nodes: int,
+        network: costing.Network,
+        calibration: costing.Rates,
+    ) -> costing.Prediction:
+        """Gradients in fusion buckets, one allreduce each; with overlap the buckets but the
+        last hide behind backward (≈ 2/3 of compute)."""
+        cfg = spec.config()
+        dp: DataParallelConfig = cfg.section(DataParallelConfig)
+        alg, net, cal = cfg.train.algorithm, network, calibration
+        if "fusion_mb" in spec.settings:
+            work = replace(work, bucket_bytes=int(dp.fusion_mb * (1 << 20)), buckets=None)
+        if "overlap" in spec.settings:
+            work = replace(work, overlap=dp.overlap)
+        n = nodes
+        compute = costing.compute_seconds(work, n, cal)
+        sizes = list(work.buckets) if work.buckets else costing.bucket_sizes(
+            work.gradient_bytes, work.bucket_bytes)  # fmt: skip
+        gamma = costing.gamma_of(net, cal)
+        total = last = 0.0
+        terms = {"latency": 0.0, "bandwidth": 0.0, "reduction": 0.0}
+        sent = msgs = 0
+        biggest: costing.CriticalPath | None = None
+        for size in sizes:
+            t, path = costing.allreduce_seconds(alg, size, n, net, cal, work.bytes_per_param)
+            total += t
+            last = t
+            sent += path.bytes_per_rank
+            msgs += path.messages_per_rank
+            if net.shared_host:
+                terms["latency"] += path.steps * net.alpha + path.total_messages * net.delta
+                terms["bandwidth"] += path.total_bytes * net.beta
+            else:
+                terms["latency"] += path.steps * net.alpha
+                terms["bandwidth"] += path.critical_bytes * net.beta
+                terms["reduction"] += path.reduced_bytes * gamma
+            if biggest is None or biggest.critical_bytes < path.critical_bytes:
+                biggest = path
+        exposed = total
+        if work.overlap:  # every bucket but the last can run during backward (2/3 of compute)
+            exposed = max(last, total - compute * 2 / 3)
+        bound = costing.bound_of(terms)
+        reason = "one rank: nothing to send"
+        if biggest is not None and n > 1:
+            reason = costing.describe_allreduce(bound, biggest, max(sizes), len(sizes), net)
+        if exposed < 0.1 * compute:
+            bound, reason = "compute", f"compute-bound; comm {reason}"
+        return costing.finish(spec.label, n, compute, exposed, sent, msgs, bound, reason,
+                              work, cal)  # fmt: skip

@@ -5,21 +5,33 @@ The trainer drives every strategy through the same points of a step:
     model = strategy.prepare_model(model)      # a shard of it, for model parallelism
     optimizer = make_optimizer(model.parameters())
     strategy.setup(model, optimizer)           # replicas made consistent
-    if not strategy.is_worker: strategy.serve(); return      # e.g. parameter servers
-    epochs, steps = strategy.limits(epochs, steps)           # async: shared work budget
-    each step (until steps, or strategy.should_stop()):
-               loss = strategy.forward_backward(x, y)
-               strategy.after_backward()       # data parallel: average gradients
-               optimizer.step(); strategy.after_step(step)   # local SGD: average here
+    each step:  loss = strategy.forward_backward(x, y)
+                strategy.after_backward()      # data parallel: average gradients
+                optimizer.step(); strategy.after_step(step)  # local SGD: average here
     strategy.finish(); model = strategy.eval_model()         # the whole model on rank 0
 
 Override only the hooks you need (Bagua's pattern). Algorithm state lives in
 the strategy and is saved through ``state_dict``; process groups never are.
+
+Everything else about a strategy is declared on its class, in its own file:
+
+- ``layout``: who trains, who serves, which ranks may be lost
+  (:mod:`disttrain.strategies.layout`; the default: every process trains).
+  ``strategy.roles`` is this process's instance of it.
+- ``main_setting``: the setting a spec's positional value sets in ``compare`` and
+  ``advise`` (``allreduce:ring`` is ``--algorithm ring``; grammar in
+  :mod:`disttrain.strategies.spec`).
+- ``predict``: its step time in the α–β cost model (:mod:`disttrain.costing`),
+  ``cost_settings`` the spec settings that formula reads, ``advise_specs`` the rows
+  ``disttrain advise`` ranks by default, ``assumptions`` the cost-model-only keys.
+
+A new strategy is one new file in this package (found by itself), or a plug-in
+module named in ``$DISTTRAIN_PLUGINS``, whose class is decorated with ``@register``.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -29,6 +41,12 @@ from disttrain import timeline
 from disttrain.comm.errors import UsageError
 from disttrain.comm.world import World
 from disttrain.config import RunConfig
+from disttrain.costing import Network, Prediction, Rates, Workload
+from disttrain.registry import Registry
+from disttrain.strategies.layout import Layout
+
+if TYPE_CHECKING:
+    from disttrain.strategies.spec import RunSpec
 
 __all__ = ["STRATEGIES", "Strategy", "get", "register"]
 
@@ -39,6 +57,16 @@ class Strategy:
     """How data-parallel replicas (or model shards) agree; each hook has a plain default."""
 
     name: ClassVar[str]
+    #: Who trains, who serves, which ranks may be lost (``roles`` is this process's).
+    layout: ClassVar[type[Layout]] = Layout
+    #: The setting a spec's positional value sets (``localsgd:16`` -> period); None: none.
+    main_setting: ClassVar[str | None] = None
+    #: The spec settings ``predict`` reads; any other in an ``advise`` spec is refused.
+    cost_settings: ClassVar[tuple[str, ...]] = ()
+    #: Cost-model-only spec keys (``advise``): name -> what it states.
+    assumptions: ClassVar[dict[str, str]] = {}
+    #: Why ``predict`` cannot model this strategy (the default ``predict`` says it).
+    not_modelled: ClassVar[str] = "it has no cost formula (no predict method)"
     #: True if gradients are reduced by hooks while backward runs (overlap): under fp16
     #: the trainer then unscales after ``after_backward`` instead of before it.
     communicates_during_backward: bool = False
@@ -47,11 +75,7 @@ class Strategy:
         self.config = config
         self.world = world
         self.loss_fn = loss_fn
-
-    @classmethod
-    def num_processes(cls, config: RunConfig) -> int:
-        """Processes to start on each node (servers included, for parameter servers)."""
-        return config.train.workers
+        self.roles = self.layout(self)
 
     @classmethod
     def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
@@ -68,22 +92,7 @@ class Strategy:
                 f"workers: use a multiple of {world}"
             )
 
-    @classmethod
-    def survives_loss_of(cls, config: RunConfig, rank: int) -> bool:
-        """True if the job goes on when process ``rank`` is killed (asynchronous strategies)."""
-        del config, rank
-        return False
-
-    # --- roles and data sharding -------------------------------------------------
-    @property
-    def is_worker(self) -> bool:
-        """False for processes that do not train (parameter servers): they ``serve()``."""
-        return True
-
-    def serve(self) -> dict[str, Any]:
-        """Run a non-worker process's role until the job ends; return its figures."""
-        raise NotImplementedError(f"{self.name} has no non-worker role")
-
+    # --- data sharding ------------------------------------------------------------
     @property
     def data_rank(self) -> int:
         """This process's index among the data-parallel shards of each global batch."""
@@ -117,15 +126,6 @@ class Strategy:
             loss.backward()
         return loss.detach()
 
-    def limits(self, epochs: int, steps: int) -> tuple[int, int]:
-        """The most epochs and steps this worker may run, given the run's (called once, before
-        the first step). Asynchronous strategies raise them and end with ``should_stop``."""
-        return epochs, steps
-
-    def should_stop(self) -> bool:
-        """True once the job's work is done, before this worker's own limits (checked per step)."""
-        return False
-
     def after_backward(self) -> None:
         """Gradients are ready: make them what the optimizer should apply."""
 
@@ -154,20 +154,30 @@ class Strategy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         del state
 
+    # --- the cost model (``disttrain advise``) ------------------------------------
+    @classmethod
+    def advise_specs(cls) -> list[str]:
+        """The specs ``disttrain advise`` ranks when none are named (none: not modelled)."""
+        return []
 
-STRATEGIES: dict[str, type[Strategy]] = {}
+    @classmethod
+    def predict(cls, spec: RunSpec, work: Workload, nodes: int, network: Network,
+                calibration: Rates) -> Prediction:  # fmt: skip
+        """The predicted step of ``spec`` on ``nodes`` ranks; ValueError if not modelled."""
+        del spec, work, nodes, network, calibration
+        raise ValueError(f"{cls.name} is not modelled: {cls.not_modelled}")
+
+
+#: Every strategy by name (``--strategy NAME``); an unknown name is a UsageError.
+STRATEGIES: Registry[type[Strategy]] = Registry("strategy", flag="--strategy")
 
 
 def register(cls: type[Strategy]) -> type[Strategy]:
     """Class decorator: make a strategy available as ``--strategy NAME``."""
-    STRATEGIES[cls.name] = cls
+    STRATEGIES.add(cls.name, cls)
     return cls
 
 
 def get(name: str) -> type[Strategy]:
-    try:
-        return STRATEGIES[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown strategy {name!r}; choose one of {', '.join(sorted(STRATEGIES))}"
-        ) from None
+    """The strategy class registered as ``name`` (UsageError listing the choices if none)."""
+    return STRATEGIES.get(name)

@@ -9,7 +9,7 @@ whole stage fused into one message). D·P (or D·T) must equal the worker count.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -48,6 +48,9 @@ class Hybrid(Strategy):
     """Data parallel across the rows of the mesh, pipeline or tensor parallel along them."""
 
     name = "hybrid"
+    not_modelled: ClassVar[str] = (
+        "its replicas are pipelines or tensor-parallel groups, which are not modelled"
+    )
 
     def __init__(self, config: RunConfig, world: World, loss_fn: LossFn) -> None:
         super().__init__(config, world, loss_fn)

@@ -18,17 +18,20 @@ buffer) one synchronous step gives. Adam is not linear: H = 1 then differs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from disttrain import collectives, timeline
+from disttrain import collectives, costing, timeline
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
 from disttrain.config import opt, register_section
 from disttrain.strategies.base import Strategy, register
+
+if TYPE_CHECKING:
+    from disttrain.strategies.spec import RunSpec
 
 __all__ = ["LocalSGD", "LocalSGDConfig", "average_tensors"]
 
@@ -81,6 +84,8 @@ class LocalSGD(Strategy):
     """Average parameters every ``--period`` steps; synchronous SGD for ``--warmup-sync-steps``."""
 
     name = "localsgd"
+    main_setting: ClassVar[str | None] = "period"
+    cost_settings: ClassVar[tuple[str, ...]] = ("period", "algorithm")
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         super().setup(model, optimizer)
@@ -159,3 +164,36 @@ class LocalSGD(Strategy):
         self.averaging_rounds = int(state.get("averaging_rounds", 0))
         self._last_average = int(state.get("last_average", 0))
         self.sync_steps = int(state.get("sync_steps", 0))
+
+    # --- the cost model ---------------------------------------------------------------
+    @classmethod
+    def advise_specs(cls) -> list[str]:
+        return [f"{cls.name}:8", f"{cls.name}:32"]
+
+    @classmethod
+    def predict(
+        cls,
+        spec: RunSpec,
+        work: costing.Workload,
+        nodes: int,
+        network: costing.Network,
+        calibration: costing.Rates,
+    ) -> costing.Prediction:
+        """One parameter allreduce every H steps (the algorithm named, else the fastest by
+        this model). Convergence per step differs: not modelled (the row's note says so)."""
+        cfg = spec.config()
+        period = cfg.section(LocalSGDConfig).period
+        net, cal, n = network, calibration, nodes
+        alg = (cfg.train.algorithm if "algorithm" in spec.settings
+               else costing.fastest_allreduce(work, n, net, cal))  # fmt: skip
+        compute = costing.compute_seconds(work, n, cal)
+        t, path = costing.allreduce_seconds(alg, work.gradient_bytes, n, net, cal,
+                                            work.bytes_per_param)  # fmt: skip
+        comm = t / period
+        latency = path.steps * net.alpha > path.critical_bytes * net.beta
+        bound = "compute" if comm < 0.1 * compute else ("latency" if latency else "bandwidth")
+        reason = (f"one {alg} allreduce of the parameters every {period} steps: "
+                  f"{costing.mb(path.bytes_per_rank / period)}/step")  # fmt: skip
+        return costing.finish(spec.label, n, compute, comm, path.bytes_per_rank / period,
+                              path.messages_per_rank / period, bound, reason, work, cal,
+                              note="changes convergence per step")  # fmt: skip

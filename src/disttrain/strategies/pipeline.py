@@ -10,7 +10,7 @@ feeds the input, the last computes the loss against the labels.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -66,6 +66,11 @@ class Pipeline(Strategy):
     """Stage ``s`` of ``P`` on rank ``s``; micro-batches flow through by ``--schedule``."""
 
     name = "pipeline"
+    main_setting: ClassVar[str | None] = "schedule"
+    not_modelled: ClassVar[str] = (
+        "its step depends on per-layer activation sizes and the stage balance, which a "
+        "parameter count does not give (`disttrain bench pipeline` measures it)"
+    )
 
     def __init__(self, config: RunConfig, world: World, loss_fn: LossFn) -> None:
         super().__init__(config, world, loss_fn)

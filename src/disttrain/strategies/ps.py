@@ -17,7 +17,8 @@ and never allocates optimizer state on workers.
 In async, ssp and softsync modes the run's work is a budget of gradients
 (steps x N, the same samples as a synchronous run) shared by the workers: fast
 workers run more steps than slow ones, and every worker stops when the
-servers say the budget is spent (``limits`` and ``should_stop``).
+servers say the budget is spent (``limits`` and ``should_stop`` of the layout,
+:class:`ServerLayout`).
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ from __future__ import annotations
 import socket
 import time
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed import ProcessGroup
 
-from disttrain import timeline
+from disttrain import costing, timeline
 from disttrain.comm.errors import UsageError
 from disttrain.comm.world import group_timeout
 from disttrain.config import RunConfig
@@ -42,9 +43,13 @@ from disttrain.ps.consistency import Consistency
 from disttrain.ps.server import ShardServer, bind_router
 from disttrain.ps.sharding import flatten, shard_bounds, unflatten_into
 from disttrain.strategies.base import Strategy, register
+from disttrain.strategies.layout import Layout
 from disttrain.train import checkpoint
 
-__all__ = ["ParameterServer"]
+if TYPE_CHECKING:
+    from disttrain.strategies.spec import RunSpec
+
+__all__ = ["ParameterServer", "ServerLayout"]
 
 _KEY = "disttrain/ps/endpoint/{}"
 _SERVER_KEYS = ("rank", "shard", "elements", "bytes_in", "bytes_out", "messages_in", "messages_out")
@@ -55,30 +60,10 @@ def _publish_host(address: str) -> str:
     return socket.gethostname() if address in ("0.0.0.0", "::", "*") else address
 
 
-@register
-class ParameterServer(Strategy):
-    """Sharded parameter servers in sync, async, ssp or softsync mode."""
+class ServerLayout(Layout):
+    """Ranks [0, N) train, ranks [N, N+K) serve; async modes may lose a worker but rank 0."""
 
-    name = "ps"
-
-    def __init__(self, config: RunConfig, world: Any, loss_fn: Any) -> None:
-        super().__init__(config, world, loss_fn)
-        self.ps: PSConfig = config.section(PSConfig)
-        self.n_workers = config.train.world_size
-        self.n_servers = self.ps.servers * config.train.nnodes
-        self.straggler = parse_straggler(self.ps.straggler)
-        self._group: ProcessGroup | None = None
-        self.client: PSClient | None = None
-        self.server: ShardServer | None = None
-        self.stats: list[dict[str, Any]] = []
-        self._last_start: float | None = None
-        self._last_delay = 0.0
-
-    # --- roles ----------------------------------------------------------------------
-    @classmethod
-    def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
-        super().validate_config(config, model)
-        config.section(PSConfig).validate_with(config.train)
+    strategy: ParameterServer
 
     @classmethod
     def num_processes(cls, config: RunConfig) -> int:
@@ -93,7 +78,52 @@ class ParameterServer(Strategy):
 
     @property
     def is_worker(self) -> bool:
-        return self.world.rank < self.n_workers
+        return self.strategy.world.rank < self.strategy.n_workers
+
+    def serve(self) -> dict[str, Any]:
+        assert self.strategy.server is not None
+        return self.strategy.server.run()
+
+    def limits(self, epochs: int, steps: int) -> tuple[int, int]:
+        ps = self.strategy
+        assert ps.client is not None
+        with torch.no_grad():
+            unflatten_into(ps.client.hello(steps), ps.params)
+        if ps.ps.ps_mode == "sync":
+            return epochs, steps
+        return epochs * ps.n_workers, steps * ps.n_workers  # one worker could do it all
+
+    def should_stop(self) -> bool:
+        return self.strategy.client is not None and self.strategy.client.stop
+
+
+@register
+class ParameterServer(Strategy):
+    """Sharded parameter servers in sync, async, ssp or softsync mode."""
+
+    name = "ps"
+    layout = ServerLayout
+    main_setting: ClassVar[str | None] = "ps_mode"
+    cost_settings: ClassVar[tuple[str, ...]] = ("ps_mode", "servers")
+
+    def __init__(self, config: RunConfig, world: Any, loss_fn: Any) -> None:
+        super().__init__(config, world, loss_fn)
+        self.ps: PSConfig = config.section(PSConfig)
+        self.n_workers = config.train.world_size
+        self.n_servers = self.ps.servers * config.train.nnodes
+        self.straggler = parse_straggler(self.ps.straggler)
+        self._group: ProcessGroup | None = None
+        self.client: PSClient | None = None
+        self.server: ShardServer | None = None
+        self.stats: list[dict[str, Any]] = []
+        self._last_start: float | None = None
+        self._last_delay = 0.0
+
+    # --- config and data sharding ---------------------------------------------------
+    @classmethod
+    def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
+        super().validate_config(config, model)
+        config.section(PSConfig).validate_with(config.train)
 
     @property
     def data_rank(self) -> int:
@@ -123,7 +153,7 @@ class ParameterServer(Strategy):
         # every rank joins the workers' group (new_group is collective on the whole world)
         self._group = dist.new_group(list(range(self.n_workers)), timeout=group_timeout())
         store = dist.distributed_c10d._get_default_store()
-        if self.is_worker:
+        if self.roles.is_worker:
             keys = [_KEY.format(k) for k in range(self.n_servers)]
             store.wait(keys)
             endpoints = [store.get(key).decode() for key in keys]
@@ -178,22 +208,7 @@ class ParameterServer(Strategy):
 
         server.on_round = save
 
-    def serve(self) -> dict[str, Any]:
-        assert self.server is not None
-        return self.server.run()
-
     # --- the step ---------------------------------------------------------------------
-    def limits(self, epochs: int, steps: int) -> tuple[int, int]:
-        assert self.client is not None
-        with torch.no_grad():
-            unflatten_into(self.client.hello(steps), self.params)
-        if self.ps.ps_mode == "sync":
-            return epochs, steps
-        return epochs * self.n_workers, steps * self.n_workers  # one worker could do it all
-
-    def should_stop(self) -> bool:
-        return self.client is not None and self.client.stop
-
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         start = time.perf_counter()
         loss = super().forward_backward(x, y)
@@ -273,3 +288,45 @@ class ParameterServer(Strategy):
             "lost_workers": [lost[w] for w in sorted(lost)],
             "per_server": [{key: s[key] for key in _SERVER_KEYS} for s in self.stats],
         }
+
+    # --- the cost model ---------------------------------------------------------------
+    @classmethod
+    def advise_specs(cls) -> list[str]:
+        return [f"{cls.name}:sync", f"{cls.name}:async"]
+
+    @classmethod
+    def predict(
+        cls,
+        spec: RunSpec,
+        work: costing.Workload,
+        nodes: int,
+        network: costing.Network,
+        calibration: costing.Rates,
+    ) -> costing.Prediction:
+        """A worker pushes S and pulls S; a server moves n·S/K each way per round. Sync waits
+        for the round; async is bound by the slower of the worker's own loop and the servers."""
+        ps: PSConfig = spec.config().section(PSConfig)
+        if ps.ps_mode not in ("sync", "async"):
+            raise ValueError(f"ps mode {ps.ps_mode!r} is not modelled: use ps:sync or ps:async")
+        net, cal, n = network, calibration, nodes
+        k = max(1, ps.servers if "servers" in spec.settings else work.servers)
+        s = work.gradient_bytes
+        compute = costing.compute_seconds(work, n, cal)
+        # worker side: K messages of S/K out (push) and in (pull)
+        worker = 2 * (k * net.alpha + s * net.beta)
+        # server side per round: n messages of S/K in, sum them, n out; optimizer on P/K params
+        server = (2 * (n * net.alpha + n * s / k * net.beta) + n * s / k * costing.gamma_of(
+            net, cal) + work.params / k * cal.seconds_per_param)  # fmt: skip
+        # async: no barrier, a worker's own loop unless the servers cannot keep up with n of them
+        comm = max(worker, server) if ps.ps_mode == "sync" else max(worker, server - compute)
+        bound = "server" if server >= worker else "bandwidth"
+        reason = (
+            f"server link: n·S/K = {costing.mb(n * s / k)} each way per round (K={k})"
+            if bound == "server"
+            else f"worker link: 2S = {costing.mb(2 * s)} per step"
+        )
+        if comm < 0.1 * compute:
+            bound, reason = "compute", "compute-bound; " + reason
+        note = "stale gradients" if ps.ps_mode == "async" else ""
+        return costing.finish(spec.label, n, compute, max(comm, 0.0), 2 * s, 2 * k, bound,
+                              reason, work, cal, note)  # fmt: skip

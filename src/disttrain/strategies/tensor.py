@@ -8,7 +8,7 @@ loss and the replicated layers get the same gradients without any exchange.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -46,6 +46,11 @@ class TensorParallel(Strategy):
     """Rank r of T holds slice r of every splittable Linear layer."""
 
     name = "tensor"
+    main_setting: ClassVar[str | None] = "tensor_mode"
+    not_modelled: ClassVar[str] = (
+        "its step depends on the activations exchanged inside every layer, which a "
+        "parameter count does not give"
+    )
 
     def __init__(self, config: RunConfig, world: World, loss_fn: LossFn) -> None:
         super().__init__(config, world, loss_fn)

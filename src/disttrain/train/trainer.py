@@ -174,8 +174,9 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         tc.optimizer, model.parameters(), tc.lr, tc.momentum, tc.weight_decay
     )
     strategy.setup(model, optimizer)
-    if not strategy.is_worker:
-        return strategy.serve()
+    roles = strategy.roles  # who trains and who serves (parameter servers)
+    if not roles.is_worker:
+        return roles.serve()
     meter.reset()  # count training traffic only, not the initial broadcast
 
     sampler = GlobalBatchSampler(
@@ -185,7 +186,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     if tc.max_steps:
         total_steps = min(total_steps, tc.max_steps)
     # asynchronous strategies let fast workers run more steps, until the shared budget is spent
-    epoch_limit, step_limit = strategy.limits(tc.epochs, total_steps)
+    epoch_limit, step_limit = roles.limits(tc.epochs, total_steps)
     main = world.is_main
     out_dir = tc.out
     if main and out_dir:
@@ -215,7 +216,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
                 world.device, tc.prefetch, delay_seconds=tc.loader_delay_ms / 1000,
             )  # fmt: skip
             for x, y in timeline.iterate(loader, "data"):
-                if strategy.should_stop():
+                if roles.should_stop():
                     break
                 lr = schedule(step)
                 for group in optimizer.param_groups:
@@ -240,7 +241,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
                         _checkpoint(out_dir, step, strategy, optimizer, runner)
             timers.seconds["data"] += loader.wait_seconds
             epochs_done = epoch + 1
-            last = step >= step_limit or epoch == epoch_limit - 1 or strategy.should_stop()
+            last = step >= step_limit or epoch == epoch_limit - 1 or roles.should_stop()
             if last:
                 strategy.finish()
             with timers.time("eval"), timeline.span("eval"):

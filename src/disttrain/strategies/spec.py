@@ -1,8 +1,9 @@
-"""The ``--strategies`` grammar of ``disttrain compare``: ``strategy[:value][:key=value...]``.
+"""One run spec grammar for ``disttrain compare`` and ``disttrain advise``:
+``strategy[:value][:key=value...]``.
 
 A list is comma-separated; each item names a registered strategy, then
-optionally its main setting, then any ``disttrain train`` setting as
-``key=value`` (dashes or underscores)::
+optionally its main setting (the strategy class's ``main_setting``), then any
+``disttrain train`` setting as ``key=value`` (dashes or underscores)::
 
     allreduce:ring                 --strategy allreduce --algorithm ring
     ps:async                       --strategy ps --ps-mode async
@@ -14,8 +15,12 @@ optionally its main setting, then any ``disttrain train`` setting as
 
 Colons split the parts; a part without ``=`` continues the value before it
 (``onebit:0.05`` is one value, so is ``compression=onebit:0.05``). A bare
-compressor name gets the default parameter of :data:`DEFAULT_COMPRESSION`.
-Values are typed by the flag they set (``true``/``false`` for switches).
+compressor name gets the default parameter its compression registry entry
+states. Values are typed by the flag they set (``true``/``false`` for switches).
+
+``advise`` parses with ``model=True``: then only the settings the strategy's cost
+formula reads (``cost_settings``) are accepted, plus its cost-model assumptions
+(``decentralized:onebit:density=0.01``: what one-bit sends is not known from τ).
 """
 
 from __future__ import annotations
@@ -24,22 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from disttrain.comm.errors import UsageError
+from disttrain.config import RunConfig
 
-__all__ = ["DEFAULT_COMPRESSION", "MAIN_SETTING", "RunSpec", "parse_specs"]
-
-#: The setting a strategy's positional value sets (``allreduce:ring`` -> algorithm=ring).
-MAIN_SETTING: dict[str, str] = {
-    "allreduce": "algorithm",
-    "ps": "ps_mode",
-    "localsgd": "period",
-    "decentralized": "compression",
-    "pipeline": "schedule",
-    "tensor": "tensor_mode",
-}
-
-#: A bare compressor name's parameter. onebit 0.03 is the τ that kept accuracy
-#: with 4,135x fewer bytes on digits/mlp (benchmarks/RESULTS.md, "Talking less").
-DEFAULT_COMPRESSION: dict[str, str] = {"onebit": "onebit:0.03", "topk": "topk:0.001"}
+__all__ = ["RunSpec", "parse_one", "parse_specs"]
 
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 # compare sets these itself, once for every run
@@ -48,15 +40,25 @@ _RESERVED = ("strategy", "out", "progress", "nnodes", "node_rank", "rdzv_endpoin
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One run of a comparison: its label (the spec as written) and its train settings."""
+    """One spec: its label (as written), its strategy, its train settings (as given).
+
+    ``assumptions`` holds cost-model-only keys (``advise``); they are never train flags.
+    """
 
     label: str
     strategy: str
     settings: dict[str, Any] = field(default_factory=dict)
+    assumptions: dict[str, float] = field(default_factory=dict)
 
     def flags(self, common: dict[str, Any]) -> dict[str, Any]:
         """The ``disttrain train`` flags of this run: ``common`` overridden by the spec."""
         return {**common, "strategy": self.strategy, **self.settings}
+
+    def config(self) -> RunConfig:
+        """Every setting: the defaults overridden by the spec's, validated (UsageError)."""
+        from disttrain import config
+
+        return config.load({"strategy": self.strategy, **self.settings})
 
 
 def _typed(name: str, text: str, label: str) -> Any:
@@ -90,22 +92,10 @@ def _setting_name(key: str, label: str) -> str:
     return name
 
 
-def parse_one(text: str) -> RunSpec:
-    """One ``strategy[:value][:key=value...]``; raises UsageError naming what is wrong."""
-    import disttrain.strategies  # noqa: F401  (register every strategy and its settings)
-    from disttrain.strategies import STRATEGIES
-
-    label = text.strip()
-    parts = label.split(":")
-    strategy = parts[0].strip()
-    if strategy not in STRATEGIES:
-        raise UsageError(
-            f"--strategies {label!r}: unknown strategy {strategy!r}; "
-            f"choose from {', '.join(sorted(STRATEGIES))}"
-        )
-    # group the parts: a part without '=' continues the previous value
-    raw: list[list[str]] = []  # [key or "", value]
-    for part in parts[1:]:
+def _parts(label: str, parts: list[str]) -> list[list[str]]:
+    """[key or "", value] pairs: a part without '=' continues the previous value."""
+    raw: list[list[str]] = []
+    for part in parts:
         if "=" in part:
             key, value = part.split("=", 1)
             if not key.strip():
@@ -115,34 +105,73 @@ def parse_one(text: str) -> RunSpec:
             raw[-1][1] += ":" + part
         else:
             raw.append(["", part])
+    return raw
+
+
+def _assumption(text: str, name: str, label: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise UsageError(f"--strategies {label!r}: {name}={text!r} is not a number") from None
+
+
+def parse_one(text: str, model: bool = False) -> RunSpec:
+    """One ``strategy[:value][:key=value...]``; raises UsageError naming what is wrong.
+
+    ``model``: for the cost model (``advise``): the strategy's assumptions are accepted,
+    settings its formula does not read are refused.
+    """
+    from disttrain.compression.registry import with_default
+    from disttrain.strategies import STRATEGIES
+
+    label = text.strip()
+    parts = label.split(":")
+    cls = STRATEGIES.get(parts[0].strip())  # an unknown name: the registry's usage error
     settings: dict[str, Any] = {}
-    for key, value in raw:
+    assumptions: dict[str, float] = {}
+    for key, value in _parts(label, parts[1:]):
         if not key:
-            if strategy not in MAIN_SETTING:
+            if cls.main_setting is None:
                 raise UsageError(
-                    f"--strategies {label!r}: {strategy} has no main setting; "
+                    f"--strategies {label!r}: {cls.name} has no main setting; "
                     "write key=value (e.g. workers=4)"
                 )
-            name = MAIN_SETTING[strategy]
+            name = cls.main_setting
+        elif key.strip() in cls.assumptions:
+            name = key.strip()
+            if not model:
+                raise UsageError(
+                    f"--strategies {label!r}: {name}= is an assumption of the cost model; "
+                    "only `disttrain advise` reads it"
+                )
         else:
             name = _setting_name(key, label)
+        flag = name.replace("_", "-")
         if not value.strip():
-            raise UsageError(f"--strategies {label!r}: empty value for {name.replace('_', '-')}")
-        if name in settings:
-            raise UsageError(f"--strategies {label!r}: {name.replace('_', '-')} given twice")
+            raise UsageError(f"--strategies {label!r}: empty value for {flag}")
+        if name in settings or name in assumptions:
+            raise UsageError(f"--strategies {label!r}: {flag} given twice")
+        if model and name not in cls.cost_settings and name not in cls.assumptions:
+            raise UsageError(
+                f"--strategies {label!r}: the cost model of {cls.name} does not read {flag}"
+                + (f" (it reads {', '.join(cls.cost_settings)})" if cls.cost_settings else "")
+            )
         value = value.strip()
+        if name in cls.assumptions:
+            assumptions[name] = _assumption(value, name, label)
+            continue
         if name == "compression":
-            value = DEFAULT_COMPRESSION.get(value, value)
+            value = with_default(value)
         settings[name] = _typed(name, value, label)
-    return RunSpec(label, strategy, settings)
+    return RunSpec(label, cls.name, settings, assumptions)
 
 
-def parse_specs(text: str) -> list[RunSpec]:
+def parse_specs(text: str, model: bool = False) -> list[RunSpec]:
     """The comma-separated list; at least one, labels unique."""
     items = [t for t in (s.strip() for s in text.split(",")) if t]
     if not items:
         raise UsageError("--strategies: give at least one, e.g. 'allreduce:ring, ps:async'")
-    specs = [parse_one(t) for t in items]
+    specs = [parse_one(t, model) for t in items]
     seen: set[str] = set()
     for spec in specs:
         if spec.label in seen:

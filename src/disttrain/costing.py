@@ -1,0 +1,234 @@
+"""The α–β cost model's parts that every strategy's ``predict`` uses (below the strategies).
+
+A step is compute plus the communication that is not hidden behind it. Compute is
+measured (``disttrain advise --calibrate``): seconds per flop of forward+backward and
+seconds per parameter of the optimizer step. Communication is the α–β model (Hockney):
+a message costs α (latency and per-message overhead), a byte β on a link, and a byte
+added into a sum γ in memory. For an allreduce the bytes and messages come from each
+algorithm's own ``cost()``, ordered into a critical path.
+
+Each strategy file holds its own formula (``Strategy.predict``); this module holds
+what they share: the inputs (:class:`Network`, :class:`Workload`), the output
+(:class:`Prediction`) and the common terms. ``disttrain.lab.costmodel`` is the
+public entry point (it looks the strategy up by name).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from disttrain import collectives
+
+__all__ = [
+    "CriticalPath",
+    "Network",
+    "Prediction",
+    "Rates",
+    "Workload",
+    "allreduce_path",
+    "allreduce_seconds",
+    "bound_of",
+    "bucket_sizes",
+    "compressed_bytes",
+    "compute_seconds",
+    "describe_allreduce",
+    "fastest_allreduce",
+    "finish",
+    "gamma_of",
+    "mb",
+]
+
+
+class Rates(Protocol):
+    """The calibrated constants a prediction reads (``disttrain.lab.calibration.Calibration``)."""
+
+    @property
+    def gamma(self) -> float: ...  # seconds per byte added in memory
+    @property
+    def seconds_per_flop(self) -> float: ...
+    @property
+    def seconds_per_param(self) -> float: ...
+    @property
+    def seconds_per_encode(self) -> float: ...
+    @property
+    def seconds_per_decode(self) -> float: ...
+    @property
+    def seconds_per_encode_sent(self) -> float: ...
+    @property
+    def seconds_per_decode_sent(self) -> float: ...
+    def colocation_factor(self, ranks_per_host: int) -> float: ...
+
+
+class CriticalPath(Protocol):
+    """One allreduce's critical path (``disttrain.lab.collective_paths.Path``)."""
+
+    @property
+    def steps(self) -> int: ...
+    @property
+    def critical_bytes(self) -> int: ...
+    @property
+    def reduced_bytes(self) -> int: ...
+    @property
+    def bytes_per_rank(self) -> int: ...
+    @property
+    def messages_per_rank(self) -> int: ...
+    @property
+    def latency_formula(self) -> str: ...
+    @property
+    def bandwidth_formula(self) -> str: ...
+    @property
+    def total_messages(self) -> int: ...
+    @property
+    def total_bytes(self) -> int: ...
+
+    def seconds(self, alpha: float, beta: float, gamma: float) -> float: ...
+    def shared_seconds(self, alpha: float, delta: float, beta: float) -> float: ...
+
+
+@dataclass(frozen=True)
+class Network:
+    """α seconds per message, β seconds per byte per link (full duplex), γ per byte reduced.
+
+    ``shared_host``: all ranks on one host's cores (loopback); then an allreduce costs
+    steps·α + (all ranks' messages)·δ + (all ranks' bytes)·β (see ``Path.shared_seconds``).
+    """
+
+    alpha: float
+    beta: float
+    gamma: float | None = None  # None: the calibration's memory γ
+    name: str = ""
+    shared_host: bool = False
+    delta: float = 0.0
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one step computes and sends. ``batch_size`` is the GLOBAL batch."""
+
+    params: int
+    batch_size: int
+    bytes_per_param: int = 4  # gradients in fp32
+    flops_per_sample: float | None = None  # None: 6·params (dense forward 2, backward 4)
+    bucket_bytes: int = 4 << 20  # --fusion-mb 4 (0: one allreduce per tensor)
+    buckets: tuple[int, ...] | None = None  # exact bucket sizes, when the model is known
+    overlap: bool = False
+    servers: int = 1
+    ranks_per_host: int = 1  # > 1: ranks share a host's cores (loopback runs)
+
+    @property
+    def gradient_bytes(self) -> int:
+        return self.params * self.bytes_per_param
+
+    @property
+    def flops(self) -> float:
+        return self.flops_per_sample if self.flops_per_sample is not None else 6.0 * self.params
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One strategy's predicted step on ``nodes`` ranks."""
+
+    strategy: str
+    nodes: int
+    step_seconds: float
+    compute_seconds: float
+    comm_seconds: float  # exposed: what the step waits for beyond compute
+    bytes_per_rank: int  # sent by the busiest rank per step (amortised for local SGD)
+    messages_per_rank: float
+    efficiency: float  # compute of one node at the same per-node batch / step
+    bound: str  # "latency", "bandwidth", "reduction", "compute", "server", "encode"
+    reason: str
+    samples_per_second: float  # global batch / step
+    note: str = ""
+
+
+def bucket_sizes(total_bytes: int, bucket_bytes: int) -> list[int]:
+    """Full buckets of ``bucket_bytes`` and the remainder (one bucket if fusion is off)."""
+    if total_bytes <= 0:
+        return []
+    if bucket_bytes <= 0 or bucket_bytes >= total_bytes:
+        return [total_bytes]
+    full, rest = divmod(total_bytes, bucket_bytes)
+    return [bucket_bytes] * full + ([rest] if rest else [])
+
+
+def compute_seconds(work: Workload, nodes: int, cal: Rates) -> float:
+    """Forward+backward on this rank's share of the batch, plus the optimizer step."""
+    local = work.batch_size / nodes
+    seconds = local * work.flops * cal.seconds_per_flop + work.params * cal.seconds_per_param
+    return seconds * cal.colocation_factor(work.ranks_per_host)
+
+
+def gamma_of(net: Network, cal: Rates) -> float:
+    """γ: the network's own if given, else the calibrated memory γ."""
+    return cal.gamma if net.gamma is None else net.gamma
+
+
+def allreduce_path(algorithm: str, nbytes: int, n: int, itemsize: int = 4) -> CriticalPath:
+    """The critical path of one allreduce of ``nbytes`` on ``n`` ranks with ``algorithm``
+    (an unknown name raises the collectives' own error)."""
+    # TODO(merge): collectives.get(algorithm).critical_path(nbytes, n, itemsize), once the
+    # algorithms own their paths; imported lazily until then (lab sits above this module).
+    from disttrain.lab.collective_paths import critical_path
+
+    return critical_path(algorithm, nbytes, n, itemsize)
+
+
+def allreduce_seconds(
+    algorithm: str, nbytes: int, nodes: int, net: Network, cal: Rates, itemsize: int = 4
+) -> tuple[float, CriticalPath]:
+    """One allreduce of ``nbytes`` on ``nodes`` ranks: seconds and its critical path."""
+    path = allreduce_path(algorithm, nbytes, nodes, itemsize)
+    if net.shared_host:
+        return path.shared_seconds(net.alpha, net.delta, net.beta), path
+    return path.seconds(net.alpha, net.beta, gamma_of(net, cal)), path
+
+
+def fastest_allreduce(work: Workload, n: int, net: Network, cal: Rates) -> str:
+    """The algorithm this model predicts fastest for one allreduce of the gradients."""
+    # native is gloo's own ring: modelled as the ring, so it never adds a choice
+    names = [a for a in collectives.ALGORITHMS if a != "native"]
+    return min(names, key=lambda a: allreduce_seconds(a, work.gradient_bytes, n, net, cal)[0])
+
+
+def bound_of(terms: dict[str, float]) -> str:
+    """The name of the largest term."""
+    return max(terms, key=lambda k: terms[k])
+
+
+def mb(nbytes: float) -> str:
+    return f"{nbytes / 1e6:.3g} MB"
+
+
+def describe_allreduce(bound: str, path: CriticalPath, nbytes: int, count: int,
+                       net: Network) -> str:  # fmt: skip
+    """Why an allreduce of ``count`` buckets takes what it takes, with its formula."""
+    per = f" × {count} buckets" if count > 1 else ""
+    if bound == "latency":
+        return f"latency-bound: {path.latency_formula}{per} × α {net.alpha * 1e6:.3g} us"
+    if bound == "bandwidth":
+        return f"bandwidth-bound: {path.bandwidth_formula} (S = {mb(nbytes)}){per}"
+    return f"reduction-bound: {mb(path.reduced_bytes * count)} added per step"
+
+
+def compressed_bytes(params: int, density: float, value_bits: int = 1) -> int:
+    """Bytes of one sparse payload: exp-Golomb gaps (≈ 2·log2(1/d)+1 bits) + each value.
+
+    Strom's one-bit sends a sign bit per entry (``value_bits`` 1), top-k the fp32 value (32).
+    """
+    kept = params * density
+    bits = 2 * math.log2(1 / density) + 1 + value_bits if density < 1 else 32 + value_bits
+    return math.ceil(kept * bits / 8) + 4  # + the int32 length prefix
+
+
+def finish(name: str, n: int, compute: float, comm: float, sent: float, msgs: float,
+           bound: str, reason: str, work: Workload, cal: Rates,
+           note: str = "") -> Prediction:  # fmt: skip
+    """The prediction of a step of ``compute`` + exposed ``comm`` seconds."""
+    step = compute + comm
+    base = compute_seconds(replace(work, ranks_per_host=1), n, cal)
+    eff = base / step if step > 0 else 1.0
+    sps = work.batch_size / step if step > 0 else 0.0
+    return Prediction(name, n, step, compute, comm, int(sent), msgs, eff, bound, reason, sps, note)
