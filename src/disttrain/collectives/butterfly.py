@@ -66,12 +66,12 @@ class Butterfly(AllReduceAlgorithm):
     def chain(self, nbytes: int, n: int, itemsize: int) -> Path:
         # Every array received is added, except the sum handed back to a folded rank.
         fold = Fold(0, n)
-        chain = folded_chain(self, nbytes, n, itemsize)
-        added = chain.bytes_sent - (nbytes if fold.extra else 0)
+        sends = folded_chain(self, nbytes, n, itemsize)
+        added = sends.bytes_sent - (nbytes if fold.extra else 0)
         most = max_rank_cost(self, nbytes, n, itemsize)
         fold_note, fold_bytes = (" + 2 fold steps", " + 2S") if fold.extra else ("", "")
-        return Path(chain.messages, chain.bytes_sent, added, most.bytes_sent, most.messages,
-                    f"log2(n){fold_note} = {chain.messages} steps",
+        return Path(sends.messages, sends.bytes_sent, added, most.bytes_sent, most.messages,
+                    f"log2(n){fold_note} = {sends.messages} steps",
                     f"log2(n)·S{fold_bytes}")  # fmt: skip
 
     def steps_formula(self, n: int) -> str:

@@ -103,13 +103,13 @@ class HalvingDoubling(AllReduceAlgorithm):
         # Only the recursive-halving half is added (the doubling half is copies), plus
         # the folded rank's array, added once; its hand-over and hand-back are S each.
         fold = Fold(0, n)
-        chain = folded_chain(self, nbytes, n, itemsize)
+        sends = folded_chain(self, nbytes, n, itemsize)
         fold_bytes = nbytes if fold.extra else 0
-        added = (chain.bytes_sent - 2 * fold_bytes) // 2 + fold_bytes
+        added = (sends.bytes_sent - 2 * fold_bytes) // 2 + fold_bytes
         most = max_rank_cost(self, nbytes, n, itemsize)
         fold_note, fold_text = (" + 2 fold steps", " + 2S") if fold.extra else ("", "")
-        return Path(chain.messages, chain.bytes_sent, added, most.bytes_sent, most.messages,
-                    f"2·log2(n){fold_note} = {chain.messages} steps",
+        return Path(sends.messages, sends.bytes_sent, added, most.bytes_sent, most.messages,
+                    f"2·log2(n){fold_note} = {sends.messages} steps",
                     f"2(n−1)/n·S{fold_text}")  # fmt: skip
 
     def steps_formula(self, n: int) -> str:
