@@ -1,32 +1,39 @@
-"""L1: allreduce algorithms over point-to-point, one file each, registered by name."""
+"""L1: allreduce algorithms over point-to-point, one file each, registered by name.
 
-# Importing each module registers its algorithm (in this order in ALGORITHMS).
-from disttrain.collectives import (  # noqa: F401
-    alltoall,
-    butterfly,
-    halving_doubling,
-    native,
-    ring,
-    roundrobin,
-    star,
-    tree,
-)
+Every module of this package but the helpers below is an algorithm file and is
+imported here, in name order (alltoall, butterfly, ..., tree: the order of
+``ALGORITHMS``); then the plug-ins named in ``$DISTTRAIN_PLUGINS`` register theirs.
+Adding an algorithm is adding a file (docs/collectives.md, "Adding an algorithm").
+"""
+
 from disttrain.collectives.base import (
     ALGORITHMS,
     AllReduceAlgorithm,
     Cost,
+    Path,
     all_reduce,
     get,
     length_check_enabled,
+    register,
     set_length_check,
 )
+from disttrain.registry import import_submodules, load_plugins
+
+#: Modules of this package that are helpers, not algorithms.
+HELPERS = ("base", "checks", "chunks", "costs", "folding", "scratch")
 
 __all__ = [
     "ALGORITHMS",
+    "HELPERS",
     "AllReduceAlgorithm",
     "Cost",
+    "Path",
     "all_reduce",
     "get",
     "length_check_enabled",
+    "register",
     "set_length_check",
 ]
+
+import_submodules(__name__, skip=HELPERS)
+load_plugins()

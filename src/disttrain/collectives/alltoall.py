@@ -10,6 +10,7 @@ import torch
 from torch.distributed import ProcessGroup
 
 from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
+from disttrain.collectives.costs import Path, max_rank_cost
 from disttrain.collectives.scratch import buffer
 from disttrain.comm.p2p import group_rank, group_size, post
 
@@ -25,6 +26,7 @@ class AllToAll(AllReduceAlgorithm):
     """
 
     name = "alltoall"
+    calibrates = True
 
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         n, r = group_size(group), group_rank(group)
@@ -44,3 +46,13 @@ class AllToAll(AllReduceAlgorithm):
         if world_size == 1 or nbytes == 0:
             return Cost(0, 0)
         return Cost((world_size - 1) * nbytes, world_size - 1)
+
+    def chain(self, nbytes: int, n: int, itemsize: int) -> Path:
+        # All n-1 sends posted at once; every arriving array is added.
+        own = self.cost(nbytes, n, 0, itemsize)
+        most = max_rank_cost(self, nbytes, n, itemsize)
+        return Path(own.messages, own.bytes_sent, own.bytes_sent, most.bytes_sent,
+                    most.messages, f"n−1 = {own.messages} messages", "(n−1)·S")  # fmt: skip
+
+    def steps_formula(self, n: int) -> str:
+        return "1"  # every array sent at once

@@ -9,19 +9,21 @@ flat contiguous view to the algorithm's :meth:`AllReduceAlgorithm.reduce_flat`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from disttrain.collectives.checks import check_call
+from disttrain.collectives import checks
+from disttrain.collectives.costs import NOTHING, Cost, Path, max_rank_cost
+from disttrain.registry import Registry
 
 __all__ = [
     "ALGORITHMS",
     "AllReduceAlgorithm",
     "Cost",
+    "Path",
     "all_reduce",
     "get",
     "length_check_enabled",
@@ -29,19 +31,8 @@ __all__ = [
     "set_length_check",
 ]
 
-
-@dataclass(frozen=True)
-class Cost:
-    """What one rank is expected to send for one allreduce: bytes and messages."""
-
-    bytes_sent: int
-    messages: int
-
-    def __add__(self, other: Cost) -> Cost:
-        return Cost(self.bytes_sent + other.bytes_sent, self.messages + other.messages)
-
-
-_check = [True]
+#: The cross-rank length check (process-wide; see :func:`set_length_check`).
+_length_check = True
 
 
 def set_length_check(enabled: bool) -> bool:
@@ -53,27 +44,42 @@ def set_length_check(enabled: bool) -> bool:
     32-byte native allreduce per call (see docs/collectives.md for its time); it
     also checks that every rank calls the same algorithm on the same dtype.
     """
-    old = _check[0]
-    _check[0] = enabled
+    global _length_check
+    old, _length_check = _length_check, enabled
     return old
 
 
 def length_check_enabled() -> bool:
-    return _check[0]
+    return _length_check
 
 
 class AllReduceAlgorithm(ABC):
-    """An in-place elementwise sum over a process group."""
+    """An in-place elementwise sum over a process group, and everything known about it.
+
+    A new algorithm is one file in this package (found by itself) or in a plug-in
+    module (``$DISTTRAIN_PLUGINS``) with a subclass decorated with :func:`register`
+    that sets ``name`` and defines :meth:`reduce_flat` and :meth:`cost`; the lab's
+    cost model, its tables and benchmarks read the rest from the class.
+    """
 
     name: ClassVar[str]
+    #: Position in the seed lectures' table of ``compare --algorithms-table``
+    #: (1 = first row); 0: not in it.
+    table_position: ClassVar[int] = 0
+    #: Measured by ``advise --calibrate`` by default: algorithms whose paths differ
+    #: enough (steps vs bytes) for the least-squares fit to tell α, δ and β apart.
+    calibrates: ClassVar[bool] = False
+    #: The meter's counts are the documented cost, not observed sends (the backend's
+    #: own allreduce): benchmarks report them as estimated, tables leave them out.
+    estimated: ClassVar[bool] = False
 
     def all_reduce(self, tensor: torch.Tensor, group: ProcessGroup | None = None) -> torch.Tensor:
         """Sum ``tensor`` over ``group`` in place and return it."""
         n = dist.get_world_size(group)
         if n == 1:
             return tensor
-        if _check[0]:
-            check_call(f"allreduce/{self.name}/{tensor.dtype}", tensor.numel(), group)
+        if _length_check:
+            checks.check_call(f"allreduce/{self.name}/{tensor.dtype}", tensor.numel(), group)
         if tensor.numel() == 0:
             return tensor
         if tensor.is_contiguous():
@@ -94,31 +100,49 @@ class AllReduceAlgorithm(ABC):
 
         ``itemsize`` is the element size: algorithms split the tensor between
         elements, so chunk sizes (and hence the exact bytes) depend on it. The
-        cost excludes the optional length check (:func:`checks.check_cost`).
+        cost excludes the optional length check (:func:`checks.check_cost_bytes`).
         """
 
+    def critical_path(self, nbytes: int, n: int, itemsize: int = 4) -> Path:
+        """The critical path of one allreduce of ``nbytes`` on ``n`` ranks (:mod:`costs`)."""
+        if n <= 1 or nbytes == 0:
+            return NOTHING
+        return self.chain(nbytes, n, itemsize)
 
-_REGISTRY: dict[str, AllReduceAlgorithm] = {}
+    def chain(self, nbytes: int, n: int, itemsize: int) -> Path:
+        """The critical path when there is something to send (n >= 2, nbytes > 0).
 
-#: The registered algorithm names, in registration order (filled on import).
-ALGORITHMS: list[str] = []
+        Default: the busiest rank's sends one after another, every byte of them
+        added on arrival (an upper bound: an algorithm that overlaps sends, or
+        adds only part of what arrives, overrides this with its own chain).
+        """
+        most = max_rank_cost(self, nbytes, n, itemsize)
+        return Path(most.messages, most.bytes_sent, most.bytes_sent, most.bytes_sent,
+                    most.messages, f"{most.messages} messages one after another",
+                    "the busiest rank's bytes")  # fmt: skip
+
+    def steps_formula(self, n: int) -> str:
+        """Dependent communication rounds on ``n`` ranks, by the algorithm's formula.
+
+        For ``compare --algorithms-table``; "-" where no closed form is stated.
+        """
+        return "-"
+
+
+#: The registered algorithms by name, in registration order (filled on import).
+ALGORITHMS: Registry[AllReduceAlgorithm] = Registry("allreduce algorithm", flag="--algorithm")
 
 
 def register(cls: type[AllReduceAlgorithm]) -> type[AllReduceAlgorithm]:
     """Class decorator: make an algorithm available by its ``name``."""
-    _REGISTRY[cls.name] = cls()
-    if cls.name not in ALGORITHMS:
-        ALGORITHMS.append(cls.name)
+    ALGORITHMS.add(cls.name, cls())
+    checks.add_operation(f"allreduce/{cls.name}")  # so a mismatch can name it
     return cls
 
 
 def get(name: str) -> AllReduceAlgorithm:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown allreduce algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}"
-        ) from None
+    """The algorithm registered as ``name``; unknown: the usage error listing the choices."""
+    return ALGORITHMS.get(name)
 
 
 def all_reduce(

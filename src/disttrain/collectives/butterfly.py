@@ -8,11 +8,14 @@ Float sums agree bitwise on all ranks because a+b == b+a exactly in IEEE.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.distributed import ProcessGroup
 
 from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
-from disttrain.collectives.folding import Fold
+from disttrain.collectives.costs import Path, max_rank_cost
+from disttrain.collectives.folding import Fold, folded_chain
 from disttrain.collectives.scratch import buffer
 from disttrain.comm.p2p import exchange, group_rank, group_size
 
@@ -29,6 +32,7 @@ class Butterfly(AllReduceAlgorithm):
     """
 
     name = "butterfly"
+    table_position = 3
 
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         fold = Fold(group_rank(group), group_size(group))
@@ -58,3 +62,18 @@ class Butterfly(AllReduceAlgorithm):
             return Cost(nbytes, 1)
         messages = fold.p.bit_length() - 1 + (fold.absorbs is not None)
         return Cost(messages * nbytes, messages)
+
+    def chain(self, nbytes: int, n: int, itemsize: int) -> Path:
+        # Every array received is added, except the sum handed back to a folded rank.
+        fold = Fold(0, n)
+        sends = folded_chain(self, nbytes, n, itemsize)
+        added = sends.bytes_sent - (nbytes if fold.extra else 0)
+        most = max_rank_cost(self, nbytes, n, itemsize)
+        fold_note, fold_bytes = (" + 2 fold steps", " + 2S") if fold.extra else ("", "")
+        return Path(sends.messages, sends.bytes_sent, added, most.bytes_sent, most.messages,
+                    f"log2(n){fold_note} = {sends.messages} steps",
+                    f"log2(n)·S{fold_bytes}")  # fmt: skip
+
+    def steps_formula(self, n: int) -> str:
+        # log2 n exchanges; a folded n has no single closed form
+        return str(int(math.log2(n))) if n & (n - 1) == 0 else "-"

@@ -28,6 +28,7 @@ from disttrain.comm.p2p import global_rank
 
 __all__ = [
     "CHECK_BYTES",
+    "add_operation",
     "check_call",
     "check_cost_bytes",
     "check_lengths",
@@ -40,7 +41,10 @@ __all__ = [
 CHECK_BYTES = 32
 
 _NAMES: dict[int, str] = {}
-_everywhere = [False]
+#: Operation families (``broadcast``, ``allreduce/ring``, ...), each checked per dtype.
+_FAMILIES: list[str] = ["broadcast"]
+#: ``--check-collectives``: also check broadcasts and native buckets (process-wide).
+_everywhere = False
 
 
 def set_checks_everywhere(enabled: bool) -> bool:
@@ -50,13 +54,13 @@ def set_checks_everywhere(enabled: bool) -> bool:
     library's hot paths (parameter broadcast, DDP-style buckets) and the check
     blocks on a collective of its own.
     """
-    old = _everywhere[0]
-    _everywhere[0] = enabled
+    global _everywhere
+    old, _everywhere = _everywhere, enabled
     return old
 
 
 def checks_everywhere() -> bool:
-    return _everywhere[0]
+    return _everywhere
 
 
 def op_code(name: str) -> int:
@@ -66,15 +70,23 @@ def op_code(name: str) -> int:
     return code
 
 
+def add_operation(family: str) -> None:
+    """Name an operation family (``allreduce/ring``) that ranks may call, to name it back.
+
+    A rank that receives another rank's code can only name it if it computed the same
+    code itself: every registered algorithm adds its family here when it is registered
+    (:func:`disttrain.collectives.base.register`), so this module needs no registry.
+    """
+    if family not in _FAMILIES:
+        _FAMILIES.append(family)
+
+
 def _learn_names() -> None:
     """Remember the codes of the calls other ranks may have made (to name them back)."""
-    from disttrain.collectives.base import ALGORITHMS
-
     dtypes = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32)
-    for dtype in dtypes:
-        op_code(f"broadcast/{dtype}")
-        for name in ALGORITHMS:
-            op_code(f"allreduce/{name}/{dtype}")
+    for family in _FAMILIES:
+        for dtype in dtypes:
+            op_code(f"{family}/{dtype}")
 
 
 def check_cost_bytes(world_size: int) -> tuple[int, int]:

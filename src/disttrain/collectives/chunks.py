@@ -27,7 +27,7 @@ __all__ = [
 # is one more blocking wait, and on the loaded 2-core box a wake-up waits for the
 # scheduler: measured there, 1 and 4 MiB segments were 20-25 % slower than one
 # message per chunk (docs/collectives.md). With free cores, smaller may win.
-_SEGMENT = [16 << 20]
+_segment = 16 << 20
 
 
 def chunk_sizes(numel: int, parts: int) -> list[int]:
@@ -47,7 +47,7 @@ def chunk_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
 
 
 def segment_bytes() -> int:
-    return _SEGMENT[0]
+    return _segment
 
 
 def set_segment_bytes(nbytes: int) -> int:
@@ -57,8 +57,8 @@ def set_segment_bytes(nbytes: int) -> int:
     """
     if nbytes < 1:
         raise ValueError(f"segment size must be at least 1 byte, got {nbytes}")
-    old = _SEGMENT[0]
-    _SEGMENT[0] = nbytes
+    global _segment
+    old, _segment = _segment, nbytes
     return old
 
 
@@ -66,7 +66,7 @@ def segment_count(numel: int, itemsize: int) -> int:
     """Segments of a chunk of ``numel`` elements: ceil(bytes / segment size), 0 if empty."""
     if numel == 0:
         return 0
-    return min(numel, -(-numel * itemsize // _SEGMENT[0]))
+    return min(numel, -(-numel * itemsize // _segment))
 
 
 def segment_bounds(numel: int, itemsize: int) -> list[tuple[int, int]]:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Fold"]
+from disttrain.collectives.costs import Cost, Costed
+
+__all__ = ["Fold", "folded_chain"]
 
 
 @dataclass(frozen=True)
@@ -51,3 +53,14 @@ class Fold:
     def real(self, virtual: int) -> int:
         """The group rank of participant ``virtual``."""
         return 2 * virtual + 1 if virtual < self.extra else virtual + self.extra
+
+
+def folded_chain(algo: Costed, nbytes: int, n: int, itemsize: int) -> Cost:
+    """The sends on the critical path of a folded algorithm: rank 0's, one after another.
+
+    Without a fold, rank 0's own cost. With one, rank 0 sits out: it hands its array
+    to rank 1 first (its cost), and rank 1's own cost holds the power-of-two phase and
+    the hand-back, so the chain is the two costs in sequence.
+    """
+    c0 = algo.cost(nbytes, n, 0, itemsize)
+    return c0 + algo.cost(nbytes, n, 1, itemsize) if Fold(0, n).extra else c0

@@ -10,12 +10,15 @@ retraces the steps, doubling the segments. 2·log2 p latency terms and
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.distributed import ProcessGroup
 
 from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
 from disttrain.collectives.chunks import chunk_bounds, chunk_sizes
-from disttrain.collectives.folding import Fold
+from disttrain.collectives.costs import Path, max_rank_cost
+from disttrain.collectives.folding import Fold, folded_chain
 from disttrain.collectives.scratch import buffer
 from disttrain.comm.p2p import exchange, group_rank, group_size
 
@@ -95,3 +98,20 @@ class HalvingDoubling(AllReduceAlgorithm):
         if fold.absorbs is not None:
             sent.append(nbytes)
         return Cost(sum(sent), sum(1 for b in sent if b))
+
+    def chain(self, nbytes: int, n: int, itemsize: int) -> Path:
+        # Only the recursive-halving half is added (the doubling half is copies), plus
+        # the folded rank's array, added once; its hand-over and hand-back are S each.
+        fold = Fold(0, n)
+        sends = folded_chain(self, nbytes, n, itemsize)
+        fold_bytes = nbytes if fold.extra else 0
+        added = (sends.bytes_sent - 2 * fold_bytes) // 2 + fold_bytes
+        most = max_rank_cost(self, nbytes, n, itemsize)
+        fold_note, fold_text = (" + 2 fold steps", " + 2S") if fold.extra else ("", "")
+        return Path(sends.messages, sends.bytes_sent, added, most.bytes_sent, most.messages,
+                    f"2·log2(n){fold_note} = {sends.messages} steps",
+                    f"2(n−1)/n·S{fold_text}")  # fmt: skip
+
+    def steps_formula(self, n: int) -> str:
+        # log2 n halving steps, then as many doubling steps; no closed form when folded
+        return str(2 * int(math.log2(n))) if n & (n - 1) == 0 else "-"

@@ -7,6 +7,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
+from disttrain.collectives.costs import Path, two_phase_path
 from disttrain.comm.meter import record_send
 from disttrain.comm.p2p import global_rank
 
@@ -22,6 +23,7 @@ class Native(AllReduceAlgorithm):
     """
 
     name = "native"
+    estimated = True  # the meter records the documented cost
 
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         dist.all_reduce(flat, group=group)
@@ -33,3 +35,6 @@ class Native(AllReduceAlgorithm):
         if world_size == 1 or nbytes == 0:
             return Cost(0, 0)
         return Cost(2 * (world_size - 1) * nbytes // world_size, 2 * (world_size - 1))
+
+    def chain(self, nbytes: int, n: int, itemsize: int) -> Path:
+        return two_phase_path(self, nbytes, n, itemsize)  # gloo's ring at these sizes

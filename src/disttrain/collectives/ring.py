@@ -25,6 +25,7 @@ from torch.distributed import ProcessGroup
 
 from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
 from disttrain.collectives.chunks import chunk_bounds, chunk_sizes, segment_bounds, segment_count
+from disttrain.collectives.costs import Path, two_phase_path
 from disttrain.collectives.scratch import buffer
 from disttrain.comm.p2p import group_rank, group_size, irecv, isend
 
@@ -41,6 +42,8 @@ class Ring(AllReduceAlgorithm):
     """
 
     name = "ring"
+    table_position = 4
+    calibrates = True
 
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         n, r = group_size(group), group_rank(group)
@@ -99,3 +102,9 @@ class Ring(AllReduceAlgorithm):
         sent = [sizes[(rank - s) % n] for s in range(n - 1)]
         sent += [sizes[(rank + 1 - s) % n] for s in range(n - 1)]
         return Cost(sum(sent) * itemsize, sum(segment_count(size, itemsize) for size in sent))
+
+    def chain(self, nbytes: int, n: int, itemsize: int) -> Path:
+        return two_phase_path(self, nbytes, n, itemsize)
+
+    def steps_formula(self, n: int) -> str:
+        return str(2 * (n - 1))  # n-1 reduce-scatter steps, n-1 all-gather steps

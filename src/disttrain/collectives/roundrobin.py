@@ -24,6 +24,7 @@ from torch.distributed import ProcessGroup
 
 from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
 from disttrain.collectives.chunks import chunk_bounds, chunk_sizes
+from disttrain.collectives.costs import Path, two_phase_path
 from disttrain.collectives.scratch import buffer
 from disttrain.comm.p2p import group_rank, group_size, irecv, isend
 
@@ -95,3 +96,9 @@ class RoundRobin(AllReduceAlgorithm):
         sizes = [s * itemsize for s in chunk_sizes(nbytes // itemsize, n)]
         sent = [sizes[(rank + k) % n] for k in range(1, n)] + [sizes[rank]] * (n - 1)
         return Cost(sum(sent), sum(1 for b in sent if b))
+
+    def chain(self, nbytes: int, n: int, itemsize: int) -> Path:
+        return two_phase_path(self, nbytes, n, itemsize)
+
+    def steps_formula(self, n: int) -> str:
+        return str(2 * (n - 1))  # n-1 reduce-scatter rounds, n-1 all-gather rounds

@@ -10,6 +10,7 @@ import torch
 from torch.distributed import ProcessGroup
 
 from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
+from disttrain.collectives.costs import Path, max_rank_cost
 from disttrain.collectives.scratch import buffer
 from disttrain.comm.p2p import exchange, group_rank, group_size, post
 
@@ -25,6 +26,8 @@ class Star(AllReduceAlgorithm):
     """
 
     name = "star"
+    table_position = 1
+    calibrates = True
 
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         n, r = group_size(group), group_rank(group)
@@ -44,3 +47,15 @@ class Star(AllReduceAlgorithm):
             return Cost(0, 0)
         messages = world_size - 1 if rank == 0 else 1
         return Cost(messages * nbytes, messages)
+
+    def chain(self, nbytes: int, n: int, itemsize: int) -> Path:
+        # The root receives what every leaf sends ((n-1)·S, as much as its own cost),
+        # adds it, then sends its cost: 2(n-1)·S through one link, one message per leaf.
+        root, leaf = self.cost(nbytes, n, 0, itemsize), self.cost(nbytes, n, 1, itemsize)
+        most = max_rank_cost(self, nbytes, n, itemsize)
+        return Path(root.messages + leaf.messages, 2 * root.bytes_sent, root.bytes_sent,
+                    most.bytes_sent, most.messages, f"n = {n} messages through the root",
+                    "2(n−1)·S through the root")  # fmt: skip
+
+    def steps_formula(self, n: int) -> str:
+        return "2"  # gather to the root, then send back

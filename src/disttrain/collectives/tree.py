@@ -8,10 +8,13 @@ whole array crosses every edge twice, so the root and inner nodes send up to
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.distributed import ProcessGroup
 
 from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
+from disttrain.collectives.costs import Path, max_rank_cost
 from disttrain.collectives.scratch import buffer
 from disttrain.comm.p2p import exchange, group_rank, group_size, post
 
@@ -32,6 +35,8 @@ class Tree(AllReduceAlgorithm):
     """
 
     name = "tree"
+    table_position = 2
+    calibrates = True
 
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         n, r = group_size(group), group_rank(group)
@@ -53,3 +58,16 @@ class Tree(AllReduceAlgorithm):
             return Cost(0, 0)
         messages = (rank != 0) + len(_children(rank, world_size))
         return Cost(messages * nbytes, messages)
+
+    def chain(self, nbytes: int, n: int, itemsize: int) -> Path:
+        # Level by level: up the tree a parent receives its children's arrays (the
+        # root's cost: S per child) and adds them; down it sends them the sum.
+        depth = n.bit_length() - 1
+        root = self.cost(nbytes, n, 0, itemsize)
+        most = max_rank_cost(self, nbytes, n, itemsize)
+        return Path(2 * depth, 2 * depth * root.bytes_sent, depth * root.bytes_sent,
+                    most.bytes_sent, most.messages, f"2·log2(n) = {2 * depth} steps",
+                    "2·log2(n)·2S")  # fmt: skip
+
+    def steps_formula(self, n: int) -> str:
+        return str(2 * math.ceil(math.log2(n + 1) - 1))  # up the heap, then down

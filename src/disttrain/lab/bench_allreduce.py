@@ -32,6 +32,8 @@ __all__ = ["add_arguments", "measure", "parse_size", "run"]
 
 _UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
 _DTYPES = ("float32", "float64", "bfloat16", "float16", "int64")
+#: The backend's own allreduce: always measured, first, and every ratio refers to it.
+ANCHOR = "native"
 
 
 def parse_size(text: str) -> int:
@@ -102,8 +104,7 @@ def _validate(args: argparse.Namespace) -> tuple[list[int], list[str]]:
                 f"--algorithms: unknown {', '.join(unknown) or '(none given)'}; "
                 f"choose from all, {', '.join(collectives.ALGORITHMS)}"
             )
-    # native first: it is the anchor every ratio refers to
-    names = ["native"] + [a for a in dict.fromkeys(names) if a != "native"]
+    names = [ANCHOR] + [a for a in dict.fromkeys(names) if a != ANCHOR]
     folder = os.path.dirname(os.path.abspath(args.json_path)) if args.json_path else ""
     if folder and not os.path.isdir(folder):
         raise UsageError(f"--json: folder {folder} does not exist")
@@ -137,7 +138,7 @@ def _measure(sizes: list[int], names: list[str], args: argparse.Namespace) -> li
         if progress is not None:
             progress.stop()
     for row in rows:
-        anchor = next(r for r in rows if r["size"] == row["size"] and r["algorithm"] == "native")
+        anchor = next(r for r in rows if r["size"] == row["size"] and r["algorithm"] == ANCHOR)
         row["busbw_vs_native"] = (
             row["busbw_GBps"] / anchor["busbw_GBps"] if anchor["busbw_GBps"] else None
         )
@@ -201,7 +202,7 @@ def _measure_size(
         row = _row(name, numel * itemsize, n, times[k].tolist(), sent[k].tolist(), algos[k],
                    itemsize, check)  # fmt: skip
         row["times"] = times[k].tolist()
-        if name == "native":
+        if name == ANCHOR:
             row["times_anchor"] = times[k].tolist()
         rows.append(row)
     return rows
@@ -235,7 +236,7 @@ def _row(
         "bytes_sent_theory": max(c.bytes_sent for c in theory) + check[0],
         "messages_measured": sent[1],
         "messages_theory": max(c.messages for c in theory) + check[1],
-        "estimated": name == "native",
+        "estimated": algo.estimated,
     }
 
 

@@ -160,10 +160,18 @@ def _compute_seconds(row: dict[str, Any]) -> float:
 def calibrate(
     workers: int = 4,
     sizes: Sequence[str] = CAL_SIZES,
-    algorithms: Sequence[str] = ("ring", "tree", "star", "alltoall"),
+    algorithms: Sequence[str] = (),
     progress: bool = True,
 ) -> Calibration:
-    """Run the benches on this machine (2..``workers`` ranks) and fit every constant."""
+    """Run the benches on this machine (2..``workers`` ranks) and fit every constant.
+
+    ``algorithms``: the allreduce algorithms measured; default: those whose class sets
+    ``calibrates`` (ring, tree, star, alltoall: bandwidth- and latency-bound paths).
+    """
+    if not algorithms:
+        from disttrain import collectives
+
+        algorithms = [name for name, a in collectives.ALGORITHMS.items() if a.calibrates]
 
     def say(text: str) -> None:
         if progress:

@@ -17,7 +17,6 @@ its hosts. All specs and flags are checked before the first run starts (exit
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shlex
 import subprocess
@@ -29,10 +28,7 @@ from disttrain.comm.errors import UsageError
 from disttrain.lab.report import RunResult, write_report
 from disttrain.strategies.spec import RunSpec, parse_specs
 
-__all__ = ["TABLE_ALGORITHMS", "add_arguments", "algorithms_table", "run"]
-
-#: The seed lectures' allreduce algorithms, for ``--algorithms-table``.
-TABLE_ALGORITHMS = ("star", "tree", "butterfly", "ring")
+__all__ = ["add_arguments", "algorithms_table", "run", "table_algorithms"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,7 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--algorithms-table",
         action="store_true",
         default=False,  # the compare parser suppresses defaults not given explicitly
-        help="also measure one allreduce per algorithm (star, tree, butterfly, ring) on --workers",
+        help="also measure one allreduce per algorithm of the seed lectures' table (star, tree, "
+        "butterfly, ring, and any algorithm that sets table_position) on --workers",
     )
     parser.add_argument(
         "--table-size", default="1MB", help="tensor size for --algorithms-table (default 1MB)"
@@ -74,36 +71,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_flags(parser)
 
 
-def _steps(name: str, n: int) -> str:
-    """Dependent communication rounds of one allreduce, by the algorithm's formula."""
-    power = n & (n - 1) == 0
-    log = int(math.log2(n)) if power else None
-    formulas: dict[str, str | int] = {
-        "star": 2,  # gather to the root, then send back
-        "alltoall": 1,
-        "tree": 2 * math.ceil(math.log2(n + 1) - 1),  # up the heap, then down
-        "butterfly": log if log is not None else "-",
-        "halving_doubling": 2 * log if log is not None else "-",
-        "ring": 2 * (n - 1),
-        "roundrobin": 2 * (n - 1),
-    }
-    return str(formulas.get(name, "-"))
+def table_algorithms() -> list[str]:
+    """The algorithms of the seed lectures' table, in its order (each class's table_position)."""
+    from disttrain import collectives
+
+    rows = [(a.table_position, name) for name, a in collectives.ALGORITHMS.items()]
+    return [name for position, name in sorted(rows) if position]
 
 
 def algorithms_table(workers: int, size: str) -> list[dict[str, Any]]:
     """Measure one allreduce per algorithm with ``disttrain bench allreduce``'s code; table rows."""
+    from disttrain import collectives
     from disttrain.lab import bench_allreduce
 
     parser = argparse.ArgumentParser()
     bench_allreduce.add_arguments(parser)
-    names = ",".join(TABLE_ALGORITHMS)
+    names = ",".join(table_algorithms())
     args = parser.parse_args(
         ["--workers", str(workers), "--sizes", size, "--algorithms", names,
          "--warmup", "1", "--iters", "3", "--no-length-check", "--no-progress"]
     )  # fmt: skip
     rows = []
     for r in bench_allreduce.measure(args):
-        if r["algorithm"] == "native":  # its bytes are gloo's documented cost, not observed
+        algo = collectives.get(r["algorithm"])
+        if algo.estimated:  # its bytes are the backend's documented cost, not observed
             continue
         rows.append(
             {
@@ -115,7 +106,7 @@ def algorithms_table(workers: int, size: str) -> list[dict[str, Any]]:
                 "bytes/rank (cost())": r["bytes_sent_theory"],
                 "messages/rank (meter)": r["messages_measured"],
                 "messages/rank (cost())": r["messages_theory"],
-                "steps (formula)": _steps(r["algorithm"], r["workers"]),
+                "steps (formula)": algo.steps_formula(r["workers"]),
                 "median ms": f"{r['time_median_s'] * 1e3:.2f}",
             }
         )

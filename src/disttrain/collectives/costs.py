@@ -1,0 +1,107 @@
+"""What one allreduce costs: one rank's sends (:class:`Cost`) and the critical path (:class:`Path`).
+
+Each algorithm states what ONE rank sends (:meth:`AllReduceAlgorithm.cost`: bytes and
+messages). Time is set by the longest chain of dependent transfers, which is not always
+one rank's own sends: a folded butterfly waits for the rank that sits out, a tree node
+waits for its children level after level, the star's root first receives everything
+and then sends everything. Each algorithm turns its stated costs into that chain
+(:meth:`AllReduceAlgorithm.chain`), for the cost model (:mod:`disttrain.lab.costmodel`):
+
+    time = steps·α + critical_bytes·β + reduced_bytes·γ
+
+(α: seconds per message, β: seconds per byte on a link, γ: seconds per byte added
+in memory). The byte and message counts always come from ``cost()``; what a chain adds
+is only which of them follow one another. Links are full duplex (each rank sends and
+receives at the same time, as the emulated cluster's shaping does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = [
+    "NOTHING",
+    "Cost",
+    "Costed",
+    "Path",
+    "max_rank_cost",
+    "representative_ranks",
+    "two_phase_path",
+]
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one rank is expected to send for one allreduce: bytes and messages."""
+
+    bytes_sent: int
+    messages: int
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(self.bytes_sent + other.bytes_sent, self.messages + other.messages)
+
+
+class Costed(Protocol):
+    """Anything with an algorithm's ``cost()`` (the helpers here need no more)."""
+
+    def cost(self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1) -> Cost: ...
+
+
+@dataclass(frozen=True)
+class Path:
+    """What one allreduce costs on its critical path, and the formula in words."""
+
+    steps: int  # messages one after the other: each pays α
+    critical_bytes: int  # bytes through the busiest link on the path: each pays β
+    reduced_bytes: int  # bytes added into the result on the path: each pays γ
+    bytes_per_rank: int  # the most any rank sends (cost(), for the byte meter)
+    messages_per_rank: int  # the most messages any rank sends (cost())
+    latency_formula: str
+    bandwidth_formula: str
+    total_messages: int = 0  # over all ranks (cost() summed; filled by the lab's cache)
+    total_bytes: int = 0
+
+    def seconds(self, alpha: float, beta: float, gamma: float) -> float:
+        return self.steps * alpha + self.critical_bytes * beta + self.reduced_bytes * gamma
+
+    def shared_seconds(self, alpha: float, delta: float, beta: float) -> float:
+        """Ranks sharing one host's cores: every message and byte of every rank is CPU work.
+
+        steps·α (each step waits for its peers to be scheduled) + all messages·δ + all
+        bytes·β: on loopback a transfer is a copy by the kernel on the same cores.
+        """
+        return self.steps * alpha + self.total_messages * delta + self.total_bytes * beta
+
+
+#: The path of an allreduce that sends nothing (one rank, or zero bytes).
+NOTHING = Path(0, 0, 0, 0, 0, "nothing to send", "nothing to send")
+
+
+def representative_ranks(n: int) -> list[int]:
+    """Ranks whose costs bound every rank's (computing all n is O(n²) at n = 10,000).
+
+    Chunked algorithms give the first ``numel % n`` chunks one element more, so the
+    extremes sit at the start and near the end; the fold's pairs sit at the start.
+    Beyond 64 ranks only the three that matter most are computed (O(n) each).
+    """
+    picks = (0, 1, 2, 3, n // 2, n - 3, n - 2, n - 1) if n <= 64 else (0, 1, n - 3)
+    return sorted({r for r in picks if 0 <= r < n})
+
+
+def max_rank_cost(algo: Costed, nbytes: int, n: int, itemsize: int = 4) -> Cost:
+    """The most bytes (and messages) any rank sends, over the representative ranks."""
+    costs = [algo.cost(nbytes, n, r, itemsize) for r in representative_ranks(n)]
+    return Cost(max(c.bytes_sent for c in costs), max(c.messages for c in costs))
+
+
+def two_phase_path(algo: Costed, nbytes: int, n: int, itemsize: int) -> Path:
+    """A reduce-scatter then all-gather in 2(n-1) dependent steps (ring, round-robin, gloo).
+
+    Every step waits for the previous one; half of what arrives (the reduce-scatter)
+    is added.
+    """
+    c0 = algo.cost(nbytes, n, 0, itemsize)
+    most = max_rank_cost(algo, nbytes, n, itemsize)
+    return Path(c0.messages, most.bytes_sent, most.bytes_sent // 2, most.bytes_sent,
+                most.messages, f"2(n−1) = {c0.messages} steps", "2(n−1)/n·S")  # fmt: skip

@@ -1,0 +1,102 @@
+"""The registry of algorithms, what each class states for the lab, and the process-wide switches."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+
+import pytest
+import torch
+from torch.distributed import ProcessGroup
+
+from disttrain import collectives
+from disttrain.collectives import checks, chunks
+from disttrain.collectives.costs import NOTHING, Cost
+from disttrain.comm.errors import UsageError
+
+
+def test_files_register_in_name_order() -> None:
+    assert list(collectives.ALGORITHMS) == [
+        "alltoall", "butterfly", "halving_doubling", "native", "ring", "roundrobin", "star", "tree"
+    ]  # fmt: skip
+    assert ", ".join(collectives.ALGORITHMS).startswith("alltoall, butterfly")
+
+
+def test_unknown_name_is_the_usage_error_listing_the_choices() -> None:
+    with pytest.raises(UsageError) as info:
+        collectives.get("gossip")
+    message = str(info.value)
+    assert message.startswith("--algorithm 'gossip': unknown allreduce algorithm; choose one of")
+    assert all(name in message for name in collectives.ALGORITHMS)
+    with pytest.raises(UsageError):
+        collectives.all_reduce(torch.ones(2), "gossip")
+
+
+def test_what_each_class_states_for_the_lab() -> None:
+    table = sorted((a.table_position, n) for n, a in collectives.ALGORITHMS.items())
+    assert [n for p, n in table if p] == ["star", "tree", "butterfly", "ring"]  # seed lectures
+    calibrated = [n for n, a in collectives.ALGORITHMS.items() if a.calibrates]
+    assert calibrated == ["alltoall", "ring", "star", "tree"]
+    assert [n for n, a in collectives.ALGORITHMS.items() if a.estimated] == ["native"]
+    steps = {n: collectives.get(n).steps_formula(6) for n in collectives.ALGORITHMS}
+    assert steps == {"alltoall": "1", "butterfly": "-", "halving_doubling": "-", "native": "-",
+                     "ring": "10", "roundrobin": "10", "star": "2", "tree": "4"}  # fmt: skip
+    assert collectives.get("butterfly").steps_formula(8) == "3"
+    assert collectives.get("halving_doubling").steps_formula(8) == "6"
+
+
+@pytest.mark.parametrize("name", list(collectives.ALGORITHMS))
+def test_nothing_to_send_has_an_empty_path(name: str) -> None:
+    algo = collectives.get(name)
+    assert algo.critical_path(0, 8, 4) == NOTHING
+    assert algo.critical_path(4096, 1, 4) == NOTHING
+
+
+class _Uneven(collectives.AllReduceAlgorithm):
+    """Not registered: only its cost() matters (rank 1 is the busiest)."""
+
+    name = "uneven"
+
+    def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
+        raise NotImplementedError
+
+    def cost(self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1) -> Cost:
+        return Cost(nbytes * (2 if rank == 1 else 1), 3 if rank == 1 else 1)
+
+
+def test_the_default_path_is_the_busiest_ranks_sends_in_sequence() -> None:
+    path = _Uneven().critical_path(1000, 4, 4)
+    assert (path.steps, path.critical_bytes, path.reduced_bytes) == (3, 2000, 2000)
+    assert (path.bytes_per_rank, path.messages_per_rank) == (2000, 3)
+    assert _Uneven().steps_formula(4) == "-"
+    assert "uneven" not in collectives.ALGORITHMS
+
+
+def test_switches_are_plain_module_state() -> None:
+    assert collectives.length_check_enabled()
+    assert collectives.set_length_check(False) is True
+    try:
+        assert not collectives.length_check_enabled()
+    finally:
+        assert collectives.set_length_check(True) is False
+    assert checks.set_checks_everywhere(True) is False
+    assert checks.set_checks_everywhere(False) is True and not checks.checks_everywhere()
+    old = chunks.set_segment_bytes(1024)
+    try:
+        assert chunks.segment_bytes() == 1024
+    finally:
+        chunks.set_segment_bytes(old)
+
+
+def test_checks_does_not_import_the_registry() -> None:
+    """checks <- base, never back: base registers each algorithm's operation name in checks."""
+    tree = ast.parse(inspect.getsource(checks))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not {m for m in imported if m and m.startswith("disttrain.collectives")}
+    assert f"allreduce/ring/{torch.float32}" in _learned_names()
+
+
+def _learned_names() -> set[str]:
+    checks._learn_names()
+    return set(checks._NAMES.values())
