@@ -1,6 +1,6 @@
-"""What --timeline costs: steps/s with and without it, same runs alternating, and ns per span.
+"""What --timeline costs: steps/s with and without it, runs alternating, and ns per span.
 
-    PYTHONPATH=src python benchmarks/timeline_overhead.py [--repeats 3] [--steps 60]
+    disttrain bench timeline-overhead [--repeats 3] [--steps 60]
 
 Runs ``disttrain train`` (2 workers, mlp/digits, allreduce) alternately without
 and with ``--timeline`` so that load on the machine hits both alike, and prints
@@ -20,7 +20,8 @@ import tempfile
 import time
 
 from disttrain import timeline
-from disttrain.lab.runs import train_run
+
+__all__ = ["add_arguments", "run"]
 
 BASE = {"workers": 2, "model": "mlp", "dataset": "digits", "epochs": 10}
 
@@ -34,11 +35,14 @@ def _span_ns(calls: int = 200_000) -> float:
     return (time.thread_time_ns() - start) / calls
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60)
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
+    from disttrain.lab.runs import train_run
+
     flags = {**BASE, "max_steps": args.steps}
     runs: dict[str, list[float]] = {"off": [], "on": []}
     events_per_step = 0.0
@@ -69,7 +73,4 @@ def main() -> None:
     print(f"one span: {null_ns:.0f} ns off, {on_ns:.0f} ns on")
     print(f"{events_per_step:.1f} events per step per rank -> ~{per_step_us:.1f} us per step on, "
           f"{per_step_us * 1e-6 * off:.5f} of a step at {off:.2f} steps/s")  # fmt: skip
-
-
-if __name__ == "__main__":
-    main()
+    return 0

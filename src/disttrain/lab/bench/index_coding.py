@@ -1,6 +1,6 @@
-"""Index coding: bits per sent entry of our exp-Golomb code vs the empirical entropy, zlib and lzma.
+"""Index coding: bits per sent index of our exp-Golomb code vs the entropy, zlib and lzma.
 
-    PYTHONPATH=src python benchmarks/index_coding.py --tau 0.03 --steps 40
+    disttrain bench index-coding --tau 0.03 --steps 40
 
 Real index sets: one process trains the default MLP on digits (batch 16, one
 worker's shard of a 64 batch) with one-bit threshold quantization and error
@@ -19,21 +19,20 @@ import argparse
 import lzma
 import math
 import statistics
-import sys
 import time
 import zlib
 
-import numpy as np
-import torch
-
-__all__ = ["main"]
+__all__ = ["add_arguments", "run"]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tau", type=float, default=0.03)
     parser.add_argument("--steps", type=int, default=40)
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+    import torch
 
     from disttrain.compression import ErrorFeedback, OneBit, empirical_entropy_bits
     from disttrain.compression.index_coding import HEADER_BYTES, decode_indices, encode_indices
@@ -99,7 +98,3 @@ def main(argv: list[str] | None = None) -> int:
         "plus 1 sign bit per entry and a 5-byte header per payload on the wire"
     )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

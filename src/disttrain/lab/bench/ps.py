@@ -1,8 +1,8 @@
 """Parameter-server benchmarks: sync vs async with a straggler, staleness vs N, servers.
 
-    PYTHONPATH=src python benchmarks/ps.py straggler --repeats 3
-    PYTHONPATH=src python benchmarks/ps.py staleness
-    PYTHONPATH=src python benchmarks/ps.py servers --repeats 3
+    disttrain bench ps straggler --repeats 3
+    disttrain bench ps staleness
+    disttrain bench ps servers --repeats 3
 
 Each figure is the median over ``--repeats`` runs of ``disttrain train``,
 each started as a user would (the CLI in a subprocess); throughput is the
@@ -25,22 +25,28 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+import disttrain
+
+__all__ = ["add_arguments", "run"]
+
+#: the folder holding the ``disttrain`` package that runs this bench: its runs use it too
+SRC = Path(disttrain.__file__).resolve().parents[1]
 
 
-def run(flags: list[str], timeout: float = 900) -> dict[str, Any]:
+def train(flags: list[str], timeout: float = 900) -> dict[str, Any]:
     """One ``disttrain train`` run; its summary.json."""
     with tempfile.TemporaryDirectory(prefix="ps-bench-") as out:
         cmd = [sys.executable, "-m", "disttrain", "train", "--no-progress", *flags, "--out", out]
-        env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
+        path = os.environ.get("PYTHONPATH", "")
+        env = {**os.environ, "PYTHONPATH": f"{SRC}:{path}" if path else str(SRC)}
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
             raise RuntimeError(f"{shlex.join(cmd)} failed:\n{proc.stderr[-2000:]}")
-        return json.loads((Path(out) / "summary.json").read_text())  # type: ignore[no-any-return]
+        return json.loads((Path(out) / "summary.json").read_text())
 
 
 def median_runs(flags: list[str], repeats: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    runs = [run(flags) for _ in range(repeats)]
+    runs = [train(flags) for _ in range(repeats)]
     keys = ("samples_per_second", "final_accuracy", "staleness_mean", "staleness_max",
             "clock_gap_max", "wall_seconds")  # fmt: skip
     med = {k: statistics.median(float(r[k]) for r in runs) for k in keys}
@@ -107,17 +113,15 @@ def servers(args: argparse.Namespace) -> None:
         print(f"  command: disttrain train {shlex.join(flags)}", file=sys.stderr)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("which", choices=("straggler", "staleness", "servers"))
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--model", default="cnn")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--max-steps", type=int, default=40)
     parser.add_argument("--extra", default="", help="more train flags, e.g. '--optimizer sgd'")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     {"straggler": straggler, "staleness": staleness, "servers": servers}[args.which](args)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,6 +1,6 @@
-"""The physical ceiling under `disttrain bench allreduce`: loopback TCP and memory-copy bandwidth.
+"""The physical ceiling under bench allreduce: loopback TCP and memory-copy bandwidth.
 
-    PYTHONPATH=src python benchmarks/allreduce_ceiling.py
+    disttrain bench allreduce-ceiling [--repeats 5]
 
 Loopback TCP: one sender thread writes 1 MB blocks to a socket on 127.0.0.1,
 the main thread reads them into one buffer (``recv_into``, no Python copies);
@@ -11,14 +11,15 @@ moves twice that). Medians of repeated runs, because the machine is shared.
 
 from __future__ import annotations
 
+import argparse
 import socket
 import statistics
 import threading
 import time
 
-import torch
+from disttrain.comm.errors import UsageError
 
-__all__ = ["loopback_tcp_gbps", "memcpy_gbps"]
+__all__ = ["add_arguments", "loopback_tcp_gbps", "memcpy_gbps", "run"]
 
 
 def loopback_tcp_gbps(total: int = 256 << 20, block: int = 1 << 20) -> float:
@@ -52,6 +53,8 @@ def loopback_tcp_gbps(total: int = 256 << 20, block: int = 1 << 20) -> float:
 
 
 def memcpy_gbps(nbytes: int = 64 << 20, reps: int = 10) -> float:
+    import torch
+
     torch.set_num_threads(1)
     a = torch.ones(nbytes // 4)
     b = torch.empty_like(a)
@@ -62,9 +65,15 @@ def memcpy_gbps(nbytes: int = 64 << 20, reps: int = 10) -> float:
     return nbytes * reps / (time.perf_counter() - start) / 1e9
 
 
-def main() -> None:
-    tcp = [loopback_tcp_gbps() for _ in range(5)]
-    mem = [memcpy_gbps() for _ in range(5)]
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each (default: 5)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.repeats < 1:
+        raise UsageError(f"--repeats {args.repeats}: use at least 1")
+    tcp = [loopback_tcp_gbps() for _ in range(args.repeats)]
+    mem = [memcpy_gbps() for _ in range(args.repeats)]
     print(
         f"loopback TCP, one stream, 1 MB blocks: median {statistics.median(tcp):.2f} GB/s "
         f"(runs: {', '.join(f'{x:.2f}' for x in tcp)})"
@@ -73,7 +82,4 @@ def main() -> None:
         f"memory copy, 64 MB, one thread:       median {statistics.median(mem):.2f} GB/s "
         f"(runs: {', '.join(f'{x:.2f}' for x in mem)})"
     )
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,7 +1,7 @@
-"""Validate `disttrain advise`'s cost model: calibrate, then predict and measure, in one run.
+"""Validate the cost model of disttrain advise: calibrate, then predict and measure, in one run.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/costmodel_validation.py --workers 4 \\
-        --rates 100mbit,300mbit,1gbit --json benchmarks/results/costmodel_validation.json
+    disttrain bench costmodel-validation --workers 4 --rates 100mbit,300mbit,1gbit \\
+        --json benchmarks/results/costmodel_validation.json
 
 (The emulated-cluster part needs root and iproute2; without them it is skipped and
 said so.) Steps, all in this one process so the machine's load is comparable:
@@ -33,13 +33,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from disttrain import collectives
-from disttrain.lab import calibrate, costmodel
-from disttrain.lab.calibration import Calibration
+if TYPE_CHECKING:
+    from disttrain.lab import costmodel
+    from disttrain.lab.calibration import Calibration
 
-__all__ = ["main"]
+__all__ = ["add_arguments", "run"]
 
 VAL_SIZES = ("4KB", "64KB", "1MB", "8MB")
 CAL_ALGORITHMS = ("ring", "tree", "star", "alltoall")
@@ -51,6 +51,8 @@ def _uptime() -> str:
 
 
 def _loopback(cal: Calibration, n: int) -> costmodel.Network:
+    from disttrain.lab import costmodel
+
     a, d, b = cal.loopback_link(n)
     return costmodel.Network(alpha=a, beta=b, delta=d, shared_host=True, name=f"loopback {n}")
 
@@ -72,6 +74,9 @@ def _row(kind: str, config: str, measured: float, predicted: float, held_out: bo
 
 
 def _allreduce(cal: Calibration, workers: int) -> list[dict[str, Any]]:
+    from disttrain import collectives
+    from disttrain.lab import calibrate, costmodel
+
     out = []
     for n in range(2, workers + 1):
         print(f"validate: bench allreduce on {n} ranks, all algorithms", flush=True)
@@ -86,6 +91,8 @@ def _allreduce(cal: Calibration, workers: int) -> list[dict[str, Any]]:
 
 
 def _dp(cal: Calibration, workers: int, params: int, sizes: list[int]) -> list[dict[str, Any]]:
+    from disttrain.lab import calibrate, costmodel
+
     out = []
     for n in range(2, workers + 1):
         print(f"validate: bench dp on {n} ranks, batch {DP_BATCH}", flush=True)
@@ -112,6 +119,7 @@ def _cluster(cal: Calibration, rates: list[str], params: int, sizes: list[int],
     from disttrain.cluster import hosts as cluster
     from disttrain.cluster import linkprobe, netns
     from disttrain.comm.errors import UsageError
+    from disttrain.lab import costmodel
 
     try:
         netns.check_tools()
@@ -153,14 +161,17 @@ def _med(rows: list[dict[str, Any]]) -> str:
     return f"{statistics.median(r['error'] for r in rows):.1%} ({len(rows)} rows)" if rows else "-"
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--rates", default="100mbit,300mbit,1gbit", help="'' to skip the cluster")
     p.add_argument("--cluster-steps", type=int, default=12)
     p.add_argument("--json", default="")
     p.add_argument("--calibration-out", default="", help="also save the calibration here")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
+    from disttrain.lab import calibrate
+
     up_before = _uptime()
     print(f"uptime before: {up_before}", flush=True)
     cal = calibrate.calibrate(args.workers, algorithms=CAL_ALGORITHMS)
@@ -190,7 +201,3 @@ def main() -> int:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1, default=str)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,8 @@
 """Talking less: dense allreduce vs local SGD vs compressed decentralized SGD, bytes and accuracy.
 
-    PYTHONPATH=src python benchmarks/talking_less.py --workload digits --repeats 1
-    PYTHONPATH=src python benchmarks/talking_less.py --workload pycode --repeats 1
-    PYTHONPATH=src python benchmarks/talking_less.py --workload pycode --pycode-chars 200000 \
+    disttrain bench talking-less --workload digits --repeats 1
+    disttrain bench talking-less --workload pycode --repeats 1
+    disttrain bench talking-less --workload pycode --pycode-chars 200000 \
         --only "localsgd H=16;decentralized onebit:0.03;..."
 
 Each configuration runs ``disttrain train`` as a subprocess (4 workers, the
@@ -23,7 +23,9 @@ import sys
 import tempfile
 from typing import Any
 
-__all__ = ["CONFIGS", "main"]
+from disttrain.comm.errors import UsageError
+
+__all__ = ["CONFIGS", "add_arguments", "run"]
 
 #: label -> extra flags; the first one is the anchor.
 SGD = ["--optimizer", "sgd", "--lr", "0.5"]  # = momentum 0.9 at lr 0.05, without the momentum
@@ -118,11 +120,10 @@ def run_one(flags: list[str], out: str, timeout: float) -> dict[str, Any]:
     cmd += [*flags, "--out", out]
     subprocess.run(cmd, check=True, timeout=timeout, capture_output=True)
     with open(os.path.join(out, "summary.json")) as fh:
-        return json.load(fh)  # type: ignore[no-any-return]
+        return json.load(fh)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", choices=sorted(CONFIGS), default="digits")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--only", default="", help="';'-separated labels to run (anchor always)")
@@ -130,14 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--pycode-chars", type=int, default=60000, help="pycode: more text, more steps per epoch"
     )
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     configs = CONFIGS[args.workload]
     labels = list(configs)
     if args.only:
         wanted = {w.strip() for w in args.only.split(";")}
         unknown = wanted - set(labels)
         if unknown:
-            parser.error(f"--only: unknown labels {sorted(unknown)}; choose from {labels}")
+            raise UsageError(f"--only: unknown labels {sorted(unknown)}; choose from {labels}")
         labels = [labels[0], *[lb for lb in labels[1:] if lb in wanted]]
     rows: dict[str, list[dict[str, Any]]] = {lb: [] for lb in labels}
     with tempfile.TemporaryDirectory(prefix="talking-less-") as tmp:
@@ -178,7 +181,3 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"\n(median of {args.repeats} run(s) each; 4 workers on a shared 2-core machine)")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

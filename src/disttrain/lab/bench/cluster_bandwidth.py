@@ -1,6 +1,6 @@
 """Emulated cluster: data-parallel samples/s of a workload across shaped link rates.
 
-    sudo PYTHONPATH=src python benchmarks/cluster_bandwidth.py --hosts 4 \\
+    sudo disttrain bench cluster-bandwidth --hosts 4 \\
         --bandwidths 100mbit,1gbit,10gbit --repeats 3 --max-steps 10
 
 For each repeat, runs the anchor (the same job on ONE host: H local workers
@@ -20,10 +20,7 @@ import subprocess
 import sys
 import tempfile
 
-from disttrain.cluster import hosts as cluster
-from disttrain.cluster import linkprobe
-
-__all__ = ["main"]
+__all__ = ["add_arguments", "run"]
 
 NAME = "bench"
 
@@ -42,14 +39,18 @@ def _samples_per_s(cmd: list[str], out: str, timeout: float) -> float:
         return float(json.load(fh)["samples_per_second"])
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hosts", type=int, default=4)
     p.add_argument("--bandwidths", default="100mbit,1gbit,10gbit")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-steps", type=int, default=10)
     p.add_argument("--strategy", default="allreduce")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
+    from disttrain.cluster import hosts as cluster
+    from disttrain.cluster import linkprobe
+
     rates = args.bandwidths.split(",")
     dt = [sys.executable, "-m", "disttrain"]
     tmp = tempfile.mkdtemp(prefix="dt-bench-")
@@ -92,7 +93,3 @@ def main() -> int:
         + ", ".join(f"{r} {[round(x, 1) for x in v]}" for r, v in shaped.items())
     )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

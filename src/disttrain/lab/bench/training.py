@@ -1,7 +1,7 @@
 """Mixed precision and prefetching, each measured against its plain anchor in the same run.
 
-    PYTHONPATH=src python benchmarks/training.py precision [--repeats 2]
-    PYTHONPATH=src python benchmarks/training.py prefetch --delay-ms 20
+    disttrain bench training precision [--repeats 2] [--fp16]
+    disttrain bench training prefetch --delay-ms 20
 
 ``precision``: fp32 vs bf16 (and fp16) on digits/mlp and on gpt/pycode, 2
 workers: final accuracy or loss, and samples/s as a ratio to fp32.
@@ -16,7 +16,7 @@ import argparse
 import statistics
 from typing import Any
 
-from disttrain.lab.runs import train_run
+__all__ = ["add_arguments", "run"]
 
 DIGITS = {"dataset": "digits", "model": "mlp", "epochs": 10, "workers": 2}
 GPT = {
@@ -30,6 +30,8 @@ def _median(runs: list[dict[str, Any]], key: str) -> float:
 
 
 def precision(repeats: int, fp16: bool) -> None:
+    from disttrain.lab.runs import train_run
+
     variants = ["fp32", "bf16"] + (["fp16"] if fp16 else [])
     for name, base in (("digits/mlp", DIGITS), ("pycode/gpt", GPT)):
         runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
@@ -49,6 +51,8 @@ def precision(repeats: int, fp16: bool) -> None:
 
 
 def prefetch(delay_ms: float, repeats: int) -> None:
+    from disttrain.lab.runs import train_run
+
     runs: dict[int, list[dict[str, Any]]] = {0: [], 2: []}
     for _ in range(repeats):
         for depth in runs:
@@ -69,21 +73,19 @@ def prefetch(delay_ms: float, repeats: int) -> None:
         print(f"| {label} | {wait * 1e3:.1f} | {busy * 1e3:.1f} | {sps:.0f} |")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="what", required=True)
-    p = sub.add_parser("precision")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="what", required=True, parser_class=type(parser))
+    p = sub.add_parser("precision", help="fp32 vs bf16 (and fp16)")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--fp16", action="store_true", help="also fp16 (emulated, very slow on CPU)")
-    q = sub.add_parser("prefetch")
+    q = sub.add_parser("prefetch", help="a slow loader with prefetching off and on")
     q.add_argument("--delay-ms", type=float, default=20.0)
     q.add_argument("--repeats", type=int, default=1)
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     if args.what == "precision":
         precision(args.repeats, args.fp16)
     else:
         prefetch(args.delay_ms, args.repeats)
-
-
-if __name__ == "__main__":
-    main()
+    return 0
