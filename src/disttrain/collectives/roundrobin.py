@@ -11,7 +11,7 @@ Rounds are pipelined two deep: round k+1 is posted before round k's chunk is
 summed (into the other of two scratch buffers), so the sum overlaps the next
 transfer, and in the all-gather round k+1 is posted before round k is waited
 on. So at most two rounds are in flight: a rank receives from two peers at
-once, not n-1. Measured at n=4, 16 MB (benchmarks/roundrobin_depth.py):
+once, not n-1. Measured at n=4, 16 MB (disttrain bench roundrobin-depth):
 1.00-1.03x native's time paired, against 1.04-1.08x one round at a time.
 """
 
@@ -43,7 +43,7 @@ class RoundRobin(AllReduceAlgorithm):
     name = "roundrobin"
     #: Rounds in flight at once. Two lets one round's sum (or wake-up) overlap the
     #: next round's transfer; more only adds receivers per rank and scratch buffers
-    #: (benchmarks/roundrobin_depth.py measures 1, 2 and all).
+    #: (disttrain bench roundrobin-depth measures 1, 2 and all).
     depth = 2
 
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:

@@ -1,12 +1,10 @@
-"""Receive buffers kept between calls, because fresh ones cost more than the transfer.
+"""Receive buffers kept between calls, so that transfers do not pay for fresh pages.
 
-A freshly allocated large tensor is fresh pages from the kernel: receiving
-64 MB into one was measured at 370 ms against 52 ms for 32 MB into a reused
-buffer (2 ranks, gloo over loopback; see docs/collectives.md), the page faults
-being taken by gloo's receiving thread. Each algorithm therefore asks for its
-scratch space here by slot; a slot grows when needed and is never shrunk
-until :func:`release` is called. Algorithms are synchronous, so a slot is
-never used by two calls at once.
+A freshly allocated large tensor is fresh pages from the kernel, and the page
+faults are taken by gloo's receiving thread during the transfer. Each
+algorithm therefore asks for its scratch space here by slot; a slot grows
+when needed and is never shrunk until :func:`release` is called. Algorithms
+are synchronous, so a slot is never used by two calls at once.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Ranks here are *group* ranks; they are translated to global ranks for
 torch.distributed and for the meter. A receive and its matching send are
 always posted together (``irecv`` + ``isend``, then wait on both), so no ordering
 between peers is needed to avoid a deadlock. (The design note's "blocking recv
-is 5-50x slower" did not reproduce: benchmarks/p2p_posting.py, RESULTS.md.)
+is 5-50x slower" did not reproduce: disttrain bench p2p-posting, RESULTS.md.)
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ class SparseCompressor(Compressor):
     Decoding touches only those entries: :meth:`add_into` scatters them into
     the running sum instead of building and adding a dense tensor per peer
     (decentralized one-bit at tau 0.03: 1.6-1.7x the samples/s, benchmarks/
-    RESULTS.md, "Decoding only the sent entries").
+    RESULTS.md, "Talking less").
     """
 
     @abstractmethod

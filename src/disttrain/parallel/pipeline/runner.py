@@ -119,10 +119,11 @@ class StepTimes:
 def recv_ahead_default(schedule: str) -> bool:
     """Whether the runner posts each receive one action early for the schedule named ``schedule``.
 
-    Measured on the 2-core box (benchmarks/RESULTS.md, "Third pass"): for 1F1B
-    posting when needed was faster (its steady state alternates with the
-    peer, so the message an action needs is produced just before it and an
-    early post overlaps nothing); for GPipe the early post was as fast or faster.
+    Measured on the 2-core box (``disttrain bench pipeline-recv-ahead``,
+    benchmarks/RESULTS.md): for 1F1B posting when needed was faster (its steady
+    state alternates with the peer, so the message an action needs is produced
+    just before it and an early post overlaps nothing); for GPipe the early post
+    was as fast or faster.
     """
     return schedule != "1f1b"
 

@@ -1,0 +1,203 @@
+"""Validate the cost model of disttrain advise: calibrate, then predict and measure, in one run.
+
+    disttrain bench costmodel-validation --workers 4 --rates 100mbit,300mbit,1gbit \\
+        --json benchmarks/results/costmodel_validation.json
+
+(The emulated-cluster part needs root and iproute2; without them it is skipped and
+said so.) Steps, all in this one process so the machine's load is comparable:
+
+1. Calibrate (:func:`disttrain.lab.calibrate.calibrate`): bench allreduce at n = 2..W with
+   ring, tree, star and all-to-all at 4KB, 1MB, 8MB; bench dp for compute rates.
+2. Allreduce: bench allreduce at n = 2..W, EVERY algorithm at 4KB, 64KB, 1MB, 8MB, each
+   row predicted from the n-rank shared-host link. Rows whose algorithm or size the fit
+   never saw are marked held out.
+3. Data parallel: bench dp at n = 2..W, global batch 96 (a per-rank batch the compute fit
+   never saw), fusion 4 MB and 0 (one allreduce per tensor), no overlap: step time =
+   batch / median samples/s, predicted as compute (with n ranks sharing the cores) plus
+   one native allreduce per bucket of the mlp's real buckets.
+4. Emulated cluster: 4 hosts x 1 worker at each rate, `disttrain train` (mlp, digits,
+   batch 64, no overlap); step time = median of the per-step wall-clock differences in
+   metrics.jsonl after 3 warm-up steps; predicted with β from the link's measured TCP
+   goodput and α, γ from the calibration.
+
+Error = |predicted - measured| / measured. Prints a markdown table and the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from disttrain.lab import costmodel
+    from disttrain.lab.calibration import Calibration
+
+__all__ = ["add_arguments", "run"]
+
+VAL_SIZES = ("4KB", "64KB", "1MB", "8MB")
+CAL_ALGORITHMS = ("ring", "tree", "star", "alltoall")
+DP_BATCH = 96
+
+
+def _uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def _loopback(cal: Calibration, n: int) -> costmodel.Network:
+    from disttrain.lab import costmodel
+
+    a, d, b = cal.loopback_link(n)
+    return costmodel.Network(alpha=a, beta=b, delta=d, shared_host=True, name=f"loopback {n}")
+
+
+def _buckets(sizes: list[int], fusion_mb: float) -> tuple[int, ...]:
+    """The reducer's buckets: gradients in reverse registration order, filled up to the cap."""
+    import torch
+
+    from disttrain.dataparallel.fusion import MB, assign_by_size
+
+    grads = [torch.empty(s // 4) for s in reversed(sizes)]
+    groups = assign_by_size(grads, int(fusion_mb * MB))
+    return tuple(sum(sizes[::-1][i] for i in g) for g in groups)
+
+
+def _row(kind: str, config: str, measured: float, predicted: float, held_out: bool) -> dict:
+    return {"kind": kind, "config": config, "measured_s": measured, "predicted_s": predicted,
+            "error": abs(predicted - measured) / measured, "held_out": held_out}  # fmt: skip
+
+
+def _allreduce(cal: Calibration, workers: int) -> list[dict[str, Any]]:
+    from disttrain import collectives
+    from disttrain.lab import calibrate, costmodel
+
+    out = []
+    for n in range(2, workers + 1):
+        print(f"validate: bench allreduce on {n} ranks, all algorithms", flush=True)
+        rows = calibrate.bench_allreduce_rows(n, VAL_SIZES, list(collectives.ALGORITHMS))
+        net = _loopback(cal, n)
+        for r in rows:
+            pred, _ = costmodel.allreduce_seconds(r["algorithm"], r["size"], n, net, cal)
+            seen = r["algorithm"] in CAL_ALGORITHMS and r["size"] in (4 << 10, 1 << 20, 8 << 20)
+            out.append(_row("allreduce", f"n={n} {r['algorithm']} {r['size'] >> 10}KB",
+                            r[calibrate.STAT], pred, not seen))  # fmt: skip
+    return out
+
+
+def _dp(cal: Calibration, workers: int, params: int, sizes: list[int]) -> list[dict[str, Any]]:
+    from disttrain.lab import calibrate, costmodel
+
+    out = []
+    for n in range(2, workers + 1):
+        print(f"validate: bench dp on {n} ranks, batch {DP_BATCH}", flush=True)
+        rows = calibrate.bench_dp_rows(n, DP_BATCH)
+        for fusion in (4.0, 0.0):
+            measured = DP_BATCH / rows[f"dp fusion={fusion:g} no-overlap"]["samples_per_second"]
+            work = costmodel.Workload(params=params, batch_size=DP_BATCH, ranks_per_host=n,
+                                      buckets=_buckets(sizes, fusion))  # fmt: skip
+            p = costmodel.predict("allreduce:native", work, n, _loopback(cal, n), cal)
+            out.append(_row("dp", f"n={n} mlp batch {DP_BATCH} fusion {fusion:g}MB", measured,
+                            p.step_seconds, True))  # fmt: skip
+    return out
+
+
+def _step_seconds(out: str) -> float:
+    with open(os.path.join(out, "metrics.jsonl")) as fh:
+        walls = [json.loads(line) for line in fh]
+    walls = [m["wall_seconds"] for m in walls if "step" in m and "wall_seconds" in m]
+    return statistics.median(b - a for a, b in itertools.pairwise(walls[3:]))
+
+
+def _cluster(cal: Calibration, rates: list[str], params: int, sizes: list[int],
+             steps: int) -> list[dict[str, Any]]:  # fmt: skip
+    from disttrain.cluster import hosts as cluster
+    from disttrain.cluster import linkprobe, netns
+    from disttrain.comm.errors import UsageError
+    from disttrain.lab import costmodel
+
+    try:
+        netns.check_tools()
+    except UsageError as exc:
+        print(f"validate: emulated cluster skipped: {exc}")
+        return []
+    out, hosts, name = [], 4, "cmv"
+    dt = [sys.executable, "-m", "disttrain"]
+    tmp = tempfile.mkdtemp(prefix="dt-cmv-")
+    for rate in rates:
+        print(f"validate: emulated cluster, {hosts} hosts at {rate}", flush=True)
+        c = cluster.plan(name, hosts, rate)
+        cluster.down(name)
+        cluster.up(c)
+        try:
+            link = linkprobe.measure(c.hosts[0], c.hosts[1], c.rate_bits, seconds=1.0)
+            folder = os.path.join(tmp, rate)
+            cmd = [*dt, "cluster", "run", "--name", name, "--timeout", "900", "--", *dt,
+                   "train", "--model", "mlp", "--dataset", "digits", "--batch-size", "64",
+                   "--max-steps", str(steps), "--epochs", "1", "--no-overlap", "--workers", "1",
+                   "--no-progress", "--out", folder]  # fmt: skip
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1000)
+            if proc.returncode != 0:
+                raise RuntimeError(f"cluster run failed: {proc.stderr[-1500:]}")
+            measured = _step_seconds(folder)
+        finally:
+            cluster.down(name)
+        net = costmodel.Network(alpha=cal.alpha, beta=8 / link.bits_per_s, name=rate)
+        work = costmodel.Workload(params=params, batch_size=64, ranks_per_host=hosts,
+                                  buckets=_buckets(sizes, 4.0))  # fmt: skip
+        p = costmodel.predict("allreduce:native", work, hosts, net, cal)
+        out.append(_row("cluster", f"{hosts} hosts {rate} (goodput "
+                        f"{link.bits_per_s / 1e6:.0f} Mbit/s) mlp batch 64", measured,
+                        p.step_seconds, True))  # fmt: skip
+    return out
+
+
+def _med(rows: list[dict[str, Any]]) -> str:
+    return f"{statistics.median(r['error'] for r in rows):.1%} ({len(rows)} rows)" if rows else "-"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--rates", default="100mbit,300mbit,1gbit", help="'' to skip the cluster")
+    p.add_argument("--cluster-steps", type=int, default=12)
+    p.add_argument("--json", default="")
+    p.add_argument("--calibration-out", default="", help="also save the calibration here")
+
+
+def run(args: argparse.Namespace) -> int:
+    from disttrain.lab import calibrate
+
+    up_before = _uptime()
+    print(f"uptime before: {up_before}", flush=True)
+    cal = calibrate.calibrate(args.workers, algorithms=CAL_ALGORITHMS)
+    if args.calibration_out:
+        cal.save(args.calibration_out)
+    print(calibrate.describe(cal), flush=True)
+    params, sizes = calibrate.mlp_params()
+    rows = _allreduce(cal, args.workers)
+    rows += _dp(cal, args.workers, params, sizes)
+    rates = [r for r in args.rates.split(",") if r]
+    rows += _cluster(cal, rates, params, sizes, args.cluster_steps)
+    up_after = _uptime()
+    print("\n| kind | configuration | measured ms | predicted ms | error | held out |")
+    print("| --- | --- | ---: | ---: | ---: | --- |")
+    for r in rows:
+        print(f"| {r['kind']} | {r['config']} | {r['measured_s'] * 1e3:.3g} | "
+              f"{r['predicted_s'] * 1e3:.3g} | {r['error']:.0%} | "
+              f"{'yes' if r['held_out'] else 'no'} |")  # fmt: skip
+    held = [r for r in rows if r["held_out"]]
+    print(f"\nmedian absolute error: all {_med(rows)}; held out {_med(held)}")
+    for kind in ("allreduce", "dp", "cluster"):
+        print(f"  {kind}: {_med([r for r in rows if r['kind'] == kind])}")
+    print(f"uptime before: {up_before}\nuptime after:  {up_after}")
+    if args.json:
+        result = {"uptime_before": up_before, "uptime_after": up_after,
+                  "calibration": cal.__dict__, "rows": rows}  # fmt: skip
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=1, default=str)
+    return 0
