@@ -15,6 +15,7 @@ import sys
 from typing import NoReturn
 
 from disttrain.comm.errors import UsageError
+from disttrain.registry import load_plugins
 
 __all__ = ["COMMANDS", "Parser", "build_parser", "main"]
 
@@ -55,9 +56,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(chosen if chosen in COMMANDS else None)
-    ns = parser.parse_args(argv)
     try:
+        load_plugins()  # before the parser: plug-ins may add settings, strategies, choices
+        parser = build_parser(chosen if chosen in COMMANDS else None)
+        ns = parser.parse_args(argv)
         module = importlib.import_module(COMMANDS[ns.command][0])
         return int(module.run(ns, argv))
     except UsageError as exc:

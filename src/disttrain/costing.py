@@ -20,6 +20,8 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from disttrain import collectives
+from disttrain.collectives.costs import Path
+from disttrain.collectives.paths import critical_path
 
 __all__ = [
     "CriticalPath",
@@ -61,30 +63,8 @@ class Rates(Protocol):
     def colocation_factor(self, ranks_per_host: int) -> float: ...
 
 
-class CriticalPath(Protocol):
-    """One allreduce's critical path (``disttrain.lab.collective_paths.Path``)."""
-
-    @property
-    def steps(self) -> int: ...
-    @property
-    def critical_bytes(self) -> int: ...
-    @property
-    def reduced_bytes(self) -> int: ...
-    @property
-    def bytes_per_rank(self) -> int: ...
-    @property
-    def messages_per_rank(self) -> int: ...
-    @property
-    def latency_formula(self) -> str: ...
-    @property
-    def bandwidth_formula(self) -> str: ...
-    @property
-    def total_messages(self) -> int: ...
-    @property
-    def total_bytes(self) -> int: ...
-
-    def seconds(self, alpha: float, beta: float, gamma: float) -> float: ...
-    def shared_seconds(self, alpha: float, delta: float, beta: float) -> float: ...
+#: One allreduce's critical path, as each algorithm states it.
+CriticalPath = Path
 
 
 @dataclass(frozen=True)
@@ -169,10 +149,6 @@ def gamma_of(net: Network, cal: Rates) -> float:
 def allreduce_path(algorithm: str, nbytes: int, n: int, itemsize: int = 4) -> CriticalPath:
     """The critical path of one allreduce of ``nbytes`` on ``n`` ranks with ``algorithm``
     (an unknown name raises the collectives' own error)."""
-    # TODO(merge): collectives.get(algorithm).critical_path(nbytes, n, itemsize), once the
-    # algorithms own their paths; imported lazily until then (lab sits above this module).
-    from disttrain.lab.collective_paths import critical_path
-
     return critical_path(algorithm, nbytes, n, itemsize)
 
 
@@ -188,8 +164,8 @@ def allreduce_seconds(
 
 def fastest_allreduce(work: Workload, n: int, net: Network, cal: Rates) -> str:
     """The algorithm this model predicts fastest for one allreduce of the gradients."""
-    # native is gloo's own ring: modelled as the ring, so it never adds a choice
-    names = [a for a in collectives.ALGORITHMS if a != "native"]
+    # an estimated algorithm (native: gloo's own ring) is modelled as another, never a choice
+    names = [a for a in collectives.ALGORITHMS if not collectives.get(a).estimated]
     return min(names, key=lambda a: allreduce_seconds(a, work.gradient_bytes, n, net, cal)[0])
 
 

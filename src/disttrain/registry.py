@@ -9,10 +9,13 @@ An unknown name raises :class:`UsageError` (one line, exit code 2 at the command
 line) naming the flag and every valid choice, so no caller re-checks names.
 
 Plug-ins: every module named in ``$DISTTRAIN_PLUGINS`` (comma-separated, importable
-from ``sys.path``) is imported once by :func:`load_plugins`, which the packages that
-own registries call when they are imported. A plug-in registers its algorithm,
-strategy or compressor exactly as a built-in file does; worker processes inherit the
-variable, so a plug-in runs everywhere the command runs.
+from ``sys.path``) is imported once, by :func:`load_plugins`, which the command line calls
+first thing (inside its error handling, so a bad plug-in name is one line and exit
+code 2), as does every rank the multi-process runner starts. Not when a package is
+imported: a plug-in imports the package it extends (``class Ring2(Ring)``), which
+must be whole by then. A plug-in registers its algorithm, strategy or compressor exactly as
+a built-in file does; every process of a job (workers, benchmark ranks) inherits the
+variable, so a plug-in is there wherever the command runs.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ T = TypeVar("T")
 PLUGINS_ENV = "DISTTRAIN_PLUGINS"
 
 _loaded_plugins: set[str] = set()
+_seen_value: str | None = None  # the variable's value when last loaded: skip re-parsing
 
 
 class Registry(Generic[T]):
@@ -75,10 +79,10 @@ class Registry(Generic[T]):
         return name in self._entries
 
     def __iter__(self) -> Iterator[str]:
-        return iter(list(self._entries))
+        return iter(self.names())
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.names())
 
 
 def import_submodules(package: str, skip: tuple[str, ...] = ()) -> None:
@@ -95,7 +99,12 @@ def import_submodules(package: str, skip: tuple[str, ...] = ()) -> None:
 
 def load_plugins() -> None:
     """Import the modules named in ``$DISTTRAIN_PLUGINS`` (once each)."""
-    for name in (n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(",")):
+    global _seen_value
+    value = os.environ.get(PLUGINS_ENV, "")
+    if value == _seen_value:
+        return
+    _seen_value = value
+    for name in (n.strip() for n in value.split(",")):
         if name and name not in _loaded_plugins:
             _loaded_plugins.add(name)
             try:

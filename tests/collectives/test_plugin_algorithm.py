@@ -61,7 +61,7 @@ def test_the_plugin_owns_its_path_and_table_entries(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from disttrain import collectives
-    from disttrain.lab.collective_paths import critical_path
+    from disttrain.collectives.paths import critical_path
     from disttrain.lab.compare import table_algorithms
 
     _plugin(tmp_path)

@@ -8,9 +8,9 @@ import re
 import pytest
 
 from disttrain import collectives
+from disttrain.collectives.paths import critical_path
 from disttrain.lab import costmodel
 from disttrain.lab.calibration import Calibration, fit_compute, fit_link, nonneg_relative_lstsq
-from disttrain.lab.collective_paths import critical_path
 
 ALGS = [a for a in collectives.ALGORITHMS]
 CAL = Calibration.defaults()

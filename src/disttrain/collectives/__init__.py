@@ -2,7 +2,8 @@
 
 Every module of this package but the helpers below is an algorithm file and is
 imported here, in name order (alltoall, butterfly, ..., tree: the order of
-``ALGORITHMS``); then the plug-ins named in ``$DISTTRAIN_PLUGINS`` register theirs.
+``ALGORITHMS``). Plug-ins named in ``$DISTTRAIN_PLUGINS`` register theirs when loaded
+(:func:`disttrain.registry.load_plugins`).
 Adding an algorithm is adding a file (docs/collectives.md, "Adding an algorithm").
 """
 
@@ -17,10 +18,10 @@ from disttrain.collectives.base import (
     register,
     set_length_check,
 )
-from disttrain.registry import import_submodules, load_plugins
+from disttrain.registry import import_submodules
 
 #: Modules of this package that are helpers, not algorithms.
-HELPERS = ("base", "checks", "chunks", "costs", "folding", "scratch")
+HELPERS = ("base", "checks", "chunks", "costs", "folding", "paths", "scratch")
 
 __all__ = [
     "ALGORITHMS",
@@ -36,4 +37,3 @@ __all__ = [
 ]
 
 import_submodules(__name__, skip=HELPERS)
-load_plugins()

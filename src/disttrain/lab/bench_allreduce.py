@@ -259,8 +259,10 @@ def _entry(
         }
     )
     from disttrain.comm import world
+    from disttrain.registry import load_plugins
 
     try:
+        load_plugins()  # a spawned rank starts afresh: the plug-ins' algorithms too
         world.init(timeout=args.timeout)
         rows = _measure(sizes, names, args)
         results.put((rank, "", rows))

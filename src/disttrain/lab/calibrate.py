@@ -25,8 +25,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from disttrain.collectives.paths import critical_path
 from disttrain.lab.calibration import Calibration, fit_compute, nonneg_relative_lstsq
-from disttrain.lab.collective_paths import critical_path
 
 __all__ = [
     "STAT",

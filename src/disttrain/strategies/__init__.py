@@ -5,13 +5,12 @@ imported here (:func:`disttrain.registry.import_submodules`): a new strategy is 
 new file. Plug-in strategies come from ``$DISTTRAIN_PLUGINS``.
 """
 
-from disttrain.registry import import_submodules, load_plugins
+from disttrain.registry import import_submodules
 from disttrain.strategies.base import STRATEGIES, Strategy, get, register
 
 #: Modules of this package that hold no strategy (the interface and its helpers).
 HELPERS = ("base", "layout", "spec")
 
 import_submodules(__name__, skip=HELPERS)
-load_plugins()
 
 __all__ = ["HELPERS", "STRATEGIES", "Strategy", "get", "register"]

@@ -164,8 +164,10 @@ class AllReduce(Strategy):
     # --- the cost model ---------------------------------------------------------------
     @classmethod
     def advise_specs(cls) -> list[str]:
-        # one row per algorithm; native is gloo's ring, modelled as the ring
-        return [f"{cls.name}:{a}" for a in collectives.ALGORITHMS if a != "native"]
+        # one row per algorithm; an estimated one (native: gloo's ring) is modelled as another
+        return [
+            f"{cls.name}:{a}" for a in collectives.ALGORITHMS if not collectives.get(a).estimated
+        ]
 
     @classmethod
     def predict(

@@ -1,4 +1,4 @@
-"""The critical path of one allreduce, cached, with the totals over every rank.
+"""The critical path of one allreduce by algorithm name, cached, with the totals over every rank.
 
 Each algorithm states its own critical path (:meth:`AllReduceAlgorithm.critical_path`,
 built from its ``cost()``: see :mod:`disttrain.collectives.costs` for the model
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
-from disttrain import collectives
+from disttrain.collectives.base import get
 from disttrain.collectives.costs import Cost, Path
 
 __all__ = ["Path", "critical_path"]
@@ -21,7 +21,7 @@ __all__ = ["Path", "critical_path"]
 @lru_cache(maxsize=4096)  # buckets repeat one size; n = 10,000 costs O(n) per rank
 def critical_path(algorithm: str, nbytes: int, n: int, itemsize: int = 4) -> Path:
     """The critical path of one allreduce of ``nbytes`` on ``n`` ranks with ``algorithm``."""
-    algo = collectives.get(algorithm)
+    algo = get(algorithm)
     path = algo.critical_path(nbytes, n, itemsize)
     if n <= 64:  # exact sums; beyond, n times the busiest rank (an upper bound)
         costs = [algo.cost(nbytes, n, r, itemsize) for r in range(n)]
