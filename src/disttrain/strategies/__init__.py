@@ -1,4 +1,4 @@
-"""L2: data-parallel strategies, one file each, registered by name."""
+"""L3: data-parallel strategies, one file each, registered by name."""
 
 from disttrain.strategies import (  # noqa: F401  (register themselves)
     allreduce,

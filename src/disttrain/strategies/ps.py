@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed import ProcessGroup
 
-from disttrain import timeline
+from disttrain import checkpoint, timeline
 from disttrain.comm.errors import UsageError
 from disttrain.comm.world import group_timeout
 from disttrain.config import RunConfig
@@ -42,7 +42,6 @@ from disttrain.ps.consistency import Consistency
 from disttrain.ps.server import ShardServer, bind_router
 from disttrain.ps.sharding import flatten, shard_bounds, unflatten_into
 from disttrain.strategies.base import Strategy, register
-from disttrain.train import checkpoint
 
 __all__ = ["ParameterServer"]
 
