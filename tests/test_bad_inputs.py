@@ -23,8 +23,7 @@ import pytest
 import torch
 import zmq
 
-from disttrain import cli
-from disttrain.train import checkpoint
+from disttrain import checkpoint, cli
 from tests.ps.test_server import N, Running, _dealer
 
 REPO = Path(__file__).resolve().parents[1]

@@ -25,12 +25,10 @@ MP_PICKLERS = {"Queue", "SimpleQueue", "JoinableQueue", "Pipe", "Manager"}
 
 #: (file relative to src/disttrain, rule) -> why it is not a wire of ours.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("lab/bench_allreduce.py", "multiprocessing Queue"): (
-        "benchmark parent collects its own spawned children's figures over an OS pipe on "
-        "one host; no socket, and only the parent reads it"
+    ("launch/spawn.py", "multiprocessing Queue"): (
+        "the local runner of tests and benchmarks: its parent collects its own spawned "
+        "children's results over an OS pipe on one host; no socket, and only the parent reads it"
     ),
-    ("lab/bench_dp.py", "multiprocessing Queue"): "same: the benchmark's own children, one host",
-    ("lab/bench_pipeline.py", "multiprocessing Queue"): "same: the benchmark's own children",
 }
 
 

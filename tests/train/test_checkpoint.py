@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from disttrain import checkpoint
 from disttrain.comm.errors import UsageError
-from disttrain.train import checkpoint
 from tests.test_cli import run_cli
 
 

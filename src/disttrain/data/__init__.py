@@ -1,4 +1,4 @@
-"""L3: data sets and the global-batch distributed sampler."""
+"""L1: data sets and the global-batch distributed sampler."""
 
 from disttrain.data.datasets import Dataset, load_dataset
 from disttrain.data.sampler import GlobalBatchSampler

@@ -1,1 +1,1 @@
-"""L4: benchmarks, compare reports and the cost model."""
+"""L5: benchmarks, compare reports and the cost model."""

@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
-import queue
 import statistics
-import tempfile
 import time
 from typing import Any
 
@@ -240,74 +237,15 @@ def _row(
     }
 
 
-def _entry(
-    rank: int,
-    n: int,
-    store: str,
-    sizes: list[int],
-    names: list[str],
-    args: argparse.Namespace,
-    results: Any,
-) -> None:
-    os.environ.update(
-        {
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(n),
-            "DISTTRAIN_STORE_FILE": store,
-            "GLOO_SOCKET_IFNAME": "lo",
-        }
-    )
-    from disttrain.comm import world
-    from disttrain.registry import load_plugins
-
-    try:
-        load_plugins()  # a spawned rank starts afresh: the plug-ins' algorithms too
-        world.init(timeout=args.timeout)
-        rows = _measure(sizes, names, args)
-        results.put((rank, "", rows))
-    except BaseException as exc:
-        results.put((rank, f"{type(exc).__name__}: {exc}", []))
-    finally:
-        world.shutdown()
-
-
 def _spawn(sizes: list[int], names: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
-    ctx = mp.get_context("spawn")
-    folder = tempfile.mkdtemp(prefix="disttrain-bench-")
-    store = os.path.join(folder, "store")
-    results = ctx.Queue()
-    procs = [
-        ctx.Process(target=_entry, args=(r, args.workers, store, sizes, names, args, results))
-        for r in range(args.workers)
-    ]
-    for p in procs:
-        p.start()
-    rows: list[dict[str, Any]] = []
-    done: set[int] = set()
-    try:
-        while len(done) < args.workers:
-            try:
-                rank, error, got = results.get(timeout=0.5)
-            except queue.Empty:
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-                if dead and not set(dead) <= done:
-                    code = procs[dead[0]].exitcode
-                    raise RuntimeError(f"bench rank {dead[0]} died (exit {code})") from None
-                continue
-            if error:
-                raise RuntimeError(f"bench rank {rank}: {error}")
-            done.add(rank)
-            rows += got
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-        if os.path.exists(store):
-            os.unlink(store)
-        os.rmdir(folder)
-    return rows
+    from disttrain.launch.spawn import run_world
+
+    # no limit on the whole run (it grows with sizes, algorithms and iterations); a hung
+    # call still ends at --timeout, the collectives' own limit
+    per_rank = run_world(
+        _measure, args.workers, (sizes, names, args), timeout=None, collective_timeout=args.timeout
+    )
+    return [row for rows in per_rank for row in rows]  # rank 0's rows; the others return none
 
 
 def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:

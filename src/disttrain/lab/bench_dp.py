@@ -23,12 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
-import os
-import queue
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -144,55 +140,47 @@ def _build(cfg: dict[str, Any], args: argparse.Namespace, data: Any) -> tuple[St
     return dp_step, strategy
 
 
-def _rank_main(rank: int, n: int, store: str, args: argparse.Namespace, results: Any) -> None:
-    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n),
-                       "DISTTRAIN_STORE_FILE": store})  # fmt: skip
+def _rank_main(args: argparse.Namespace) -> dict[str, Any] | None:
+    """One rank's run, in the world the runner joined; rank 0 returns the raw figures."""
     import torch.distributed as dist
 
-    from disttrain.comm import world as world_mod
     from disttrain.data import load_dataset
 
-    try:
-        world_mod.init(timeout=args.timeout)
-        data = load_dataset("pycode" if args.model == "gpt" else "digits", 2048, 64, 10, 64,
-                            400_000)  # fmt: skip
-        configs = _configs(args)
-        built = [_build(c, args, data) for c in configs]
-        timers = [_Timer() for _ in configs]
-        times: list[list[float]] = [[] for _ in configs]
-        scratch = _Timer()
-        # Step-level interleaving: config A's step i, B's step i, ... in an order that
-        # rotates every step, so a burst of background load hits every config alike.
-        for i in range(args.warmup + args.steps):
-            for k in range(len(configs)):
-                c = (k + i) % len(configs)
-                dist.barrier()
-                entry = built[c]
-                if entry is None:
-                    continue
-                t0 = time.perf_counter()
-                entry[0](i, scratch if i < args.warmup else timers[c])
-                if i >= args.warmup:
-                    times[c].append(time.perf_counter() - t0)
-        dist.barrier()
-        raw: dict[str, Any] = {}
-        for c, cfg in enumerate(configs):
-            strategy = built[c][1] if built[c] is not None else None  # type: ignore[index]
-            extra = {}
-            if strategy is not None:
-                stats = strategy.reducer.stats()
-                extra = {
-                    "buckets": stats["buckets"],
-                    "launched_in_backward_per_step": stats["launched_in_backward"]
-                    / (args.warmup + args.steps),
-                }
-                strategy.finish()
-            raw[cfg["name"]] = (times[c], timers[c].phases, extra)
-        results.put((rank, True, raw if rank == 0 else None))
-    except BaseException as exc:
-        results.put((rank, False, f"{type(exc).__name__}: {exc}"))
-    finally:
-        world_mod.shutdown()
+    data = load_dataset("pycode" if args.model == "gpt" else "digits", 2048, 64, 10, 64,
+                        400_000)  # fmt: skip
+    configs = _configs(args)
+    built = [_build(c, args, data) for c in configs]
+    timers = [_Timer() for _ in configs]
+    times: list[list[float]] = [[] for _ in configs]
+    scratch = _Timer()
+    # Step-level interleaving: config A's step i, B's step i, ... in an order that
+    # rotates every step, so a burst of background load hits every config alike.
+    for i in range(args.warmup + args.steps):
+        for k in range(len(configs)):
+            c = (k + i) % len(configs)
+            dist.barrier()
+            entry = built[c]
+            if entry is None:
+                continue
+            t0 = time.perf_counter()
+            entry[0](i, scratch if i < args.warmup else timers[c])
+            if i >= args.warmup:
+                times[c].append(time.perf_counter() - t0)
+    dist.barrier()
+    raw: dict[str, Any] = {}
+    for c, cfg in enumerate(configs):
+        strategy = built[c][1] if built[c] is not None else None  # type: ignore[index]
+        extra = {}
+        if strategy is not None:
+            stats = strategy.reducer.stats()
+            extra = {
+                "buckets": stats["buckets"],
+                "launched_in_backward_per_step": stats["launched_in_backward"]
+                / (args.warmup + args.steps),
+            }
+            strategy.finish()
+        raw[cfg["name"]] = (times[c], timers[c].phases, extra)
+    return raw if dist.get_rank() == 0 else None
 
 
 def _summarise(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -230,38 +218,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"unknown algorithm {args.algorithm!r}: {', '.join(collectives.ALGORITHMS)}"
         )
-    ctx = mp.get_context("spawn")
-    store = os.path.join(tempfile.mkdtemp(prefix="disttrain-bench-dp-"), "store")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(r, args.workers, store, args, results))
-             for r in range(args.workers)]  # fmt: skip
-    for p in procs:
-        p.start()
-    raw = None
-    deadline = time.monotonic() + args.timeout
+    from disttrain.launch.spawn import RankError, WorldTimeout, run_world
+
     try:
-        reported = 0
-        while reported < args.workers:
-            try:
-                rank, ok, value = results.get(timeout=1.0)
-            except queue.Empty:
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-                if dead or time.monotonic() > deadline:
-                    why = f"rank {dead[0]} died" if dead else f"no result in {args.timeout:.0f} s"
-                    sys.stderr.write(f"disttrain: error: bench dp failed: {why}\n")
-                    return 1
-                continue
-            reported += 1
-            if not ok:
-                sys.stderr.write(f"disttrain: error: bench dp failed on rank {rank}: {value}\n")
-                return 1
-            if rank == 0:
-                raw = value
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+        # --timeout bounds the whole run and, inside it, every collective
+        raw = run_world(_rank_main, args.workers, (args,), timeout=args.timeout,
+                        collective_timeout=args.timeout)[0]  # fmt: skip
+    except (RankError, WorldTimeout) as exc:
+        sys.stderr.write(f"disttrain: error: bench dp failed: {str(exc).splitlines()[0]}\n")
+        return 1
     assert raw is not None
     rows = _summarise(raw, args)
     print(f"bench dp: model={args.model} workers={args.workers} batch={args.batch_size} "

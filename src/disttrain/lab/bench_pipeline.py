@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -87,44 +85,11 @@ class _InputGrad(nn.Module):
         return x.detach().requires_grad_(torch.is_grad_enabled())
 
 
-def _entry(rank: int, size: int, store: str, fn: Callable[..., Any], args: Any, q: Any) -> None:
-    os.environ.update(
-        {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(size),
-         "DISTTRAIN_STORE_FILE": store}
-    )  # fmt: skip
-    from disttrain.comm import world
-
-    try:
-        world.init(timeout=120.0, threads=1)
-        q.put((rank, fn(*args)))
-    except BaseException as exc:
-        q.put((rank, f"error: {type(exc).__name__}: {exc}"))
-    finally:
-        world.shutdown()
-
-
 def _spawn(fn: Callable[..., Any], size: int, args: tuple[Any, ...]) -> list[Any]:
     """Run ``fn(*args)`` on ``size`` fresh processes; their results by rank."""
-    ctx = mp.get_context("spawn")
-    store = os.path.join(tempfile.mkdtemp(prefix="disttrain-bench-"), "store")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_entry, args=(r, size, store, fn, args, q)) for r in range(size)]
-    for p in procs:
-        p.start()
-    out: dict[int, Any] = {}
-    try:
-        for _ in range(size):
-            rank, value = q.get(timeout=600)
-            out[rank] = value
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-    errors = [v for v in out.values() if isinstance(v, str)]
-    if errors:
-        raise RuntimeError(errors[0])
-    return [out[r] for r in range(size)]
+    from disttrain.launch.spawn import run_world
+
+    return run_world(fn, size, args, timeout=600, collective_timeout=120)
 
 
 def _time_steps(step: Callable[[], None], repeats: int) -> list[float]:

@@ -15,28 +15,12 @@ import base64
 import html
 import json
 import os
-from dataclasses import dataclass
 from typing import Any
 
 from disttrain.lab.report_plots import PLOTS, draw_plots
+from disttrain.lab.runs import RunResult  # re-exported: compare and the tests import it here
 
 __all__ = ["RunResult", "result_rows", "speedup_lines", "time_to_target", "write_report"]
-
-
-@dataclass
-class RunResult:
-    """One run of a comparison: the spec as written, its train flags, its summary or its error."""
-
-    label: str
-    flags: dict[str, Any]
-    summary: dict[str, Any] | None = None  # summary.json, plus "metrics": metrics.jsonl's lines
-    error: str = ""
-
-    @property
-    def evaluations(self) -> list[dict[str, Any]]:
-        """The epoch-end lines of metrics.jsonl (the ones with a test loss)."""
-        metrics = (self.summary or {}).get("metrics", [])
-        return [m for m in metrics if "test_loss" in m]
 
 
 def time_to_target(run: RunResult, target: float) -> tuple[float, int] | None:

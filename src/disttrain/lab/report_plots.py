@@ -6,7 +6,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from disttrain.lab.report import RunResult
+    from disttrain.lab.runs import RunResult
 
 __all__ = ["PLOTS", "draw_plots"]
 

@@ -8,13 +8,30 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RunFailed", "train_run"]
+__all__ = ["RunFailed", "RunResult", "train_run"]
 
 
 class RunFailed(RuntimeError):
     """A benchmark's training run exited non-zero."""
+
+
+@dataclass
+class RunResult:
+    """One run of a comparison: the spec as written, its train flags, its summary or its error."""
+
+    label: str
+    flags: dict[str, Any]
+    summary: dict[str, Any] | None = None  # summary.json, plus "metrics": metrics.jsonl's lines
+    error: str = ""
+
+    @property
+    def evaluations(self) -> list[dict[str, Any]]:
+        """The epoch-end lines of metrics.jsonl (the ones with a test loss)."""
+        metrics = (self.summary or {}).get("metrics", [])
+        return [m for m in metrics if "test_loss" in m]
 
 
 def train_run(

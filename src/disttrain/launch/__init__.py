@@ -1,1 +1,1 @@
-"""L4: launching workers on one node or many, and the emulated cluster."""
+"""L5: launching workers on one node or many (the emulated cluster is disttrain.cluster)."""

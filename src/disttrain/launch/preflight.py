@@ -48,6 +48,6 @@ def preflight(cfg: Any) -> None:
     # Strategies check what needs the whole config (pipeline stages, mesh, ps modes) here.
     strategy.validate_config(cfg, model)
     if tc.resume:
-        from disttrain.train import checkpoint
+        from disttrain import checkpoint
 
         checkpoint.load(tc.resume, 0, tc.world_size)  # ours, complete, same number of workers

@@ -1,4 +1,4 @@
-"""L3: the built-in models (mlp, cnn, gpt) and user factories ``package.module:function``."""
+"""L1: the built-in models (mlp, cnn, gpt) and user factories ``package.module:function``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""L2: data-parallel strategies, one file each, registered by name.
+"""L3: data-parallel strategies, one file each, registered by name.
 
 Every module of this package but the helpers below is a strategy file and is
 imported here (:func:`disttrain.registry.import_submodules`): a new strategy is one
@@ -9,7 +9,7 @@ from disttrain.registry import import_submodules
 from disttrain.strategies.base import STRATEGIES, Strategy, get, register
 
 #: Modules of this package that hold no strategy (the interface and its helpers).
-HELPERS = ("base", "layout", "spec")
+HELPERS = ("base", "layout", "runspec", "spec")
 
 import_submodules(__name__, skip=HELPERS)
 

@@ -32,7 +32,7 @@ from disttrain.dataparallel.reducer import Reducer
 from disttrain.strategies.base import Strategy, register
 
 if TYPE_CHECKING:
-    from disttrain.strategies.spec import RunSpec
+    from disttrain.strategies.runspec import RunSpec
 
 __all__ = ["AllReduce", "DataParallelConfig", "broadcast_tensors"]
 

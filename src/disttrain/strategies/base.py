@@ -46,7 +46,7 @@ from disttrain.registry import Registry
 from disttrain.strategies.layout import Layout
 
 if TYPE_CHECKING:
-    from disttrain.strategies.spec import RunSpec
+    from disttrain.strategies.runspec import RunSpec
 
 __all__ = ["STRATEGIES", "Strategy", "get", "register"]
 

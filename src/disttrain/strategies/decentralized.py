@@ -57,7 +57,7 @@ from disttrain.strategies.base import Strategy, register
 from disttrain.strategies.localsgd import average_tensors
 
 if TYPE_CHECKING:
-    from disttrain.strategies.spec import RunSpec
+    from disttrain.strategies.runspec import RunSpec
 
 __all__ = ["Decentralized", "DecentralizedConfig", "ring_neighbours"]
 

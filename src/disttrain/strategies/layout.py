@@ -17,12 +17,9 @@ A strategy with other roles subclasses it next to its own file and names it in i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from disttrain.config import RunConfig
-
-if TYPE_CHECKING:
-    from disttrain.strategies.base import Strategy
 
 __all__ = ["Layout"]
 
@@ -30,7 +27,8 @@ __all__ = ["Layout"]
 class Layout:
     """Every process trains: ``--workers`` per node; no rank may be lost."""
 
-    def __init__(self, strategy: Strategy) -> None:
+    # Any, not Strategy: the strategy module imports this one (no import cycle)
+    def __init__(self, strategy: Any) -> None:
         self.strategy = strategy
 
     # --- before any process starts (the launcher) ---------------------------------

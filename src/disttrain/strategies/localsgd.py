@@ -31,7 +31,7 @@ from disttrain.config import opt, register_section
 from disttrain.strategies.base import Strategy, register
 
 if TYPE_CHECKING:
-    from disttrain.strategies.spec import RunSpec
+    from disttrain.strategies.runspec import RunSpec
 
 __all__ = ["LocalSGD", "LocalSGDConfig", "average_tensors"]
 

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed import ProcessGroup
 
-from disttrain import costing, timeline
+from disttrain import checkpoint, costing, timeline
 from disttrain.comm.errors import UsageError
 from disttrain.comm.world import group_timeout
 from disttrain.config import RunConfig
@@ -44,10 +44,9 @@ from disttrain.ps.server import ShardServer, bind_router
 from disttrain.ps.sharding import flatten, shard_bounds, unflatten_into
 from disttrain.strategies.base import Strategy, register
 from disttrain.strategies.layout import Layout
-from disttrain.train import checkpoint
 
 if TYPE_CHECKING:
-    from disttrain.strategies.spec import RunSpec
+    from disttrain.strategies.runspec import RunSpec
 
 __all__ = ["ParameterServer", "ServerLayout"]
 

@@ -25,40 +25,16 @@ formula reads (``cost_settings``) are accepted, plus its cost-model assumptions
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from disttrain.comm.errors import UsageError
-from disttrain.config import RunConfig
+from disttrain.strategies.runspec import RunSpec
 
 __all__ = ["RunSpec", "parse_one", "parse_specs"]
 
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 # compare sets these itself, once for every run
 _RESERVED = ("strategy", "out", "progress", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id")
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """One spec: its label (as written), its strategy, its train settings (as given).
-
-    ``assumptions`` holds cost-model-only keys (``advise``); they are never train flags.
-    """
-
-    label: str
-    strategy: str
-    settings: dict[str, Any] = field(default_factory=dict)
-    assumptions: dict[str, float] = field(default_factory=dict)
-
-    def flags(self, common: dict[str, Any]) -> dict[str, Any]:
-        """The ``disttrain train`` flags of this run: ``common`` overridden by the spec."""
-        return {**common, "strategy": self.strategy, **self.settings}
-
-    def config(self) -> RunConfig:
-        """Every setting: the defaults overridden by the spec's, validated (UsageError)."""
-        from disttrain import config
-
-        return config.load({"strategy": self.strategy, **self.settings})
 
 
 def _typed(name: str, text: str, label: str) -> Any:
@@ -122,7 +98,7 @@ def parse_one(text: str, model: bool = False) -> RunSpec:
     settings its formula does not read are refused.
     """
     from disttrain.compression.registry import with_default
-    from disttrain.strategies import STRATEGIES
+    from disttrain.strategies.base import STRATEGIES
 
     label = text.strip()
     parts = label.split(":")

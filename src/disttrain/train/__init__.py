@@ -1,1 +1,1 @@
-"""L3: the trainer loop, lr schedules, checkpoints, metrics and fault injection."""
+"""L4: the trainer loop, lr schedules, metrics and fault injection."""

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from disttrain import collectives, strategies, timeline
+from disttrain import checkpoint, collectives, strategies, timeline
 from disttrain.collectives import checks
 from disttrain.comm import world as world_mod
 from disttrain.comm.meter import meter
@@ -26,7 +26,6 @@ from disttrain.config import RunConfig
 from disttrain.data import Dataset, GlobalBatchSampler, load_dataset
 from disttrain.data.loader import BatchLoader
 from disttrain.models import build_model
-from disttrain.train import checkpoint
 from disttrain.train.faults import parse_fault
 from disttrain.train.metrics import MetricsWriter, Timers, write_summary
 from disttrain.train.progress import ProgressBar

@@ -1,4 +1,4 @@
-"""Checkpoints that survive a crash mid-save, and are refused if they are not ours.
+"""L0: checkpoints that survive a crash mid-save, and are refused if they are not ours.
 
 Layout under ``DIR/checkpoints/``::
 

@@ -1,0 +1,220 @@
+"""N local ranks on a private file store, with a hard timeout: the tests' and benchmarks' runner.
+
+    results = run_world(fn, world_size=3, args=(...), timeout=60)
+
+Each rank is a fresh process (multiprocessing's ``spawn`` context: no state
+inherited by fork) with ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and the store
+variable (:data:`~disttrain.comm.world.STORE_FILE_ENV`) set, which runs
+``fn(*args)`` after :func:`disttrain.comm.init`; the return values come back as
+a list indexed by rank. Tensors inside dicts, lists and tuples travel as numpy
+copies: torch's shared-memory handles would vanish with the process that made
+them. ``fn`` and ``args`` must be picklable (``fn`` a module-level function).
+
+Failures name the rank:
+- a rank that raised: :class:`RankError` with its exception and traceback text;
+  the other ranks get ``grace`` seconds to finish or fail (their errors are
+  listed too, in the order they came), then are killed;
+- a rank that died without a result (killed, ``os._exit``, a crash in C++):
+  :class:`RankError` with its exit code, or the signal that ended it;
+- ranks still running at ``timeout``: every rank is killed, and
+  :class:`WorldTimeout` names those that had not finished.
+
+This is not the job launcher (:mod:`disttrain.launch.local`, with torch's
+elastic agent): it has no restarts, no roll call and no rendezvous beyond one
+file store in a temporary folder of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import queue
+import shutil
+import signal
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from disttrain.comm import world
+from disttrain.comm.world import STORE_FILE_ENV
+from disttrain.registry import load_plugins
+
+__all__ = ["RankError", "WorldTimeout", "run_world"]
+
+
+class RankError(RuntimeError):
+    """A rank raised or died; the message names it (with its traceback or exit code)."""
+
+
+class WorldTimeout(RuntimeError):
+    """The ranks did not all finish in time; the message names those still running."""
+
+
+class _Array:
+    """A tensor in transit: its numpy copy."""
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+
+
+def _pack(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return _Array(value.detach().cpu().clone().numpy())
+    if isinstance(value, dict):
+        return {k: _pack(v) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+        return type(value)(*(_pack(v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_pack(v) for v in value)
+    return value
+
+
+def _unpack(value: Any) -> Any:
+    if isinstance(value, _Array):
+        return torch.from_numpy(value.array)
+    if isinstance(value, dict):
+        return {k: _unpack(v) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_unpack(v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_unpack(v) for v in value)
+    return value
+
+
+def _entry(
+    rank: int,
+    world_size: int,
+    store: str,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    results: Any,
+    collective_timeout: float,
+    env: dict[str, str],
+) -> None:
+    os.environ.update(env)
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            STORE_FILE_ENV: store,
+        }
+    )
+    try:
+        load_plugins()  # a spawned rank starts afresh: the plug-ins' algorithms too
+        world.init(timeout=collective_timeout)
+        value = fn(*args)
+        results.put((rank, True, _pack(value)))
+    except BaseException as exc:  # report everything, KeyboardInterrupt and SystemExit included
+        results.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    finally:
+        # a group broken by a failed peer may fail to close; the result is already sent
+        with contextlib.suppress(Exception):
+            world.shutdown()
+
+
+def _how_it_ended(exitcode: int) -> str:
+    """``exit code 7``, or ``signal SIGKILL`` for a negative exit code (multiprocessing's way)."""
+    if exitcode >= 0:
+        return f"exit code {exitcode}"
+    try:
+        return f"signal {signal.Signals(-exitcode).name}"
+    except ValueError:
+        return f"signal {-exitcode}"
+
+
+def run_world(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: tuple[Any, ...] = (),
+    timeout: float | None = 90.0,
+    collective_timeout: float = 30.0,
+    env: dict[str, str] | None = None,
+    grace: float = 5.0,
+) -> list[Any]:
+    """Run ``fn(*args)`` on ``world_size`` ranks; return the per-rank results, by rank.
+
+    ``timeout``: seconds for the whole run, start-up included (None: no limit; a
+    hung collective still ends at ``collective_timeout``, passed to every rank's
+    :func:`disttrain.comm.init`). ``env``: extra environment for every rank.
+    """
+    ctx = mp.get_context("spawn")
+    folder = tempfile.mkdtemp(prefix="disttrain-world-")
+    store = os.path.join(folder, "store")  # world.init adds the restart round: store.0
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_entry,
+            args=(r, world_size, store, fn, args, results, collective_timeout, env or {}),
+            daemon=True,  # ended with this process, whatever happens to it
+        )
+        for r in range(world_size)
+    ]
+    out: dict[int, Any] = {}
+    errors: list[str] = []
+    reported: set[int] = set()
+
+    def take(item: tuple[int, bool, Any]) -> None:
+        rank, ok, value = item
+        reported.add(rank)
+        if ok:
+            out[rank] = _unpack(value)
+        else:
+            errors.append(f"rank {rank}: {value}")
+
+    try:
+        for p in procs:
+            p.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        stop_at: float | None = None  # set by the first failure: the others' grace ends then
+        while len(reported) < world_size:
+            now = time.monotonic()
+            running = sorted(set(range(world_size)) - reported)
+            if errors and stop_at is not None and now >= stop_at:
+                errors.append(f"ranks {running} still running {grace:g} s after a failure: stopped")
+                break
+            if deadline is not None and now >= deadline:
+                if errors:  # a failure is the likelier cause: name it first
+                    errors.append(f"ranks {running} still running at the timeout: stopped")
+                    break
+                raise WorldTimeout(
+                    f"ranks {running} still running after {timeout:g} s "
+                    f"(finished: {sorted(reported) or 'none'}); every rank stopped"
+                )
+            try:
+                take(results.get(timeout=0.2))
+            except queue.Empty:
+                for r, p in enumerate(procs):
+                    if p.exitcode is None or r in reported:
+                        continue
+                    # It exited: anything it sent is in the pipe by now (a queue's feeder
+                    # thread flushes before the process ends), so read that first.
+                    try:
+                        while r not in reported:
+                            take(results.get_nowait())
+                    except queue.Empty:
+                        reported.add(r)
+                        errors.append(
+                            f"rank {r} died without a result ({_how_it_ended(p.exitcode)})"
+                        )
+            if errors and stop_at is None:
+                stop_at = time.monotonic() + grace
+        if errors:
+            raise RankError("\n".join(errors))
+        return [out[r] for r in range(world_size)]
+    finally:
+        clean = not errors and len(out) == world_size
+        for p in procs:
+            if clean and p.pid is not None:
+                p.join(timeout=5)  # leaving the process group; then gone
+            if p.is_alive():
+                p.kill()
+            if p.pid is not None:
+                p.join()
+        results.close()
+        shutil.rmtree(folder, ignore_errors=True)
