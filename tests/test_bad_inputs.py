@@ -146,7 +146,11 @@ CASES: list[tuple[str, Argv, str]] = [
     ("zero-timeout", _flags("--timeout", "0"), "--timeout must be positive"),
     ("inf-timeout", _flags("--timeout", "inf"), "--timeout must be"),
     ("unknown-strategy", _flags("--strategy", "magic"), "unknown strategy 'magic'"),
-    ("unknown-model", _flags("--model", "resnet999"), "unknown model 'resnet999'"),
+    (
+        "unknown-model",
+        _flags("--model", "resnet999"),
+        "--model 'resnet999': unknown model; choose one of mlp, cnn, gpt",
+    ),
     ("unknown-dataset", _flags("--dataset", "imagenet"), "unknown dataset 'imagenet'"),
     ("restarts-without-ckpt", _flags("--max-restarts", "1"), "needs --checkpoint-every"),
     ("nnodes-without-rdzv", _flags("--nnodes", "2"), "needs --rdzv-endpoint"),

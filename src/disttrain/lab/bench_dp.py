@@ -154,8 +154,7 @@ def _rank_main(rank: int, n: int, store: str, args: argparse.Namespace, results:
 
     try:
         world_mod.init(timeout=args.timeout)
-        data = load_dataset("pycode" if args.model == "gpt" else "digits", 2048, 64, 10, 64,
-                            400_000)  # fmt: skip
+        data = load_dataset("pycode" if args.model == "gpt" else "digits")  # default settings
         configs = _configs(args)
         built = [_build(c, args, data) for c in configs]
         timers = [_Timer() for _ in configs]

@@ -60,6 +60,19 @@ class ParameterServer(Strategy):
     """Sharded parameter servers in sync, async, ssp or softsync mode."""
 
     name = "ps"
+    reads_settings = (PSConfig,)
+
+    @classmethod
+    def settings_not_read(cls, config: RunConfig) -> dict[str, str]:
+        mode = config.section(PSConfig).ps_mode
+        unread: dict[str, str] = {}
+        if mode != "ssp":
+            unread["staleness_bound"] = f"with --ps-mode {mode} (only ssp bounds staleness)"
+        if mode != "softsync":
+            unread["softsync"] = f"with --ps-mode {mode}"
+        if mode == "sync":
+            unread["staleness_lr"] = "with --ps-mode sync (no update is stale)"
+        return unread
 
     def __init__(self, config: RunConfig, world: Any, loss_fn: Any) -> None:
         super().__init__(config, world, loss_fn)

@@ -46,6 +46,8 @@ class TensorParallel(Strategy):
     """Rank r of T holds slice r of every splittable Linear layer."""
 
     name = "tensor"
+    # --algorithm: the allreduce of each Megatron pair's partial sums
+    reads_settings = ("tensor_mode", "algorithm")
 
     def __init__(self, config: RunConfig, world: World, loss_fn: LossFn) -> None:
         super().__init__(config, world, loss_fn)
