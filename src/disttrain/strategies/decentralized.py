@@ -137,9 +137,10 @@ class Decentralized(Strategy):
         cc = self.config.section(CompressionConfig)
         self.settings: DecentralizedConfig = self.config.section(DecentralizedConfig)
         self.compressor = parse(cc.compression)
-        self.feedback = ErrorFeedback(self.compressor, enabled=cc.error_feedback)
         self.rank, self.size = self.world.rank, self.world.world_size
         self.ring = self.settings.topology == "ring" and self.size > 2
+        # the ring never uses it (CHOCO's x - x̂ is its residual): --error-feedback is not read
+        self.feedback = ErrorFeedback(self.compressor, enabled=not self.ring and cc.error_feedback)
         self.stats = CompressionStats()
         self.entries_sent = 0
         self.claimed_bytes = 0
