@@ -10,7 +10,11 @@ from tests.harness import run_world
 
 def _tensors(rank: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(10 + rank)
-    return [torch.randn(3, 5, generator=g), torch.randn(7, generator=g), torch.randn(2, 2, 2, generator=g)]
+    return [
+        torch.randn(3, 5, generator=g),
+        torch.randn(7, generator=g),
+        torch.randn(2, 2, 2, generator=g),
+    ]
 
 
 def _average(algorithm: str) -> list[torch.Tensor]:
