@@ -29,7 +29,7 @@ def main() -> None:
     args = parser.parse_args()
 
     dt.init()
-    data = load_dataset("digits", 2048, 64, 10, 64, 400_000)
+    data = load_dataset("digits")
     torch.manual_seed(0)
     model = DDP(mlp(data.in_features, data.num_classes))
     model.register_comm_hook(AlgorithmHook(args.algorithm), allreduce_hook)

@@ -39,7 +39,7 @@ def main() -> None:
     args = parser.parse_args()
 
     dt.init()  # torchrun's environment, or a job of one process
-    data = load_dataset("digits", 2048, 64, 10, 64, 400_000)
+    data = load_dataset("digits")
     torch.manual_seed(args.seed)  # as `disttrain train`: every rank builds the same model
     hidden = tuple(int(h) for h in args.hidden.split(","))
     model = mlp(data.in_features, data.num_classes, hidden)

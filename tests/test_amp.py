@@ -53,7 +53,7 @@ def test_state_round_trips() -> None:
     assert b.state_dict() == a.state_dict()
 
 
-def _overflow_on_one_rank() -> list[tuple[float, bool, list[float]]]:
+def _overflow_on_one_rank(compression: str) -> list[tuple[float, bool, list[float]]]:
     import torch.distributed as dist
 
     from disttrain import config, strategies
@@ -62,7 +62,9 @@ def _overflow_on_one_rank() -> list[tuple[float, bool, list[float]]]:
     from disttrain.train.step import StepRunner
     from disttrain.train.trainer import loss_fn
 
-    cfg = config.load({"precision": "fp16", "scale_growth_interval": 2, "workers": 2})
+    cfg = config.load(
+        {"precision": "fp16", "scale_growth_interval": 2, "workers": 2, "compression": compression}
+    )
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -82,8 +84,9 @@ def _overflow_on_one_rank() -> list[tuple[float, bool, list[float]]]:
     return trace
 
 
-def test_an_inf_on_one_rank_makes_every_rank_skip_and_back_off_together() -> None:
-    traces = run_world(_overflow_on_one_rank, 2)
+@pytest.mark.parametrize("compression", ["none", "fp16", "bf16"])  # buckets in 32 or 16 bits
+def test_an_inf_on_one_rank_makes_every_rank_skip_and_back_off_together(compression: str) -> None:
+    traces = run_world(_overflow_on_one_rank, 2, args=(compression,))
     assert traces[0] == traces[1]  # same decisions, same scale, same parameters
     scales = [t[0] for t in traces[0]]
     skipped = [t[1] for t in traces[0]]

@@ -34,7 +34,7 @@ def _single_process_reference() -> dict[str, torch.Tensor]:
     from disttrain.data import GlobalBatchSampler, load_dataset
     from disttrain.models import mlp
 
-    data = load_dataset("digits", 2048, 64, 10, 64, 400_000)
+    data = load_dataset("digits")
     torch.manual_seed(0)
     model = mlp(data.in_features, data.num_classes, HIDDEN)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

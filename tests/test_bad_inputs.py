@@ -145,7 +145,11 @@ CASES: list[tuple[str, Argv, str]] = [
     ("zero-timeout", _flags("--timeout", "0"), "--timeout must be positive"),
     ("inf-timeout", _flags("--timeout", "inf"), "--timeout must be"),
     ("unknown-strategy", _flags("--strategy", "magic"), "'magic': unknown strategy"),
-    ("unknown-model", _flags("--model", "resnet999"), "unknown model 'resnet999'"),
+    (
+        "unknown-model",
+        _flags("--model", "resnet999"),
+        "--model 'resnet999': unknown model; choose one of mlp, cnn, gpt",
+    ),
     ("unknown-dataset", _flags("--dataset", "imagenet"), "unknown dataset 'imagenet'"),
     ("restarts-without-ckpt", _flags("--max-restarts", "1"), "needs --checkpoint-every"),
     ("nnodes-without-rdzv", _flags("--nnodes", "2"), "needs --rdzv-endpoint"),
@@ -246,6 +250,69 @@ CASES: list[tuple[str, Argv, str]] = [
     ("algorithm-name", _flags("--algorithm", "gossip"), "unknown algorithm 'gossip'"),
     ("localsgd-period", _flags("--strategy", "localsgd", "--period", "0"), "--period must be"),
     ("consensus-step", _flags("--consensus-step", "1.5"), "--consensus-step must be in (0, 1]"),
+    # settings no chosen component reads (docs/errors.md, "Settings nothing reads")
+    (
+        "ps-compression",
+        _flags("--strategy", "ps", "--compression", "topk:0.01"),
+        "--compression is not used by --strategy ps (used by: allreduce, decentralized)",
+    ),
+    (
+        "localsgd-accumulate",
+        _flags("--strategy", "localsgd", "--accumulate", "4"),
+        "--accumulate is not used by --strategy localsgd (used by: allreduce)",
+    ),
+    (
+        "tensor-period",
+        _flags("--strategy", "tensor", "--period", "4"),
+        "--period is not used by --strategy tensor (used by: localsgd)",
+    ),
+    (
+        "pipeline-algorithm",
+        _flags("--strategy", "pipeline", "--algorithm", "ring"),
+        "--algorithm is not used by --strategy pipeline (used by: allreduce, decentralized, "
+        "hybrid, localsgd, tensor)",
+    ),
+    (
+        "sparse-fusion-mb",
+        _flags("--compression", "topk:0.01", "--fusion-mb", "8"),
+        "--fusion-mb is not used by --strategy allreduce with --compression topk:0.01",
+    ),
+    (
+        "sparse-no-overlap",
+        _flags("--compression", "topk:0.01", "--no-overlap"),
+        "--no-overlap is not used by --strategy allreduce with --compression topk:0.01",
+    ),
+    (
+        "sparse-accumulate",
+        _flags("--compression", "onebit:0.03", "--accumulate", "2"),
+        "--accumulate is not used by --strategy allreduce with --compression onebit:0.03",
+    ),
+    (
+        "sparse-algorithm",
+        _flags("--compression", "topk:0.01", "--algorithm", "ring"),
+        "--algorithm is not used by --strategy allreduce with --compression topk:0.01",
+    ),
+    (
+        "error-feedback-uncompressed",
+        _flags("--no-error-feedback"),
+        "--no-error-feedback is not used by --strategy allreduce with --compression none",
+    ),
+    ("grad-dtype-removed", _flags("--grad-dtype", "fp16"), "unrecognized arguments: --grad-dtype"),
+    (
+        "ps-softsync-in-sync-mode",
+        _flags("--strategy", "ps", "--softsync", "1"),
+        "--softsync is not used by --strategy ps with --ps-mode sync",
+    ),
+    (
+        "consensus-step-all-peers",
+        _flags("--strategy", "decentralized", "--consensus-step", "0.2"),
+        "--consensus-step is not used by --strategy decentralized with --topology all",
+    ),
+    (
+        "hybrid-tensor-mode-with-pp",
+        _flags("--strategy", "hybrid", "--pp", "2", "--tensor-mode", "naive"),
+        "--tensor-mode is not used by --strategy hybrid with --pp 2",
+    ),
     ("fault-kind", _flags("--inject-fault", "explode:rank=0"), "kind must be one of"),
     ("fault-rank-outside", _flags("--inject-fault", "kill:rank=9:step=2"), "names rank 9"),
     ("fault-no-rank", _flags("--inject-fault", "kill:step=2"), "name the rank"),
@@ -345,6 +412,29 @@ def test_the_real_command_exits_2_with_one_line(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 2
     _check_one_line(proc.stderr, "--workers must be positive")
+
+
+@pytest.mark.parametrize(
+    ("argv", "expect"),
+    [
+        (["--strategy", "localsgd", "--accumulate", "4"], "--accumulate is not used by"),
+        (["--strategy", "ps", "--compression", "topk:0.01"], "--compression is not used by"),
+    ],
+    ids=["localsgd-accumulate", "ps-compression"],
+)
+def test_a_setting_nothing_reads_is_refused_by_the_real_command(
+    argv: list[str], expect: str, tmp_path: Path
+) -> None:
+    """The unused-settings refusal through a real process, before any worker starts."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "disttrain", "train", *argv, "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    _check_one_line(proc.stderr, expect)
+    assert not out.exists()
 
 
 # --- wire frames ------------------------------------------------------------------------

@@ -51,7 +51,10 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
         (["train", "--dataset", missing_arrays], "lacks the array(s) x_test, y_test"),
         (["train", "--model", "no_such_module:make"], "cannot import no_such_module"),
         (["train", "--model", "json:nothing"], "has no function 'nothing'"),
-        (["train", "--model", "transformer"], "unknown model 'transformer'"),
+        (
+            ["train", "--model", "transformer"],
+            "--model 'transformer': unknown model; choose one of mlp, cnn, gpt",
+        ),
         (["train", "--dataset", "mnist"], "unknown dataset 'mnist'"),
         (["train", "--strategy", "magic"], "'magic': unknown strategy"),
         (["train", "--algorithm", "magic"], "unknown algorithm 'magic'"),

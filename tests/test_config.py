@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,3 +44,35 @@ def test_a_section_may_not_redefine_a_setting() -> None:
 
     with pytest.raises(ValueError, match="redefines settings"):
         config.register_section(Clashing)
+
+
+def test_the_data_settings_are_one_section_with_the_same_flags() -> None:
+    cfg = config.load({"dataset": "synthetic", "synthetic_size": 100, "seq_len": 8})
+    assert cfg.data == config.DataConfig("synthetic", synthetic_size=100, seq_len=8)
+    assert cfg.get("synthetic_size") == 100 and cfg.to_dict()["dataset"] == "synthetic"
+    with pytest.raises(UsageError, match="--synthetic-dim must be positive"):
+        config.load({"synthetic_dim": 0})
+
+
+def test_models_and_optimizers_are_registries_whose_unknown_names_list_the_choices() -> None:
+    import torch
+
+    from disttrain.data import load_dataset
+    from disttrain.models import MODELS, build_model
+    from disttrain.train.optimizers import OPTIMIZERS, make_optimizer
+
+    f = dataclasses.fields(config.TrainConfig)
+    choices = next(x for x in f if x.name == "optimizer").metadata["choices"]
+    assert tuple(OPTIMIZERS.names()) == choices  # the flag's choices are the registry's
+    with pytest.raises(UsageError, match="--optimizer 'lbfgs': unknown optimizer; choose one"):
+        OPTIMIZERS.get("lbfgs")
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    tc = config.load({"optimizer": "momentum", "momentum": 0.5, "lr": 0.1}).train
+    opt = make_optimizer(params, tc)
+    assert isinstance(opt, torch.optim.SGD) and opt.defaults["momentum"] == 0.5
+    assert MODELS.names() == ["mlp", "cnn", "gpt"]
+    with pytest.raises(UsageError, match="choose one of mlp, cnn, gpt"):
+        build_model("resnet", load_dataset("digits"))
+    # gpt takes its context from the data: one window of --seq-len tokens
+    text = load_dataset(config.DataConfig("pycode", seq_len=16, pycode_chars=4000))
+    assert build_model("gpt", text).state_dict()["0.pos.weight"].shape[0] == 16

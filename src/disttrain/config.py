@@ -5,6 +5,14 @@ builds the ``train`` parser from these dataclasses, and a ``--config FILE.toml``
 may set any field by the same name (dashes or underscores). Precedence:
 defaults < TOML file < flags. Components with settings of their own add a
 section dataclass to :data:`SECTIONS`; its fields join the same flat namespace.
+
+Ownership: every setting belongs to exactly one section. The sections every run
+reads (``ALWAYS_READ = True``: :class:`TrainConfig`, what and how to train, and
+:class:`DataConfig`) are read by the trainer and launcher whatever the strategy;
+a field of theirs marked ``opt(..., always_read=False)`` (``--algorithm``) and the
+fields of every other section are read only by the components that declare them
+(``Strategy.reads_settings``). Pre-flight refuses a setting changed from its
+default that no chosen component reads (:mod:`disttrain.launch.preflight`).
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from disttrain.comm.errors import UsageError
 
@@ -25,8 +33,13 @@ else:  # pragma: no cover
 
 __all__ = [
     "SECTIONS",
+    "DataConfig",
     "RunConfig",
     "TrainConfig",
+    "always_read",
+    "changed_settings",
+    "field_names",
+    "flag",
     "load",
     "opt",
     "register_section",
@@ -41,13 +54,17 @@ def opt(default: Any, help: str, choices: tuple[str, ...] | None = None, **meta:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """What to train, on what, with how many workers, and where the results go."""
+    """What to train, with how many workers, and where the results go (read by every run)."""
+
+    ALWAYS_READ: ClassVar[bool] = True
 
     workers: int = opt(2, "worker processes on this node")
     strategy: str = opt("allreduce", "how replicas agree (see `disttrain train --help`)")
-    algorithm: str = opt("native", "allreduce algorithm for data-parallel strategies")
+    # read only by the strategies that average with a collective (they declare it)
+    algorithm: str = opt(
+        "native", "allreduce algorithm for data-parallel strategies", always_read=False
+    )
     model: str = opt("mlp", "mlp, cnn, gpt, or package.module:function returning an nn.Module")
-    dataset: str = opt("digits", "digits, synthetic, pycode, or a path to an .npz file")
     epochs: int = opt(10, "passes over the training set")
     max_steps: int = opt(0, "stop after this many steps (0: run all epochs)")
     batch_size: int = opt(64, "GLOBAL batch size, split evenly across data-parallel workers")
@@ -94,12 +111,6 @@ class TrainConfig:
     checkpoint_every: int = opt(0, "save a checkpoint every N steps under --out (0: never)")
     resume: str = opt("", "resume from the newest checkpoint of this earlier run's --out")
     max_restarts: int = opt(0, "restart the workers from the last checkpoint after a failure")
-    # datasets
-    synthetic_size: int = opt(2048, "synthetic data set: number of samples")
-    synthetic_dim: int = opt(64, "synthetic data set: input features")
-    synthetic_classes: int = opt(10, "synthetic data set: classes")
-    seq_len: int = opt(64, "pycode / gpt: characters of context")
-    pycode_chars: int = opt(400_000, "pycode: characters of the standard library to use")
     # multi-node pass-through (torchrun's meaning)
     nnodes: int = opt(1, "number of nodes (multi-node runs)")
     node_rank: int = opt(0, "this node's rank (static multi-node runs)")
@@ -139,24 +150,42 @@ class TrainConfig:
         folder = os.path.dirname(os.path.abspath(self.timeline))
         if self.timeline and not os.path.isdir(folder):
             raise UsageError(f"--timeline {self.timeline}: folder {folder} does not exist")
-        for name in ("synthetic_size", "synthetic_dim", "synthetic_classes", "seq_len"):
-            if getattr(self, name) <= 0:
-                raise UsageError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
 
     @property
     def world_size(self) -> int:
         return self.workers * self.nnodes
 
 
+@dataclass(frozen=True)
+class DataConfig:
+    """The data set and its shape: passed whole to ``load_dataset`` (read by every run)."""
+
+    ALWAYS_READ: ClassVar[bool] = True
+
+    dataset: str = opt("digits", "digits, synthetic, pycode, or a path to an .npz file")
+    synthetic_size: int = opt(2048, "synthetic data set: number of samples")
+    synthetic_dim: int = opt(64, "synthetic data set: input features")
+    synthetic_classes: int = opt(10, "synthetic data set: classes")
+    seq_len: int = opt(64, "pycode / gpt: characters of context")
+    pycode_chars: int = opt(400_000, "pycode: characters of the standard library to use")
+
+    def validate(self) -> None:
+        for name in ("synthetic_size", "synthetic_dim", "synthetic_classes", "seq_len"):
+            if getattr(self, name) <= 0:
+                raise UsageError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
+
+
 #: Section dataclasses of strategies and components; their fields join the flags.
-SECTIONS: list[type[Any]] = [TrainConfig]
+SECTIONS: list[type[Any]] = [TrainConfig, DataConfig]
 
 
 def register_section(cls: type[Any]) -> type[Any]:
     """Class decorator for a component's settings: its fields become flags and TOML keys.
 
     The class is a frozen dataclass built with :func:`opt` fields and a
-    ``validate()`` method; field names must not clash with other sections.
+    ``validate()`` method; field names must not clash with other sections. Its
+    settings are read only by the components that declare the section (set
+    ``ALWAYS_READ = True`` on a section every run reads).
     """
     if cls not in SECTIONS:
         clash = {f.name for f in dataclasses.fields(cls)} & set(section_fields())
@@ -176,6 +205,14 @@ class RunConfig:
     def train(self) -> TrainConfig:
         return self.sections[TrainConfig]  # type: ignore[no-any-return,unused-ignore]
 
+    @property
+    def data(self) -> DataConfig:
+        return self.sections[DataConfig]  # type: ignore[no-any-return,unused-ignore]
+
+    def get(self, name: str) -> Any:
+        """The value of setting ``name``, whichever section owns it."""
+        return getattr(self.sections[section_fields()[name][0]], name)
+
     def section(self, cls: type[Any]) -> Any:
         return self.sections[cls]
 
@@ -184,6 +221,11 @@ class RunConfig:
         for value in self.sections.values():
             out.update(dataclasses.asdict(value))
         return out
+
+
+def flag(name: str) -> str:
+    """The command-line flag of setting ``name``: ``fusion_mb`` -> ``--fusion-mb``."""
+    return "--" + name.replace("_", "-")
 
 
 def _flag(name: str) -> str:
@@ -196,6 +238,30 @@ def section_fields() -> dict[str, tuple[type[Any], dataclasses.Field[Any]]]:
     for cls in SECTIONS:
         for f in dataclasses.fields(cls):
             out[f.name] = (cls, f)
+    return out
+
+
+def always_read(name: str) -> bool:
+    """True if every run reads setting ``name`` (its section is always read, it is not exempt)."""
+    cls, f = section_fields()[name]
+    return bool(getattr(cls, "ALWAYS_READ", False)) and f.metadata.get("always_read", True)
+
+
+def field_names(owned: tuple[type[Any] | str, ...]) -> set[str]:
+    """Setting names of a declaration: section classes stand for all their fields."""
+    out: set[str] = set()
+    for item in owned:
+        out |= {item} if isinstance(item, str) else {f.name for f in dataclasses.fields(item)}
+    return out
+
+
+def changed_settings(cfg: RunConfig) -> dict[str, Any]:
+    """The settings of ``cfg`` whose value differs from the field's default, in flag order."""
+    out: dict[str, Any] = {}
+    for name, (cls, f) in section_fields().items():
+        section = cfg.sections.get(cls)
+        if section is not None and getattr(section, name) != f.default:
+            out[name] = getattr(section, name)
     return out
 
 

@@ -3,6 +3,9 @@
     opt = dt.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                   algorithm="ring", fusion_mb=25, compression=None)
 
+``compression`` is a cast, spelled as ``disttrain train --compression``: None or
+``"none"`` (fp32), ``"fp16"``, ``"bf16"``, or the compressor object itself.
+
 The wrapper registers the data-parallel engine's gradient hooks
 (:class:`~disttrain.dataparallel.reducer.Reducer`) on the named parameters, so
 buckets go out while backward runs; ``step()`` first waits for them, then calls
@@ -31,6 +34,7 @@ from torch.distributed import ProcessGroup
 
 from disttrain.comm.errors import UsageError
 from disttrain.comm.world import group_timeout
+from disttrain.compression.base import Compressor
 from disttrain.dataparallel.broadcast import broadcast_optimizer_state, broadcast_tensors
 from disttrain.dataparallel.reducer import Reducer
 
@@ -46,7 +50,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         named_parameters: Iterable[tuple[str, nn.Parameter]] | None = None,
         algorithm: str = "native",
         fusion_mb: float = 25.0,
-        compression: str | None = None,
+        compression: str | Compressor | None = None,
         overlap: bool = True,
         process_group: ProcessGroup | None = None,
     ) -> None:

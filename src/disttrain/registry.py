@@ -69,6 +69,9 @@ class Registry(Generic[T]):
                 f"{where}: unknown {self.kind}; choose one of {', '.join(self._entries)}"
             ) from None
 
+    def __getitem__(self, name: str) -> T:
+        return self.get(name)
+
     def names(self) -> list[str]:
         return list(self._entries)
 

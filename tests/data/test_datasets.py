@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from disttrain.comm.errors import UsageError
+from disttrain.config import DataConfig, load
 from disttrain.data import load_dataset
 
 
@@ -19,14 +20,17 @@ def test_digits_is_the_real_sklearn_set_with_a_fixed_split() -> None:
 
 
 def test_synthetic_honours_its_settings_and_is_deterministic() -> None:
-    a = load_dataset("synthetic", synthetic_size=500, synthetic_dim=16, synthetic_classes=3)
-    b = load_dataset("synthetic", synthetic_size=500, synthetic_dim=16, synthetic_classes=3)
+    settings = DataConfig("synthetic", synthetic_size=500, synthetic_dim=16, synthetic_classes=3)
+    a = load_dataset(settings)
+    # the run's settings pass the section whole: the same flags give the same data
+    b = load_dataset(load({"dataset": "synthetic", "synthetic_size": 500, "synthetic_dim": 16,
+                           "synthetic_classes": 3}).data)  # fmt: skip
     assert len(a.x_train) + len(a.x_test) == 500 and a.in_features == 16
     assert int(a.y_train.max()) < 3 and torch.equal(a.x_train, b.x_train)
 
 
 def test_pycode_targets_are_the_inputs_shifted_by_one_character() -> None:
-    d = load_dataset("pycode", seq_len=32, pycode_chars=20_000)
+    d = load_dataset(DataConfig("pycode", seq_len=32, pycode_chars=20_000))
     assert d.task == "lm" and d.x_train.shape[1] == 32
     assert torch.equal(d.x_train[0, 1:], d.y_train[0, :-1])
 

@@ -134,6 +134,7 @@ def test_three_ranks_native_and_point_to_point() -> None:
 def test_bad_settings_are_usage_errors() -> None:
     import pytest
 
+    import disttrain.strategies  # noqa: F401  (the allreduce settings section registers itself)
     from disttrain import config
     from disttrain.comm.errors import UsageError
 

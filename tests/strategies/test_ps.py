@@ -52,7 +52,7 @@ def test_sync_ps_matches_allreduce_within_1e_5(tmp_path: Path) -> None:
     from disttrain.models import build_model
 
     torch.manual_seed(SMALL["seed"])  # not vacuous: training moved the weights far beyond 1e-5
-    init = build_model("cnn", load_dataset("digits"), 64).state_dict()
+    init = build_model("cnn", load_dataset("digits")).state_dict()
     assert max(float((ref[k] - init[k]).abs().max()) for k in ref) > 1e-3
     summary = results[0]
     assert summary["staleness_histogram"] == {"0": 12 * 2}  # 6 steps x 2 workers x 2 shards

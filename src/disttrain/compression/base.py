@@ -12,11 +12,14 @@ the meter saw exactly the stated bytes.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 import torch
+
+from disttrain.registry import Registry
 
 __all__ = ["Compressor", "Payload", "SparseCompressor"]
 
@@ -106,3 +109,22 @@ class SparseCompressor(Compressor):
         # float operations, in the same order, as adding the dense decode.
         idx, values = self.entries(payload)
         total.index_add_(0, torch.from_numpy(idx), torch.from_numpy(values))
+
+
+@dataclass(frozen=True)
+class CompressorKind:
+    """One compressor name: its builder, parameter, spec default and payload size facts."""
+
+    build: Callable[..., Compressor]  # called with the parameter, or with none
+    param: str = ""  # "RATIO": the spec's parameter (``topk:RATIO``); "" takes none
+    param_help: str = ""  # how to write the parameter, for the error message
+    default: str = ""  # a bare name's parameter in a compare/advise spec ("" none)
+    # Cost model: bits per sent value, and the share of entries sent: "all" (dense, no
+    # index), "param" (the parameter is the share) or "data" (depends on the gradients).
+    value_bits: int = 32
+    density: str = "all"
+
+
+#: Every compressor by name (``--compression NAME[:PARAM]``); each compressor's file
+#: registers its own kind (:mod:`disttrain.compression.registry` finds the files).
+COMPRESSORS: Registry[CompressorKind] = Registry("compressor", flag="--compression")

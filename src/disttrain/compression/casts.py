@@ -11,9 +11,9 @@ from typing import ClassVar
 
 import torch
 
-from disttrain.compression.base import Compressor, Payload
+from disttrain.compression.base import COMPRESSORS, Compressor, CompressorKind, Payload
 
-__all__ = ["BF16", "FP16", "Identity"]
+__all__ = ["BF16", "FP16", "Identity", "cast_dtype"]
 
 
 class _Cast(Compressor):
@@ -59,3 +59,17 @@ class BF16(_Cast):
     name = "bf16"
     wire_dtype = torch.bfloat16
     bytes_per_entry = 2
+
+
+def cast_dtype(compressor: Compressor) -> torch.dtype | None:
+    """The type a cast compressor sends (float32 for ``none``); None for any other compressor.
+
+    Casts need no exchange of their own: the data-parallel reducer sends its fused
+    buckets in this type (``--compression fp16`` on the allreduce strategy).
+    """
+    return compressor.wire_dtype if isinstance(compressor, _Cast) else None
+
+
+COMPRESSORS.add("none", CompressorKind(Identity))
+COMPRESSORS.add("fp16", CompressorKind(FP16, value_bits=16))
+COMPRESSORS.add("bf16", CompressorKind(BF16, value_bits=16))

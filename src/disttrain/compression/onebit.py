@@ -20,7 +20,7 @@ import math
 import numpy as np
 import torch
 
-from disttrain.compression.base import Payload, SparseCompressor
+from disttrain.compression.base import COMPRESSORS, CompressorKind, Payload, SparseCompressor
 from disttrain.compression.index_coding import coded_bytes, decode_indices, encode_indices
 
 __all__ = ["OneBit"]
@@ -69,3 +69,11 @@ class OneBit(SparseCompressor):
         k = int(payload.data[4]) if payload.data.numel() > 4 else 0
         # header + exp-Golomb bits of the gaps + one sign bit per entry
         return coded_bytes(idx.size, k, gaps) + math.ceil(idx.size / 8)
+
+
+# A bare `onebit` in a compare spec means tau 0.03: the threshold that kept accuracy on
+# digits/mlp with about 4,000x fewer bytes (benchmarks/RESULTS.md, "Talking less").
+COMPRESSORS.add(
+    "onebit",
+    CompressorKind(OneBit, "TAU", "threshold TAU > 0", "0.03", value_bits=1, density="data"),
+)

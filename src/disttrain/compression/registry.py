@@ -8,45 +8,24 @@ its payload. A plug-in compressor registers its kind the same way.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 from disttrain.comm.errors import UsageError
-from disttrain.compression.base import Compressor
-from disttrain.compression.casts import BF16, FP16, Identity
-from disttrain.compression.onebit import OneBit
-from disttrain.compression.topk import TopK
-from disttrain.registry import Registry
+from disttrain.compression.base import COMPRESSORS, Compressor, CompressorKind
+from disttrain.registry import import_submodules
 
-__all__ = ["COMPRESSORS", "SPECS", "CompressorKind", "parse", "specs", "with_default"]
+#: Modules of this package that hold no compressor (the rest register one each).
+HELPERS = ("base", "config", "error_feedback", "exchange", "index_coding", "registry")
 
+import_submodules("disttrain.compression", skip=HELPERS)
 
-@dataclass(frozen=True)
-class CompressorKind:
-    """One compressor name: its builder, parameter, spec default and payload size facts."""
-
-    build: Callable[..., Compressor]  # called with the parameter, or with none
-    param: str = ""  # "RATIO": the spec's parameter (``topk:RATIO``); "" takes none
-    param_help: str = ""  # how to write the parameter, for the error message
-    default: str = ""  # a bare name's parameter in a compare/advise spec ("" none)
-    # Cost model: bits per sent value, and the share of entries sent: "all" (dense, no
-    # index), "param" (the parameter is the share) or "data" (depends on the gradients).
-    value_bits: int = 32
-    density: str = "all"
-
-
-#: Every compressor by name (``--compression NAME[:PARAM]``).
-COMPRESSORS: Registry[CompressorKind] = Registry("compressor", flag="--compression")
-COMPRESSORS.add("none", CompressorKind(Identity))
-COMPRESSORS.add("fp16", CompressorKind(FP16, value_bits=16))
-COMPRESSORS.add("bf16", CompressorKind(BF16, value_bits=16))
-COMPRESSORS.add("topk", CompressorKind(TopK, "RATIO", "RATIO in (0, 1]", "0.001", density="param"))
-# 0.03 is the τ that kept accuracy with 4,135x fewer bytes on digits/mlp
-# (benchmarks/RESULTS.md, "Talking less").
-COMPRESSORS.add(
-    "onebit",
-    CompressorKind(OneBit, "TAU", "threshold TAU > 0", "0.03", value_bits=1, density="data"),
-)
+__all__ = [
+    "COMPRESSORS",
+    "HELPERS",
+    "SPECS",
+    "CompressorKind",
+    "parse",
+    "specs",
+    "with_default",
+]
 
 
 def specs() -> tuple[str, ...]:

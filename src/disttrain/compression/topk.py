@@ -12,7 +12,7 @@ import math
 import numpy as np
 import torch
 
-from disttrain.compression.base import Payload, SparseCompressor
+from disttrain.compression.base import COMPRESSORS, CompressorKind, Payload, SparseCompressor
 from disttrain.compression.index_coding import coded_bytes, decode_indices, encode_indices
 
 __all__ = ["TopK"]
@@ -62,3 +62,6 @@ class TopK(SparseCompressor):
         k = int(payload.data[4]) if payload.data.numel() > 4 else 0
         # header + exp-Golomb bits of the gaps + 4 bytes per fp32 value
         return coded_bytes(idx.size, k, gaps) + 4 * idx.size
+
+
+COMPRESSORS.add("topk", CompressorKind(TopK, "RATIO", "RATIO in (0, 1]", "0.001", density="param"))

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from disttrain.comm.errors import UsageError
+from disttrain.config import DataConfig
 
 __all__ = ["MAX_CLASSES", "Dataset", "load_dataset"]
 
@@ -144,21 +145,19 @@ def npz(path: str) -> Dataset:
     return Dataset(os.path.basename(path), tr_x, tr_y, te_x, te_y, "classification", classes)
 
 
-def load_dataset(
-    name: str,
-    synthetic_size: int = 2048,
-    synthetic_dim: int = 64,
-    synthetic_classes: int = 10,
-    seq_len: int = 64,
-    pycode_chars: int = 400_000,
-) -> Dataset:
-    """The data set named by ``--dataset``."""
+def load_dataset(data: DataConfig | str) -> Dataset:
+    """The data set a :class:`DataConfig` section names (``cfg.data``), or one by name alone.
+
+    A name alone (``load_dataset("digits")``) takes every other setting's default.
+    """
+    cfg = DataConfig(dataset=data) if isinstance(data, str) else data
+    name = cfg.dataset
     if name == "digits":
         return digits()
     if name == "synthetic":
-        return synthetic(synthetic_size, synthetic_dim, synthetic_classes)
+        return synthetic(cfg.synthetic_size, cfg.synthetic_dim, cfg.synthetic_classes)
     if name == "pycode":
-        return pycode(pycode_chars, seq_len)
+        return pycode(cfg.pycode_chars, cfg.seq_len)
     if name.endswith(".npz") or os.path.sep in name:
         return npz(name)
     raise UsageError(f"unknown dataset {name!r}: use digits, synthetic, pycode or a .npz path")

@@ -34,14 +34,31 @@ from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import record_send
 from disttrain.comm.p2p import global_rank
 from disttrain.comm.world import group_timeout
+from disttrain.compression.base import Compressor
+from disttrain.compression.casts import cast_dtype
+from disttrain.compression.registry import parse
 from disttrain.dataparallel.commthread import CommThread
 from disttrain.dataparallel.fusion import MB, FlatBucket, make_buckets
 
-__all__ = ["COMPRESSIONS", "Reducer"]
+__all__ = ["Reducer", "wire_dtype"]
 
-#: Wire types of the gradient buckets: fp32 as computed, or cast to 16 bits for the wire.
-COMPRESSIONS = ("none", "fp16", "bf16")
-_WIRE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+def wire_dtype(compression: str | Compressor | None) -> torch.dtype | None:
+    """The type buckets travel in for ``compression`` (None: fp32 as computed).
+
+    The one spelling of 16-bit gradients: a ``--compression`` spec (``none``,
+    ``fp16``, ``bf16``) or its compressor object; anything but a cast is refused.
+    """
+    if compression is None:
+        return None
+    comp = parse(compression) if isinstance(compression, str) else compression
+    dtype = cast_dtype(comp)
+    if dtype is None:
+        raise UsageError(
+            f"compression {comp.spec!r}: the reducer sends fused buckets as a cast only "
+            "(none, fp16, bf16)"
+        )
+    return None if dtype == torch.float32 else dtype
 
 
 class Reducer:
@@ -54,7 +71,7 @@ class Reducer:
         fusion_mb: float = 25.0,
         overlap: bool = True,
         group: ProcessGroup | None = None,
-        compression: str | None = None,
+        compression: str | Compressor | None = None,
         world_size: int | None = None,
     ) -> None:
         if algorithm not in collectives.ALGORITHMS:
@@ -62,15 +79,10 @@ class Reducer:
                 f"unknown algorithm {algorithm!r}: "
                 f"choose one of {', '.join(collectives.ALGORITHMS)}"
             )
-        compression = compression or "none"
-        if compression not in COMPRESSIONS:
-            raise UsageError(
-                f"compression must be one of None, 'fp16', 'bf16'; got {compression!r}"
-            )
+        self.wire_dtype = wire_dtype(compression)
         if fusion_mb < 0:
             raise UsageError(f"fusion_mb must be >= 0, got {fusion_mb}")
         self.algorithm = algorithm
-        self.compression = compression
         self.overlap = overlap
         self.group = group
         self.world_size = dist.get_world_size(group) if world_size is None else world_size
@@ -159,7 +171,7 @@ class Reducer:
 
     # --- communication ------------------------------------------------------------------
     def _launch(self, bucket: FlatBucket) -> None:
-        wire = _WIRE_DTYPES.get(self.compression)
+        wire = self.wire_dtype
         send = bucket.buffer if wire is None else bucket.buffer.to(wire)
         self.launched_total += 1
         if self._thread is None:

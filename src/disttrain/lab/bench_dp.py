@@ -146,8 +146,7 @@ def _rank_main(args: argparse.Namespace) -> dict[str, Any] | None:
 
     from disttrain.data import load_dataset
 
-    data = load_dataset("pycode" if args.model == "gpt" else "digits", 2048, 64, 10, 64,
-                        400_000)  # fmt: skip
+    data = load_dataset("pycode" if args.model == "gpt" else "digits")  # default settings
     configs = _configs(args)
     built = [_build(c, args, data) for c in configs]
     timers = [_Timer() for _ in configs]

@@ -92,7 +92,7 @@ def mlp_params() -> tuple[int, list[int]]:
     from disttrain.data import load_dataset
     from disttrain.models import build_model
 
-    data = load_dataset("digits", 2048, 64, 10, 64, 400_000)  # as bench dp loads it
+    data = load_dataset("digits")  # as bench dp loads it
     model = build_model("mlp", data)
     sizes = [p.numel() * 4 for p in model.parameters()]
     return sum(sizes) // 4, sizes

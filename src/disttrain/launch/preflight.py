@@ -6,7 +6,41 @@ from typing import Any
 
 from disttrain.comm.errors import UsageError
 
-__all__ = ["preflight"]
+__all__ = ["check_settings_read", "preflight", "unread_settings"]
+
+
+def unread_settings(cfg: Any) -> dict[str, str]:
+    """Each setting ``cfg`` changes from its default that the run will not read, with why.
+
+    Always-read settings are read by the trainer and launcher; any other one must
+    be declared by the chosen strategy (``Strategy.reads_settings``) and not be
+    switched off by the run's other settings (``Strategy.settings_not_read``).
+    """
+    from disttrain import strategies
+    from disttrain.config import always_read, changed_settings, field_names, flag
+
+    strategy = strategies.get(cfg.train.strategy)
+    reads, off = strategy.reads(cfg), strategy.settings_not_read(cfg)
+    out: dict[str, str] = {}
+    for name, value in changed_settings(cfg).items():
+        if always_read(name) or name in reads:
+            continue
+        given = f"--no-{flag(name)[2:]}" if value is False else flag(name)  # as typed
+        where = f"{given} is not used by --strategy {strategy.name}"
+        if name in off:
+            out[name] = f"{where} {off[name]}"
+            continue
+        users = sorted(s for s, cls in strategies.STRATEGIES.items() if name in field_names(
+            cls.reads_settings))  # fmt: skip
+        out[name] = f"{where} (used by: {', '.join(users) or 'no strategy'})"
+    return out
+
+
+def check_settings_read(cfg: Any) -> None:
+    """UsageError naming the first setting changed from its default that nothing reads."""
+    unread = unread_settings(cfg)
+    if unread:
+        raise UsageError(next(iter(unread.values())))
 
 
 def preflight(cfg: Any) -> None:
@@ -32,21 +66,16 @@ def preflight(cfg: Any) -> None:
 
         if not torch.cuda.is_available():
             raise UsageError("--device cuda: no CUDA device is available on this machine")
-    data = load_dataset(
-        tc.dataset,
-        tc.synthetic_size,
-        tc.synthetic_dim,
-        tc.synthetic_classes,
-        tc.seq_len,
-        tc.pycode_chars,
-    )
+    data = load_dataset(cfg.data)
     if len(data.x_train) < tc.batch_size:
         raise UsageError(
             f"--batch-size {tc.batch_size} is larger than the {len(data.x_train)} training samples"
         )
-    model = build_model(tc.model, data, tc.seq_len)
+    model = build_model(tc.model, data)
     # Strategies check what needs the whole config (pipeline stages, mesh, ps modes) here.
     strategy.validate_config(cfg, model)
+    # After the strategy's own checks, which name impossible values more precisely.
+    check_settings_read(cfg)
     if tc.resume:
         from disttrain import checkpoint
 

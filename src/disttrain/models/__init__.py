@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 
 from torch import nn
 
@@ -11,10 +12,37 @@ from disttrain.data.datasets import Dataset
 from disttrain.models.cnn import cnn
 from disttrain.models.gpt import gpt
 from disttrain.models.mlp import mlp
+from disttrain.registry import Registry
 
 __all__ = ["MODELS", "build_model", "cnn", "gpt", "mlp"]
 
-MODELS = ("mlp", "cnn", "gpt")
+#: ``--model`` names: a factory taking the data set the model is shaped for.
+MODELS = Registry[Callable[[Dataset], nn.Module]]("model", flag="--model")
+
+
+def _classifies(name: str, data: Dataset) -> None:
+    if data.task != "classification":
+        raise UsageError(f"--model {name} classifies; for --dataset {data.name} use --model gpt")
+
+
+@MODELS.register("mlp")
+def _mlp(data: Dataset) -> nn.Module:
+    _classifies("mlp", data)
+    return mlp(data.in_features, data.num_classes)
+
+
+@MODELS.register("cnn")
+def _cnn(data: Dataset) -> nn.Module:
+    _classifies("cnn", data)
+    return cnn(data.in_features, data.num_classes)
+
+
+@MODELS.register("gpt")
+def _gpt(data: Dataset) -> nn.Module:
+    if data.task != "lm":
+        raise UsageError("--model gpt needs a language-model data set: use --dataset pycode")
+    # a language-model sample is one window of --seq-len tokens: the context the model needs
+    return gpt(vocab=data.num_classes, seq_len=int(data.x_train.shape[-1]))
 
 
 def _factory(spec: str) -> nn.Module:
@@ -39,18 +67,9 @@ def _factory(spec: str) -> nn.Module:
     return model
 
 
-def build_model(name: str, data: Dataset, seq_len: int = 64) -> nn.Module:
-    """The model named by ``--model``, shaped for ``data``."""
-    if name in ("mlp", "cnn") and data.task != "classification":
-        raise UsageError(f"--model {name} classifies; for --dataset {data.name} use --model gpt")
-    if name == "mlp":
-        return mlp(data.in_features, data.num_classes)
-    if name == "cnn":
-        return cnn(data.in_features, data.num_classes)
-    if name == "gpt":
-        if data.task != "lm":
-            raise UsageError("--model gpt needs a language-model data set: use --dataset pycode")
-        return gpt(vocab=data.num_classes, seq_len=seq_len)
+def build_model(name: str, data: Dataset) -> nn.Module:
+    """The model named by ``--model`` (a registered name or ``package.module:function``),
+    shaped for ``data``; an unknown name is the usage error listing the choices."""
     if ":" in name:
         return _factory(name)
-    raise UsageError(f"unknown model {name!r}: use mlp, cnn, gpt or package.module:function")
+    return MODELS.get(name)(data)

@@ -8,6 +8,13 @@ each loss by its share of the shard, and communicates only after the last one:
 still one step of the same global batch, with 1/K of the activation memory.
 The mechanics (buckets, hooks, the communication thread) live in
 :mod:`disttrain.dataparallel.reducer`.
+
+``--compression fp16|bf16`` (a cast) sends the same fused buckets in 16 bits,
+overlapped as usual: the one spelling of 16-bit gradients. A sparse compressor
+(``topk:R``, ``onebit:T``) instead exchanges one compressed payload with every
+peer after backward, with error feedback: it reads neither ``--fusion-mb``,
+``--overlap`` nor ``--accumulate`` (nor ``--algorithm``, unless its payloads are
+summable), and pre-flight refuses them.
 """
 
 from __future__ import annotations
@@ -18,15 +25,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from disttrain import collectives, costing, timeline
 from disttrain.comm.errors import UsageError
+from disttrain.compression.casts import cast_dtype
 from disttrain.compression.config import CompressionConfig
 from disttrain.compression.error_feedback import ErrorFeedback
 from disttrain.compression.exchange import CompressionStats, compressed_all_reduce
 from disttrain.compression.registry import parse
-from disttrain.config import opt, register_section
+from disttrain.config import RunConfig, opt, register_section
+from disttrain.dataparallel.average import average
 from disttrain.dataparallel.broadcast import broadcast_tensors
 from disttrain.dataparallel.reducer import Reducer
 from disttrain.strategies.base import Strategy, register
@@ -50,9 +58,6 @@ class DataParallelConfig:
     )
     overlap: bool = opt(True, "start each bucket's allreduce during backward, once it is full")
     accumulate: int = opt(1, "micro-batches per optimizer step (accumulation), one allreduce")
-    grad_dtype: str = opt(
-        "fp32", "type gradients travel in (halves the bytes on the wire)", ("fp32", "bf16", "fp16")
-    )
 
     def validate(self) -> None:
         if self.fusion_mb < 0:
@@ -66,29 +71,45 @@ class AllReduce(Strategy):
     """Average gradients with ``--algorithm``, fused into buckets, overlapped with backward."""
 
     name = "allreduce"
+    reads_settings = (DataParallelConfig, CompressionConfig, "algorithm")
     # Buckets may be summed during backward: under fp16 the trainer unscales after the
     # sum (a sum carries any rank's Inf/NaN to all). Also right with --no-overlap.
     communicates_during_backward = True
     main_setting: ClassVar[str | None] = "algorithm"
     cost_settings: ClassVar[tuple[str, ...]] = ("algorithm", "fusion_mb", "overlap")
 
+    @classmethod
+    def settings_not_read(cls, config: RunConfig) -> dict[str, str]:
+        spec = config.section(CompressionConfig).compression
+        compressor = parse(spec)
+        if cast_dtype(compressor) is not None:  # the reducer's buckets, cast: nothing left out
+            why = "nothing is compressed" if spec == "none" else "a cast leaves nothing out"
+            return {"error_feedback": f"with --compression {spec} ({why})"}
+        why = f"with --compression {spec} (one payload per peer after backward, unfused)"
+        unread = dict.fromkeys(("fusion_mb", "overlap", "accumulate"), why)
+        if not compressor.summable:  # sent to every peer point to point, no allreduce
+            unread["algorithm"] = why
+        return unread
+
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         super().setup(model, optimizer)
-        dp: DataParallelConfig = self.config.section(DataParallelConfig)
-        self.accumulate = dp.accumulate
         if self.world.world_size > 1:
             broadcast_tensors(list(model.state_dict().values()), 0, self.worker_group)
         cc = self.config.section(CompressionConfig)
-        self.compressor = None if cc.compression == "none" else parse(cc.compression)
+        compressor = parse(cc.compression)
+        self.accumulate = 1
+        self.compressor = None if cast_dtype(compressor) is not None else compressor
         if self.compressor is not None:
             # Compressed payloads are summed after backward (sparse ones are all-gathered
             # and decoded), so the step runner unscales fp16 gradients before sending.
-            if self.accumulate > 1:
-                raise UsageError("--compression with --accumulate > 1 is not supported")
             self.communicates_during_backward = False
             self.feedback = ErrorFeedback(self.compressor, enabled=cc.error_feedback)
             self.stats = CompressionStats()
+            # only summable payloads ride an allreduce; the others go to every peer
+            self.algorithm = self.config.train.algorithm if self.compressor.summable else ""
             return
+        dp: DataParallelConfig = self.config.section(DataParallelConfig)
+        self.accumulate = dp.accumulate
         self.reducer = Reducer(
             list(model.parameters()),
             algorithm=self.config.train.algorithm,
@@ -96,7 +117,7 @@ class AllReduce(Strategy):
             overlap=dp.overlap,
             group=self.worker_group,
             world_size=self.world.world_size,
-            compression=None if dp.grad_dtype == "fp32" else dp.grad_dtype,
+            compression=compressor,  # a cast: the buckets travel in its type
         )
 
     def no_sync(self) -> Any:
@@ -131,17 +152,17 @@ class AllReduce(Strategy):
 
     def _compressed_average(self) -> None:
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if not grads or self.world.world_size == 1:
-            return
-        assert self.compressor is not None
-        flat = _flatten_dense_tensors(grads)
-        compressed_all_reduce(
-            flat, self.compressor, self.config.train.algorithm, self.worker_group,
-            self.feedback, self.stats,
-        )  # fmt: skip
-        flat /= self.world.world_size
-        for g, v in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
-            g.copy_(v)
+        compressor = self.compressor
+        assert compressor is not None
+
+        def compressed_sum(flat: torch.Tensor) -> None:
+            compressed_all_reduce(
+                flat, compressor, self.algorithm or "native", self.worker_group, self.feedback,
+                self.stats,
+            )  # fmt: skip
+
+        average(grads, group=self.worker_group, world_size=self.world.world_size,
+                sum_=compressed_sum)  # fmt: skip
 
     def finish(self) -> None:
         if self.compressor is None:

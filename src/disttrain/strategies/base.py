@@ -40,7 +40,7 @@ from torch.distributed import ProcessGroup
 from disttrain import timeline
 from disttrain.comm.errors import UsageError
 from disttrain.comm.world import World
-from disttrain.config import RunConfig
+from disttrain.config import RunConfig, field_names
 from disttrain.costing import Network, Prediction, Rates, Workload
 from disttrain.registry import Registry
 from disttrain.strategies.layout import Layout
@@ -70,12 +70,28 @@ class Strategy:
     #: True if gradients are reduced by hooks while backward runs (overlap): under fp16
     #: the trainer then unscales after ``after_backward`` instead of before it.
     communicates_during_backward: bool = False
+    #: The settings this strategy reads beyond the always-read ones (``TrainConfig``,
+    #: ``DataConfig``): section classes (all their fields) and single field names.
+    #: Pre-flight refuses any other setting changed from its default.
+    reads_settings: ClassVar[tuple[type[Any] | str, ...]] = ()
 
     def __init__(self, config: RunConfig, world: World, loss_fn: LossFn) -> None:
         self.config = config
         self.world = world
         self.loss_fn = loss_fn
         self.roles = self.layout(self)
+
+    @classmethod
+    def settings_not_read(cls, config: RunConfig) -> dict[str, str]:
+        """Declared settings that ``config``'s other settings make this strategy ignore, each
+        with the reason, e.g. ``{"fusion_mb": "with --compression topk:0.01"}``."""
+        del config
+        return {}
+
+    @classmethod
+    def reads(cls, config: RunConfig) -> set[str]:
+        """The settings a run of this strategy with ``config`` reads (always-read ones aside)."""
+        return field_names(cls.reads_settings) - set(cls.settings_not_read(config))
 
     @classmethod
     def validate_config(cls, config: RunConfig, model: nn.Module) -> None:

@@ -53,8 +53,8 @@ from disttrain.compression import (
 )
 from disttrain.compression.registry import COMPRESSORS
 from disttrain.config import RunConfig, opt, register_section
+from disttrain.dataparallel.average import average
 from disttrain.strategies.base import Strategy, register
-from disttrain.strategies.localsgd import average_tensors
 
 if TYPE_CHECKING:
     from disttrain.strategies.runspec import RunSpec
@@ -118,6 +118,23 @@ class Decentralized(Strategy):
     assumptions: ClassVar[dict[str, str]] = {
         "density": "the share of entries a compressor sends when the data sets it (onebit)"
     }
+    # --algorithm: the start-up average that makes the replicas equal
+    reads_settings = (DecentralizedConfig, CompressionConfig, "algorithm")
+
+    @classmethod
+    def settings_not_read(cls, config: RunConfig) -> dict[str, str]:
+        settings: DecentralizedConfig = config.section(DecentralizedConfig)
+        unread: dict[str, str] = {}
+        if settings.topology == "ring" and config.train.world_size > 2:
+            # CHOCO keeps x - x̂ as its residual; the compressor's own feedback is not used
+            unread["error_feedback"] = "with --topology ring (CHOCO's x - x̂ is the residual)"
+        elif settings.topology == "all":
+            unread["consensus_step"] = "with --topology all (no gossip step)"
+        else:  # a ring of two is the all-peers exchange
+            unread["consensus_step"] = "with --topology ring on 2 workers (no gossip step)"
+        if not settings.active_warmup_steps:
+            unread["active_workers"] = "without --active-warmup-steps"
+        return unread
 
     @classmethod
     def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
@@ -129,9 +146,10 @@ class Decentralized(Strategy):
         cc = self.config.section(CompressionConfig)
         self.settings: DecentralizedConfig = self.config.section(DecentralizedConfig)
         self.compressor = parse(cc.compression)
-        self.feedback = ErrorFeedback(self.compressor, enabled=cc.error_feedback)
         self.rank, self.size = self.world.rank, self.world.world_size
         self.ring = self.settings.topology == "ring" and self.size > 2
+        # the ring never uses it (CHOCO's x - x̂ is its residual): --error-feedback is not read
+        self.feedback = ErrorFeedback(self.compressor, enabled=not self.ring and cc.error_feedback)
         self.stats = CompressionStats()
         self.entries_sent = 0
         self.claimed_bytes = 0
@@ -149,7 +167,8 @@ class Decentralized(Strategy):
                 group["momentum"] = 0.0  # applied here, before compression, instead
         params = list(model.parameters())
         # Replicas start equal (outside the measured traffic: the trainer resets the meter).
-        average_tensors(list(model.state_dict().values()), self.config.train.algorithm, self.size)
+        algorithm = self.config.train.algorithm
+        average(list(model.state_dict().values()), algorithm, world_size=self.size)
         if self.ring:
             x = _flatten_dense_tensors([p.detach() for p in params])
             send_to, _ = ring_neighbours(self.rank, self.size)
@@ -237,7 +256,7 @@ class Decentralized(Strategy):
         # Ring replicas differ: evaluate their average (one dense allreduce, outside the meter).
         if self.ring:
             with meter.paused():
-                average_tensors(list(self.model.parameters()), "native", self.size)
+                average(list(self.model.parameters()), "native", world_size=self.size)
 
     # --- reporting ------------------------------------------------------------------
     def residual_norm(self) -> float:

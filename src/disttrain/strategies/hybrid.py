@@ -13,13 +13,13 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from disttrain import collectives, timeline
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
 from disttrain.comm.world import World
 from disttrain.config import RunConfig
+from disttrain.dataparallel.average import average
 from disttrain.parallel.mesh import Mesh
 from disttrain.parallel.settings import ParallelConfig
 from disttrain.strategies.base import LossFn, Strategy, register
@@ -51,6 +51,21 @@ class Hybrid(Strategy):
     not_modelled: ClassVar[str] = (
         "its replicas are pipelines or tensor-parallel groups, which are not modelled"
     )
+    reads_settings = (ParallelConfig, "algorithm")
+
+    @classmethod
+    def settings_not_read(cls, config: RunConfig) -> dict[str, str]:
+        pc: ParallelConfig = config.section(ParallelConfig)
+        unread = {"stages": "(the mesh sets the stages: --pp)"}
+        pipeline = ("microbatches", "schedule", "balance", "recompute")
+        if pc.pp:
+            unread["tensor_mode"] = f"with --pp {pc.pp} (pipeline stages inside each replica)"
+            if pc.schedule == "none":
+                unread["microbatches"] = "with --schedule none (whole batches)"
+        elif pc.tp:
+            why = f"with --tp {pc.tp} (tensor slices inside each replica)"
+            unread.update(dict.fromkeys(pipeline, why))
+        return unread
 
     def __init__(self, config: RunConfig, world: World, loss_fn: LossFn) -> None:
         super().__init__(config, world, loss_fn)
@@ -116,12 +131,8 @@ class Hybrid(Strategy):
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         if self.dp == 1 or not grads:
             return
-        flat = _flatten_dense_tensors(grads)
         with timeline.span("allreduce", group="dp"):
-            collectives.all_reduce(flat, self.algorithm, self.mesh.dp_group)
-        flat /= self.dp
-        for g, v in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
-            g.copy_(v)
+            average(grads, self.algorithm, self.mesh.dp_group, world_size=self.dp)
 
     def eval_model(self) -> nn.Module | None:
         if self.mesh.dp_index != 0:

@@ -22,18 +22,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from disttrain import collectives, costing, timeline
+from disttrain import costing, timeline
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
 from disttrain.config import opt, register_section
+from disttrain.dataparallel.average import average
 from disttrain.strategies.base import Strategy, register
 
 if TYPE_CHECKING:
     from disttrain.strategies.runspec import RunSpec
 
-__all__ = ["LocalSGD", "LocalSGDConfig", "average_tensors"]
+__all__ = ["LocalSGD", "LocalSGDConfig"]
 
 
 @register_section
@@ -52,18 +52,6 @@ class LocalSGDConfig:
             raise UsageError(f"--period must be >= 1, got {self.period}")
         if self.warmup_sync_steps < 0:
             raise UsageError(f"--warmup-sync-steps must be >= 0, got {self.warmup_sync_steps}")
-
-
-def average_tensors(tensors: list[torch.Tensor], algorithm: str, world_size: int) -> None:
-    """Replace each tensor by its mean over all ranks (one flat allreduce)."""
-    if world_size == 1 or not tensors:
-        return
-    flat = _flatten_dense_tensors([t.detach() for t in tensors])
-    collectives.all_reduce(flat, algorithm)
-    flat /= world_size
-    with torch.no_grad():
-        for t, v in zip(tensors, _unflatten_dense_tensors(flat, tensors), strict=True):
-            t.copy_(v)
 
 
 def _optimizer_state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -86,6 +74,7 @@ class LocalSGD(Strategy):
     name = "localsgd"
     main_setting: ClassVar[str | None] = "period"
     cost_settings: ClassVar[tuple[str, ...]] = ("period", "algorithm")
+    reads_settings = (LocalSGDConfig, "algorithm")
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         super().setup(model, optimizer)
@@ -100,7 +89,7 @@ class LocalSGD(Strategy):
         self.gradient_bytes = 0
         self._last_average = 0
         # Replicas start equal: one average makes sure (outside the measured traffic).
-        average_tensors(list(model.state_dict().values()), self.algorithm, self.size)
+        average(list(model.state_dict().values()), self.algorithm, world_size=self.size)
 
     def _params(self) -> list[torch.Tensor]:
         return [p for p in self.model.parameters()]
@@ -110,17 +99,17 @@ class LocalSGD(Strategy):
             return
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         before = meter.bytes_sent
-        average_tensors(grads, self.algorithm, self.size)
+        average(grads, self.algorithm, world_size=self.size)
         self.gradient_bytes += meter.bytes_sent - before
         self.sync_steps += 1
 
     def _average(self) -> None:
         before = meter.bytes_sent
         with timeline.span("average parameters"):
-            average_tensors(self._params(), self.algorithm, self.size)
+            average(self._params(), self.algorithm, world_size=self.size)
         middle = meter.bytes_sent
         if self.settings.average_optimizer_state:
-            average_tensors(_optimizer_state(self.optimizer), self.algorithm, self.size)
+            average(_optimizer_state(self.optimizer), self.algorithm, world_size=self.size)
         self.parameter_bytes += middle - before
         self.optimizer_state_bytes += meter.bytes_sent - middle
         self.averaging_rounds += 1

@@ -71,6 +71,13 @@ class Pipeline(Strategy):
         "its step depends on per-layer activation sizes and the stage balance, which a "
         "parameter count does not give (`disttrain bench pipeline` measures it)"
     )
+    reads_settings = ("stages", "microbatches", "schedule", "balance", "recompute")
+
+    @classmethod
+    def settings_not_read(cls, config: RunConfig) -> dict[str, str]:
+        if config.section(ParallelConfig).schedule == "none":
+            return {"microbatches": "with --schedule none (whole batches)"}
+        return {}
 
     def __init__(self, config: RunConfig, world: World, loss_fn: LossFn) -> None:
         super().__init__(config, world, loss_fn)
@@ -131,12 +138,7 @@ class Pipeline(Strategy):
     def _sample(self, n: int) -> torch.Tensor:
         from disttrain.data import load_dataset
 
-        tc = self.config.train
-        data = load_dataset(
-            tc.dataset, tc.synthetic_size, tc.synthetic_dim, tc.synthetic_classes, tc.seq_len,
-            tc.pycode_chars,
-        )  # fmt: skip
-        return data.x_train[:n]
+        return load_dataset(self.config.data).x_train[:n]
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         placement.check_sequential(model, self.name)

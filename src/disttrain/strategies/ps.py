@@ -104,6 +104,19 @@ class ParameterServer(Strategy):
     layout = ServerLayout
     main_setting: ClassVar[str | None] = "ps_mode"
     cost_settings: ClassVar[tuple[str, ...]] = ("ps_mode", "servers")
+    reads_settings = (PSConfig,)
+
+    @classmethod
+    def settings_not_read(cls, config: RunConfig) -> dict[str, str]:
+        mode = config.section(PSConfig).ps_mode
+        unread: dict[str, str] = {}
+        if mode != "ssp":
+            unread["staleness_bound"] = f"with --ps-mode {mode} (only ssp bounds staleness)"
+        if mode != "softsync":
+            unread["softsync"] = f"with --ps-mode {mode}"
+        if mode == "sync":
+            unread["staleness_lr"] = "with --ps-mode sync (no update is stale)"
+        return unread
 
     def __init__(self, config: RunConfig, world: Any, loss_fn: Any) -> None:
         super().__init__(config, world, loss_fn)

@@ -51,6 +51,8 @@ class TensorParallel(Strategy):
         "its step depends on the activations exchanged inside every layer, which a "
         "parameter count does not give"
     )
+    # --algorithm: the allreduce of each Megatron pair's partial sums
+    reads_settings = ("tensor_mode", "algorithm")
 
     def __init__(self, config: RunConfig, world: World, loss_fn: LossFn) -> None:
         super().__init__(config, world, loss_fn)

@@ -28,11 +28,12 @@ from disttrain.data.loader import BatchLoader
 from disttrain.models import build_model
 from disttrain.train.faults import parse_fault
 from disttrain.train.metrics import MetricsWriter, Timers, write_summary
+from disttrain.train.optimizers import make_optimizer
 from disttrain.train.progress import ProgressBar
 from disttrain.train.schedules import LRSchedule
 from disttrain.train.step import StepRunner
 
-__all__ = ["evaluate", "loss_fn", "make_optimizer", "train"]
+__all__ = ["evaluate", "loss_fn", "train"]
 
 
 def pin_to_cpu(local_rank: int) -> int | None:
@@ -51,18 +52,6 @@ def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     if output.dim() == 3:
         return F.cross_entropy(output.flatten(0, 1), target.flatten())
     return F.cross_entropy(output, target)
-
-
-def make_optimizer(
-    name: str, params: Any, lr: float, momentum: float, weight_decay: float
-) -> torch.optim.Optimizer:
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
-    if name == "momentum":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
-    raise ValueError(f"unknown optimizer {name!r}")
 
 
 @torch.no_grad()
@@ -162,16 +151,11 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     if tc.pin_cpus:
         pin_to_cpu(world.local_rank)
     fault = parse_fault(tc.inject_fault)
-    data = load_dataset(
-        tc.dataset, tc.synthetic_size, tc.synthetic_dim, tc.synthetic_classes, tc.seq_len,
-        tc.pycode_chars,
-    )  # fmt: skip
+    data = load_dataset(cfg.data)
     torch.manual_seed(tc.seed)  # every rank builds the same initial model
     strategy = strategies.get(tc.strategy)(cfg, world, loss_fn)
-    model = strategy.prepare_model(build_model(tc.model, data, tc.seq_len)).to(world.device)
-    optimizer = make_optimizer(
-        tc.optimizer, model.parameters(), tc.lr, tc.momentum, tc.weight_decay
-    )
+    model = strategy.prepare_model(build_model(tc.model, data)).to(world.device)
+    optimizer = make_optimizer(model.parameters(), tc)
     strategy.setup(model, optimizer)
     roles = strategy.roles  # who trains and who serves (parameter servers)
     if not roles.is_worker:

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    data = load_dataset("digits", 2048, 64, 10, 64, 400_000)
+    data = load_dataset("digits")
     model = build_model("mlp", data)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     ef = ErrorFeedback(OneBit(args.tau))
