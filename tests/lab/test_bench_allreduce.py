@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from disttrain.comm.errors import UsageError
-from disttrain.lab.bench_allreduce import parse_size
+from disttrain.lab.bench.allreduce import parse_size
 
 
 def _bench(*flags: str) -> subprocess.CompletedProcess[str]:

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from disttrain.cli import main
-from disttrain.lab import bench_pipeline
+from disttrain.lab.bench import pipeline as bench_pipeline
 from disttrain.parallel.pipeline import schedule
 from tests.harness import run_world
 

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from disttrain.lab import bench_tensor
+from disttrain.lab.bench import _tensor as bench_tensor
 from tests.harness import run_world
 
 

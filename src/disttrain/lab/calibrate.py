@@ -64,7 +64,7 @@ def bench_allreduce_rows(
     workers: int, sizes: Sequence[str], algorithms: Sequence[str], iters: int = 10, warmup: int = 2
 ) -> list[dict[str, Any]]:
     """`disttrain bench allreduce` rows (length check off: training runs without it)."""
-    from disttrain.lab import bench_allreduce
+    from disttrain.lab.bench import allreduce as bench_allreduce
 
     got = _run_quiet(bench_allreduce, [
         "--workers", str(workers), "--sizes", ",".join(sizes), "--algorithms",
@@ -78,7 +78,7 @@ def bench_dp_rows(
     workers: int, batch_size: int, fusion_mb: float = 4.0, steps: int = 10, warmup: int = 2
 ) -> dict[str, Any]:
     """`disttrain bench dp` rows for the mlp (name -> samples/s and per-phase medians)."""
-    from disttrain.lab import bench_dp
+    from disttrain.lab.bench import dp as bench_dp
 
     got = _run_quiet(bench_dp, [
         "--workers", str(workers), "--model", "mlp", "--batch-size", str(batch_size),

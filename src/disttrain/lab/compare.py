@@ -82,7 +82,7 @@ def table_algorithms() -> list[str]:
 def algorithms_table(workers: int, size: str) -> list[dict[str, Any]]:
     """Measure one allreduce per algorithm with ``disttrain bench allreduce``'s code; table rows."""
     from disttrain import collectives
-    from disttrain.lab import bench_allreduce
+    from disttrain.lab.bench import allreduce as bench_allreduce
 
     parser = argparse.ArgumentParser()
     bench_allreduce.add_arguments(parser)
@@ -196,7 +196,7 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
         launcher, per_host, net = _cluster_launcher(ns.cluster, workers, ns.run_timeout)
         common = {**common, "workers": per_host}
     if ns.algorithms_table:
-        from disttrain.lab.bench_allreduce import parse_size
+        from disttrain.lab.bench.allreduce import parse_size
 
         parse_size(ns.table_size)
     os.makedirs(out, exist_ok=True)

@@ -10,20 +10,12 @@ import argparse
 import importlib
 import pkgutil
 
-__all__ = ["BENCHES", "add_arguments", "benches", "run"]
-
-#: ``disttrain bench NAME`` -> module with ``add_arguments(parser)`` and ``run(args) -> int``.
-BENCHES: dict[str, str] = {
-    "allreduce": "disttrain.lab.bench_allreduce",
-    "dp": "disttrain.lab.bench_dp",
-    "largebatch": "disttrain.lab.bench_largebatch",
-    "pipeline": "disttrain.lab.bench_pipeline",
-}
+__all__ = ["add_arguments", "benches", "run"]
 
 
 def benches() -> dict[str, str]:
-    """Every benchmark: the modules listed above and each module of this package."""
-    found = dict(BENCHES)
+    """Every benchmark: each module of this package (``_name`` modules are helpers)."""
+    found: dict[str, str] = {}
     for info in pkgutil.iter_modules(__path__):
         if not info.name.startswith("_"):
             found[info.name.replace("_", "-")] = f"{__name__}.{info.name}"

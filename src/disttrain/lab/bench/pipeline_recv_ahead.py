@@ -30,8 +30,8 @@ def work(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
     from torch.nn import functional as F
 
-    from disttrain.lab import bench_pipeline as bp
-    from disttrain.lab import bench_tensor
+    from disttrain.lab.bench import _tensor as bench_tensor
+    from disttrain.lab.bench import pipeline as bp
     from disttrain.parallel import placement
     from disttrain.parallel.pipeline import schedule
     from disttrain.parallel.pipeline.runner import PipelineRunner
@@ -78,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from disttrain.lab import bench_pipeline as bp
+    from disttrain.lab.bench import pipeline as bp
 
     if args.microbatches < 1 or args.rounds < 1 or args.width < 1 or args.batch < 1:
         raise UsageError("microbatches, rounds, width and batch must be at least 1")

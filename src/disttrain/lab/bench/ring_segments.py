@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 
 from disttrain.comm.errors import UsageError
-from disttrain.lab import bench_allreduce
+from disttrain.lab.bench import allreduce as bench_allreduce
 from disttrain.lab.bench._variants import InRanks
 
 __all__ = ["add_arguments", "run", "variant_names"]

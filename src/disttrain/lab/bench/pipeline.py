@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from disttrain.comm.errors import UsageError
-from disttrain.lab import bench_tensor
+from disttrain.lab.bench import _tensor as bench_tensor
 from disttrain.parallel.pipeline import schedule
 
 __all__ = ["add_arguments", "bubble", "run"]
