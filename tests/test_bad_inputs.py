@@ -247,7 +247,11 @@ CASES: list[tuple[str, Argv, str]] = [
     ),
     ("compression-spec", _flags("--compression", "topk:many"), "--compression 'topk:many'"),
     ("compression-name", _flags("--compression", "zip"), "choose one of none"),
-    ("algorithm-name", _flags("--algorithm", "gossip"), "unknown algorithm 'gossip'"),
+    (
+        "algorithm-name",
+        _flags("--algorithm", "gossip"),
+        "--algorithm 'gossip': unknown allreduce algorithm",
+    ),
     ("localsgd-period", _flags("--strategy", "localsgd", "--period", "0"), "--period must be"),
     ("consensus-step", _flags("--consensus-step", "1.5"), "--consensus-step must be in (0, 1]"),
     # settings no chosen component reads (docs/errors.md, "Settings nothing reads")

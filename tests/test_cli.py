@@ -57,7 +57,7 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
         ),
         (["train", "--dataset", "mnist"], "unknown dataset 'mnist'"),
         (["train", "--strategy", "magic"], "'magic': unknown strategy"),
-        (["train", "--algorithm", "magic"], "unknown algorithm 'magic'"),
+        (["train", "--algorithm", "magic"], "--algorithm 'magic': unknown allreduce algorithm"),
         (["train", "--optimizer", "lbfgs"], "invalid choice: 'lbfgs'"),
         (["train", "--config", str(tmp / "nope.toml")], "config file not found"),
         (["train", "--config", str(toml_unknown)], "unknown key 'wrokers'"),

@@ -73,7 +73,7 @@ def test_bad_spec_grammar(text: str, message: str) -> None:
     [
         (["--strategies", "nope"], "'nope': unknown strategy"),
         (["--strategies", "localsgd:period=x"], "is not a int"),
-        (["--strategies", "allreduce:nope"], "unknown algorithm 'nope'"),
+        (["--strategies", "allreduce:nope"], "'nope': unknown allreduce algorithm"),
         (["--strategies", "localsgd:period=0"], "--period must be >= 1"),  # checked like train does
         (["--strategies", "allreduce", "--batch-size", "63"], "not divisible"),
         (["--strategies", "allreduce", "--strategy", "ps"], "--strategy cannot be given"),

@@ -33,4 +33,7 @@ def test_unknown_algorithm_is_a_usage_error() -> None:
     cmd = [sys.executable, "-m", "disttrain", "train", "--algorithm", "nope"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
-    assert "unknown algorithm 'nope'" in done.stderr and "Traceback" not in done.stderr
+    assert (
+        "--algorithm 'nope': unknown allreduce algorithm" in done.stderr
+        and "Traceback" not in done.stderr
+    )

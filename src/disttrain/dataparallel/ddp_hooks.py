@@ -19,7 +19,6 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from disttrain import collectives
-from disttrain.comm.errors import UsageError
 from disttrain.comm.world import group_timeout
 from disttrain.dataparallel.commthread import CommThread
 
@@ -35,11 +34,7 @@ class AlgorithmHook:
     def __init__(
         self, algorithm: str = "native", process_group: ProcessGroup | None = None
     ) -> None:
-        if algorithm not in collectives.ALGORITHMS:
-            raise UsageError(
-                f"unknown algorithm {algorithm!r}: "
-                f"choose one of {', '.join(collectives.ALGORITHMS)}"
-            )
+        collectives.get(algorithm)  # an unknown name: the registry's usage error
         self.algorithm = algorithm
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)

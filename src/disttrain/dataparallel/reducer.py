@@ -74,11 +74,7 @@ class Reducer:
         compression: str | Compressor | None = None,
         world_size: int | None = None,
     ) -> None:
-        if algorithm not in collectives.ALGORITHMS:
-            raise UsageError(
-                f"unknown algorithm {algorithm!r}: "
-                f"choose one of {', '.join(collectives.ALGORITHMS)}"
-            )
+        collectives.get(algorithm)  # an unknown name: the registry's usage error
         self.wire_dtype = wire_dtype(compression)
         if fusion_mb < 0:
             raise UsageError(f"fusion_mb must be >= 0, got {fusion_mb}")
