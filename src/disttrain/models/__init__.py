@@ -1,48 +1,26 @@
-"""L1: the built-in models (mlp, cnn, gpt) and user factories ``package.module:function``."""
+"""L1: the built-in models (mlp, cnn, gpt; one file each, found by itself) and user
+factories ``package.module:function``."""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 
 from torch import nn
 
 from disttrain.comm.errors import UsageError
 from disttrain.data.datasets import Dataset
+from disttrain.models.base import MODELS
 from disttrain.models.cnn import cnn
 from disttrain.models.gpt import gpt
 from disttrain.models.mlp import mlp
-from disttrain.registry import Registry
+from disttrain.registry import import_submodules
 
-__all__ = ["MODELS", "build_model", "cnn", "gpt", "mlp"]
+__all__ = ["HELPERS", "MODELS", "build_model", "cnn", "gpt", "mlp"]
 
-#: ``--model`` names: a factory taking the data set the model is shaped for.
-MODELS = Registry[Callable[[Dataset], nn.Module]]("model", flag="--model")
+#: Modules of this package that are not models.
+HELPERS = ("base",)
 
-
-def _classifies(name: str, data: Dataset) -> None:
-    if data.task != "classification":
-        raise UsageError(f"--model {name} classifies; for --dataset {data.name} use --model gpt")
-
-
-@MODELS.register("mlp")
-def _mlp(data: Dataset) -> nn.Module:
-    _classifies("mlp", data)
-    return mlp(data.in_features, data.num_classes)
-
-
-@MODELS.register("cnn")
-def _cnn(data: Dataset) -> nn.Module:
-    _classifies("cnn", data)
-    return cnn(data.in_features, data.num_classes)
-
-
-@MODELS.register("gpt")
-def _gpt(data: Dataset) -> nn.Module:
-    if data.task != "lm":
-        raise UsageError("--model gpt needs a language-model data set: use --dataset pycode")
-    # a language-model sample is one window of --seq-len tokens: the context the model needs
-    return gpt(vocab=data.num_classes, seq_len=int(data.x_train.shape[-1]))
+import_submodules(__name__, skip=HELPERS)
 
 
 def _factory(spec: str) -> nn.Module:

@@ -8,6 +8,8 @@ import torch
 from torch import nn
 
 from disttrain.comm.errors import UsageError
+from disttrain.data.datasets import Dataset
+from disttrain.models.base import MODELS, needs_classification
 
 __all__ = ["cnn"]
 
@@ -43,3 +45,9 @@ def cnn(in_features: int, num_classes: int) -> nn.Sequential:
         nn.ReLU(),
         nn.Linear(128, num_classes),
     )
+
+
+@MODELS.register("cnn")
+def _cnn(data: Dataset) -> nn.Module:
+    needs_classification("cnn", data)
+    return cnn(data.in_features, data.num_classes)

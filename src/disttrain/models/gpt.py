@@ -11,6 +11,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from disttrain.comm.errors import UsageError
+from disttrain.data.datasets import Dataset
+from disttrain.models.base import MODELS
+
 __all__ = ["Block", "Embed", "Head", "gpt"]
 
 
@@ -68,3 +72,11 @@ def gpt(
     return nn.Sequential(
         Embed(vocab, seq_len, dim), *(Block(dim, heads) for _ in range(layers)), Head(dim, vocab)
     )
+
+
+@MODELS.register("gpt")
+def _gpt(data: Dataset) -> nn.Module:
+    if data.task != "lm":
+        raise UsageError("--model gpt needs a language-model data set: use --dataset pycode")
+    # a language-model sample is one window of --seq-len tokens: the context the model needs
+    return gpt(vocab=data.num_classes, seq_len=int(data.x_train.shape[-1]))

@@ -6,6 +6,9 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from disttrain.data.datasets import Dataset
+from disttrain.models.base import MODELS, needs_classification
+
 __all__ = ["DEFAULT_HIDDEN", "mlp"]
 
 #: 64 -> 2048 -> 2048 -> 1024 -> 10 on digits: 6.43M parameters, 25.7 MB of fp32 gradients.
@@ -23,3 +26,9 @@ def mlp(
         width = h
     layers.append(nn.Linear(width, num_classes))
     return nn.Sequential(*layers)
+
+
+@MODELS.register("mlp")
+def _mlp(data: Dataset) -> nn.Module:
+    needs_classification("mlp", data)
+    return mlp(data.in_features, data.num_classes)
