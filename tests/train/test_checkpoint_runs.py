@@ -13,10 +13,10 @@ import torch
 from disttrain import checkpoint
 from disttrain.comm.errors import UsageError
 from disttrain.comm.world import World
-from disttrain.train.trainer import _agree_run
 from tests.test_cli import run_cli
 
 A, B = "a" * 32, "b" * 32
+RUN_ENV = "DISTTRAIN_RUN_ID"  # how the launcher hands the run id to every process
 
 
 def _state(value: float) -> dict[str, object]:
@@ -28,6 +28,15 @@ def _commit(root: str, run: str, *steps: int, world: int = 2) -> None:
         for rank in range(world):
             checkpoint.save(root, step, rank, world, _state(float(step)), run=run)
         checkpoint.commit(root, step, run=run)
+
+
+def _commit_as(mp: pytest.MonkeyPatch, root: str, run: str, *steps: int) -> None:
+    """Commit ``steps`` as the processes of run ``run`` do: the id from the environment."""
+    mp.setenv(RUN_ENV, run)
+    for step in steps:
+        for rank in (0, 1):
+            checkpoint.save(root, step, rank, 2, _state(float(step)))
+        checkpoint.commit(root, step)
 
 
 def _files(root: Path, step: int) -> list[dict[str, object]]:
@@ -51,29 +60,25 @@ def test_a_crash_between_rank_files_leaves_no_committed_step_mixing_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = str(tmp_path)
-    monkeypatch.setenv(checkpoint.RUN_ENV, A)  # how every process of a job learns its run
-    for step in (5, 10):
-        for rank in (0, 1):
-            checkpoint.save(root, step, rank, 2, _state(float(step)))
-        checkpoint.commit(root, step)
+    _commit_as(monkeypatch, root, A, 5, 10)
 
     def crash_mid_save(step: int, value: float) -> None:
         checkpoint.save(root, step, 0, 2, _state(value))
         raise RuntimeError("killed before rank 1 saved")
 
     # another run saves step 10 again into the same folder, and dies between the rank files
-    monkeypatch.setenv(checkpoint.RUN_ENV, B)
+    monkeypatch.setenv(RUN_ENV, B)
     with pytest.raises(RuntimeError, match="killed"):
         crash_mid_save(10, -1.0)
     # run A, restarted from its step 10, dies between the rank files of step 15
-    monkeypatch.setenv(checkpoint.RUN_ENV, A)
+    monkeypatch.setenv(RUN_ENV, A)
     with pytest.raises(RuntimeError, match="killed"):
         crash_mid_save(15, 15.0)
 
     for step in (5, 10):  # every committed step is whole and of one run: A's
-        files = _files(tmp_path, step)
-        assert [f.get("run") for f in files] == [A, A], step
-        assert all(torch.equal(f["model"]["w"], torch.full((3,), float(step))) for f in files)  # type: ignore[index]
+        values = [f["model"]["w"].tolist() for f in _files(tmp_path, step)]  # type: ignore[index]
+        assert values == [[float(step)] * 3] * 2, f"step {step} mixes two runs' files: {values}"
+    assert [f.get("run") for s in (5, 10) for f in _files(tmp_path, s)] == [A] * 4
     assert checkpoint.runs(root) == {A: [5, 10]}
     for rank in (0, 1):  # resume picks the last complete step of the same run
         state = checkpoint.load(root, rank, 2)
@@ -94,7 +99,7 @@ def test_commit_fsyncs_the_folders_whose_entries_it_changes(
 
     monkeypatch.setattr(os, "fsync", record)
     root = tmp_path / "out"
-    _commit(str(root), A, 7)
+    _commit_as(monkeypatch, str(root), A, 7)
     base = os.path.realpath(root / "checkpoints")
     assert synced[-1] == base, "the rename of the step folder into checkpoints/ was not fsync'ed"
     assert str(root.resolve()) in synced, "the new checkpoints/ folder's entry was not fsync'ed"
@@ -135,21 +140,22 @@ def test_a_restart_after_a_resume_continues_from_its_own_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     earlier, out = str(tmp_path / "earlier"), str(tmp_path / "out")
-    _commit(earlier, A, 6)
-    _commit(out, A, 12)  # the resumed run got to step 12 before it failed
-    monkeypatch.setenv(checkpoint.RUN_ENV, A)
+    _commit_as(monkeypatch, earlier, A, 6)
+    _commit_as(monkeypatch, out, A, 12)  # the resumed run got to step 12 before it failed
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     assert checkpoint.resume_source(earlier, out) == out
-    monkeypatch.setenv(checkpoint.RUN_ENV, B)  # none of this run's own: back to --resume
+    monkeypatch.setenv(RUN_ENV, B)  # none of this run's own: back to --resume
     assert checkpoint.resume_source(earlier, out) == earlier
 
 
 def test_under_torchrun_rank_0_claims_the_run_itself(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from disttrain.train.trainer import _agree_run
+
     out = str(tmp_path / "out")
     _commit(out, A, 90, 100)
-    monkeypatch.setenv(checkpoint.RUN_ENV, "x")
+    monkeypatch.setenv(RUN_ENV, "x")
     monkeypatch.delenv(checkpoint.RUN_ENV)  # torchrun: no launcher drew an id
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     world = World(0, 1, 0, "gloo", torch.device("cpu"), 5.0)
@@ -175,14 +181,15 @@ def test_a_new_run_into_an_old_runs_out_is_refused_and_overwrite_restarts_from_i
     out = tmp_path / "out"
     older = run_cli("train", *FLAGS, "--max-steps", "100", "--out", str(out))
     assert older.returncode == 0, older.stderr
-    old_run = json.loads((out / "summary.json").read_text())["run_id"]
-    assert checkpoint.runs(str(out)) == {old_run: [90, 100]}
+    steps = sorted(p.name for p in (out / "checkpoints").glob("step-*"))
+    assert steps == ["step-00000090", "step-00000100"], steps
 
     refused = run_cli("train", *FLAGS, "--max-steps", "16", "--out", str(out), timeout=120)
-    assert refused.returncode == 2, refused.stderr
+    assert refused.returncode == 2, refused.stderr  # before: it ran, and pruned its own step 10
     lines = refused.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in refused.stderr, refused.stderr
     assert f"--resume {out}" in lines[0] and "--out" in lines[0] and "--overwrite" in lines[0]
+    old_run = json.loads((out / "summary.json").read_text())["run_id"]
     assert checkpoint.runs(str(out)) == {old_run: [90, 100]}  # untouched
 
     new = run_cli("train", *FLAGS, "--max-steps", "16", "--overwrite", "--max-restarts", "1",
@@ -192,6 +199,6 @@ def test_a_new_run_into_an_old_runs_out_is_refused_and_overwrite_restarts_from_i
     assert summary["steps"] == 16, summary["steps"]  # before: 100, the old run's last step
     assert summary["run_id"] != old_run
     assert checkpoint.runs(str(out)) == {summary["run_id"]: [10]}
-    steps = _steps(out)
-    back = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
-    assert steps[back] == 11 and steps[-1] == 16, steps  # the restart went on from ITS step 10
+    logged = _steps(out)
+    back = next(i for i in range(1, len(logged)) if logged[i] <= logged[i - 1])
+    assert logged[back] == 11 and logged[-1] == 16, logged  # the restart went on from ITS step 10
