@@ -102,7 +102,23 @@ def _checkpoint(kind: str) -> Argv:
             checkpoint.save(str(root), 4, 0, 4, {"model": {"w": torch.ones(3)}})
         if kind != "uncommitted":
             checkpoint.commit(str(root), 4)
+        if kind == "two-runs":  # another run's step 6 in the same folder
+            checkpoint.save(str(root), 6, 0, 2, {"model": {"w": torch.ones(3)}}, run="b" * 32)
+            checkpoint.commit(str(root), 6, run="b" * 32)
         return ["--resume", str(root)]
+
+    return build
+
+
+def _out_of_an_earlier_run() -> Argv:
+    """An --out holding an earlier run's committed checkpoint (step 4 of run aaaa...)."""
+
+    def build(tmp: Path) -> list[str]:
+        root, run = tmp / "earlier", "a" * 32
+        for rank in (0, 1):
+            checkpoint.save(str(root), 4, rank, 2, {"model": {"w": torch.ones(3)}}, run=run)
+        checkpoint.commit(str(root), 4, run=run)
+        return ["--out", str(root)]
 
     return build
 
@@ -189,6 +205,12 @@ CASES: list[tuple[str, Argv, str]] = [
     ("resume-garbage", _checkpoint("garbage"), "refused by weights_only"),
     ("resume-pickle-code", _checkpoint("pickle"), "refused by weights_only: Trying to load"),
     ("resume-world-size", _checkpoint("world"), "resume with --workers 4"),
+    ("resume-two-runs", _checkpoint("two-runs"), "holds the checkpoints of 2 runs"),
+    (
+        "out-of-another-run",
+        _out_of_an_earlier_run(),
+        "already holds checkpoints (run aaaaaaaa steps 4): resume that run with --resume",
+    ),
     # model factories
     ("factory-no-import", _model("no_such_pkg.models:net"), "cannot import no_such_pkg.models"),
     ("factory-import-raises", _model("explodes_on_import:net"), "broken on purpose"),

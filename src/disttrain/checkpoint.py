@@ -1,35 +1,84 @@
-"""L0: checkpoints that survive a crash mid-save, and are refused if they are not ours.
+"""L0: checkpoints that survive a crash mid-save, belong to one run, and are refused if foreign.
 
 Layout under ``DIR/checkpoints/``::
 
     step-00000100/rank-00000.pt   each rank's own state (replicas, shards, residuals, RNG)
-    step-00000100/COMMIT          written last, by rank 0, after every rank has saved
+    step-00000100/COMMIT          {"step": 100, "run": RUN}: written last, by rank 0
+    .step-00000100.RUN.tmp/       the same step while it is being written (not a checkpoint)
 
-Each file is written to a temporary name, fsync'ed and renamed; the COMMIT
-marker makes a step's checkpoint visible only once all ranks' files exist, so a
-crash during a save leaves the previous checkpoint the latest usable one.
-Loading uses ``torch.load(weights_only=True)``: only tensors and plain
-containers, never arbitrary objects, and the file must carry our format tag.
+Every checkpoint belongs to one run, named by a run id (``uuid4().hex``) that the
+launcher draws for a fresh run and hands to every process (``DISTTRAIN_RUN_ID``);
+elastic restarts keep it and ``--resume DIR`` continues DIR's run under DIR's id.
+Only a run's own steps are listed, loaded and pruned (the two newest are kept).
+
+A committed step folder is never rewritten in place. Each rank writes its file into
+the run's staging folder for the step (to a temporary name, fsync'ed, renamed, the
+folder fsync'ed); after a barrier rank 0 writes COMMIT there and renames the whole
+folder to ``step-N`` in one ``rename`` (refused if ``step-N`` exists), then fsyncs
+``checkpoints/`` so the new entry survives a power cut. A crash at any point thus
+leaves either no step N or a complete one, written by one run. Loading uses
+``torch.load(weights_only=True)``: only tensors and plain containers, never arbitrary
+objects, and the file must carry our format tag and the run's id.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import uuid
 from typing import Any
 
 import torch
 
 from disttrain.comm.errors import UsageError
 
-__all__ = ["FORMAT", "commit", "latest", "load", "resume_source", "save"]
+__all__ = [
+    "FORMAT",
+    "RUN_ENV",
+    "claim",
+    "clear_staging",
+    "commit",
+    "current_run",
+    "latest",
+    "load",
+    "new_run_id",
+    "resume_source",
+    "run_of",
+    "runs",
+    "save",
+    "step_dir",
+]
 
 FORMAT = "disttrain-checkpoint-v1"
+#: The environment variable that hands a run's id to every process of the job.
+RUN_ENV = "DISTTRAIN_RUN_ID"
 _STEP = re.compile(r"^step-(\d{8})$")
+_STAGING = re.compile(r"^\.step-(\d{8})\.(\w*)\.tmp$")
+_RUN = re.compile(r"^\w*$")  # a run id is part of a folder name
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex
+
+
+def current_run() -> str | None:
+    """This process's run (``DISTTRAIN_RUN_ID``); None outside a job (tests, tools)."""
+    return os.environ.get(RUN_ENV)
+
+
+def _own(run: str | None) -> str:
+    """The run that writes: the one given, else this process's ("" outside a job)."""
+    run = current_run() if run is None else run
+    run = run or ""
+    if not _RUN.match(run):
+        raise ValueError(f"run id {run!r} is not a word (letters, digits, _)")
+    return run
 
 
 def _fsync_dir(path: str) -> None:
+    """Make the entries of folder ``path`` (creations, renames, removals) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -37,60 +86,189 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _write_atomic(path: str, obj: Any) -> None:
+def _makedirs(path: str) -> None:
+    """``os.makedirs``, fsync'ing the parent of each folder it creates (its entry)."""
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    _makedirs(parent)
+    try:
+        os.mkdir(path)
+    except FileExistsError:  # another rank made it first
+        return
+    _fsync_dir(parent)
+
+
+def _write_atomic(path: str, write: Any) -> None:
+    """Write through ``write(fh)`` to a temporary name, fsync, rename, fsync the folder."""
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "wb") as fh:
-        torch.save(obj, fh)
+        write(fh)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
     _fsync_dir(os.path.dirname(path))
 
 
+def _base(root: str) -> str:
+    return os.path.join(root, "checkpoints")
+
+
 def step_dir(root: str, step: int) -> str:
-    return os.path.join(root, "checkpoints", f"step-{step:08d}")
+    """The committed folder of ``step`` under ``root`` (a run's --out)."""
+    return os.path.join(_base(root), f"step-{step:08d}")
 
 
-def save(root: str, step: int, rank: int, world_size: int, state: dict[str, Any]) -> str:
-    """Write this rank's ``state`` for ``step``; the caller commits after a barrier."""
-    folder = step_dir(root, step)
-    os.makedirs(folder, exist_ok=True)
-    payload = {"format": FORMAT, "step": step, "rank": rank, "world_size": world_size, **state}
+def _staging(root: str, step: int, run: str) -> str:
+    return os.path.join(_base(root), f".step-{step:08d}.{run}.tmp")
+
+
+def _remove(path: str) -> None:
+    """Take ``path`` out of sight in one rename, then delete it (a crash leaves no half-step)."""
+    trash = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.trash")
+    try:
+        os.rename(path, trash)
+    except FileNotFoundError:
+        return
+    _fsync_dir(os.path.dirname(path))
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def save(
+    root: str, step: int, rank: int, world_size: int, state: dict[str, Any], run: str | None = None
+) -> str:
+    """Write this rank's ``state`` for ``step`` of ``run``; rank 0 commits after a barrier."""
+    run = _own(run)
+    folder = _staging(root, step, run)
+    _makedirs(folder)
+    payload = {
+        "format": FORMAT, "run": run, "step": step, "rank": rank, "world_size": world_size,
+        **state,
+    }  # fmt: skip
     path = os.path.join(folder, f"rank-{rank:05d}.pt")
-    _write_atomic(path, payload)
+    _write_atomic(path, lambda fh: torch.save(payload, fh))
     return path
 
 
-def commit(root: str, step: int, keep: int = 2) -> None:
-    """Mark ``step`` complete (rank 0, after all ranks saved) and drop older checkpoints."""
-    folder = step_dir(root, step)
-    marker = os.path.join(folder, "COMMIT")
-    with open(marker + ".tmp", "w") as fh:
-        fh.write(f"{step}\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(marker + ".tmp", marker)
-    _fsync_dir(folder)
-    for old in _committed(root)[:-keep]:
-        shutil.rmtree(step_dir(root, old), ignore_errors=True)
+def commit(root: str, step: int, keep: int = 2, run: str | None = None) -> None:
+    """Mark ``step`` of ``run`` complete (rank 0, after all ranks saved); drop its older steps."""
+    run = _own(run)
+    staging, final = _staging(root, step, run), step_dir(root, step)
+    if os.path.exists(final):
+        raise FileExistsError(f"checkpoint step {step} is already committed in {_base(root)}")
+    marker = json.dumps({"step": step, "run": run}).encode()
+    _write_atomic(os.path.join(staging, "COMMIT"), lambda fh: fh.write(marker))
+    os.rename(staging, final)  # atomic: the step appears complete or not at all
+    _fsync_dir(_base(root))
+    for old in _committed(root, run)[:-keep]:
+        _remove(step_dir(root, old))
+    for name, s, r in _staged(root):  # this run's partial saves that were never committed
+        if r == run and s < step:
+            _remove(os.path.join(_base(root), name))
 
 
-def _committed(root: str) -> list[int]:
-    base = os.path.join(root, "checkpoints")
-    if not os.path.isdir(base):
-        return []
-    steps = []
-    for name in os.listdir(base):
+def _staged(root: str) -> list[tuple[str, int, str]]:
+    base = _base(root)
+    names = os.listdir(base) if os.path.isdir(base) else []
+    return [(n, int(m.group(1)), m.group(2)) for n in names if (m := _STAGING.match(n))]
+
+
+def clear_staging(root: str, run: str) -> None:
+    """Delete ``run``'s partial saves (a crashed attempt's); rank 0, before anyone saves."""
+    for name, _, r in _staged(root):
+        if r == run:
+            _remove(os.path.join(_base(root), name))
+
+
+def _commit_run(folder: str) -> str | None:
+    """The run a step folder's COMMIT names; None if it has none ("" for a bare step number)."""
+    try:
+        with open(os.path.join(folder, "COMMIT")) as fh:
+            text = fh.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        return str(json.loads(text)["run"])
+    except (ValueError, KeyError, TypeError):  # an older marker: the step number alone
+        return ""
+
+
+def runs(root: str) -> dict[str, list[int]]:
+    """Every run with committed steps under ``root``, with its steps (ascending)."""
+    base = _base(root)
+    out: dict[str, list[int]] = {}
+    for name in sorted(os.listdir(base) if os.path.isdir(base) else []):
         m = _STEP.match(name)
-        if m and os.path.exists(os.path.join(base, name, "COMMIT")):
-            steps.append(int(m.group(1)))
-    return sorted(steps)
+        run = _commit_run(os.path.join(base, name)) if m else None
+        if m and run is not None:
+            out.setdefault(run, []).append(int(m.group(1)))
+    return out
 
 
-def latest(root: str) -> int | None:
-    """The newest committed step under ``root`` (a run's --out folder), or None."""
-    steps = _committed(root)
+def _committed(root: str, run: str | None) -> list[int]:
+    held = runs(root)
+    if run is not None:
+        return held.get(run, [])
+    return sorted(s for steps in held.values() for s in steps)
+
+
+def latest(root: str, run: str | None = None) -> int | None:
+    """The newest committed step of ``run`` (default: this process's, else any) under ``root``."""
+    steps = _committed(root, current_run() if run is None else run)
     return steps[-1] if steps else None
+
+
+def _held(held: dict[str, list[int]]) -> str:
+    return "; ".join(
+        f"run {r[:8] or '(no id)'} steps {', '.join(map(str, s))}" for r, s in held.items()
+    )
+
+
+def run_of(root: str) -> str:
+    """The run whose checkpoints ``--resume ROOT`` continues: the one run ``root`` holds."""
+    if not os.path.isdir(root):
+        raise UsageError(f"--resume {root}: no such folder")
+    held = runs(root)
+    if not held:
+        raise UsageError(f"--resume {root}: no complete checkpoint in {root}/checkpoints")
+    if len(held) > 1:
+        raise UsageError(
+            f"--resume {root}: holds the checkpoints of {len(held)} runs ({_held(held)}); "
+            "keep one run's step folders there"
+        )
+    return next(iter(held))
+
+
+def _same_folder(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def claim(out: str, resume: str = "", overwrite: bool = False, restarted: bool = False) -> str:
+    """The run id of a run about to write to ``out``; refuses an ``out`` holding other checkpoints.
+
+    A fresh run draws a new id; ``--resume DIR`` continues DIR's run (its id). The
+    run's ``out`` must hold no committed checkpoint unless it is the resumed folder
+    itself; otherwise UsageError, or with ``overwrite`` they are deleted. ``restarted``
+    (an elastic restart under torchrun, where no launcher drew the id): the run of
+    ``out``'s newest step, which the first round claimed.
+    """
+    if restarted:
+        held = runs(out) if out else {}
+        if held:
+            return max(held, key=lambda r: held[r][-1])
+        return run_of(resume) if resume else new_run_id()
+    run = run_of(resume) if resume else new_run_id()
+    if out and not (resume and _same_folder(out, resume)):
+        held = runs(out)
+        if held and not overwrite:
+            raise UsageError(
+                f"--out {out} already holds checkpoints ({_held(held)}): resume that run with "
+                f"--resume {out}, choose another folder with --out, or pass --overwrite to "
+                "delete them"
+            )
+        if held:
+            _remove(_base(out))
+    return run
 
 
 def _reason(exc: BaseException) -> str:
@@ -105,11 +283,18 @@ def _reason(exc: BaseException) -> str:
     return text.split(". This is")[0]  # miniz's advice after a truncated file
 
 
-def load(root: str, rank: int, world_size: int, step: int | None = None) -> dict[str, Any]:
-    """This rank's state from the newest (or the given) committed checkpoint under ``root``."""
+def load(
+    root: str, rank: int, world_size: int, step: int | None = None, run: str | None = None
+) -> dict[str, Any]:
+    """This rank's state from ``run``'s newest (or the given) committed step under ``root``.
+
+    ``run`` defaults to this process's run; outside a job, to the one run ``root`` holds.
+    """
     if not os.path.isdir(root):
         raise UsageError(f"--resume {root}: no such folder")
-    step = latest(root) if step is None else step
+    run = current_run() if run is None else run
+    run = run_of(root) if run is None else run
+    step = latest(root, run) if step is None else step
     if step is None:
         raise UsageError(f"--resume {root}: no complete checkpoint in {root}/checkpoints")
     path = os.path.join(step_dir(root, step), f"rank-{rank:05d}.pt")
@@ -123,6 +308,8 @@ def load(root: str, rank: int, world_size: int, step: int | None = None) -> dict
         ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise UsageError(f"--resume: {path} is not a disttrain checkpoint (no {FORMAT} tag)")
+    if state.get("run", "") != run:  # a step whose files two runs wrote: not ours to load
+        raise UsageError(f"--resume: {path} belongs to run {state.get('run')!r}, not {run!r}")
     if state["world_size"] != world_size:
         raise UsageError(
             f"--resume: the checkpoint was written by {state['world_size']} workers, this run "
@@ -132,14 +319,14 @@ def load(root: str, rank: int, world_size: int, step: int | None = None) -> dict
 
 
 def resume_source(resume: str, out: str) -> str:
-    """Where to restore from: ``--resume``, or after an elastic restart one's own ``--out``.
+    """Where to restore from: after an elastic restart one's own ``--out``, else ``--resume``.
 
-    Empty when it starts afresh. Shared by workers (the trainer) and by
-    parameter servers, which restore their shards and optimizer themselves.
+    A restart continues from the run's newest step in ``--out`` when it has one
+    (after a ``--resume``, those are newer than the resumed folder's); empty when
+    the run starts afresh. Shared by workers (the trainer) and by parameter
+    servers, which restore their shards and optimizer themselves.
     """
-    if resume:
-        return resume
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     if restarted and out and latest(out) is not None:
         return out
-    return ""
+    return resume

@@ -111,6 +111,9 @@ class TrainConfig:
     checkpoint_every: int = opt(0, "save a checkpoint every N steps under --out (0: never)")
     resume: str = opt("", "resume from the newest checkpoint of this earlier run's --out")
     max_restarts: int = opt(0, "restart the workers from the last checkpoint after a failure")
+    overwrite: bool = opt(
+        False, "delete the checkpoints another run left in --out instead of refusing to start"
+    )
     # multi-node pass-through (torchrun's meaning)
     nnodes: int = opt(1, "number of nodes (multi-node runs)")
     node_rank: int = opt(0, "this node's rank (static multi-node runs)")

@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from disttrain.launch.preflight import preflight
+from disttrain.launch.preflight import claim_run, preflight
 from disttrain.launch.worker import is_worker, run_worker, torchrun_default_out
 
 __all__ = ["add_arguments", "add_config_flags", "run", "run_job"]
@@ -87,9 +87,10 @@ def run_job(cfg: Any, argv: list[str]) -> int:
     preflight(cfg)
     nproc = strategies.get(cfg.train.strategy).layout.num_processes(cfg)
     out = cfg.train.out or _default_out(cfg.train.strategy)
+    run_id = claim_run(cfg.train, out)  # every worker and restart writes under this run
     os.makedirs(out, exist_ok=True)
     try:
-        launch(cfg.train, nproc, [*argv, "--out", out])
+        launch(cfg.train, nproc, [*argv, "--out", out], run_id)
     except JobFailed as exc:
         sys.stderr.write(f"disttrain: error: {exc}\n")
         _partial_timeline(cfg.train.timeline, out)

@@ -22,6 +22,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from disttrain.checkpoint import RUN_ENV
 from disttrain.comm.world import STORE_FILE_ENV
 from disttrain.config import TrainConfig
 from disttrain.launch import rendezvous, rollcall
@@ -82,8 +83,14 @@ def root_cause(
     return rank, failure, False
 
 
-def launch(cfg: TrainConfig, nproc_per_node: int, argv: list[str]) -> None:
-    """Run ``disttrain ARGV`` on ``nproc_per_node`` local processes; raise :class:`JobFailed`."""
+def launch(
+    cfg: TrainConfig, nproc_per_node: int, argv: list[str], checkpoint_run: str | None = None
+) -> None:
+    """Run ``disttrain ARGV`` on ``nproc_per_node`` local processes; raise :class:`JobFailed`.
+
+    ``checkpoint_run`` (the run the checkpoints belong to; not the rendezvous id)
+    reaches every worker, of every restart, through ``DISTTRAIN_RUN_ID``.
+    """
     for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
         logging.getLogger(name).setLevel(logging.CRITICAL)  # we explain failures ourselves
     tmp = tempfile.mkdtemp(prefix="disttrain-job-")
@@ -92,6 +99,8 @@ def launch(cfg: TrainConfig, nproc_per_node: int, argv: list[str]) -> None:
     env_backup = dict(os.environ)
     os.environ[WORKER_ENV] = "1"
     os.environ.setdefault("OMP_NUM_THREADS", str(cfg.threads))
+    if checkpoint_run is not None:
+        os.environ[RUN_ENV] = checkpoint_run
     rdzv_configs: dict[str, Any]
     if cfg.nnodes == 1 and not cfg.rdzv_endpoint:
         rendezvous.register()

@@ -6,7 +6,7 @@ from typing import Any
 
 from disttrain.comm.errors import UsageError
 
-__all__ = ["check_settings_read", "preflight", "unread_settings"]
+__all__ = ["check_settings_read", "claim_run", "preflight", "unread_settings"]
 
 
 def unread_settings(cfg: Any) -> dict[str, str]:
@@ -77,3 +77,15 @@ def preflight(cfg: Any) -> None:
         from disttrain import checkpoint
 
         checkpoint.load(tc.resume, 0, tc.world_size)  # ours, complete, same number of workers
+
+
+def claim_run(tc: Any, out: str) -> str:
+    """The run id of a run into ``out``, once pre-flight passed; before any worker starts.
+
+    A fresh run draws a new one, ``--resume DIR`` continues DIR's run. An ``out``
+    that holds checkpoints (other than the resumed folder's own) is refused, exit
+    2, unless ``--overwrite``, which deletes them (disttrain.checkpoint.claim).
+    """
+    from disttrain import checkpoint
+
+    return checkpoint.claim(out, tc.resume, tc.overwrite)

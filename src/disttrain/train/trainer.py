@@ -123,6 +123,32 @@ def _checkpoint(
         checkpoint.commit(out_dir, step)
 
 
+def _agree_run(tc: Any, world: world_mod.World) -> str:
+    """The run every process's checkpoints belong to (docs/reliability.md, "Checkpoints").
+
+    Our launcher draws it before the workers start (``DISTTRAIN_RUN_ID``). Under
+    ``torchrun`` without it, rank 0 decides as the launcher would (and refuses an
+    ``--out`` holding another run's checkpoints); a restart takes the run of the
+    newest step in ``--out``. Rank 0's id is broadcast, so every process (servers,
+    every node) uses one id; rank 0 first deletes that run's partial saves.
+    """
+    run = checkpoint.current_run()
+    if world.rank == 0:
+        if run is None:
+            restarted = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
+            run = checkpoint.claim(tc.out, tc.resume, tc.overwrite, restarted)
+        if tc.out:
+            checkpoint.clear_staging(tc.out, run)
+    if world.world_size > 1:
+        buf = torch.zeros(64, dtype=torch.uint8, device=world.device)  # a uuid4 hex is 32
+        if world.rank == 0:
+            buf[: len(run or "")] = torch.tensor(list((run or "").encode()), dtype=torch.uint8)
+        dist.broadcast(buf, src=0)
+        run = bytes(buf.cpu().tolist()).rstrip(b"\0").decode()
+    os.environ[checkpoint.RUN_ENV] = run or ""  # read by checkpoint.save/load in this process
+    return run or ""
+
+
 def _resume(
     tc: Any, strategy: strategies.Strategy, optimizer: torch.optim.Optimizer, runner: StepRunner
 ) -> int:
@@ -145,6 +171,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     """Run the training described by ``cfg`` on this process; return the summary (rank 0's)."""
     tc = cfg.train
     world = world_mod.init(device=tc.device, timeout=tc.timeout, threads=tc.threads)
+    run_id = _agree_run(tc, world)
     recorder = timeline.start(world.rank) if tc.timeline else None
     collectives.set_length_check(tc.check_collectives)
     checks.set_checks_everywhere(tc.check_collectives)
@@ -274,6 +301,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         "precision": tc.precision,
         "skipped_steps": runner.skipped_steps,
         "final_lr": schedule(max(step - 1, 0)),
+        "run_id": run_id,
         "config": cfg.to_dict(),
         **strategy.summary(),
     }
