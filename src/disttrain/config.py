@@ -116,7 +116,13 @@ class TrainConfig:
     )
     # multi-node pass-through (torchrun's meaning)
     nnodes: int = opt(1, "number of nodes (multi-node runs)")
-    node_rank: int = opt(0, "this node's rank (static multi-node runs)")
+    # Not sent to torch's c10d rendezvous: it reads no rank and numbers the nodes by
+    # sorted host name (launch/local.py). Kept for torchrun-style command lines.
+    node_rank: int = opt(
+        0,
+        "accepted and checked (0..nnodes-1) but not used: the c10d rendezvous numbers "
+        "the nodes itself, by sorted host name",
+    )
     rdzv_endpoint: str = opt("", "HOST:PORT of the rendezvous for multi-node runs")
     rdzv_id: str = opt("disttrain", "job id shared by all nodes of a multi-node run")
 

@@ -1,11 +1,16 @@
-"""How the launcher names the failed rank among collateral failures."""
+"""How the launcher names the failed rank among collateral failures, and what it asks torch for."""
 
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 
+import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+from torch.distributed.launcher.api import LaunchConfig
 
+from disttrain.config import TrainConfig
+from disttrain.launch import local, rendezvous
 from disttrain.launch.local import PEER_EXIT_CODE, root_cause
 
 
@@ -43,3 +48,37 @@ def test_a_rank_that_did_not_answer_the_roll_call_is_named_as_hung() -> None:
     # a death of its own still wins over the roll call
     failures[1] = _failure(1, -signal.SIGKILL)
     assert root_cause(failures, {0: None, 2: None}, members=3) == (1, failures[1], False)
+
+
+def _launched(monkeypatch: pytest.MonkeyPatch, cfg: TrainConfig) -> LaunchConfig:
+    """The LaunchConfig that ``launch`` hands torch's elastic launcher (nothing is started)."""
+    seen: list[LaunchConfig] = []
+
+    def fake(config: LaunchConfig, entrypoint: str) -> Callable[..., None]:
+        seen.append(config)
+        return lambda *args: None
+
+    monkeypatch.setattr(local, "elastic_launch", fake)
+    local.launch(cfg, 2, ["train"])
+    return seen[0]
+
+
+def test_multi_node_uses_c10d_and_passes_no_node_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    # c10d reads no "rank" from rdzv_configs (only the static backend does): it sorts
+    # the nodes by host name. Passing --node-rank there would promise what it does not do.
+    cfg = TrainConfig(nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29400", rdzv_id="job7")
+    config = _launched(monkeypatch, cfg)
+    assert config.rdzv_backend == "c10d"
+    assert config.rdzv_endpoint == "10.0.0.1:29400"
+    assert config.run_id == "job7"
+    assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (2, 2, 2)
+    assert "rank" not in config.rdzv_configs
+    assert local.launch_config(cfg, 2, "/tmp/x").rdzv_configs == config.rdzv_configs
+
+
+def test_single_host_uses_the_file_rendezvous(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = _launched(monkeypatch, TrainConfig())
+    assert config.rdzv_backend == rendezvous.BACKEND
+    assert config.rdzv_endpoint == "" and config.min_nodes == config.max_nodes == 1
+    assert config.rdzv_configs["store_path"].endswith("agent.store")
+    assert "rank" not in config.rdzv_configs

@@ -1,4 +1,5 @@
-"""`--strategy allreduce --compression SPEC`: identical replicas, fewer bytes than dense."""
+"""`--strategy allreduce --compression SPEC`: identical replicas, fewer bytes than dense, and a
+lossless setting (top-k keeping every entry) trains exactly as dense does."""
 
 from __future__ import annotations
 
@@ -36,10 +37,27 @@ def _train(compression: str) -> tuple[list[torch.Tensor], dict[str, float]]:
 
 @pytest.mark.parametrize("spec", ["onebit:0.01", "topk:0.1"])
 def test_compressed_allreduce_keeps_replicas_identical_and_sends_less(spec: str) -> None:
-    results = run_world(_train, 3, args=(spec,))
+    results = run_world(_train, 3, args=(spec,), timeout=120)
     first = results[0][0]
     for params, _ in results[1:]:
         assert all(torch.equal(a, b) for a, b in zip(first, params, strict=True))
     stats = results[0][1]
     assert stats["compression_ratio"] > 3  # sparse payloads: far below dense fp32
     assert stats["residual_norm"] > 0  # error feedback holds what was not sent
+
+
+def _lossless_and_dense() -> list[tuple[list[torch.Tensor], dict[str, float]]]:
+    return [_train("topk:1"), _train("none")]
+
+
+def test_topk_keeping_every_entry_trains_as_dense() -> None:
+    # topk:1 sends every entry as its fp32 value: the sum is exact up to the order of
+    # additions, so its average (sum / n, in dataparallel/average.py) must give dense
+    # training's parameters. A wrong divisor (no division: n times the step) would not.
+    # Error feedback keeps acc - sent = x - x = 0 exactly: nothing is left out.
+    for rank, (lossless, dense) in enumerate(run_world(_lossless_and_dense, 3, timeout=120)):
+        params, stats = lossless
+        for a, b in zip(params, dense[0], strict=True):
+            diff = float((a - b).abs().max())
+            assert diff <= 1e-5, f"rank {rank}: lossless top-k differs from dense by {diff:.3g}"
+        assert stats["residual_norm"] == 0.0

@@ -1,4 +1,10 @@
-"""The same training on CUDA (NCCL): runs only where a GPU is present, skips cleanly elsewhere."""
+"""The same training on CUDA (NCCL): runs only where a GPU is present, skips cleanly elsewhere.
+
+Pre-flight refuses ``--device cuda`` for every combination not in
+``disttrain.launch.gpu_support.PROVEN`` (empty until one of these tests has passed on
+a GPU machine): to prove the one these tests run (allreduce, native, no compression,
+fp32), add it there on that machine, run them, and record the run in docs/gpu.md.
+"""
 
 from __future__ import annotations
 

@@ -23,10 +23,14 @@ __all__ = [
     "set_segment_bytes",
 ]
 
-# 16 MiB. Smaller segments overlap the sum with the transfer, but every segment
-# is one more blocking wait, and on the loaded 2-core box a wake-up waits for the
-# scheduler: measured there, 1 and 4 MiB segments were 20-25 % slower than one
-# message per chunk (docs/collectives.md). With free cores, smaller may win.
+# 16 MiB. A chunk (1/n of a tensor) is cut only when larger than this, so a bucket
+# of up to 16 MiB is never segmented: at the default --fusion-mb 4 training sends
+# one message per chunk and segment pipelining is off (pinned by
+# tests/collectives/test_chunks.py). Smaller segments overlap the sum with the
+# transfer, but every segment is one more blocking wait, and on the loaded 2-core
+# box a wake-up waits for the scheduler: measured there (a throw-away script),
+# 1 and 4 MiB segments were 20-25 % slower than one message per chunk. Re-run with
+# `disttrain bench ring-segments` (docs/collectives.md). With free cores, smaller may win.
 _segment = 16 << 20
 
 

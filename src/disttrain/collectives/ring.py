@@ -14,6 +14,11 @@ are still on the wire. The chunk a rank receives in step s is exactly the one
 it sends in step s+1 (and the last reduce-scatter chunk is the first one the
 all-gather sends), so the 2(n-1) steps form one continuous stream with no
 barrier between steps. Messages per rank: the segments of every chunk sent.
+
+At the default segment (16 MiB) a chunk of a bucket up to 16 MiB is one
+segment, so in training at the default --fusion-mb 4 every chunk is one message
+and the segment pipelining is off; steps still overlap (step s+1's receives are
+posted while step s is summed). docs/collectives.md, "Segment pipelining".
 """
 
 from __future__ import annotations

@@ -2,9 +2,16 @@
 
 Single-host jobs rendezvous through files (no listening socket); multi-node
 jobs use torch's ``c10d`` rendezvous at ``--rdzv-endpoint``, exactly as
-``torchrun`` would. Each worker re-runs ``python -m disttrain ARGS`` with
-``DISTTRAIN_WORKER=1`` set, so the worker entry point is the same one that
-``torchrun -m disttrain train ...`` runs on a cluster.
+``torchrun --rdzv-backend c10d`` would. c10d numbers the nodes itself: when a
+round completes it sorts the nodes' descriptors (host name, as
+``socket.getfqdn()`` gives it, then the agent's pid) and node i of that order
+holds global ranks i·P..i·P+P-1 (torch's ``dynamic_rendezvous.py``,
+``_mark_rendezvous_complete``). It reads no rank from its configuration (only
+the ``static`` backend does), so ``--node-rank`` is not passed to it.
+
+Each worker re-runs ``python -m disttrain ARGS`` with ``DISTTRAIN_WORKER=1``
+set, so the worker entry point is the same one that ``torchrun -m disttrain
+train ...`` runs on a cluster.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from disttrain.comm.world import STORE_FILE_ENV
 from disttrain.config import TrainConfig
 from disttrain.launch import rendezvous, rollcall
 
-__all__ = ["PEER_EXIT_CODE", "WORKER_ENV", "JobFailed", "launch"]
+__all__ = ["PEER_EXIT_CODE", "WORKER_ENV", "JobFailed", "launch", "launch_config", "multi_node"]
 
 #: Set in every worker's environment: "run the training loop, do not launch".
 WORKER_ENV = "DISTTRAIN_WORKER"
@@ -83,37 +90,28 @@ def root_cause(
     return rank, failure, False
 
 
-def launch(
-    cfg: TrainConfig, nproc_per_node: int, argv: list[str], checkpoint_run: str | None = None
-) -> None:
-    """Run ``disttrain ARGV`` on ``nproc_per_node`` local processes; raise :class:`JobFailed`.
+def multi_node(cfg: TrainConfig) -> bool:
+    """Whether the job rendezvouses through torch's c10d (else: this host's files)."""
+    return cfg.nnodes > 1 or bool(cfg.rdzv_endpoint)
 
-    ``checkpoint_run`` (the run the checkpoints belong to; not the rendezvous id)
-    reaches every worker, of every restart, through ``DISTTRAIN_RUN_ID``.
+
+def launch_config(cfg: TrainConfig, nproc_per_node: int, tmp: str) -> LaunchConfig:
+    """The elastic launcher's configuration for this node (``tmp``: the job's private folder).
+
+    Single host: the file rendezvous (its store in ``tmp``), a fresh run id. Multi-node:
+    c10d at ``--rdzv-endpoint`` with ``--rdzv-id``, and no rank in ``rdzv_configs``:
+    c10d ignores it and assigns node ranks by sorted host name (module docstring).
     """
-    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)  # we explain failures ourselves
-    tmp = tempfile.mkdtemp(prefix="disttrain-job-")
-    run_id = f"disttrain-{uuid.uuid4().hex[:12]}"
-    calls = os.path.join(tmp, "rollcall")
-    env_backup = dict(os.environ)
-    os.environ[WORKER_ENV] = "1"
-    os.environ.setdefault("OMP_NUM_THREADS", str(cfg.threads))
-    if checkpoint_run is not None:
-        os.environ[RUN_ENV] = checkpoint_run
     rdzv_configs: dict[str, Any]
-    if cfg.nnodes == 1 and not cfg.rdzv_endpoint:
-        rendezvous.register()
-        os.environ[STORE_FILE_ENV] = os.path.join(tmp, "workers.store")
+    if not multi_node(cfg):
         backend, endpoint = rendezvous.BACKEND, ""
         rdzv_configs = {"store_path": os.path.join(tmp, "agent.store")}
-        os.makedirs(calls, exist_ok=True)
-        os.environ[rollcall.ENV] = calls  # how a hung worker gets named
+        run_id = f"disttrain-{uuid.uuid4().hex[:12]}"
     else:
         backend, endpoint = "c10d", cfg.rdzv_endpoint
-        rdzv_configs = {"rank": cfg.node_rank}
+        rdzv_configs = {}
         run_id = cfg.rdzv_id
-    config = LaunchConfig(
+    return LaunchConfig(
         min_nodes=cfg.nnodes,
         max_nodes=cfg.nnodes,
         nproc_per_node=nproc_per_node,
@@ -126,6 +124,31 @@ def launch(
         start_method="spawn",
         logs_specs=DefaultLogsSpecs(log_dir=os.path.join(tmp, "logs")),
     )
+
+
+def launch(
+    cfg: TrainConfig, nproc_per_node: int, argv: list[str], checkpoint_run: str | None = None
+) -> None:
+    """Run ``disttrain ARGV`` on ``nproc_per_node`` local processes; raise :class:`JobFailed`.
+
+    ``checkpoint_run`` (the run the checkpoints belong to; not the rendezvous id)
+    reaches every worker, of every restart, through ``DISTTRAIN_RUN_ID``.
+    """
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)  # we explain failures ourselves
+    tmp = tempfile.mkdtemp(prefix="disttrain-job-")
+    calls = os.path.join(tmp, "rollcall")
+    env_backup = dict(os.environ)
+    os.environ[WORKER_ENV] = "1"
+    os.environ.setdefault("OMP_NUM_THREADS", str(cfg.threads))
+    if checkpoint_run is not None:
+        os.environ[RUN_ENV] = checkpoint_run
+    if not multi_node(cfg):
+        rendezvous.register()
+        os.environ[STORE_FILE_ENV] = os.path.join(tmp, "workers.store")
+        os.makedirs(calls, exist_ok=True)
+        os.environ[rollcall.ENV] = calls  # how a hung worker gets named
+    config = launch_config(cfg, nproc_per_node, tmp)
     try:
         elastic_launch(config, sys.executable)("-m", "disttrain", *argv)
     except ChildFailedError as exc:

@@ -63,6 +63,11 @@ def preflight(cfg: Any) -> None:
 
         if not torch.cuda.is_available():
             raise UsageError("--device cuda: no CUDA device is available on this machine")
+        from disttrain.launch.gpu_support import unproven_reason
+
+        refusal = unproven_reason(cfg)  # only what a GPU run has proven (docs/gpu.md)
+        if refusal:
+            raise UsageError(refusal)
     data = load_dataset(cfg.data)
     if len(data.x_train) < tc.batch_size:
         raise UsageError(

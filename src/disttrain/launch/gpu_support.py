@@ -1,0 +1,74 @@
+"""The combinations proven to work on a GPU (``--device cuda``, NCCL): pre-flight refuses the rest.
+
+On NCCL every collective's tensors must live on the GPU, and much of disttrain
+builds CPU tensors for its collectives or calls ``.numpy()`` on gradients: the
+loss-scale agreement (``amp.py``), ``--check-collectives``, ``--balance time``,
+``join()`` and the optimizer-state broadcast, every point-to-point algorithm
+(their scratch buffers are CPU), the one-bit and top-k codecs. Only the native
+fp32 path could work, and no GPU run has shown even that (docs/gpu.md). So
+``--device cuda`` is refused before any worker starts unless the run's
+:class:`Combination` is in :data:`PROVEN`.
+
+How a combination gets in: a passing run of ``tests/train/test_cuda.py`` (which
+runs that combination) on a GPU machine, recorded in docs/gpu.md's "Proven
+combinations" table (date, machine, test, commit); then one line here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from disttrain.config import RunConfig
+
+__all__ = ["PROVEN", "Combination", "combination", "unproven_reason"]
+
+
+@dataclass(frozen=True)
+class Combination:
+    """What a run does on the device, as far as it decides which code paths talk to NCCL."""
+
+    strategy: str
+    algorithm: str
+    compression: str
+    precision: str
+    check_collectives: bool
+
+    def __str__(self) -> str:
+        checks = " --check-collectives" if self.check_collectives else ""
+        return (
+            f"--strategy {self.strategy} --algorithm {self.algorithm} "
+            f"--compression {self.compression} --precision {self.precision}{checks}"
+        )
+
+
+#: Combinations a GPU run has proven (docs/gpu.md, "Proven combinations"). Empty: as of
+#: 2026-11-23 no GPU machine has been lent to this project, so tests/train/test_cuda.py has
+#: never run. Add one only with its passing run recorded in docs/gpu.md.
+PROVEN: frozenset[Combination] = frozenset()
+
+
+def combination(cfg: RunConfig) -> Combination:
+    """The run's combination, from its settings."""
+    from disttrain.compression.config import CompressionConfig
+
+    tc = cfg.train
+    return Combination(
+        strategy=tc.strategy,
+        algorithm=tc.algorithm,
+        compression=cfg.section(CompressionConfig).compression,
+        precision=tc.precision,
+        check_collectives=bool(tc.check_collectives),
+    )
+
+
+def unproven_reason(cfg: RunConfig) -> str | None:
+    """The one-line refusal for ``--device cuda`` with an unproven combination, or None."""
+    combo = combination(cfg)
+    if combo in PROVEN:
+        return None
+    proven = "; ".join(sorted(str(c) for c in PROVEN)) or "none yet"
+    return (
+        f"--device cuda: {combo} has not been proven on a GPU (proven: {proven}); see docs/gpu.md"
+    )

@@ -1,0 +1,84 @@
+"""``--device cuda`` is refused at pre-flight unless a GPU run has proven the combination."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from disttrain import cli, config
+from disttrain.comm.errors import UsageError
+from disttrain.launch import gpu_support
+from disttrain.launch.preflight import preflight
+
+
+@pytest.fixture
+def no_launch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    import disttrain.launch.local as local
+
+    def trap(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a worker was launched")
+
+    monkeypatch.setattr(local, "launch", trap)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _cuda(monkeypatch: pytest.MonkeyPatch, available: bool) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+
+
+def test_docs_list_exactly_the_proven_combinations() -> None:
+    # docs/gpu.md, "Proven combinations": none as of 2026-11-23 (no GPU run yet).
+    doc = (Path(__file__).parents[2] / "docs" / "gpu.md").read_text()
+    table = doc.split("## Proven combinations", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    listed = rows[1:]  # below the header
+    if not gpu_support.PROVEN:
+        assert len(listed) == 1 and listed[0].startswith("| none yet"), listed
+    else:
+        assert len(listed) == len(gpu_support.PROVEN), listed
+        for combo in gpu_support.PROVEN:
+            assert any(f"`{combo}`" in row for row in listed), combo
+
+
+def test_cuda_with_an_unproven_combination_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, no_launch: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _cuda(monkeypatch, True)  # past the first check: the machine "has" CUDA
+    code = cli.main(["train", "--device", "cuda", "--no-progress", "--out", str(no_launch / "o")])
+    err = capsys.readouterr().err
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "has not been proven on a GPU" in lines[0] and "docs/gpu.md" in lines[0], lines[0]
+    assert "--strategy allreduce --algorithm native" in lines[0], lines[0]
+    assert not (no_launch / "o").exists()
+
+
+def test_no_cuda_is_still_the_first_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    _cuda(monkeypatch, False)
+    cfg = config.load({"device": "cuda"})
+    monkeypatch.setattr(gpu_support, "PROVEN", frozenset({gpu_support.combination(cfg)}))
+    with pytest.raises(UsageError, match="no CUDA device is available"):
+        preflight(cfg)
+
+
+def test_a_proven_combination_passes_and_a_neighbour_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _cuda(monkeypatch, True)
+    cfg = config.load({"device": "cuda", "max_steps": 1})
+    proven = gpu_support.combination(cfg)
+    monkeypatch.setattr(gpu_support, "PROVEN", frozenset({proven}))
+    preflight(cfg)  # the table decides: this one is let through
+    for change in ({"algorithm": "ring"}, {"precision": "fp16"}, {"check_collectives": True}):
+        other = config.load({"device": "cuda", "max_steps": 1, **change})
+        with pytest.raises(UsageError, match="has not been proven"):
+            preflight(other)
+    topk = config.load({"device": "cuda", "compression": "topk:0.1"})
+    assert gpu_support.combination(topk) == dataclasses.replace(proven, compression="topk:0.1")
+    assert gpu_support.unproven_reason(topk) is not None
