@@ -74,7 +74,11 @@ class TrainConfig:
     weight_decay: float = opt(0.0, "L2 weight decay")
     seed: int = opt(0, "seed for the data order, the model's initial weights and dropout")
     out: str = opt("", "output folder (default: a new folder under runs/)")
-    device: str = opt("cpu", "cpu (gloo) or cuda (NCCL)", ("cpu", "cuda"))
+    device: str = opt(
+        "cpu",
+        "cpu (gloo) or cuda (NCCL; refused until a GPU run proves it: docs/gpu.md)",
+        ("cpu", "cuda"),
+    )
     timeout: float = opt(60.0, "seconds any collective may wait before the job fails")
     check_collectives: bool = opt(
         False, "check each allreduce's length on all ranks first (one small extra collective)"
