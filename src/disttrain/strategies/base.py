@@ -31,6 +31,7 @@ module named in ``$DISTTRAIN_PLUGINS``, whose class is decorated with ``@registe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -42,6 +43,7 @@ from disttrain.comm.errors import UsageError
 from disttrain.comm.world import World
 from disttrain.config import RunConfig, field_names
 from disttrain.costing import Network, Prediction, Rates, Workload
+from disttrain.dataparallel.fusion import FlatBucket
 from disttrain.registry import Registry
 from disttrain.strategies.layout import Layout
 
@@ -70,6 +72,10 @@ class Strategy:
     #: True if gradients are reduced by hooks while backward runs (overlap): under fp16
     #: the trainer then unscales after ``after_backward`` instead of before it.
     communicates_during_backward: bool = False
+    #: True if activations or their gradients cross ranks within a step (model
+    #: parallelism): a NaN made on one rank then reaches the others' gradients before
+    #: backward ends, so ``--check-finite`` also checks each layer's output in forward.
+    shares_activations: ClassVar[bool] = False
     #: The settings this strategy reads beyond the always-read ones (``TrainConfig``,
     #: ``DataConfig``): section classes (all their fields) and single field names.
     #: Pre-flight refuses any other setting changed from its default.
@@ -144,6 +150,12 @@ class Strategy:
 
     def after_backward(self) -> None:
         """Gradients are ready: make them what the optimizer should apply."""
+
+    def check_before_send(self, check: Callable[[FlatBucket], None]) -> bool:
+        """Have ``check`` run on each gradient bucket just before it is sent during backward;
+        False if this strategy sends none then (the trainer checks after backward)."""
+        del check
+        return False
 
     def after_step(self, step: int) -> None:
         """The optimizer has stepped (``step`` counts from 1)."""
