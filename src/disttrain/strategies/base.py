@@ -5,9 +5,12 @@ The trainer drives every strategy through the same points of a step:
     model = strategy.prepare_model(model)      # a shard of it, for model parallelism
     optimizer = make_optimizer(model.parameters())
     strategy.setup(model, optimizer)           # replicas made consistent
-    each step:  loss = strategy.forward_backward(x, y)
+    each step:  strategy.before_step(step)
+                loss = strategy.forward_backward(x, y)
                 strategy.after_backward()      # data parallel: average gradients
                 optimizer.step(); strategy.after_step(step)  # local SGD: average here
+                (or, for a step every worker skips on an fp16 overflow, instead of
+                after_backward and what follows: strategy.skipped_step(step))
     strategy.finish(); model = strategy.eval_model()         # the whole model on rank 0
 
 Override only the hooks you need (Bagua's pattern). Algorithm state lives in
@@ -140,6 +143,9 @@ class Strategy:
         self.model = model
         self.optimizer = optimizer
 
+    def before_step(self, step: int) -> None:
+        """Step ``step`` (from 1) begins; nothing of it is computed yet."""
+
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Compute the loss of this process's batch shard and its gradients; return the loss."""
         with timeline.span("forward"):
@@ -159,6 +165,10 @@ class Strategy:
 
     def after_step(self, step: int) -> None:
         """The optimizer has stepped (``step`` counts from 1)."""
+
+    def skipped_step(self, step: int) -> None:
+        """Every worker skips step ``step`` (an fp16 overflow, agreed): no ``after_backward``,
+        optimizer step nor ``after_step`` for it."""
 
     def finish(self) -> None:
         """Training is over on this worker (called on every worker)."""

@@ -1,8 +1,10 @@
 """One training step of one process: compute, communication and the optimizer, in order.
 
+    strategy.before_step(step)
     autocast: loss = strategy.forward_backward(x, y)        (loss x scale under fp16)
     fp16: unscale the gradients, agree on overflow across workers
     strategy.after_backward()   -> optimizer.step() -> strategy.after_step(step)
+    (an agreed skip instead:       strategy.skipped_step(step))
 
 Under fp16 an overflow on any rank makes every rank skip the same step and
 back off the same scale (:class:`disttrain.amp.LossScaler`). Strategies that
@@ -84,6 +86,7 @@ class StepRunner:
         if fault:
             fault.before_step(self.rank, step)
         self.step = step
+        strategy.before_step(step)
         if fault:
             fault.before_forward(self.rank, step)
         if self.guard:
@@ -119,6 +122,9 @@ class StepRunner:
                 self.optimizer.step()
             with self.timers.time("communication"):
                 strategy.after_step(step)
+        else:
+            with self.timers.time("communication"):
+                strategy.skipped_step(step)
         if self.scaler:
             self.scaler.update(skip)
         self.skipped_steps += skip
