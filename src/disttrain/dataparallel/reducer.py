@@ -14,12 +14,17 @@ registered algorithm (our point-to-point ring, tree, ...) runs on a
 :class:`CommThread`, so backward is not blocked by it. Gradients stay views of
 the buckets (DDP's ``gradient_as_bucket_view``): no copy back after the sum.
 With overlap off, everything happens in ``synchronize()``.
+
+``before_send``, when set, is called with each bucket just before its allreduce
+is launched, on the thread that launches it: the last moment a check sees only
+this rank's own gradients (``--check-finite``: a NaN is pinned on the rank that
+computed it, not on whichever rank's sum it reached first).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -94,6 +99,8 @@ class Reducer:
         }
         self.active = self.world_size > 1 and bool(self.buckets)
         self._sync_enabled = True
+        #: called with each bucket before it is sent (it may raise: nothing is sent then)
+        self.before_send: Callable[[FlatBucket], None] | None = None
         self._hooks: list[Any] = []
         self._thread: CommThread | None = None
         self._comm_group: ProcessGroup | None = group
@@ -167,6 +174,8 @@ class Reducer:
 
     # --- communication ------------------------------------------------------------------
     def _launch(self, bucket: FlatBucket) -> None:
+        if self.before_send is not None:
+            self.before_send(bucket)
         wire = self.wire_dtype
         send = bucket.buffer if wire is None else bucket.buffer.to(wire)
         self.launched_total += 1

@@ -211,21 +211,29 @@ class PSClient:
     def pull(self) -> torch.Tensor:
         return self._request(MsgType.PULL, self.clock)
 
-    def push(self, grad: torch.Tensor, lr: float = 0.0) -> torch.Tensor:
+    def push(self, grad: torch.Tensor, lr: float = 0.0, step: int = 0) -> torch.Tensor:
         """Send a flat gradient shard by shard; return the weights the servers answer with.
 
         The answer may be held by the servers (sync, ssp), so the deadline is
         the timeout. ``self.stop`` turns true when the job's work is done. ``lr`` is the
-        rate the worker's schedule gives this step (0: the servers' own).
+        rate the worker's schedule gives this step (0: the servers' own). ``step`` is the
+        worker's step number, the label of the servers' checkpoints of this round (0: the
+        pushes so far, this one included).
         """
         grad = grad.to(self.dtype).contiguous()
+        label = step or self.clock + 1
         for k, (lo, hi) in enumerate(self.bounds):
-            frames = encode_tensor(MsgType.PUSH, k, self.worker, self.clock, grad[lo:hi], lr=lr)
+            frames = encode_tensor(MsgType.PUSH, k, self.worker, label, grad[lo:hi], lr=lr)
             self._send(k, frames)
         self.clock += 1
         out = torch.empty(self.numel, dtype=self.dtype)
         self._gather_weights(out, time.monotonic() + self.timeout)
         return out
+
+    def skip(self, step: int) -> torch.Tensor:
+        """Tell the servers this worker skipped step ``step`` (nothing to apply), so that they
+        label their checkpoints by the workers' steps; return the (unchanged) weights."""
+        return self._request(MsgType.SKIP, step)
 
     def done(self, timeout: float) -> tuple[torch.Tensor, list[dict[str, Any]]]:
         """Say this worker is finished; wait (up to ``timeout``) until all are, and return

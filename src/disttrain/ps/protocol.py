@@ -14,7 +14,8 @@ checked by :func:`decode` before a byte of the payload is interpreted.
     5       1     dtype code (DTYPES), 0 for a payload that is not a tensor
     6       2     shard index
     8       4     worker index
-    12      8     clock (a worker's step count, or a shard's version in a reply)
+    12      8     clock (a worker's step number in a PUSH or SKIP, its steps in a HELLO, a
+                  shard's version in a reply)
     20      8     payload length in bytes
     28      4     learning rate (float32) of a PUSH: the worker's scheduled rate (0: server's)
 """
@@ -58,6 +59,7 @@ class MsgType(enum.IntEnum):
     HEARTBEAT = 6  # "still alive"; never answered
     STATS = 7  # the server's figures, UTF-8 JSON
     ERROR = 8  # the request was refused; UTF-8 text
+    SKIP = 9  # the worker skipped step ``clock`` (an agreed fp16 overflow); answered by WEIGHTS
 
 
 #: dtype codes on the wire; 0 means "not a tensor" (text, JSON or empty).

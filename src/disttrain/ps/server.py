@@ -100,8 +100,11 @@ class ShardServer:
         self.first_push: float | None = None
         self.work_done_at: float | None = None
         self.finished = False
-        #: called with the step number after each sync round, before its replies (checkpoints)
+        #: called with the step number after each sync round, before its replies (checkpoints);
+        #: the step is the one the workers send (a PUSH's or SKIP's clock), so the servers'
+        #: labels stay the workers' even when fp16 steps are skipped (no push)
         self.on_round: Callable[[int], None] | None = None
+        self.steps = dict.fromkeys(consistency.workers, 0)  # each worker's last step sent
 
     # --- sending ------------------------------------------------------------------
     def _send(self, identity: bytes, frames: list[bytes | memoryview]) -> None:
@@ -149,7 +152,9 @@ class ShardServer:
             self.work_done_at = time.monotonic()
         released = self.cons.releasable()
         if released and self.on_round is not None and self.cons.mode == "sync":
-            self.on_round(max(self.cons.clocks[w] for w in released))
+            label = max(self.steps[w] for w in released)
+            if label > 0:
+                self.on_round(label)
         for w in released:
             self._send_weights(f"w{w}".encode(), w)
         if self.cons.all_finished() and not self.finished:
@@ -199,7 +204,10 @@ class ShardServer:
                 self.cons.budget = header.clock * len(self.cons.workers)
             self._send_weights(identity, worker)
         elif header.type == MsgType.PUSH:
+            self.steps[worker] = header.clock
             self._push(identity, worker, header, payload)
+        elif header.type == MsgType.SKIP:
+            self._skip(identity, worker, header.clock)
         elif header.type == MsgType.DONE:
             if worker in self.cons.active:
                 self.cons.finish(worker)
@@ -227,6 +235,16 @@ class ShardServer:
             if token is not None:
                 self.grads[token] = (grad, header.lr)
         self._advance()
+
+    def _skip(self, identity: bytes, worker: int, step: int) -> None:
+        """Worker ``worker`` skipped step ``step`` (fp16 overflow, agreed by all workers): the
+        shard is already step ``step``'s, so a sync run checkpoints it under that label (once,
+        before answering, as a round does) and the worker gets the unchanged weights."""
+        first = all(self.steps[w] < step for w in self.cons.live)  # first worker to say so
+        if first and self.on_round is not None and self.cons.mode == "sync":
+            self.on_round(step)
+        self.steps[worker] = max(self.steps[worker], step)
+        self._send_weights(identity, worker)
 
     def check_liveness(self) -> None:
         """Drop workers silent for longer than ``worker_timeout`` (sync mode: fail)."""

@@ -19,6 +19,7 @@ summable), and pre-flight refuses them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -36,6 +37,7 @@ from disttrain.compression.registry import parse
 from disttrain.config import RunConfig, opt, register_section
 from disttrain.dataparallel.average import average
 from disttrain.dataparallel.broadcast import broadcast_tensors
+from disttrain.dataparallel.fusion import FlatBucket
 from disttrain.dataparallel.reducer import Reducer
 from disttrain.strategies.base import Strategy, register
 
@@ -141,6 +143,12 @@ class AllReduce(Strategy):
                     loss.backward()
             total = total + loss.detach().cpu()
         return total
+
+    def check_before_send(self, check: Callable[[FlatBucket], None]) -> bool:
+        if self.compressor is not None:  # compressed payloads are sent after backward
+            return False
+        self.reducer.before_send = check
+        return True
 
     def after_backward(self) -> None:
         if self.compressor is not None:

@@ -5,9 +5,12 @@ The trainer drives every strategy through the same points of a step:
     model = strategy.prepare_model(model)      # a shard of it, for model parallelism
     optimizer = make_optimizer(model.parameters())
     strategy.setup(model, optimizer)           # replicas made consistent
-    each step:  loss = strategy.forward_backward(x, y)
+    each step:  strategy.before_step(step)
+                loss = strategy.forward_backward(x, y)
                 strategy.after_backward()      # data parallel: average gradients
                 optimizer.step(); strategy.after_step(step)  # local SGD: average here
+                (or, for a step every worker skips on an fp16 overflow, instead of
+                after_backward and what follows: strategy.skipped_step(step))
     strategy.finish(); model = strategy.eval_model()         # the whole model on rank 0
 
 Override only the hooks you need (Bagua's pattern). Algorithm state lives in
@@ -31,6 +34,7 @@ module named in ``$DISTTRAIN_PLUGINS``, whose class is decorated with ``@registe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -42,6 +46,7 @@ from disttrain.comm.errors import UsageError
 from disttrain.comm.world import World
 from disttrain.config import RunConfig, field_names
 from disttrain.costing import Network, Prediction, Rates, Workload
+from disttrain.dataparallel.fusion import FlatBucket
 from disttrain.registry import Registry
 from disttrain.strategies.layout import Layout
 
@@ -70,6 +75,10 @@ class Strategy:
     #: True if gradients are reduced by hooks while backward runs (overlap): under fp16
     #: the trainer then unscales after ``after_backward`` instead of before it.
     communicates_during_backward: bool = False
+    #: True if activations or their gradients cross ranks within a step (model
+    #: parallelism): a NaN made on one rank then reaches the others' gradients before
+    #: backward ends, so ``--check-finite`` also checks each layer's output in forward.
+    shares_activations: ClassVar[bool] = False
     #: The settings this strategy reads beyond the always-read ones (``TrainConfig``,
     #: ``DataConfig``): section classes (all their fields) and single field names.
     #: Pre-flight refuses any other setting changed from its default.
@@ -134,6 +143,9 @@ class Strategy:
         self.model = model
         self.optimizer = optimizer
 
+    def before_step(self, step: int) -> None:
+        """Step ``step`` (from 1) begins; nothing of it is computed yet."""
+
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Compute the loss of this process's batch shard and its gradients; return the loss."""
         with timeline.span("forward"):
@@ -145,8 +157,18 @@ class Strategy:
     def after_backward(self) -> None:
         """Gradients are ready: make them what the optimizer should apply."""
 
+    def check_before_send(self, check: Callable[[FlatBucket], None]) -> bool:
+        """Have ``check`` run on each gradient bucket just before it is sent during backward;
+        False if this strategy sends none then (the trainer checks after backward)."""
+        del check
+        return False
+
     def after_step(self, step: int) -> None:
         """The optimizer has stepped (``step`` counts from 1)."""
+
+    def skipped_step(self, step: int) -> None:
+        """Every worker skips step ``step`` (an fp16 overflow, agreed): no ``after_backward``,
+        optimizer step nor ``after_step`` for it."""
 
     def finish(self) -> None:
         """Training is over on this worker (called on every worker)."""

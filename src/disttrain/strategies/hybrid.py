@@ -48,6 +48,7 @@ class Hybrid(Strategy):
     """Data parallel across the rows of the mesh, pipeline or tensor parallel along them."""
 
     name = "hybrid"
+    shares_activations: ClassVar[bool] = True  # stages or slices exchange activations
     not_modelled: ClassVar[str] = (
         "its replicas are pipelines or tensor-parallel groups, which are not modelled"
     )

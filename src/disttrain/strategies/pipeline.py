@@ -66,6 +66,7 @@ class Pipeline(Strategy):
     """Stage ``s`` of ``P`` on rank ``s``; micro-batches flow through by ``--schedule``."""
 
     name = "pipeline"
+    shares_activations: ClassVar[bool] = True  # stages or slices exchange activations
     main_setting: ClassVar[str | None] = "schedule"
     not_modelled: ClassVar[str] = (
         "its step depends on per-layer activation sizes and the stage balance, which a "

@@ -130,6 +130,7 @@ class ParameterServer(Strategy):
         self.stats: list[dict[str, Any]] = []
         self._last_start: float | None = None
         self._last_delay = 0.0
+        self._step = 0  # this worker's step (before_step); 0: the client counts pushes
 
     # --- config and data sharding ---------------------------------------------------
     @classmethod
@@ -238,15 +239,26 @@ class ParameterServer(Strategy):
                 time.sleep(self._last_delay)
         return loss
 
+    def before_step(self, step: int) -> None:
+        self._step = step  # travels with the push: the servers label checkpoints by it
+
     def after_backward(self) -> None:
         assert self.client is not None
         grads = flatten([p.grad for p in self.params], self.params)
+        lr = float(self.optimizer.param_groups[0]["lr"])
         with timeline.span("push/pull"):
-            weights = self.client.push(grads, float(self.optimizer.param_groups[0]["lr"]))
+            weights = self.client.push(grads, lr, self._step)
         with torch.no_grad():
             unflatten_into(weights, self.params)
         for p in self.params:
             p.grad = None  # the trainer's optimizer.step() then leaves the servers' weights
+
+    def skipped_step(self, step: int) -> None:
+        # no push for a skipped fp16 step: say so, so that a sync server still checkpoints
+        # step ``step`` (its shard is that step's) under the workers' label
+        assert self.client is not None
+        with timeline.span("push/pull"), torch.no_grad():
+            unflatten_into(self.client.skip(step), self.params)
 
     def finish(self) -> None:
         assert self.client is not None

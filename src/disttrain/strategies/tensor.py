@@ -46,6 +46,7 @@ class TensorParallel(Strategy):
     """Rank r of T holds slice r of every splittable Linear layer."""
 
     name = "tensor"
+    shares_activations: ClassVar[bool] = True  # stages or slices exchange activations
     main_setting: ClassVar[str | None] = "tensor_mode"
     not_modelled: ClassVar[str] = (
         "its step depends on the activations exchanged inside every layer, which a "

@@ -2,16 +2,25 @@
 
 Kinds: ``kill`` (SIGKILL itself), ``raise`` (a RuntimeError), ``hang`` (sleep
 forever), ``slow:FACTOR`` (sleep FACTOR-1 times the step's compute time),
-``nan`` (poison its gradients), ``inf`` (one gradient element becomes +Inf, at
-step T only: an fp16 overflow on one rank). The fault fires on rank R at step T
-(from 1) and says so on stderr (tests time the job's end from that line).
+``nan`` (the output of the model's first layer becomes NaN during forward, from
+step T on, so the NaN flows through backward into the gradients as a real fault's
+does), ``inf`` (one gradient element becomes +Inf, at step T only: an fp16
+overflow on one rank). The fault fires on rank R at step T (from 1) and says so
+on stderr (tests time the job's end from that line).
 
-:func:`check_gradients` is the guard the ``nan`` fault exercises: every step,
-after backward and before the step's synchronisation, a worker whose own
-gradients hold NaN or Inf stops with an error naming its rank and the
-parameter, instead of training on with NaN in every replica. With ``--overlap``
-the buckets sent during backward have already left; the job still ends there.
-fp16 runs skip the check: the loss scaler's agreed skip handles overflow there.
+``--check-finite`` stops a worker whose *own* contribution holds NaN or Inf,
+naming its rank, before that contribution leaves it (else the NaN reaches every
+replica and whichever rank notices first is blamed):
+
+- gradients sent during backward (the reducer's buckets): :func:`check_bucket`,
+  on each bucket just before its allreduce is launched;
+- gradients sent after backward: :func:`check_gradients`, before the step's
+  synchronisation;
+- activations sent to other ranks during forward (model parallelism):
+  :class:`ActivationGuard`, on each layer's output, since the gradients of the
+  others are poisoned too before backward ends.
+
+fp16 runs skip the checks: the loss scaler's agreed skip handles overflow there.
 """
 
 from __future__ import annotations
@@ -20,18 +29,55 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
 from disttrain.comm.errors import DisttrainError, UsageError
+from disttrain.dataparallel.fusion import FlatBucket
 
-__all__ = ["Fault", "NonFiniteGradient", "check_gradients", "parse_fault"]
+__all__ = [
+    "ActivationGuard",
+    "Fault",
+    "NonFiniteGradient",
+    "check_bucket",
+    "check_gradients",
+    "parse_fault",
+]
 
 
 class NonFiniteGradient(DisttrainError):
-    """A worker's own gradients hold NaN or Inf: the message names the rank and parameter."""
+    """A worker's own gradients (or activations) hold NaN or Inf: the message names the rank
+    and the parameter (or layer)."""
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """True if every element of ``t`` is finite: one sum (NaN/Inf propagate into it), and
+    only if that is not finite (a huge finite tensor can overflow it) a pass element-wise."""
+    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
+
+
+def check_bucket(
+    bucket: FlatBucket, names: Mapping[int, str], rank: int, step: int
+) -> None:  # fmt: skip
+    """Raise :class:`NonFiniteGradient` if this rank's share in ``bucket`` is not finite.
+
+    Called by the reducer just before the bucket's allreduce is launched, so a rank's
+    NaN never reaches the others' sums: the rank named is the one that computed it.
+    ``names`` maps ``id(parameter)`` to its name.
+    """
+    if _finite(bucket.buffer):
+        return
+    for param, view in zip(bucket.tensors, bucket.views, strict=True):
+        if not bool(torch.isfinite(view).all()):
+            raise NonFiniteGradient(
+                f"rank {rank} computed a non-finite gradient for "
+                f"{names.get(id(param), 'a parameter')} (bucket {bucket.index}) at step "
+                f"{step}; stopping this worker before sending it"
+            )
 
 
 def check_gradients(model: nn.Module, rank: int, step: int) -> None:
@@ -55,6 +101,66 @@ def check_gradients(model: nn.Module, rank: int, step: int) -> None:
             )
 
 
+class ActivationGuard:
+    """Stop this rank when one of ``model``'s layers makes a non-finite output of finite inputs.
+
+    For model parallelism, where activations (and their gradients) cross ranks
+    within a step: a NaN made on one rank reaches every rank's gradients before
+    backward ends, so the gradient check alone cannot tell whose it was. A
+    forward hook on every leaf layer checks its output (one sum, see
+    :func:`_finite`); a non-finite output whose floating inputs were all finite
+    was made here. The model's own input is checked too (this rank's batch, or
+    what a previous stage sent, which that stage checked). Active only between
+    :meth:`begin` and :meth:`end`, i.e. not in evaluation.
+    """
+
+    def __init__(self, model: nn.Module, rank: int) -> None:
+        self.rank = rank
+        self.step = 0
+        self.active = False
+        self._handles = [model.register_forward_pre_hook(self._check_input)]
+        for name, module in model.named_modules():
+            if not any(True for _ in module.children()):  # a leaf: one layer
+                label = f"{name or 'the model'} ({type(module).__name__})"
+                self._handles.append(module.register_forward_hook(self._checker(label)))
+
+    def begin(self, step: int) -> None:
+        self.step, self.active = step, True
+
+    def end(self) -> None:
+        self.active = False
+
+    def _fail(self, what: str) -> None:
+        raise NonFiniteGradient(
+            f"rank {self.rank} computed a non-finite {what} at step {self.step}; stopping "
+            "this worker before sending it"
+        )
+
+    def _check_input(self, module: nn.Module, inputs: tuple[Any, ...]) -> None:
+        del module
+        if self.active and not all(_finite(t) for t in _floats(inputs)):
+            self._fail("input")
+
+    def _checker(self, label: str) -> Any:
+        def hook(module: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
+            del module
+            if not self.active or all(_finite(t) for t in _floats((output,))):
+                return
+            if all(_finite(t) for t in _floats(inputs)):
+                self._fail(f"activation in {label}")
+
+        return hook
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+def _floats(values: tuple[Any, ...]) -> list[torch.Tensor]:
+    return [v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()]
+
+
 KINDS = ("kill", "raise", "hang", "slow", "nan", "inf")
 
 
@@ -66,6 +172,9 @@ class Fault:
     rank: int
     step: int
     factor: float = 1.0
+    # run-time state beside the frozen spec: whether the nan hook poisons this forward
+    _armed: list[bool] = field(default_factory=lambda: [False], init=False, compare=False,
+                               repr=False)  # fmt: skip
 
     def fires(self, rank: int, step: int) -> bool:
         # only in the first round: a job restarted by --max-restarts should recover
@@ -99,13 +208,31 @@ class Fault:
             self._announce(rank, step)
             time.sleep(compute_seconds * (self.factor - 1.0))
 
-    def after_backward(self, rank: int, step: int, model: nn.Module) -> None:
-        if self.kind == "nan" and self.fires(rank, step):
+    def install(self, model: nn.Module) -> None:
+        """For ``nan``: a forward hook on ``model``'s first layer that, while armed, makes its
+        output NaN (a real fault's path: forward, then backward into the gradients)."""
+        if self.kind != "nan":
+            return
+        first = next(m for m in model.modules() if not any(True for _ in m.children()))
+
+        def poison(module: nn.Module, inputs: tuple[Any, ...], output: Any) -> Any:
+            del module, inputs
+            if self._armed[0] and isinstance(output, torch.Tensor) and output.is_floating_point():
+                return output * float("nan")  # NaN, with a NaN gradient back to the layer
+            return None
+
+        first.register_forward_hook(poison)
+
+    def before_forward(self, rank: int, step: int) -> None:
+        """Arm the ``nan`` hook for this step's forward on the faulty rank (see install)."""
+        self._armed[0] = self.kind == "nan" and self.fires(rank, step)
+        if self._armed[0]:
             self._announce(rank, step)
-            for p in model.parameters():
-                if p.grad is not None:
-                    p.grad.fill_(float("nan"))
-                    break
+
+    def after_forward(self) -> None:
+        self._armed[0] = False  # evaluation is not poisoned
+
+    def after_backward(self, rank: int, step: int, model: nn.Module) -> None:
         if self.kind == "inf" and self.fires(rank, step):
             for p in model.parameters():
                 if p.grad is not None and p.grad.numel():

@@ -1,14 +1,21 @@
 """One training step of one process: compute, communication and the optimizer, in order.
 
+    strategy.before_step(step)
     autocast: loss = strategy.forward_backward(x, y)        (loss x scale under fp16)
     fp16: unscale the gradients, agree on overflow across workers
     strategy.after_backward()   -> optimizer.step() -> strategy.after_step(step)
+    (an agreed skip instead:       strategy.skipped_step(step))
 
 Under fp16 an overflow on any rank makes every rank skip the same step and
 back off the same scale (:class:`disttrain.amp.LossScaler`). Strategies that
 communicate during backward (``communicates_during_backward``) reduce scaled
 gradients; since the reduction is a sum, they are unscaled afterwards, and the
 reduced values already carry any rank's Inf/NaN to every rank.
+
+``--check-finite`` (not under fp16) checks what this rank sends before it leaves
+(:mod:`disttrain.train.faults`): each bucket before its allreduce for strategies
+that send during backward, the gradients after backward for the others, and each
+layer's output in forward for model parallelism.
 """
 
 from __future__ import annotations
@@ -19,8 +26,9 @@ import torch
 
 from disttrain import amp, timeline
 from disttrain.config import TrainConfig
+from disttrain.dataparallel.fusion import FlatBucket
 from disttrain.strategies import Strategy
-from disttrain.train.faults import Fault, check_gradients
+from disttrain.train.faults import ActivationGuard, Fault, check_bucket, check_gradients
 from disttrain.train.metrics import Timers
 
 __all__ = ["StepRunner"]
@@ -50,7 +58,22 @@ class StepRunner:
             scaler = self.scaler
             strategy.loss_fn = lambda out, y: plain(out, y) * scaler.scale
         self.skipped_steps = 0
-        self.check_finite = tc.check_finite and self.scaler is None
+        self.step = 0  # the step being run, for the checks' messages
+        if fault:
+            fault.install(strategy.model)  # before the guard: its hook must see the NaN
+        check_finite = tc.check_finite and self.scaler is None
+        self.guard: ActivationGuard | None = None
+        if check_finite and strategy.shares_activations:
+            self.guard = ActivationGuard(strategy.model, rank)
+        self._names = {id(p): n for n, p in strategy.model.named_parameters()}
+        # gradients sent during backward are checked bucket by bucket before they leave;
+        # after backward they are sums of every rank's (views of the buckets), not ours
+        self.check_after_backward = check_finite and not (
+            strategy.communicates_during_backward and strategy.check_before_send(self._check)
+        )
+
+    def _check(self, bucket: FlatBucket) -> None:
+        check_bucket(bucket, self._names, self.rank, self.step)
 
     def _overflow(self) -> bool:
         assert self.scaler is not None
@@ -62,15 +85,27 @@ class StepRunner:
         strategy, fault = self.strategy, self.fault
         if fault:
             fault.before_step(self.rank, step)
+        self.step = step
+        strategy.before_step(step)
+        if fault:
+            fault.before_forward(self.rank, step)
+        if self.guard:
+            self.guard.begin(step)
         start = time.perf_counter()
-        with self.timers.time("compute"):
-            self.optimizer.zero_grad(set_to_none=True)
-            with amp.autocast(self.precision, self.device):
-                loss = strategy.forward_backward(x, y)
+        try:
+            with self.timers.time("compute"):
+                self.optimizer.zero_grad(set_to_none=True)
+                with amp.autocast(self.precision, self.device):
+                    loss = strategy.forward_backward(x, y)
+        finally:
+            if fault:
+                fault.after_forward()
+            if self.guard:
+                self.guard.end()
         if fault:
             fault.after_compute(self.rank, step, time.perf_counter() - start)
             fault.after_backward(self.rank, step, strategy.model)
-        if self.check_finite:  # under fp16 the scaler's agreed skip handles non-finite values
+        if self.check_after_backward:  # under fp16 the scaler's agreed skip handles them
             check_gradients(strategy.model, self.rank, step)
         scale = self.scaler.scale if self.scaler else 1.0
         skip = False
@@ -87,6 +122,9 @@ class StepRunner:
                 self.optimizer.step()
             with self.timers.time("communication"):
                 strategy.after_step(step)
+        else:
+            with self.timers.time("communication"):
+                strategy.skipped_step(step)
         if self.scaler:
             self.scaler.update(skip)
         self.skipped_steps += skip
