@@ -1,4 +1,4 @@
-"""Run outputs: metrics.jsonl (one object per logged step), summary.json, step timers, throughput."""
+"""Run outputs: metrics.jsonl (one object per logged step), summary.json, timers, throughput."""
 
 from __future__ import annotations
 
