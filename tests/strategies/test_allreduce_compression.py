@@ -42,7 +42,7 @@ def test_compressed_allreduce_keeps_replicas_identical_and_sends_less(spec: str)
     for params, _ in results[1:]:
         assert all(torch.equal(a, b) for a, b in zip(first, params, strict=True))
     stats = results[0][1]
-    assert stats["compression_ratio"] > 3  # sparse payloads: far below dense fp32
+    assert stats["payload_compression"] > 3  # sparse payloads: far below dense fp32
     assert stats["residual_norm"] > 0  # error feedback holds what was not sent
 
 

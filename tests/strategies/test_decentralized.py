@@ -44,20 +44,48 @@ def _steps(flags: dict[str, Any], steps: int) -> tuple[list[float], int, dict[st
     return flat.tolist(), meter.bytes_sent, strategy.summary(), last - first
 
 
+def _dense_ring_bytes(numel: int, times: int) -> int:
+    """The meter's bytes for ``times`` dense fp32 ring allreduces of ``numel`` entries."""
+    from disttrain import collectives
+    from disttrain.comm import meter
+
+    collectives.set_length_check(False)
+    meter.reset()
+    for _ in range(times):
+        collectives.all_reduce(torch.ones(numel), "ring")
+    return meter.bytes_sent
+
+
+@pytest.fixture(scope="module")
+def dense_runs() -> tuple[list[Any], list[int]]:
+    """Independent counts on 3 ranks: the meter of an uncompressed all-peers run (fp32 to
+    every peer) and of dense ring allreduces of the same gradient, as many as the steps."""
+    dense = run_world(_steps, 3, args=({"compression": "none"}, 15), timeout=90)
+    ring = run_world(_dense_ring_bytes, 3, args=(len(dense[0][0]), 15), timeout=90)
+    return dense, ring
+
+
 @pytest.mark.parametrize("spec", ["onebit:0.01", "topk:0.05"])
-def test_all_peers_replicas_stay_identical_and_meter_matches_claim(spec: str) -> None:
+def test_all_peers_replicas_stay_identical_and_meter_matches_claim(
+    spec: str, dense_runs: tuple[list[Any], list[int]]
+) -> None:
     results = run_world(_steps, 3, args=({"compression": spec}, 15), timeout=90)
     reference = results[0][0]
-    for flat, metered, summary, _ in results:
+    dense, ring = dense_runs
+    for rank, (flat, metered, summary, _) in enumerate(results):
         assert flat == reference  # bit-identical: decoded payloads summed in rank order
         assert metered == summary["claimed_wire_bytes_per_rank"] > 0
         assert metered == summary["compressed_bytes_per_rank"]
-        assert summary["compression_ratio"] == pytest.approx(
-            summary["dense_fp32_bytes_per_rank"] / metered
+        # the two ratios against what the meter counted in the dense runs, rank by rank
+        assert summary["payload_compression"] == pytest.approx(dense[rank][1] / metered)
+        assert summary["bytes_vs_dense_allreduce"] == pytest.approx(ring[rank] / metered, rel=0.01)
+        # on 3 ranks an fp32 payload to each peer is 2 S, a ring allreduce 4/3 S
+        assert summary["payload_compression"] == pytest.approx(
+            1.5 * summary["bytes_vs_dense_allreduce"], rel=0.01
         )
     if spec.startswith("onebit"):
         s = results[0][2]
-        assert s["compression_ratio"] > 10
+        assert s["payload_compression"] > 10
         assert s["entropy_bits_per_sent_entry"] <= s["bits_per_sent_entry"]
 
 
@@ -80,14 +108,19 @@ def test_ring_gossip_meters_two_neighbours_and_pulls_replicas_together() -> None
 
 
 def test_uncompressed_all_peers_equals_synchronous_allreduce(tmp_path: Any) -> None:
-    _, sync = run(str(tmp_path), "sync", strategy="allreduce")
+    sync_summary, sync = run(str(tmp_path), "sync", strategy="allreduce")
     summary, dec = run(str(tmp_path), "dec", strategy="decentralized", compression="none")
     torch.testing.assert_close(params(dec), params(sync), rtol=0, atol=1e-5)
-    assert summary["compression_ratio"] == 1.0
+    # fp32 payloads: as many bytes as the dense exchange; on 2 ranks the one peer gets S,
+    # as in the synchronous run's allreduce (the meter's bytes, compared)
+    assert summary["payload_compression"] == 1.0
+    assert summary["bytes_vs_dense_allreduce"] == pytest.approx(
+        sync_summary["bytes_sent_by_rank"][0] / summary["compressed_bytes_per_rank"], rel=0.01
+    )
     with open(os.path.join(dec, "metrics.jsonl")) as fh:
         steps = [json.loads(line) for line in fh if '"loss"' in line]
     assert len(steps) == 12
-    assert all(s["compression_ratio"] == 1.0 and s["residual_norm"] == 0.0 for s in steps)
+    assert all(s["payload_compression"] == 1.0 and s["residual_norm"] == 0.0 for s in steps)
 
 
 def test_bad_settings_are_usage_errors() -> None:

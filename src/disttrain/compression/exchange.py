@@ -6,7 +6,9 @@ so each payload is preceded by its length as one int32 (``LENGTH_BYTES``), so
 the receiver can post a receive of the right size; casts have a known length
 and send no prefix. Everything goes through :mod:`disttrain.comm.p2p` or a
 registered allreduce algorithm, so the one meter sees every byte, and
-:class:`CompressionStats` compares it with what dense fp32 would have cost.
+:class:`CompressionStats` compares it with two dense fp32 references: the same
+exchange with fp32 payloads (``payload_compression``) and the dense allreduce of
+the same gradient that a run without compression would do (``vs_dense_allreduce``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 from torch.distributed import ProcessGroup
 
 from disttrain import collectives
-from disttrain.comm import p2p
+from disttrain.comm import p2p, phases
 from disttrain.comm.meter import meter
 from disttrain.compression.base import Compressor, Payload
 from disttrain.compression.error_feedback import ErrorFeedback
@@ -27,6 +29,8 @@ __all__ = [
     "CompressionStats",
     "all_peers",
     "compressed_all_reduce",
+    "compression_figures",
+    "dense_allreduce_bytes",
     "exchange_payloads",
 ]
 
@@ -36,16 +40,46 @@ LENGTH_BYTES = 4
 
 @dataclass
 class CompressionStats:
-    """Bytes dense fp32 would have sent for the same exchanges, and bytes actually sent."""
+    """Bytes this rank sent, and what two dense fp32 references would have sent instead."""
 
+    #: the same exchanges (same peers, same allreduce) with each payload dense fp32
     dense_bytes: int = 0
+    #: a dense fp32 allreduce of the same gradients (the algorithm's ``cost()``): what a
+    #: run without compression sends per rank (2(n-1)/n of the gradient for a ring)
+    allreduce_bytes: int = 0
+    #: bytes the meter saw (length prefixes included)
     sent_bytes: int = 0
     exchanges: int = 0
 
     @property
-    def ratio(self) -> float:
-        """dense fp32 bytes / bytes actually sent (nan before anything was sent)."""
+    def payload_compression(self) -> float:
+        """dense fp32 bytes / bytes sent, for the same exchanges (nan before any was sent)."""
         return self.dense_bytes / self.sent_bytes if self.sent_bytes else float("nan")
+
+    @property
+    def vs_dense_allreduce(self) -> float:
+        """A dense allreduce's bytes / bytes sent: how many times fewer than uncompressed."""
+        return self.allreduce_bytes / self.sent_bytes if self.sent_bytes else float("nan")
+
+    def add(self, dense: int, allreduce: int, sent: int) -> None:
+        """Count one exchange: its two dense references and the bytes the meter saw."""
+        self.dense_bytes += dense
+        self.allreduce_bytes += allreduce
+        self.sent_bytes += sent
+        self.exchanges += 1
+
+
+def compression_figures(stats: CompressionStats) -> dict[str, float]:
+    """The two ratios as summary.json and metrics.jsonl name them (docs/compression.md)."""
+    return {
+        "payload_compression": stats.payload_compression,
+        "bytes_vs_dense_allreduce": stats.vs_dense_allreduce,
+    }
+
+
+def dense_allreduce_bytes(numel: int, size: int, rank: int, algorithm: str) -> int:
+    """Bytes ``rank`` sends in a dense fp32 allreduce of ``numel`` entries with ``algorithm``."""
+    return collectives.get(algorithm).cost(4 * numel, size, rank, itemsize=4).bytes_sent
 
 
 def all_peers(rank: int, size: int) -> tuple[list[int], list[int]]:
@@ -93,28 +127,30 @@ def compressed_all_reduce(
     size = p2p.group_size(group)
     rank = p2p.group_rank(group)
     before = meter.bytes_sent
-    if feedback is not None:
-        payload, mine = feedback.compress(flat)
-    else:
-        payload, mine = compressor.compress_and_decode(flat)
-    dense = 4 * flat.numel()
+    # encoding and decoding are booked as codec time, apart from the exchange (phases)
+    with phases.book(phases.CODEC):
+        if feedback is not None:
+            payload, mine = feedback.compress(flat)
+        else:
+            payload, mine = compressor.compress_and_decode(flat)
+    allreduce_sent = dense_allreduce_bytes(flat.numel(), size, rank, algorithm)
     if compressor.summable:
         if size > 1:
             collectives.all_reduce(payload.data, algorithm, group)
-        result = compressor.decompress(payload)
-        dense_sent = collectives.get(algorithm).cost(dense, size, rank, itemsize=4).bytes_sent
+        with phases.book(phases.CODEC):
+            result = compressor.decompress(payload)
+        dense_sent = allreduce_sent  # the same allreduce, in fp32
     else:
         send_to, recv_from = all_peers(rank, size)
         got = exchange_payloads(payload, compressor, send_to, recv_from, group)
-        decoded = {src: compressor.decompress(p) for src, p in zip(recv_from, got, strict=True)}
-        decoded[rank] = mine
-        result = torch.zeros_like(mine)
-        for r in range(size):  # in rank order on every rank: bit-identical sums, equal replicas
-            result += decoded[r]
-        dense_sent = dense * (size - 1)
+        with phases.book(phases.CODEC):  # decoding each payload and summing the decodes
+            decoded = {s: compressor.decompress(p) for s, p in zip(recv_from, got, strict=True)}
+            decoded[rank] = mine
+            result = torch.zeros_like(mine)
+            for r in range(size):  # in rank order on every rank: bit-identical sums, equal replicas
+                result += decoded[r]
+        dense_sent = 4 * flat.numel() * (size - 1)  # an fp32 tensor to each peer
     flat.copy_(result.view_as(flat))
     if stats is not None:
-        stats.dense_bytes += dense_sent
-        stats.sent_bytes += meter.bytes_sent - before
-        stats.exchanges += 1
+        stats.add(dense_sent, allreduce_sent, meter.bytes_sent - before)
     return flat

@@ -31,7 +31,7 @@ from torch.distributed import ProcessGroup
 from torch.nn import functional as F
 
 from disttrain import collectives
-from disttrain.comm import p2p
+from disttrain.comm import p2p, phases
 
 __all__ = [
     "ELEMENTWISE",
@@ -70,7 +70,8 @@ class _Copy(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         grad = grad.contiguous().clone()
-        return collectives.all_reduce(grad, ctx.algorithm, ctx.group), None, None
+        with phases.book(phases.COMMUNICATION):  # inside the trainer's backward (compute)
+            return collectives.all_reduce(grad, ctx.algorithm, ctx.group), None, None
 
 
 class _Reduce(torch.autograd.Function):
@@ -78,7 +79,8 @@ class _Reduce(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: Any, algorithm: str) -> torch.Tensor:
-        return collectives.all_reduce(x.contiguous().clone(), algorithm, group)
+        with phases.book(phases.COMMUNICATION):  # inside the trainer's forward (compute)
+            return collectives.all_reduce(x.contiguous().clone(), algorithm, group)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
@@ -91,7 +93,8 @@ class _Gather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
         ctx.group, ctx.width = group, x.shape[-1]
-        return all_gather_last(x, group)
+        with phases.book(phases.COMMUNICATION):  # inside the trainer's forward (compute)
+            return all_gather_last(x, group)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:

@@ -32,7 +32,11 @@ from disttrain.comm.errors import UsageError
 from disttrain.compression.casts import cast_dtype
 from disttrain.compression.config import CompressionConfig
 from disttrain.compression.error_feedback import ErrorFeedback
-from disttrain.compression.exchange import CompressionStats, compressed_all_reduce
+from disttrain.compression.exchange import (
+    CompressionStats,
+    compressed_all_reduce,
+    compression_figures,
+)
 from disttrain.compression.registry import parse
 from disttrain.config import RunConfig, opt, register_section
 from disttrain.dataparallel.average import average
@@ -179,10 +183,7 @@ class AllReduce(Strategy):
     def step_metrics(self) -> dict[str, Any]:
         if self.compressor is None:
             return {}
-        return {
-            "compression_ratio": self.stats.ratio,
-            "residual_norm": self.feedback.residual_norm(),
-        }
+        return {**compression_figures(self.stats), "residual_norm": self.feedback.residual_norm()}
 
     def summary(self) -> dict[str, Any]:
         if self.compressor is not None:

@@ -37,6 +37,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from disttrain import costing, timeline
+from disttrain.comm import phases
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
 from disttrain.compression import (
@@ -51,6 +52,7 @@ from disttrain.compression import (
     exchange_payloads,
     parse,
 )
+from disttrain.compression.exchange import compression_figures, dense_allreduce_bytes
 from disttrain.compression.registry import COMPRESSORS
 from disttrain.config import RunConfig, opt, register_section
 from disttrain.dataparallel.average import average
@@ -167,8 +169,8 @@ class Decentralized(Strategy):
                 group["momentum"] = 0.0  # applied here, before compression, instead
         params = list(model.parameters())
         # Replicas start equal (outside the measured traffic: the trainer resets the meter).
-        algorithm = self.config.train.algorithm
-        average(list(model.state_dict().values()), algorithm, world_size=self.size)
+        self.algorithm = self.config.train.algorithm
+        average(list(model.state_dict().values()), self.algorithm, world_size=self.size)
         if self.ring:
             x = _flatten_dense_tensors([p.detach() for p in params])
             send_to, _ = ring_neighbours(self.rank, self.size)
@@ -177,9 +179,8 @@ class Decentralized(Strategy):
 
     # --- accounting ------------------------------------------------------------------
     def _account(self, payload: Payload, peers: int, before: int) -> None:
-        self.stats.dense_bytes += 4 * payload.numel * peers
-        self.stats.sent_bytes += meter.bytes_sent - before
-        self.stats.exchanges += 1
+        reference = dense_allreduce_bytes(payload.numel, self.size, self.rank, self.algorithm)
+        self.stats.add(4 * payload.numel * peers, reference, meter.bytes_sent - before)
         self.payload_bytes += payload.nbytes
         prefix = 0 if self.compressor.fixed_wire_numel(payload.numel) else LENGTH_BYTES
         self.claimed_bytes += peers * (self.compressor.wire_bytes(payload) + prefix)
@@ -201,32 +202,38 @@ class Decentralized(Strategy):
         flat = _flatten_dense_tensors(grads)
         warm = self.steps_exchanged <= self.settings.active_warmup_steps
         active = min(self.settings.active_workers, self.size) if warm else self.size
+        with phases.book(phases.CODEC):  # encoding: booked apart from the exchange
+            payload, mine = self._encode(flat, active)
+        send_to, recv_from = all_peers(self.rank, self.size)
+        with timeline.span("exchange", peers=len(send_to)):
+            got = exchange_payloads(payload, self.compressor, send_to, recv_from)
+        payloads = dict(zip(recv_from, got, strict=True))
+        with phases.book(phases.CODEC):  # decoding every payload into the sum
+            total = torch.zeros_like(mine)
+            for r in range(self.size):  # the same order on every rank: identical replicas
+                if r == self.rank:
+                    total += mine
+                else:  # sparse codes add only their entries (same float ops as a dense add)
+                    self.compressor.add_into(total, payloads[r])
+            total /= active
+            self._account(payload, len(send_to), before)
+        for g, v in zip(grads, _unflatten_dense_tensors(total, grads), strict=True):
+            g.copy_(v)
+
+    def _encode(self, flat: torch.Tensor, active: int) -> tuple[Payload, torch.Tensor]:
+        """This rank's payload for the all-peers exchange, and what it decodes to."""
         if self.rank >= active:
             # inactive early on: an empty update (no residual, no velocity kept for it)
-            payload, mine = self.compressor.compress_and_decode(torch.zeros_like(flat))
-        elif self.settings.momentum_correction:
+            return self.compressor.compress_and_decode(torch.zeros_like(flat))
+        if self.settings.momentum_correction:
             # DGC: u = m·u + g accumulated into the residual; u masked where sent
             if self.velocity is None:
                 self.velocity = torch.zeros_like(flat)
             self.velocity.mul_(self.momentum).add_(flat)
             payload, mine = self.feedback.compress(self.velocity)
             self.velocity.masked_fill_(mine != 0, 0.0)
-        else:
-            payload, mine = self.feedback.compress(flat)
-        send_to, recv_from = all_peers(self.rank, self.size)
-        with timeline.span("exchange", peers=len(send_to)):
-            got = exchange_payloads(payload, self.compressor, send_to, recv_from)
-        payloads = dict(zip(recv_from, got, strict=True))
-        total = torch.zeros_like(mine)
-        for r in range(self.size):  # the same order on every rank: identical replicas
-            if r == self.rank:
-                total += mine
-            else:  # sparse codes add only their entries (same float ops as a dense add)
-                self.compressor.add_into(total, payloads[r])
-        total /= active
-        for g, v in zip(grads, _unflatten_dense_tensors(total, grads), strict=True):
-            g.copy_(v)
-        self._account(payload, len(send_to), before)
+            return payload, mine
+        return self.feedback.compress(flat)
 
     # --- ring: CHOCO gossip ---------------------------------------------------------
     def after_step(self, step: int) -> None:
@@ -236,20 +243,21 @@ class Decentralized(Strategy):
         x = _flatten_dense_tensors([p.detach() for p in params])
         before = meter.bytes_sent
         own = self.public[self.rank]
-        payload, sent = self.compressor.compress_and_decode(x - own)
+        with phases.book(phases.CODEC):
+            payload, sent = self.compressor.compress_and_decode(x - own)
         own += sent
         send_to, recv_from = ring_neighbours(self.rank, self.size)
         with timeline.span("gossip", peers=len(send_to)):
             got = exchange_payloads(payload, self.compressor, send_to, recv_from)
-        for src, theirs in zip(recv_from, got, strict=True):
-            self.compressor.add_into(self.public[src], theirs)
-        weight = 1.0 / 3.0  # Metropolis-Hastings on a ring: 1 / (1 + max degree)
-        for src in recv_from:
-            x += self.settings.consensus_step * weight * (self.public[src] - own)
+        with phases.book(phases.CODEC):  # decoding (and counting the entries of our payload)
+            for src, theirs in zip(recv_from, got, strict=True):
+                self.compressor.add_into(self.public[src], theirs)
+            self._account(payload, len(send_to), before)
+        for src in recv_from:  # Metropolis-Hastings weight on a ring: 1 / (1 + max degree) = 1/3
+            x += self.settings.consensus_step * (1.0 / 3.0) * (self.public[src] - own)
         with torch.no_grad():
             for p, v in zip(params, _unflatten_dense_tensors(x, params), strict=True):
                 p.copy_(v)
-        self._account(payload, len(send_to), before)
         self._residual = x - own
 
     def finish(self) -> None:
@@ -266,14 +274,15 @@ class Decentralized(Strategy):
         return self.feedback.residual_norm()
 
     def step_metrics(self) -> dict[str, Any]:
-        return {"compression_ratio": self.stats.ratio, "residual_norm": self.residual_norm()}
+        return {**compression_figures(self.stats), "residual_norm": self.residual_norm()}
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "compression": self.compressor.spec,
             "topology": "ring" if self.ring else "all",
-            "compression_ratio": self.stats.ratio,
+            **compression_figures(self.stats),
             "dense_fp32_bytes_per_rank": self.stats.dense_bytes,
+            "dense_allreduce_bytes_per_rank": self.stats.allreduce_bytes,
             "compressed_bytes_per_rank": self.stats.sent_bytes,
             "claimed_wire_bytes_per_rank": self.claimed_bytes,
             "residual_norm": self.residual_norm(),

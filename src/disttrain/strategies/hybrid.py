@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from disttrain import collectives, timeline
+from disttrain.comm import phases
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
 from disttrain.comm.world import World
@@ -122,7 +123,8 @@ class Hybrid(Strategy):
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         loss = self.inner.forward_backward(x, y)
         if self.dp > 1 and self.mesh.inner_index == 0:
-            with meter.paused():  # the logged loss: the mean over the replicas' shards
+            # the logged loss: the mean over the replicas' shards (a wait for them: communication)
+            with meter.paused(), phases.book(phases.COMMUNICATION):
                 loss = loss.detach().reshape(1).clone()
                 collectives.all_reduce(loss, "native", self.mesh.dp_group)
                 loss = loss[0] / self.dp

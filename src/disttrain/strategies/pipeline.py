@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed import ProcessGroup
 
-from disttrain.comm import p2p
+from disttrain.comm import p2p, phases
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
 from disttrain.comm.world import World
@@ -163,7 +163,8 @@ class Pipeline(Strategy):
         loss = self.runner.run(x, y)
         last = self.stages - 1
         if self.stages > 1 and self.stage in (0, last):
-            with meter.paused():  # only so that rank 0 logs the true loss
+            # only so that rank 0 logs the true loss; stage 0 waits for the last stage here
+            with meter.paused(), phases.book(phases.COMMUNICATION):
                 if self.stage == last:
                     assert loss is not None
                     p2p.send(loss.reshape(1), 0, self.group)

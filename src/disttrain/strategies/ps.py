@@ -290,9 +290,16 @@ class ParameterServer(Strategy):
                 lost.setdefault(entry["worker"], {**entry, "rank": entry["worker"]})
         applied = sum(staleness.values())
         first = self.stats[0]
+        # One meaning of ``steps`` in every mode: the work done, in synchronous steps, i.e.
+        # gradients the servers counted into the budget / workers (sync: the rounds; async:
+        # --max-steps once the budget is spent). Rank 0's own loop count is not it: in async
+        # modes each worker runs its share (``worker_steps``), and a push made after the
+        # budget was spent is discarded.
+        steps = first["received"] // self.n_workers
         samples = first["received"] * self.config.train.batch_size // self.n_workers
         seconds = max(s["train_seconds"] for s in self.stats)
         return {
+            "steps": steps,
             "ps_mode": self.ps.ps_mode,
             "servers": self.n_servers,
             "staleness_lr": self.ps.staleness_lr,

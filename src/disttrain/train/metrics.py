@@ -1,4 +1,4 @@
-"""Run outputs: metrics.jsonl (one object per logged step), summary.json, and step timers."""
+"""Run outputs: metrics.jsonl (one object per logged step), summary.json, timers, throughput."""
 
 from __future__ import annotations
 
@@ -10,25 +10,59 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
-__all__ = ["MetricsWriter", "Timers", "write_summary"]
+from disttrain.comm import phases
+
+__all__ = ["MetricsWriter", "Throughput", "Timers", "write_summary"]
 
 
 class Timers:
-    """Wall seconds accumulated per phase (compute, communication, data, eval)."""
+    """Wall seconds of the training thread per phase (compute, communication, codec, data, ...).
+
+    Phases nest (:mod:`disttrain.comm.phases`): a pipeline stage's wait for its
+    neighbour inside ``compute`` is booked as ``communication`` and taken out of
+    ``compute``, so every second is booked once and the parts add up to at most
+    the wall time.
+    """
 
     def __init__(self) -> None:
         self.seconds: defaultdict[str, float] = defaultdict(float)
 
     @contextmanager
     def time(self, phase: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
+        with phases.book(phase, self.seconds):
             yield
-        finally:
-            self.seconds[phase] += time.perf_counter() - start
 
     def as_dict(self) -> dict[str, float]:
         return {k: round(v, 6) for k, v in sorted(self.seconds.items())}
+
+
+class Throughput:
+    """Samples per second of this process: the steps it ran over the seconds since it started.
+
+    After ``--resume`` (or an elastic restart) the restored steps were run by
+    another process in another time: counting them over this process's seconds
+    would inflate the figure (2x when resuming half way). So
+
+        samples/s = (step - first_step) x global batch / seconds since ``start``
+    """
+
+    def __init__(self, batch_size: int, start: float | None = None) -> None:
+        self.batch_size = batch_size
+        self.start = time.perf_counter() if start is None else start
+        self.first_step = 0  # the step this process started from (a resume's)
+
+    def resumed_at(self, step: int) -> None:
+        self.first_step = step
+
+    def steps_run(self, step: int) -> int:
+        return step - self.first_step
+
+    def elapsed(self, now: float | None = None) -> float:
+        return (time.perf_counter() if now is None else now) - self.start
+
+    def samples_per_second(self, step: int, seconds: float) -> float:
+        """Global samples/s of the steps run up to ``step`` in ``seconds`` of this process."""
+        return self.steps_run(step) * self.batch_size / max(seconds, 1e-9)
 
 
 class MetricsWriter:

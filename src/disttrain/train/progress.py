@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-__all__ = ["ProgressBar", "print_summary"]
+__all__ = ["ProgressBar", "print_summary", "title"]
 
 
 class ProgressBar:
@@ -54,9 +54,22 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def title(summary: dict[str, Any]) -> str:
+    """``disttrain ps · 2 workers + 1 server``: processes that serve are not workers."""
+    servers = int(summary.get("servers") or 0)
+    who = _plural(int(summary["world_size"]) - servers, "worker")
+    if servers:
+        who += " + " + _plural(servers, "server")
+    return f"disttrain {summary['strategy']} · {who}"
+
+
 def print_summary(summary: dict[str, Any], out_dir: str) -> None:
     """Print the run's key figures as a table."""
-    table = Table(title=f"disttrain {summary['strategy']} · {summary['world_size']} workers")
+    table = Table(title=title(summary))
     table.add_column("metric")
     table.add_column("value", justify="right")
     keys = (

@@ -27,7 +27,7 @@ from disttrain.data import Dataset, GlobalBatchSampler, load_dataset
 from disttrain.data.loader import BatchLoader
 from disttrain.models import build_model
 from disttrain.train.faults import parse_fault
-from disttrain.train.metrics import MetricsWriter, Timers, write_summary
+from disttrain.train.metrics import MetricsWriter, Throughput, Timers, write_summary
 from disttrain.train.optimizers import make_optimizer
 from disttrain.train.progress import ProgressBar
 from disttrain.train.schedules import LRSchedule
@@ -211,6 +211,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     whole: nn.Module | None = None
     test_loss, test_acc = float("nan"), None
     start = time.perf_counter()
+    throughput = Throughput(tc.batch_size, start)  # samples/s of the steps this process runs
     runner = StepRunner(strategy, optimizer, tc, timers, fault, world.rank)
     schedule = LRSchedule(
         tc.lr, tc.batch_size, total_steps, sampler.steps_per_epoch, tc.lr_scaling,
@@ -219,6 +220,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     try:
         resumed = _resume(tc, strategy, optimizer, runner)
         step = resumed
+        throughput.resumed_at(resumed)  # restored steps ran in another process's time
         for epoch in range(resumed // sampler.steps_per_epoch, epoch_limit):
             skip = step - epoch * sampler.steps_per_epoch  # batches done before a resume
             loader = BatchLoader(
@@ -235,7 +237,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
                 with timeline.span("step", step=step):
                     loss_value, skipped = runner.run(step, x, y)
                 elapsed = time.perf_counter() - start
-                sps = step * tc.batch_size / max(elapsed, 1e-9)
+                sps = throughput.samples_per_second(step, elapsed)
                 if main and step % tc.log_every == 0:
                     record: dict[str, Any] = dict(
                         step=step, epoch=epoch, loss=loss_value, lr=lr, samples_per_second=sps,
@@ -293,7 +295,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         "final_train_loss": loss_value,
         "final_accuracy": test_acc,
         "wall_seconds": wall,
-        "samples_per_second": step * tc.batch_size / max(train_seconds, 1e-9),
+        "samples_per_second": throughput.samples_per_second(step, train_seconds),
         "bytes_sent_per_rank": sum(r[0] for r in per_rank) / len(per_rank),
         "bytes_sent_by_rank": [int(r[0]) for r in per_rank],
         "messages_sent_by_rank": [int(r[1]) for r in per_rank],

@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     quality = "final_accuracy" if args.workload == "digits" else "final_loss"
     print(
         f"| strategy | bytes/step/rank | fewer bytes than anchor | {quality} "
-        "| samples/s | samples/s vs anchor | compression_ratio | bits/sent entry (entropy) |"
+        "| samples/s | samples/s vs anchor | payload compression | bits/sent entry (entropy) |"
     )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for label in labels:
@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         bits = med(label, "bits_per_sent_entry")
         ent = med(label, "entropy_bits_per_sent_entry")
         bits_cell = f"{bits:.2f} ({ent:.2f})" if bits == bits else "-"
-        cr = med(label, "compression_ratio")
+        cr = med(label, "payload_compression")
         print(
             f"| {label} | {bps:,.0f} | {ratio:,.1f}x | {med(label, quality):.4f} | {sps:.0f} "
             f"| {sps / med(anchor, 'samples_per_second'):.2f} "

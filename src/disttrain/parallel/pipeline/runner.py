@@ -32,11 +32,12 @@ from torch.distributed import ProcessGroup
 from torch.utils.checkpoint import checkpoint
 
 from disttrain import timeline
-from disttrain.comm import p2p
+from disttrain.comm import p2p, phases
 from disttrain.parallel.pipeline.schedule import Action, Grid
 
 __all__ = ["ActivationMeter", "PipelineRunner", "StepTimes", "recv_ahead_default"]
 
+COMM = phases.COMMUNICATION
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -210,11 +211,12 @@ class PipelineRunner:
         for action in actions:
             m = action.microbatch
             t0 = time.perf_counter()
+            # waiting for a neighbour is communication, not compute (the trainer's phases)
             if action.kind == "F" and s > 0:
-                with timeline.span("send/recv", peer_stage=s - 1):
+                with timeline.span("send/recv", peer_stage=s - 1), phases.book(COMM):
                     inputs[m] = acts.take(m)
             elif action.kind == "B" and s < last:
-                with timeline.span("send/recv", peer_stage=s + 1):
+                with timeline.span("send/recv", peer_stage=s + 1), phases.book(COMM):
                     grads[m] = grads_in.take(m)
             t1 = time.perf_counter()
             times.comm += t1 - t0
@@ -236,11 +238,11 @@ class PipelineRunner:
                 # under autocast a stage's output is fp16/bf16, but the peer's buffer has the
                 # meta run's dtype (fp32): a shorter message would be silently misread
                 out = out.to(shapes[s if action.kind == "F" else s - 1][1])
-                with timeline.span("send", peer_stage=peer):
+                with timeline.span("send", peer_stage=peer), phases.book(COMM):
                     sends.append((p2p.isend(out, self.ranks[peer], self.group), out))
             times.comm += time.perf_counter() - t2
         t0 = time.perf_counter()
-        with timeline.span("send wait", sends=len(sends)):
+        with timeline.span("send wait", sends=len(sends)), phases.book(COMM):
             for work, _ in sends:
                 work.wait()
         times.comm += time.perf_counter() - t0
