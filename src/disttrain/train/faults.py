@@ -164,7 +164,7 @@ def _floats(values: tuple[Any, ...]) -> list[torch.Tensor]:
 KINDS = ("kill", "raise", "hang", "slow", "nan", "inf")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Fault:
     """One injected fault: what, on which rank, from which step."""
 
@@ -172,9 +172,8 @@ class Fault:
     rank: int
     step: int
     factor: float = 1.0
-    # run-time state beside the frozen spec: whether the nan hook poisons this forward
-    _armed: list[bool] = field(default_factory=lambda: [False], init=False, compare=False,
-                               repr=False)  # fmt: skip
+    # run-time state beside the spec: whether the nan hook poisons this forward
+    _armed: bool = field(default=False, init=False, compare=False, repr=False)
 
     def fires(self, rank: int, step: int) -> bool:
         # only in the first round: a job restarted by --max-restarts should recover
@@ -217,7 +216,7 @@ class Fault:
 
         def poison(module: nn.Module, inputs: tuple[Any, ...], output: Any) -> Any:
             del module, inputs
-            if self._armed[0] and isinstance(output, torch.Tensor) and output.is_floating_point():
+            if self._armed and isinstance(output, torch.Tensor) and output.is_floating_point():
                 return output * float("nan")  # NaN, with a NaN gradient back to the layer
             return None
 
@@ -225,12 +224,12 @@ class Fault:
 
     def before_forward(self, rank: int, step: int) -> None:
         """Arm the ``nan`` hook for this step's forward on the faulty rank (see install)."""
-        self._armed[0] = self.kind == "nan" and self.fires(rank, step)
-        if self._armed[0]:
+        self._armed = self.kind == "nan" and self.fires(rank, step)
+        if self._armed:
             self._announce(rank, step)
 
     def after_forward(self) -> None:
-        self._armed[0] = False  # evaluation is not poisoned
+        self._armed = False  # evaluation is not poisoned
 
     def after_backward(self, rank: int, step: int, model: nn.Module) -> None:
         if self.kind == "inf" and self.fires(rank, step):
