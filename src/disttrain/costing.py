@@ -53,6 +53,8 @@ class Rates(Protocol):
     @property
     def seconds_per_param(self) -> float: ...
     @property
+    def seconds_per_step(self) -> float: ...  # framework work per step (data, hooks, meters)
+    @property
     def seconds_per_encode(self) -> float: ...
     @property
     def seconds_per_decode(self) -> float: ...
@@ -135,9 +137,11 @@ def bucket_sizes(total_bytes: int, bucket_bytes: int) -> list[int]:
 
 
 def compute_seconds(work: Workload, nodes: int, cal: Rates) -> float:
-    """Forward+backward on this rank's share of the batch, plus the optimizer step."""
+    """Forward+backward on this rank's share of the batch, the optimizer step, the step's
+    fixed framework work; all slowed by the ranks sharing the host's cores."""
     local = work.batch_size / nodes
     seconds = local * work.flops * cal.seconds_per_flop + work.params * cal.seconds_per_param
+    seconds += cal.seconds_per_step
     return seconds * cal.colocation_factor(work.ranks_per_host)
 
 

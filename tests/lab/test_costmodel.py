@@ -269,3 +269,21 @@ def test_default_rows_come_from_the_strategies() -> None:
     assert [r for r in rows if r.startswith("allreduce:")] == [f"allreduce:{a}" for a in algorithms]
     assert {"ps:sync", "ps:async", "localsgd:8", "localsgd:32"} <= set(rows)
     assert not [r for r in rows if r.split(":")[0] in ("pipeline", "tensor", "hybrid")]
+
+
+def test_per_step_framework_work_is_added_to_every_step_and_old_files_load(
+    tmp_path: pytest.TempPathFactory,
+) -> None:
+    from disttrain.costing import Workload, compute_seconds
+
+    work = Workload(params=1000, batch_size=64, ranks_per_host=2)
+    base = Calibration(cores=1, colocation={"2": 1.5})
+    with_step = Calibration(cores=1, colocation={"2": 1.5}, seconds_per_step=0.002)
+    # the fixed work runs on the shared cores too: slowed by the same colocation factor
+    assert compute_seconds(work, 2, with_step) == pytest.approx(
+        compute_seconds(work, 2, base) + 0.002 * 1.5
+    )
+    path = str(tmp_path / "old.json")  # type: ignore[operator]
+    with open(path, "w") as fh:
+        fh.write('{"alpha": 1e-5}')  # written before the term existed
+    assert Calibration.load(path).seconds_per_step == 0.0

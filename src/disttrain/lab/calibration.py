@@ -42,6 +42,9 @@ class Calibration:
     gamma: float = 1 / 2.0e9  # per byte added in memory
     seconds_per_flop: float = 1 / 20e9  # forward+backward
     seconds_per_param: float = 5e-9  # optimizer step and per-step fixed work per parameter
+    # per-step framework work outside forward/backward and the optimizer (the data loader's
+    # batch, zero_grad, the trainer's hooks and meters): fixed per step, whatever the model
+    seconds_per_step: float = 0.0
     seconds_per_encode: float = 2e-9  # compress, per gradient entry (threshold scan, residual)
     seconds_per_decode: float = 1e-9  # decode one peer's payload, per gradient entry (scatter)
     seconds_per_encode_sent: float = 1e-6  # compress, per entry sent (index coding)
@@ -99,7 +102,8 @@ class Calibration:
             cal = cls(**raw)
         except TypeError as exc:
             raise ValueError(f"calibration file {path}: {exc}") from None
-        for name in ("alpha", "beta", "gamma", "seconds_per_flop", "seconds_per_param"):
+        rates = "alpha beta gamma seconds_per_flop seconds_per_param seconds_per_step"
+        for name in rates.split():
             value = getattr(cal, name)
             if not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"calibration file {path}: {name} must be a number >= 0")

@@ -20,7 +20,10 @@ said so.) Steps, all in this one process so the machine's load is comparable:
    metrics.jsonl after 3 warm-up steps; predicted with β from the link's measured TCP
    goodput and α, γ from the calibration.
 
-Error = |predicted - measured| / measured. Prints a markdown table and the medians.
+Error = |predicted - measured| / measured. Rows the calibration itself measured (same
+algorithm and size) are printed apart as "fitted": only the held-out rows score the model,
+per kind, with how many rows each kind over- and under-predicts (a kind all of one sign is
+a bias the median hides).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ if TYPE_CHECKING:
     from disttrain.lab import costmodel
     from disttrain.lab.calibration import Calibration
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "report", "run"]
 
 VAL_SIZES = ("4KB", "64KB", "1MB", "8MB")
 DP_BATCH = 96
@@ -161,6 +164,43 @@ def _med(rows: list[dict[str, Any]]) -> str:
     return f"{statistics.median(r['error'] for r in rows):.1%} ({len(rows)} rows)" if rows else "-"
 
 
+def _signs(rows: list[dict[str, Any]]) -> str:
+    """How many rows the model over- and under-predicts: a group all of one sign is a bias."""
+    over = sum(r["predicted_s"] > r["measured_s"] for r in rows)
+    return f"{over} over, {len(rows) - over} under"
+
+
+def _table(title: str, rows: list[dict[str, Any]]) -> None:
+    print(f"\n{title}\n\n| kind | configuration | measured ms | predicted ms | error |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    for r in rows:
+        signed = (r["predicted_s"] - r["measured_s"]) / r["measured_s"]
+        print(f"| {r['kind']} | {r['config']} | {r['measured_s'] * 1e3:.3g} | "
+              f"{r['predicted_s'] * 1e3:.3g} | {signed:+.0%} |")  # fmt: skip
+
+
+def report(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """Print fitted and held-out rows apart; the held-out medians are the model's score.
+
+    Returns the summary lines by group (``held out``, ``held out KIND``, ``fitted``).
+    """
+    held = [r for r in rows if r["held_out"]]
+    fitted = [r for r in rows if not r["held_out"]]
+    _table("Fitted: configurations the calibration measured (re-measured, not a test)", fitted)
+    _table("Held out: algorithm, size, batch or network the fit never saw", held)
+    out = {"fitted": f"{_med(fitted)}; {_signs(fitted)}", "held out": _med(held)}
+    for kind in sorted({r["kind"] for r in held}):
+        group = [r for r in held if r["kind"] == kind]
+        out[f"held out {kind}"] = f"{_med(group)}; {_signs(group)}"
+    for algo in sorted({r["config"].split()[1] for r in held if r["kind"] == "allreduce"}):
+        group = [r for r in held if r["kind"] == "allreduce" and r["config"].split()[1] == algo]
+        out[f"held out allreduce {algo}"] = f"{_med(group)}; {_signs(group)}"
+    print("\nmedian absolute error")
+    for name, line in out.items():
+        print(f"  {name}: {line}")
+    return out
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--rates", default="100mbit,300mbit,1gbit", help="'' to skip the cluster")
@@ -184,20 +224,12 @@ def run(args: argparse.Namespace) -> int:
     rates = [r for r in args.rates.split(",") if r]
     rows += _cluster(cal, rates, params, sizes, args.cluster_steps)
     up_after = _uptime()
-    print("\n| kind | configuration | measured ms | predicted ms | error | held out |")
-    print("| --- | --- | ---: | ---: | ---: | --- |")
-    for r in rows:
-        print(f"| {r['kind']} | {r['config']} | {r['measured_s'] * 1e3:.3g} | "
-              f"{r['predicted_s'] * 1e3:.3g} | {r['error']:.0%} | "
-              f"{'yes' if r['held_out'] else 'no'} |")  # fmt: skip
-    held = [r for r in rows if r["held_out"]]
-    print(f"\nmedian absolute error: all {_med(rows)}; held out {_med(held)}")
-    for kind in ("allreduce", "dp", "cluster"):
-        print(f"  {kind}: {_med([r for r in rows if r['kind'] == kind])}")
+    summary = report(rows)
     print(f"uptime before: {up_before}\nuptime after:  {up_after}")
     if args.json:
         result = {"uptime_before": up_before, "uptime_after": up_after,
-                  "calibration": cal.__dict__, "rows": rows}  # fmt: skip
+                  "calibration": cal.__dict__, "rows": rows,
+                  "summary": summary}  # fmt: skip
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1, default=str)
     return 0
