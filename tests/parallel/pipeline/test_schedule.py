@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from disttrain.comm.errors import UsageError
 from disttrain.parallel.pipeline.schedule import (
     Action,
     Grid,
@@ -94,7 +95,7 @@ def test_bad_sizes_and_names() -> None:
         gpipe(0, 2)
     with pytest.raises(ValueError, match="stages"):
         one_f_one_b(2, 0)
-    with pytest.raises(ValueError, match="unknown schedule"):
+    with pytest.raises(UsageError, match="unknown pipeline schedule"):
         build("zigzag", 2, 2)
 
 
