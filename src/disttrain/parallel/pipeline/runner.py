@@ -68,7 +68,9 @@ class ActivationMeter:
         def pack(t: torch.Tensor) -> Any:
             if t.device.type == "meta" or t.untyped_storage().data_ptr() in self._param_ptrs:
                 return t
-            return _Saved(t, self)
+            # detached: a saved *output* held with its grad_fn would form a cycle through
+            # C++ (node -> _Saved -> tensor -> node) that outlives a retained graph (B/W split)
+            return _Saved(t.detach(), self)
 
         def unpack(saved: Any) -> torch.Tensor:
             return saved.tensor if isinstance(saved, _Saved) else saved
