@@ -279,10 +279,11 @@ CASES: list[tuple[str, Argv, str]] = [
     ),
     (
         "pipeline-zb2-few-microbatches",
-        _flags("--strategy", "pipeline", "--workers", "4", "--schedule", "zb2", "--microbatches",
-               "2"),
+        _flags(
+            "--strategy", "pipeline", "--workers", "4", "--schedule", "zb2", "--microbatches", "2"
+        ),
         "--schedule zb2 needs at least as many micro-batches as stages (4), got 2",
-    ),  # fmt: skip
+    ),
     (
         "hybrid-mesh",
         _flags("--strategy", "hybrid", "--workers", "4", "--dp", "3", "--pp", "2"),

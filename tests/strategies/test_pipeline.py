@@ -20,8 +20,19 @@ CASES = [
 ]
 
 
+def _deep() -> torch.nn.Sequential:
+    """16 layers: 8 stages of a Linear and a ReLU, so that every rank of 4 x 2 chunks trains."""
+    from disttrain.models import mlp
+
+    torch.manual_seed(0)
+    return mlp(ref.IN, ref.CLASSES, hidden=(16,) * 7)
+
+
 def _run_cases(
-    world_size: int, flip_recv_ahead: bool = False, cases: list[dict[str, Any]] | None = None
+    world_size: int,
+    flip_recv_ahead: bool = False,
+    cases: list[dict[str, Any]] | None = None,
+    deep: bool = False,
 ) -> list[dict[str, Any]]:
     from disttrain.comm import world
     from disttrain.strategies import pipeline
@@ -34,13 +45,14 @@ def _run_cases(
 
     results = []
     data = ref.batches(24)
-    want, want_losses = ref.reference(ref.model(), data)
+    make = _deep if deep else ref.model
+    want, want_losses = ref.reference(make(), data)
     wanted = dict(want.named_parameters())
     for case in CASES if cases is None else cases:
         cfg = ref.config(workers=world_size, strategy="pipeline", batch_size=24, **case)
         strategy = Pipeline(cfg, world.current(), loss_fn)
         strategy.time_sample = data[0][0]
-        _, losses = ref.train(strategy, ref.model(), data)
+        _, losses = ref.train(strategy, make(), data)
         worst = 0.0
         for name, p in (np for c in strategy.runner.chunks for np in c.named_parameters()):
             assert p.grad is not None
@@ -51,14 +63,17 @@ def _run_cases(
             for name, p in whole.named_parameters():
                 worst = max(worst, (p - wanted[name]).abs().max().item())
             worst = max(worst, max(abs(a - b) for a, b in zip(losses, want_losses, strict=True)))
+        theory = _theory_peak(strategy, make(), data[0])
         results.append(
             {"case": case, "worst": worst, "sizes": strategy.sizes, "whole": whole is not None,
-             "peak": strategy.runner.activations.peak, "theory": _theory_peak(strategy, data[0])}
+             "peak": strategy.runner.activations.peak, "theory": theory}
         )  # fmt: skip
     return results
 
 
-def _theory_peak(strategy: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> int:
+def _theory_peak(
+    strategy: Any, model: torch.nn.Sequential, batch: tuple[torch.Tensor, torch.Tensor]
+) -> int:
     """The most saved-activation bytes this rank's action order holds: each stage's bytes
     for one micro-batch (one forward under the meter), added at F, dropped at B (W)."""
     from disttrain.parallel import placement
@@ -66,7 +81,7 @@ def _theory_peak(strategy: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> int
     from disttrain.train.trainer import loss_fn
 
     runner = strategy.runner
-    stages = placement.split(ref.model(), strategy.sizes)
+    stages = placement.split(model, strategy.sizes)
     x, y = batch[0].chunk(runner.microbatches)[0], batch[1].chunk(runner.microbatches)[0]
     per_stage = []
     for s, stage in enumerate(stages):
@@ -138,7 +153,7 @@ def _four_stages() -> list[dict[str, Any]]:
         {"schedule": "interleaved", "virtual_stages": 2, "microbatches": 4},
         {"schedule": "zb1", "microbatches": 8},
         {"schedule": "zb2", "microbatches": 4},
-    ])  # fmt: skip
+    ], deep=True)  # fmt: skip
 
 
 def test_new_schedules_on_four_stages_equal_the_unsplit_model() -> None:
