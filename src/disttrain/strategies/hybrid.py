@@ -141,5 +141,11 @@ class Hybrid(Strategy):
             return None  # the replicas are equal: replica 0 gathers its stages or shards
         return self.inner.eval_model()
 
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()  # a pipeline's layout of stages
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state)
+
     def summary(self) -> dict[str, Any]:
         return {"mesh": {"dp": self.dp, self.kind: self.mesh.inner}, **self.inner.summary()}
