@@ -3,7 +3,9 @@
     disttrain bench pipeline-schedules --stages 2 --microbatches 4,8 --repeats 5
 
 Part 1, the bubble: each schedule (``--schedules``) runs on P local processes
-(gloo, one thread each); every rank records each action's measured seconds.
+(gloo, one thread each); every rank records each action's measured seconds,
+by default its CPU time (``time.thread_time``: on a loaded machine an action's
+wall time also holds the spans in which the OS ran another process).
 :func:`schedule.replay` lays those durations out with instant hand-offs: its
 idle share is the schedule's bubble at the measured durations, free of the
 machine's noise (on 2 shared cores the wall-clock bubble mostly measures the
@@ -52,6 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=64, help="batch size per step")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps (rounds)")
     parser.add_argument("--skip-torch", action="store_true", help="leave out the torch anchors")
+    parser.add_argument(
+        "--wall", dest="cpu", action="store_false",
+        help="replay each action's wall time (default: its CPU time, free of preemptions)",
+    )  # fmt: skip
 
 
 def _model(a: argparse.Namespace) -> nn.Sequential:
@@ -103,7 +109,7 @@ def _replays(a: argparse.Namespace, names: list[str], m: int) -> dict[str, Any]:
         for i in range(a.repeats + 2):
             t = _timed(lambda: runner.run(x, y))  # noqa: B023 (called at once)
             if i >= 2:
-                steps.append(list(runner.times.actions))
+                steps.append(list(runner.times.actions_cpu if a.cpu else runner.times.actions))
                 times.append(t)
         out[name] = {"actions": steps, "step": statistics.median(times),
                      "peak": runner.activations.peak}  # fmt: skip

@@ -115,6 +115,8 @@ class StepTimes:
         self.end = 0.0
         #: (kind, micro-batch, seconds) in the order run; kind as :func:`schedule.replay` reads it
         self.actions: list[tuple[str, int, float]] = []
+        #: the same with each action's CPU time: what it cost without the OS's preemptions
+        self.actions_cpu: list[tuple[str, int, float]] = []
 
     @property
     def idle(self) -> float:
@@ -275,8 +277,10 @@ class PipelineRunner:
                     st.outputs.pop(key, None)
             t2 = time.perf_counter()
             times.compute += t2 - t1
+            cpu = time.thread_time() - cpu1
             times.actions.append((replay_kind(action, p), m, t2 - t1))
-            times.compute_cpu += time.thread_time() - cpu1
+            times.actions_cpu.append((replay_kind(action, p), m, cpu))
+            times.compute_cpu += cpu
             if out is not None:  # to s+1 after a forward, to s-1 after a backward
                 dst = s + 1 if action.kind == "F" else s - 1
                 # under autocast a stage's output is fp16/bf16, but the peer's buffer has the
