@@ -9,9 +9,11 @@ wall time also holds the spans in which the OS ran another process).
 :func:`schedule.replay` lays those durations out with instant hand-offs: its
 idle share is the schedule's bubble at the measured durations, free of the
 machine's noise (on 2 shared cores the wall-clock bubble mostly measures the
-scheduler). It is printed beside the formula (every action one tick, F = B = W)
-and beside the replay of each kind's *mean* duration (the schedule's bubble at
-this machine's F:B:W ratio).
+scheduler). ``replay``: each action's median duration over the timed steps,
+replayed once; ``per step``: each step's own durations replayed, median over
+steps (one step's jitter included); ``at means``: every action of a kind given
+the kind's mean duration (the schedule's bubble at this machine's F:B:W
+ratio); ``theory``: the formula (every action one tick, F = B = W).
 
 Part 2, step time: ours and torch.distributed.pipelining's anchors on the same
 model, split the same way, in the same processes, one step of each per round
@@ -129,6 +131,15 @@ def _bubble_rows(
             idles.append(statistics.mean(1 - b / window for b in busy))
             means.append(_kind_means(step))
         mean = {k: statistics.median(d[k] for d in means) for k in means[0]}
+        # each action's median over the steps (per rank, per position): one step's jitter out,
+        # the stages' and actions' own differences kept
+        medians = [
+            [(k, mb, statistics.median(st[i][2] for st in r[name]["actions"]))
+             for i, (k, mb, _) in enumerate(r[name]["actions"][0])]
+            for r in per_rank
+        ]  # fmt: skip
+        window, busy = schedule.replay(medians, virtual=vv)
+        per_action = statistics.mean(1 - b / window for b in busy)
         step0 = [list(r[name]["actions"][0]) for r in per_rank]
         window, busy = schedule.replay(
             [[(k, mb, mean[k[0]]) for k, mb, _ in s] for s in step0], virtual=vv
@@ -136,7 +147,8 @@ def _bubble_rows(
         at_means = statistics.mean(1 - b / window for b in busy)
         rows.append({
             "schedule": name, "m": m, "theory": kind.bubble(m, p, vv),
-            "replay_means": at_means, "replay_measured": statistics.median(idles),
+            "replay_means": at_means, "replay_per_step": statistics.median(idles),
+            "replay_measured": per_action,
             "durations": mean, "step": per_rank[0][name]["step"],
             "peak_activation_bytes": [r[name]["peak"] for r in per_rank],
         })  # fmt: skip
@@ -232,7 +244,8 @@ def run(a: argparse.Namespace) -> int:
     print(f"P={p}, V={v}, {a.layers} x Linear({a.width})+ReLU, batch {a.batch}, "
           f"median of {a.repeats} steps")  # fmt: skip
     print(f"{'schedule':<12}{'M':>3} {'theory':>7} {'replay':>7} {'rel.err':>8} "
-          f"{'at means':>9}  F/B/W ms{'':<14}{'step s':>7}  peak activations")  # fmt: skip
+          f"{'per step':>9} {'at means':>9}  F/B/W ms{'':<14}{'step s':>7}  "
+          "peak activations")  # fmt: skip
     for m in ms:
         per_rank = _spawn(_replays, p, (a, names, m))
         for row in _bubble_rows(per_rank, names, m, p, v):
@@ -241,7 +254,8 @@ def run(a: argparse.Namespace) -> int:
                 f"{row['durations'][k] * 1e3:.2f}" for k in "FBW" if k in row["durations"]
             )
             print(f"{row['schedule']:<12}{m:>3} {row['theory']:>7.3f} "
-                  f"{row['replay_measured']:>7.3f} {err:>+8.1%} {row['replay_means']:>9.3f}  "
+                  f"{row['replay_measured']:>7.3f} {err:>+8.1%} {row['replay_per_step']:>9.3f} "
+                  f"{row['replay_means']:>9.3f}  "
                   f"{dur:<22}{row['step']:>7.4f}  {row['peak_activation_bytes']}")  # fmt: skip
     if a.skip_torch:
         return 0
