@@ -253,6 +253,38 @@ CASES: list[tuple[str, Argv, str]] = [
     ),
     ("pipeline-balance", _flags("--strategy", "pipeline", "--balance", "1,x"), "--balance"),
     (
+        "pipeline-unknown-schedule",
+        _flags("--strategy", "pipeline", "--schedule", "zigzag"),
+        "--schedule 'zigzag': unknown pipeline schedule; choose one of",
+    ),
+    (
+        "pipeline-interleaved-microbatches",
+        _flags("--strategy", "pipeline", "--schedule", "interleaved", "--microbatches", "1"),
+        "--schedule interleaved needs --microbatches a multiple of the 2 stages",
+    ),
+    (
+        "pipeline-interleaved-too-many-chunks",
+        _flags("--strategy", "pipeline", "--schedule", "interleaved", "--virtual-stages", "9"),
+        "x --virtual-stages 9 = 18 stages is more than the model's",
+    ),
+    (
+        "pipeline-virtual-stages-unread",
+        _flags("--strategy", "pipeline", "--schedule", "zb1", "--virtual-stages", "3"),
+        "--virtual-stages is not used by --strategy pipeline with --schedule zb1",
+    ),
+    (
+        "pipeline-virtual-stages-zero",
+        _flags("--strategy", "pipeline", "--virtual-stages", "0"),
+        "--virtual-stages must be >= 1, got 0",
+    ),
+    (
+        "pipeline-zb2-few-microbatches",
+        _flags(
+            "--strategy", "pipeline", "--workers", "4", "--schedule", "zb2", "--microbatches", "2"
+        ),
+        "--schedule zb2 needs at least as many micro-batches as stages (4), got 2",
+    ),
+    (
         "hybrid-mesh",
         _flags("--strategy", "hybrid", "--workers", "4", "--dp", "3", "--pp", "2"),
         "--dp 3 x --pp 2 = 6 ranks",

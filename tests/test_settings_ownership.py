@@ -42,7 +42,7 @@ _OWNED_BY: list[tuple[str, set[str]]] = [
         {"ps"},
     ),
     ("stages", {"pipeline"}),
-    ("microbatches schedule balance recompute", PIPELINES),
+    ("microbatches schedule virtual_stages balance recompute", PIPELINES),
     ("tensor_mode", {"tensor", "hybrid"}),
     ("dp pp tp", {"hybrid"}),
 ]
@@ -60,6 +60,7 @@ VALUES: dict[str, Any] = {
     "algorithm": "ring",
     "compression": "topk:0.1",
     "balance": "time",
+    "schedule": "1f1b",
     "straggler": "1:2",
     "ps_address": "127.0.0.2",
 }
@@ -77,6 +78,7 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "staleness_lr": {"ps_mode": "async"},
     "tensor_mode": {"tp": 2},
     **{n: {"pp": 2} for n in ("microbatches", "schedule", "balance", "recompute")},
+    "virtual_stages": {"pp": 2, "schedule": "interleaved"},
 }
 
 
@@ -188,6 +190,8 @@ def test_the_refusal_names_the_flag_the_strategy_and_who_reads_it() -> None:
         ({"compression": "bf16", "error_feedback": False}, {"error_feedback"}),
         ({"strategy": "pipeline", "schedule": "none", "microbatches": 2}, {"microbatches"}),
         ({"strategy": "hybrid", "tp": 2, "schedule": "1f1b"}, {"schedule"}),
+        ({"strategy": "pipeline", "schedule": "zb1", "virtual_stages": 3}, {"virtual_stages"}),
+        ({"strategy": "pipeline", "schedule": "interleaved", "virtual_stages": 3}, set()),
         (
             {"strategy": "decentralized", "topology": "ring", "workers": 2, "consensus_step": 0.3},
             {"consensus_step"},

@@ -20,7 +20,20 @@ CASES = [
 ]
 
 
-def _run_cases(world_size: int, flip_recv_ahead: bool = False) -> list[dict[str, Any]]:
+def _deep() -> torch.nn.Sequential:
+    """16 layers: 8 stages of a Linear and a ReLU, so that every rank of 4 x 2 chunks trains."""
+    from disttrain.models import mlp
+
+    torch.manual_seed(0)
+    return mlp(ref.IN, ref.CLASSES, hidden=(16,) * 7)
+
+
+def _run_cases(
+    world_size: int,
+    flip_recv_ahead: bool = False,
+    cases: list[dict[str, Any]] | None = None,
+    deep: bool = False,
+) -> list[dict[str, Any]]:
     from disttrain.comm import world
     from disttrain.strategies import pipeline
     from disttrain.strategies.pipeline import Pipeline
@@ -32,15 +45,16 @@ def _run_cases(world_size: int, flip_recv_ahead: bool = False) -> list[dict[str,
 
     results = []
     data = ref.batches(24)
-    want, want_losses = ref.reference(ref.model(), data)
+    make = _deep if deep else ref.model
+    want, want_losses = ref.reference(make(), data)
     wanted = dict(want.named_parameters())
-    for case in CASES:
+    for case in CASES if cases is None else cases:
         cfg = ref.config(workers=world_size, strategy="pipeline", batch_size=24, **case)
         strategy = Pipeline(cfg, world.current(), loss_fn)
         strategy.time_sample = data[0][0]
-        part, losses = ref.train(strategy, ref.model(), data)
+        _, losses = ref.train(strategy, make(), data)
         worst = 0.0
-        for name, p in part.named_parameters():
+        for name, p in (np for c in strategy.runner.chunks for np in c.named_parameters()):
             assert p.grad is not None
             worst = max(worst, (p - wanted[name]).abs().max().item())
             worst = max(worst, (p.grad - wanted[name].grad).abs().max().item())
@@ -49,11 +63,44 @@ def _run_cases(world_size: int, flip_recv_ahead: bool = False) -> list[dict[str,
             for name, p in whole.named_parameters():
                 worst = max(worst, (p - wanted[name]).abs().max().item())
             worst = max(worst, max(abs(a - b) for a, b in zip(losses, want_losses, strict=True)))
+        theory = _theory_peak(strategy, make(), data[0])
         results.append(
             {"case": case, "worst": worst, "sizes": strategy.sizes, "whole": whole is not None,
-             "peak": strategy.runner.activations.peak}
+             "peak": strategy.runner.activations.peak, "theory": theory}
         )  # fmt: skip
     return results
+
+
+def _theory_peak(
+    strategy: Any, model: torch.nn.Sequential, batch: tuple[torch.Tensor, torch.Tensor]
+) -> int:
+    """The most saved-activation bytes this rank's action order holds: each stage's bytes
+    for one micro-batch (one forward under the meter), added at F, dropped at B (W)."""
+    from disttrain.parallel import placement
+    from disttrain.parallel.pipeline.runner import ActivationMeter
+    from disttrain.train.trainer import loss_fn
+
+    runner = strategy.runner
+    stages = placement.split(model, strategy.sizes)
+    x, y = batch[0].chunk(runner.microbatches)[0], batch[1].chunk(runner.microbatches)[0]
+    per_stage = []
+    for s, stage in enumerate(stages):
+        meter = ActivationMeter([p.detach() for p in stage.parameters()])
+        x = x.detach().requires_grad_(s > 0)
+        with meter.recording():
+            out = stage(x)
+            if s == len(stages) - 1:
+                out = loss_fn(out, y) / runner.microbatches
+        per_stage.append(meter.peak)
+        x = out
+        del out
+    live = peak = 0
+    freed_by = "W" if runner.split else "B"
+    for a in (row[runner.stage] for row in runner.grid):
+        if a is not None and a.kind in ("F", freed_by):
+            live += per_stage[a.stage] if a.kind == "F" else -per_stage[a.stage]
+            peak = max(peak, live)
+    return peak
 
 
 def test_pipelines_equal_the_unsplit_model_after_10_steps() -> None:
@@ -72,6 +119,48 @@ def test_receives_posted_early_or_when_needed_give_the_same_steps() -> None:
     for rank_results in per_rank:
         for r in rank_results:
             assert r["worst"] < ref.TOL, r
+
+
+NEW_CASES = [
+    {"schedule": "interleaved", "virtual_stages": 2, "microbatches": 4},
+    {"schedule": "interleaved", "virtual_stages": 2, "microbatches": 8},
+    {"schedule": "zb1", "microbatches": 4},
+    {"schedule": "zb1", "microbatches": 8},
+    {"schedule": "zb2", "microbatches": 4},
+    {"schedule": "zb2", "microbatches": 8},
+    {"schedule": "1f1b", "microbatches": 8},
+    {"schedule": "zb1", "microbatches": 4, "recompute": True, "balance": "time"},
+    {"schedule": "interleaved", "virtual_stages": 2, "microbatches": 4, "recompute": True},
+]
+
+
+def test_interleaved_and_zero_bubble_equal_the_unsplit_model_and_hold_what_theory_says() -> None:
+    per_rank = run_world(_run_cases, 2, args=(2, False, NEW_CASES), timeout=180)
+    assert [r["whole"] for r in per_rank[0]] == [True] * len(NEW_CASES)
+    for rank_results in per_rank:
+        for r in rank_results:
+            assert r["worst"] < ref.TOL, r
+            assert len(r["sizes"]) == 2 * r["case"].get("virtual_stages", 1)
+            if not r["case"].get("recompute"):  # stored activations counted from the tensors
+                assert abs(r["peak"] - r["theory"]) <= 0.05 * r["theory"], r
+        by = {(r["case"]["schedule"], r["case"]["microbatches"]): r["peak"] for r in rank_results}
+        assert by[("zb1", 8)] == by[("1f1b", 8)]  # ZB-H1: 1F1B's activation memory
+    assert per_rank[0][5]["peak"] > per_rank[0][3]["peak"]  # zb2 holds more than zb1 (M=8)
+
+
+def _four_stages() -> list[dict[str, Any]]:
+    return _run_cases(4, False, [
+        {"schedule": "interleaved", "virtual_stages": 2, "microbatches": 4},
+        {"schedule": "zb1", "microbatches": 8},
+        {"schedule": "zb2", "microbatches": 4},
+    ], deep=True)  # fmt: skip
+
+
+def test_new_schedules_on_four_stages_equal_the_unsplit_model() -> None:
+    for rank_results in run_world(_four_stages, 4, timeout=240):
+        for r in rank_results:
+            assert r["worst"] < ref.TOL, r
+            assert abs(r["peak"] - r["theory"]) <= 0.05 * r["theory"], r
 
 
 def _gpipe_vs_1f1b_memory() -> tuple[int, int]:
@@ -104,6 +193,10 @@ def test_1f1b_holds_fewer_activations_than_gpipe() -> None:
         ({"workers": 2, "stages": 3}, "--stages 3 needs one worker per stage"),
         ({"workers": 2, "balance": "4,3"}, "add up to 8"),
         ({"workers": 2, "balance": "2,2,4"}, "lists 3 stages"),
+        ({"workers": 4, "schedule": "interleaved", "microbatches": 6}, "multiple of the 4"),
+        ({"workers": 4, "schedule": "interleaved", "virtual_stages": 3}, "at most 2 virtual"),
+        ({"workers": 2, "schedule": "interleaved", "balance": "4,4"}, "lists 2 stages but"),
+        ({"workers": 4, "schedule": "zb2", "microbatches": 2}, "zb2 needs at least as many"),
     ],
 )
 def test_bad_input_names_the_number_to_change(flags: dict[str, Any], match: str) -> None:

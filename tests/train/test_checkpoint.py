@@ -86,10 +86,19 @@ def test_killed_and_resumed_equals_uninterrupted_bit_for_bit(tmp_path: Path) -> 
 
 #: synchronous strategies besides allreduce, each with the state a resume must restore:
 #: localsgd its replicas between averages and its period clock (checkpoint at 6, H = 4),
-#: pipeline each stage's own part, ps sync the servers' shards and optimizer state.
+#: pipeline each stage's own part (interleaved: each rank's two chunks), ps sync the servers'
+#: shards and optimizer state.
 RESUMED = {
     "localsgd": ("--strategy", "localsgd", "--period", "4"),
     "pipeline": ("--strategy", "pipeline", "--microbatches", "2"),
+    "pipeline-interleaved": (
+        "--strategy",
+        "pipeline",
+        "--schedule",
+        "interleaved",
+        "--microbatches",
+        "2",
+    ),
     "ps-sync": ("--strategy", "ps", "--ps-mode", "sync"),
 }
 TINY = ("--model", "mlp", "--max-steps", "12", "--no-progress", "--timeout", "20")

@@ -34,6 +34,7 @@ STRATEGIES: dict[str, tuple[str, ...]] = {
     "localsgd": ("--strategy", "localsgd", "--period", "2"),
     "decentralized": ("--strategy", "decentralized"),
     "pipeline": ("--strategy", "pipeline"),
+    "pipeline-zb1": ("--strategy", "pipeline", "--schedule", "zb1"),  # B and W apart
     "tensor": ("--strategy", "tensor"),
     "hybrid": ("--strategy", "hybrid", "--workers", "4", "--dp", "2", "--tp", "2"),
     "ps-sync": ("--strategy", "ps", "--ps-mode", "sync"),

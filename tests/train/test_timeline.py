@@ -117,3 +117,38 @@ def test_a_timeline_in_a_missing_folder_is_refused(
         f"disttrain: error: --timeline {tmp_path / 'no' / 't.json'}: "
         f"folder {tmp_path / 'no'} does not exist"
     ]
+
+
+@pytest.mark.timeout(400)
+def test_a_zb1_run_shows_b_and_w_apart_and_its_checkpoint_keeps_its_layout(
+    tmp_path: Path,
+) -> None:
+    trace_path, out = tmp_path / "zb.json", tmp_path / "zb"
+    result = run_cli(
+        "train", "--workers", "2", "--strategy", "pipeline", "--schedule", "zb1",
+        "--microbatches", "4", "--precision", "bf16", "--epochs", "1", "--max-steps", "2",
+        "--checkpoint-every", "2", "--out", str(out), "--timeline", str(trace_path),
+        "--no-progress",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lanes = check_trace(json.loads(trace_path.read_text()))
+    grid = schedule.build("zb1", 4, 2)
+    names = {"forward": "F", "backward input": "B", "backward weight": "W"}
+    for stage in (0, 1):
+        expected = [(a.kind, a.microbatch) for _, a in schedule.stage_actions(grid, stage)]
+        assert len(expected) == 12  # F, B and W of 4 micro-batches
+        for step in _steps(lanes, stage):
+            inside = _inside(lanes[stage, "compute"], step)
+            got = [(names[e["name"]], e["args"]["microbatch"]) for e in inside
+                   if e["name"] in names]  # fmt: skip
+            assert got == expected, (stage, got)
+    summary = json.loads((out / "summary.json").read_text())["pipeline"]
+    assert summary["schedule"] == "zb1" and summary["bubble_theory"] == pytest.approx(2 / 14)
+    # the checkpoint holds 1 stage per rank: an interleaved run (2 per rank) may not take it
+    again = run_cli(
+        "train", "--workers", "2", "--strategy", "pipeline", "--schedule", "interleaved",
+        "--microbatches", "4", "--epochs", "1", "--max-steps", "3", "--resume", str(out),
+        "--out", str(tmp_path / "again"), "--no-progress",
+    )  # fmt: skip
+    assert again.returncode != 0
+    assert "resume with the same --schedule, --virtual-stages and --balance" in again.stderr

@@ -50,21 +50,24 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def isend(tensor: torch.Tensor, dst: int, group: ProcessGroup | None = None) -> Any:
+def isend(tensor: torch.Tensor, dst: int, group: ProcessGroup | None = None, tag: int = 0) -> Any:
     """Post a metered send of the contiguous ``tensor`` to group rank ``dst``; return its work.
 
     The caller waits on the work before writing ``tensor`` again. For
     algorithms that keep several messages in flight (segment pipelining).
     """
     peer = global_rank(group, dst)
-    work = dist.isend(tensor, dst=peer, group=group)
+    work = dist.isend(tensor, dst=peer, group=group, tag=tag)
     record_send(peer, _nbytes(tensor))
     return work
 
 
-def irecv(tensor: torch.Tensor, src: int, group: ProcessGroup | None = None) -> Any:
-    """Post a receive into the contiguous ``tensor`` from group rank ``src``; return its work."""
-    return dist.irecv(tensor, src=global_rank(group, src), group=group)
+def irecv(tensor: torch.Tensor, src: int, group: ProcessGroup | None = None, tag: int = 0) -> Any:
+    """Post a receive into the contiguous ``tensor`` from group rank ``src``; return its work.
+
+    ``tag`` keeps two streams between the same pair of ranks apart (a pipeline's
+    activations and gradients both flow from one neighbour when it has 2 ranks)."""
+    return dist.irecv(tensor, src=global_rank(group, src), group=group, tag=tag)
 
 
 def exchange(

@@ -18,7 +18,10 @@ class ParallelConfig:
 
     stages: int = opt(0, "pipeline: stages, one per worker (0: as many as --workers)")
     microbatches: int = opt(4, "pipeline: micro-batches per (per-group) batch")
-    schedule: str = opt("gpipe", "pipeline schedule", ("gpipe", "1f1b", "none"))
+    schedule: str = opt(
+        "gpipe", "pipeline schedule: gpipe, 1f1b, interleaved, zb1, zb2, none (or a plug-in's)"
+    )
+    virtual_stages: int = opt(2, "pipeline: model chunks per rank (--schedule interleaved)")
     balance: str = opt("params", "pipeline split: params, time, or layers per stage e.g. 2,3,3")
     recompute: bool = opt(False, "pipeline: recompute activations in backward (less memory)")
     tensor_mode: str = opt(
@@ -34,9 +37,21 @@ class ParallelConfig:
                 raise UsageError(f"--{name} must be >= 0, got {getattr(self, name)}")
         if self.microbatches < 1:
             raise UsageError(f"--microbatches must be >= 1, got {self.microbatches}")
+        if self.virtual_stages < 1:
+            raise UsageError(f"--virtual-stages must be >= 1, got {self.virtual_stages}")
+        from disttrain.parallel.pipeline import SCHEDULES
+
+        SCHEDULES.get(self.schedule)  # an unknown name: one line listing the schedules
         if self.pp and self.tp:
             raise UsageError("--pp and --tp are alternatives inside a mesh: set one of them to 0")
         self.balance_spec()
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks per pipeline rank: ``--virtual-stages`` where the schedule reads it."""
+        from disttrain.parallel.pipeline import SCHEDULES
+
+        return self.virtual_stages if SCHEDULES.get(self.schedule).virtual else 1
 
     def balance_spec(self) -> Balance:
         return parse_balance(self.balance)

@@ -24,7 +24,7 @@ from disttrain.dataparallel.average import average
 from disttrain.parallel.mesh import Mesh
 from disttrain.parallel.settings import ParallelConfig
 from disttrain.strategies.base import LossFn, Strategy, register
-from disttrain.strategies.pipeline import Pipeline, check_pipeline
+from disttrain.strategies.pipeline import Pipeline, check_pipeline, pipeline_settings_not_read
 from disttrain.strategies.tensor import TensorParallel, check_tensor
 
 __all__ = ["Hybrid", "mesh_shape"]
@@ -59,11 +59,10 @@ class Hybrid(Strategy):
     def settings_not_read(cls, config: RunConfig) -> dict[str, str]:
         pc: ParallelConfig = config.section(ParallelConfig)
         unread = {"stages": "(the mesh sets the stages: --pp)"}
-        pipeline = ("microbatches", "schedule", "balance", "recompute")
+        pipeline = ("microbatches", "schedule", "virtual_stages", "balance", "recompute")
         if pc.pp:
             unread["tensor_mode"] = f"with --pp {pc.pp} (pipeline stages inside each replica)"
-            if pc.schedule == "none":
-                unread["microbatches"] = "with --schedule none (whole batches)"
+            unread.update(pipeline_settings_not_read(pc))
         elif pc.tp:
             why = f"with --tp {pc.tp} (tensor slices inside each replica)"
             unread.update(dict.fromkeys(pipeline, why))
@@ -141,6 +140,12 @@ class Hybrid(Strategy):
         if self.mesh.dp_index != 0:
             return None  # the replicas are equal: replica 0 gathers its stages or shards
         return self.inner.eval_model()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()  # a pipeline's layout of stages
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state)
 
     def summary(self) -> dict[str, Any]:
         return {"mesh": {"dp": self.dp, self.kind: self.mesh.inner}, **self.inner.summary()}

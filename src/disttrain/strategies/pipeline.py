@@ -3,8 +3,11 @@
 ``--schedule none`` runs the whole batch through the stages one after the
 other (the seed's "not good" baseline: P-1 of P stages wait at any time);
 ``gpipe`` and ``1f1b`` cut it into ``--microbatches`` and overlap the stages
-(idle share (P-1)/(M+P-1)). Every stage sees the whole global batch: stage 0
-feeds the input, the last computes the loss against the labels.
+(idle share (P-1)/(M+P-1)); ``interleaved`` cuts the model into P·V stages,
+rank p holding p, p+P, ... (``--virtual-stages V``); ``zb1`` and ``zb2`` split
+each backward into B and W (``parallel/pipeline/``: one file per schedule family,
+each owning its bubble and memory formulas). Every stage sees the whole global
+batch: stage 0 feeds the input, the last computes the loss against the labels.
 """
 
 from __future__ import annotations
@@ -28,7 +31,17 @@ from disttrain.parallel.pipeline.runner import PipelineRunner, recv_ahead_defaul
 from disttrain.parallel.settings import ParallelConfig
 from disttrain.strategies.base import LossFn, Strategy, register
 
-__all__ = ["Pipeline", "check_pipeline"]
+__all__ = ["Pipeline", "check_pipeline", "pipeline_settings_not_read"]
+
+
+def pipeline_settings_not_read(pc: ParallelConfig) -> dict[str, str]:
+    """The pipeline settings that ``pc``'s schedule switches off, and why."""
+    unread = {}
+    if pc.schedule == "none":
+        unread["microbatches"] = "with --schedule none (whole batches)"
+    if not schedule.SCHEDULES.get(pc.schedule).virtual:
+        unread["virtual_stages"] = f"with --schedule {pc.schedule} (one stage per rank)"
+    return unread
 
 
 def check_pipeline(
@@ -36,17 +49,27 @@ def check_pipeline(
 ) -> None:
     """UsageError naming the number to change if ``model`` cannot be pipelined so."""
     layers = placement.check_sequential(model, "pipeline")
-    if stages > len(layers):
+    v = pc.chunks
+    if stages * v > len(layers):
+        if v == 1:
+            raise UsageError(
+                f"{stages_flag} {stages} is more than the model's {len(layers)} layers: "
+                f"use at most {len(layers)} stages"
+            )
         raise UsageError(
-            f"{stages_flag} {stages} is more than the model's {len(layers)} layers: "
-            f"use at most {len(layers)} stages"
+            f"{stages_flag} {stages} x --virtual-stages {v} = {stages * v} stages is more than "
+            f"the model's {len(layers)} layers: use at most {len(layers) // stages} virtual stages"
         )
+    if pc.schedule != "none":
+        why = schedule.SCHEDULES.get(pc.schedule).check(pc.microbatches, stages, v)
+        if why:
+            raise UsageError(why)
     spec = pc.balance_spec()
     if isinstance(spec, list):
-        if len(spec) != stages:
+        if len(spec) != stages * v:
             raise UsageError(
-                f"--balance {pc.balance} lists {len(spec)} stages but there are {stages}: "
-                f"give {stages} layer counts"
+                f"--balance {pc.balance} lists {len(spec)} stages but there are {stages * v}: "
+                f"give {stages * v} layer counts"
             )
         if sum(spec) != len(layers):
             raise UsageError(
@@ -72,13 +95,13 @@ class Pipeline(Strategy):
         "its step depends on per-layer activation sizes and the stage balance, which a "
         "parameter count does not give (`disttrain bench pipeline` measures it)"
     )
-    reads_settings = ("stages", "microbatches", "schedule", "balance", "recompute")
+    reads_settings = (
+        "stages", "microbatches", "schedule", "virtual_stages", "balance", "recompute"
+    )  # fmt: skip
 
     @classmethod
     def settings_not_read(cls, config: RunConfig) -> dict[str, str]:
-        if config.section(ParallelConfig).schedule == "none":
-            return {"microbatches": "with --schedule none (whole batches)"}
-        return {}
+        return pipeline_settings_not_read(config.section(ParallelConfig))
 
     def __init__(self, config: RunConfig, world: World, loss_fn: LossFn) -> None:
         super().__init__(config, world, loss_fn)
@@ -90,9 +113,10 @@ class Pipeline(Strategy):
     def bind(self, group: ProcessGroup | None, ranks: list[int], batch: int) -> None:
         """Run as the pipeline of global ``ranks`` (``group``), on batches of ``batch``."""
         self.group = group
-        self.stages = len(ranks)
+        self.stages = len(ranks)  # P pipeline ranks; the model is cut into P·V stages
         self.stage = ranks.index(self.world.rank)
         self.batch = batch
+        self.chunks = self.pc.chunks
 
     @classmethod
     def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
@@ -120,17 +144,18 @@ class Pipeline(Strategy):
     # --- splitting ------------------------------------------------------------------
     def _sizes(self, model: nn.Sequential) -> list[int]:
         spec = self.pc.balance_spec()
+        cuts = self.stages * self.chunks
         if isinstance(spec, list):
             return spec
         if spec == "params":
-            return placement.partition(placement.param_costs(list(model)), self.stages)
+            return placement.partition(placement.param_costs(list(model)), cuts)
         # "time": measured on stage 0 only, so that every stage agrees on the split
-        sizes = torch.zeros(self.stages, dtype=torch.int64)
+        sizes = torch.zeros(cuts, dtype=torch.int64)
         if self.stage == 0:
             n = self.batch // self.microbatches
             sample = self._sample(n) if self.time_sample is None else self.time_sample[:n]
             costs = placement.time_costs(list(model), sample)
-            sizes = torch.tensor(placement.partition(costs, self.stages))
+            sizes = torch.tensor(placement.partition(costs, cuts))
         if self.stages > 1:
             with meter.paused():
                 dist.broadcast(sizes, src=p2p.global_rank(self.group, 0), group=self.group)
@@ -148,15 +173,16 @@ class Pipeline(Strategy):
         parts = placement.split(model, self.sizes)
         meta = [copy.deepcopy(part).to("meta") for part in parts]
         self.full = model if self.stage == 0 else None  # stage 0 gathers the model to evaluate
-        grid = schedule.build(self.pc.schedule, self.microbatches, self.stages)
+        grid = schedule.build(self.pc.schedule, self.microbatches, self.stages, self.chunks)
+        mine = parts[self.stage :: self.stages]  # stages p, p+P, ... (one unless interleaved)
         # late-bound: the step runner wraps self.loss_fn with the fp16 loss scale after this
         self.runner = PipelineRunner(
-            parts[self.stage], self.stage, grid, meta, lambda out, y: self.loss_fn(out, y),
+            mine, self.stage, grid, meta, lambda out, y: self.loss_fn(out, y),
             self.group,
             recompute=self.pc.recompute,
             recv_ahead=recv_ahead_default(self.pc.schedule),
         )  # fmt: skip
-        return parts[self.stage]
+        return self.runner.module
 
     # --- the step -------------------------------------------------------------------
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -180,25 +206,48 @@ class Pipeline(Strategy):
             if self.stage == 0:
                 assert self.full is not None
                 parts = placement.split(self.full, self.sizes)
-                for s in range(1, self.stages):
-                    for t in parts[s].state_dict().values():
-                        p2p.recv(t, s, self.group)
+                for s, part in enumerate(parts):
+                    if s % self.stages:  # stages p, p+P, ... are rank p's
+                        for t in part.state_dict().values():
+                            p2p.recv(t, s % self.stages, self.group)
             else:
-                for t in self.runner.module.state_dict().values():
-                    p2p.send(t.contiguous(), 0, self.group)
+                for chunk in self.runner.chunks:
+                    for t in chunk.state_dict().values():
+                        p2p.send(t.contiguous(), 0, self.group)
         return self.full if self.stage == 0 and self.world.rank == 0 else None
 
     def summary(self) -> dict[str, Any]:
-        m, p = self.microbatches, self.stages
+        m, p, v = self.microbatches, self.stages, self.chunks
+        kind = schedule.SCHEDULES.get(self.pc.schedule)
         return {
             "pipeline": {
                 "stages": p,
                 "schedule": self.pc.schedule,
+                "virtual_stages": v,
                 "microbatches": m,
                 "layers_per_stage": self.sizes,
-                "bubble_theory": (p - 1) / (m + p - 1),
+                "bubble_theory": kind.bubble(m, p, v),
                 "stage0_idle_share": self.runner.times.idle,
                 "stage0_peak_activation_bytes": self.runner.activations.peak,
+                "stage0_peak_pending_weight_grad_bytes": self.runner.pending_w_peak,
                 "recompute": self.pc.recompute,
             }
         }
+
+    # --- checkpoints: the layout of stages is part of the state ----------------------
+    def stage_layout(self) -> dict[str, Any]:
+        """Which layers this rank holds: the schedule's chunks and the layers per stage."""
+        return {"ranks": self.stages, "chunks": self.chunks, "layers_per_stage": self.sizes}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pipeline_layout": self.stage_layout()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = state.get("pipeline_layout")
+        if saved is not None and saved != self.stage_layout():
+            raise UsageError(
+                f"--resume: the checkpoint's pipeline holds {saved['layers_per_stage']} layers "
+                f"per stage on {saved['ranks']} ranks x {saved['chunks']} chunks, this run "
+                f"{self.sizes} on {self.stages} x {self.chunks}: resume with the same "
+                "--schedule, --virtual-stages and --balance"
+            )

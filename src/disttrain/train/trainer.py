@@ -158,9 +158,11 @@ def _resume(
         return 0
     n = dist.get_world_size(strategy.worker_group)
     state = checkpoint.load(source, strategy.world.rank, n)
+    # the strategy first: it may refuse a checkpoint of another layout (pipeline stages)
+    # with one line, before the model's load_state_dict fails on the mismatched keys
+    strategy.load_state_dict(state["strategy"])
     strategy.model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    strategy.load_state_dict(state["strategy"])
     if runner.scaler and state["scaler"]:
         runner.scaler.load_state_dict(state["scaler"])
     torch.set_rng_state(state["rng"])

@@ -82,3 +82,16 @@ def test_ours_reports_each_timed_step_on_one_clock() -> None:
             assert sorted(k for k, _, _ in t["actions"]) == ["B"] * 4 + ["F"] * 4
     got = bench_pipeline.bubble([r["steps"] for r in per_rank])
     assert 0 < got["measured"] < 1
+
+
+def test_show_schedule_draws_the_new_schedules_with_their_theory(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["bench", "pipeline", "--show-schedule", "--schedule", "interleaved,zb1,zb2",
+            "--stages", "2", "--microbatches", "4"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "interleaved  M=4 P=2 V=2  bubble 0.111 (theory 0.111)" in out
+    assert "zb1  M=4 P=2  bubble 0.143 (theory 0.143)  activations held per rank 2, 1" in out
+    assert "stage 1  F1 F2  . B1 W1 F3 B2 W2 F4 B3 W3  . B4 W4" in out
+    assert main([*argv[:4], "interleaved", "--stages", "2", "--microbatches", "3"]) == 2

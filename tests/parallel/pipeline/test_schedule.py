@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from disttrain.comm.errors import UsageError
+from disttrain.parallel.pipeline import SCHEDULES
 from disttrain.parallel.pipeline.schedule import (
     Action,
     Grid,
@@ -15,6 +17,7 @@ from disttrain.parallel.pipeline.schedule import (
     one_f_one_b,
     render,
     replay,
+    replay_kind,
     stage_actions,
 )
 
@@ -94,7 +97,7 @@ def test_bad_sizes_and_names() -> None:
         gpipe(0, 2)
     with pytest.raises(ValueError, match="stages"):
         one_f_one_b(2, 0)
-    with pytest.raises(ValueError, match="unknown schedule"):
+    with pytest.raises(UsageError, match="unknown pipeline schedule"):
         build("zigzag", 2, 2)
 
 
@@ -137,3 +140,102 @@ def test_replay_of_a_slower_stage_idles_the_others_more() -> None:
 def test_replay_rejects_orders_that_wait_on_each_other() -> None:
     with pytest.raises(ValueError, match="wait on each other"):
         replay([[("B", 0, 1.0), ("F", 0, 1.0)], [("F", 0, 1.0), ("B", 0, 1.0)]])
+
+
+# --- every registered schedule: the generic checks ------------------------------------
+NEW = [("interleaved", 2), ("interleaved", 3), ("zb1", 1), ("zb2", 1)]
+NEW_SIZES = [(m, p) for p in (2, 3, 4) for m in (p, 2 * p, 4 * p)]
+
+
+def _all_ticks(grid: Grid) -> dict[tuple[str, int, int], int]:
+    out: dict[tuple[str, int, int], int] = {}
+    for t, row in enumerate(grid):
+        for r, a in enumerate(row):
+            if a is not None:
+                assert a.stage % len(row) == r, "stage s runs on rank s mod P"
+                key = (a.kind, a.microbatch, a.stage)
+                assert key not in out, f"{key} scheduled twice"
+                out[key] = t
+    return out
+
+
+@pytest.mark.parametrize(("name", "v"), NEW)
+@pytest.mark.parametrize(("m", "p"), NEW_SIZES)
+def test_new_schedules_run_every_action_once_after_its_inputs(name: str, v: int, m: int, p: int):
+    kind = SCHEDULES.get(name)
+    grid = build(name, m, p, v)
+    ticks = _all_ticks(grid)
+    kinds = "FBW" if kind.splits_backward else "FB"
+    stages = p * v
+    assert set(ticks) == {(k, mb, s) for k in kinds for mb in range(m) for s in range(stages)}
+    for mb in range(m):
+        for s in range(stages):
+            if s > 0:
+                assert ticks[("F", mb, s - 1)] < ticks[("F", mb, s)]
+            if s < stages - 1:
+                assert ticks[("B", mb, s + 1)] < ticks[("B", mb, s)]
+            assert ticks[("F", mb, s)] < ticks[("B", mb, s)]
+            if kind.splits_backward:
+                assert ticks[("B", mb, s)] < ticks[("W", mb, s)]
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved", "zb1", "zb2"])
+@pytest.mark.parametrize(("m", "p"), NEW_SIZES)
+def test_each_schedule_holds_what_its_memory_formula_says(name: str, m: int, p: int) -> None:
+    kind = SCHEDULES.get(name)
+    grid = build(name, m, p, 2)
+    v = 2 if kind.virtual else 1
+    assert [in_flight(grid, r) for r in range(p)] == [kind.held(m, p, v, r) for r in range(p)]
+
+
+def test_zb1_holds_what_1f1b_holds_and_zb2_and_interleaved_more() -> None:
+    for m, p in NEW_SIZES:
+        o, z1, z2 = (build(n, m, p) for n in ("1f1b", "zb1", "zb2"))
+        inter = build("interleaved", m, p, 2)
+        assert [in_flight(z1, r) for r in range(p)] == [in_flight(o, r) for r in range(p)]
+        assert in_flight(z2, 0) == min(m, 2 * p - 1) >= in_flight(o, 0)
+        assert in_flight(inter, 0) >= in_flight(o, 0)
+
+
+@pytest.mark.parametrize(("name", "v"), [("gpipe", 1), ("1f1b", 1), *NEW])
+@pytest.mark.parametrize(("m", "p"), NEW_SIZES)
+def test_replay_of_equal_durations_is_each_schedules_theoretical_bubble(
+    name: str, v: int, m: int, p: int
+) -> None:
+    # every action (F, B or W; a chunk's for interleaved) takes one second
+    kind = SCHEDULES.get(name)
+    grid = build(name, m, p, v)
+    orders = [
+        [(replay_kind(a, p), a.microbatch, 1.0) for _, a in stage_actions(grid, r)]
+        for r in range(p)
+    ]
+    window, busy = replay(orders, virtual=v)
+    assert window == len(grid)
+    idle = sum(1 - b / window for b in busy) / p
+    assert idle == pytest.approx(kind.bubble(m, p, v), abs=1e-12)
+
+
+def test_bubbles_shrink_as_the_papers_say() -> None:
+    # in one F's time units: 1F1B idles 3(P-1) (B+W fused = 2), zb1 2(P-1), zb2 P-1,
+    # interleaved (P-1)(F+B)/V
+    m, p = 8, 4
+    idle = {n: SCHEDULES.get(n).bubble(m, p, 2) for n in ("1f1b", "interleaved", "zb1", "zb2")}
+    assert idle["zb2"] < idle["zb1"] < idle["1f1b"]
+    assert idle["interleaved"] < idle["1f1b"]
+    assert idle["interleaved"] == pytest.approx((p - 1) / (m * 2 + p - 1))
+
+
+def test_interleaved_and_zb_refuse_what_they_cannot_run() -> None:
+    with pytest.raises(ValueError, match="multiple of the 4 stages"):
+        build("interleaved", 6, 4, 2)
+    with pytest.raises(ValueError, match="at least 2 pipeline stages"):
+        build("interleaved", 4, 1, 2)
+    with pytest.raises(ValueError, match="at least as many micro-batches as stages"):
+        build("zb2", 2, 4)
+
+
+def test_render_names_chunks_and_weight_passes() -> None:
+    inter = render(build("interleaved", 2, 2, 2)).splitlines()
+    assert inter[1].split()[2:6] == ["F1a", "F2a", "F1b", "F2b"]
+    zb = render(build("zb1", 2, 2)).splitlines()
+    assert "W1" in zb[1].split() and "W2" in zb[2].split()

@@ -48,6 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=128, help="batch size per step")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per measurement")
     parser.add_argument("--show-schedule", action="store_true", help="print the diagrams, exit")
+    parser.add_argument(
+        "--schedule", default="gpipe,1f1b",
+        help="--show-schedule: the schedules to draw (any of gpipe, 1f1b, interleaved, zb1, zb2)",
+    )  # fmt: skip
+    parser.add_argument("--virtual-stages", type=int, default=2, help="V of --schedule interleaved")
     parser.add_argument("--skip-torch", action="store_true", help="leave out the torch anchors")
     parser.add_argument("--bubble-only", action="store_true", help="measure the bubble only")
     parser.add_argument("--out", default="", help="folder for results.json and bubble.png")
@@ -266,10 +271,19 @@ def run(a: argparse.Namespace) -> int:
     if p < 1 or any(m < 1 for m in ms):
         raise UsageError("--stages and every --microbatches value must be >= 1")
     if a.show_schedule:
-        for name in ("gpipe", "1f1b"):
+        for name in a.schedule.split(","):
+            kind = schedule.SCHEDULES.get(name)
+            v = a.virtual_stages if kind.virtual else 1
             for m in ms:
-                grid = schedule.build(name, m, p)
-                print(f"{name}  M={m} P={p}  bubble {schedule.bubble_fraction(grid):.3f}")
+                try:
+                    grid = schedule.build(name, m, p, v)
+                except ValueError as exc:
+                    raise UsageError(str(exc)) from None
+                held = [f"{kind.held(m, p, v, r):g}" for r in range(p)]
+                print(f"{name}  M={m} P={p}" + (f" V={v}" if kind.virtual else "")
+                      + f"  bubble {schedule.bubble_fraction(grid):.3f} "
+                      f"(theory {kind.bubble(m, p, v):.3f})  activations held per rank "
+                      f"{', '.join(held)} stages' worth")  # fmt: skip
                 print(schedule.render(grid), end="\n\n")
         return 0
     if not 1 <= p <= 4:

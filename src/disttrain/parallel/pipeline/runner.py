@@ -1,7 +1,8 @@
-"""Execute a pipeline schedule on one stage: compute the grid's actions, pass tensors on.
+"""Execute a pipeline schedule on one rank: compute the grid's actions, pass tensors on.
 
-Each stage runs its own column of the grid in order, without waiting for the
-other stages' ticks: a forward's activation is sent to s+1 and a backward's
+Each rank runs its own column of the grid in order (the actions of its stage,
+or of its V chunks, stages r, r+P, ... under an interleaved schedule), without
+waiting for the other ranks' ticks: a forward's activation is sent to s+1 and a backward's
 input gradient to s-1 with ``isend`` and not waited on (the next action starts
 at once; all sends are waited on at the end of the step), and the receive
 that an action needs is posted one action ahead, so it is usually complete
@@ -10,8 +11,12 @@ early post was measured slower: :func:`recv_ahead_default`). A stage
 receives only activations from s-1 (in the forward order of s-1) and
 gradients from s+1 (in its backward order), each a FIFO stream between one
 pair of ranks, so both sides agree on what each message is without any
-header. The grid's column order respects every dependency (it
-is a simulation of the schedule), so the waits cannot form a cycle. Receive
+header: the order of each stream is read off the sender's column of the grid,
+and activations and gradients travel under two tags (with P = 2 or V > 1 both
+come from one neighbour). Under a schedule with W actions, B computes only the
+input gradient and W the weight gradients later (``split.py``). The grid's
+column order respects every dependency (it is a simulation of the schedule), so
+the waits cannot form a cycle. Receive
 buffers are shaped by running the whole model once on the ``meta`` device (no
 memory, no compute) for each batch shape.
 
@@ -33,7 +38,8 @@ from torch.utils.checkpoint import checkpoint
 
 from disttrain import timeline
 from disttrain.comm import p2p, phases
-from disttrain.parallel.pipeline.schedule import Action, Grid
+from disttrain.parallel.pipeline import split
+from disttrain.parallel.pipeline.schedule import SCHEDULES, Action, Grid, replay_kind
 
 __all__ = ["ActivationMeter", "PipelineRunner", "StepTimes", "recv_ahead_default"]
 
@@ -62,7 +68,9 @@ class ActivationMeter:
         def pack(t: torch.Tensor) -> Any:
             if t.device.type == "meta" or t.untyped_storage().data_ptr() in self._param_ptrs:
                 return t
-            return _Saved(t, self)
+            # detached: a saved *output* held with its grad_fn would form a cycle through
+            # C++ (node -> _Saved -> tensor -> node) that outlives a retained graph (B/W split)
+            return _Saved(t.detach(), self)
 
         def unpack(saved: Any) -> torch.Tensor:
             return saved.tensor if isinstance(saved, _Saved) else saved
@@ -105,7 +113,10 @@ class StepTimes:
         self.step = 0.0
         self.start = 0.0
         self.end = 0.0
-        self.actions: list[tuple[str, int, float]] = []  # (F or B, micro-batch, seconds), in order
+        #: (kind, micro-batch, seconds) in the order run; kind as :func:`schedule.replay` reads it
+        self.actions: list[tuple[str, int, float]] = []
+        #: the same with each action's CPU time: what it cost without the OS's preemptions
+        self.actions_cpu: list[tuple[str, int, float]] = []
 
     @property
     def idle(self) -> float:
@@ -124,17 +135,24 @@ def recv_ahead_default(schedule: str) -> bool:
     benchmarks/RESULTS.md): for 1F1B posting when needed was faster (its steady
     state alternates with the peer, so the message an action needs is produced
     just before it and an early post overlaps nothing); for GPipe the early post
-    was as fast or faster.
+    was as fast or faster. Each schedule says which (``ScheduleKind.recv_ahead``).
     """
-    return schedule != "1f1b"
+    return SCHEDULES.get(schedule).recv_ahead
+
+
+ACT, GRAD = 0, 1  # the tags of the two streams between neighbours
 
 
 class PipelineRunner:
-    """Runs ``grid`` for stage ``stage`` of ``len(meta_stages)``; ranks are ``group`` ranks."""
+    """Runs ``grid``'s column ``stage`` (a rank of ``len(grid[0])``); ranks are ``group`` ranks.
+
+    ``module`` is the rank's stage, or its chunks (one module per virtual stage,
+    stages r, r+P, ...); ``meta_stages`` are all P·V stages on the meta device.
+    """
 
     def __init__(
         self,
-        module: nn.Module,
+        module: nn.Module | Sequence[nn.Module],
         stage: int,
         grid: Grid,
         meta_stages: Sequence[nn.Module],
@@ -144,18 +162,24 @@ class PipelineRunner:
         recompute: bool = False,
         recv_ahead: bool = True,
     ) -> None:
-        self.module = module
-        self.stage = stage
-        self.stages = len(meta_stages)
+        self.chunks = list(module) if isinstance(module, Sequence) else [module]
+        self.module = self.chunks[0] if len(self.chunks) == 1 else nn.ModuleList(self.chunks)
+        self.stage = stage  # this rank's index in the pipeline
+        self.pipeline = len(grid[0])  # P ranks
+        self.stages = len(meta_stages)  # P·V model stages
         self.grid = grid
         self.microbatches = 1 + max(a.microbatch for row in grid for a in row if a is not None)
+        self.split = any(a is not None and a.kind == "W" for row in grid for a in row)
         self.meta_stages = meta_stages
         self.loss_fn = loss_fn
         self.group = group
-        self.ranks = ranks or list(range(self.stages))  # stage -> rank in ``group``
+        self.ranks = ranks or list(range(self.pipeline))  # pipeline rank -> rank in ``group``
         self.recompute = recompute
         self.recv_ahead = recv_ahead
-        self.activations = ActivationMeter([p.detach() for p in module.parameters()])
+        self.activations = ActivationMeter([p.detach() for p in self.module.parameters()])
+        #: peak bytes of layer-output gradients held from B to W (split schedules)
+        self.pending_w_peak = 0
+        self.recorders = [split.Recorder(c) for c in self.chunks] if self.split else []
         self.times = StepTimes()
         self._shapes: dict[tuple[Any, ...], list[tuple[torch.Size, torch.dtype]]] = {}
 
@@ -173,73 +197,99 @@ class PipelineRunner:
             self._shapes[key] = out
         return self._shapes[key]
 
+    def _rank_of(self, stage: int) -> int:
+        return stage % self.pipeline
+
+    def _stream(
+        self, sender: int, kind: str, to_me: Callable[[int], bool]
+    ) -> list[tuple[int, int]]:
+        """(micro-batch, receiving stage) of what ``sender`` sends us, in its order."""
+        step = 1 if kind == "F" else -1
+        return [
+            (a.microbatch, a.stage + step)
+            for a in (row[sender] for row in self.grid)
+            if a is not None and a.kind == kind and to_me(a.stage + step)
+        ]
+
     # --- one step ----------------------------------------------------------------
-    def _forward(self, inp: torch.Tensor) -> torch.Tensor:
-        if self.recompute and torch.is_grad_enabled():
+    def _forward(self, chunk: nn.Module, inp: torch.Tensor) -> torch.Tensor:
+        if self.recompute and torch.is_grad_enabled() and not self.split:
             # Keep only the stage input; the stage's own activations are recomputed in backward.
-            return checkpoint(self.module, inp, use_reentrant=False)
-        return self.module(inp)
+            return checkpoint(chunk, inp, use_reentrant=False)
+        return chunk(inp)
 
     def run(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         """One training step's forward and backward; the mean batch loss on the last stage."""
-        s, last, m_count = self.stage, self.stages - 1, self.microbatches
+        r, p, last, m_count = self.stage, self.pipeline, self.stages - 1, self.microbatches
         xs, ys = x.chunk(m_count), y.chunk(m_count)
         shapes = self.boundary_shapes(xs[0])
         device = x.device
-        inputs: dict[int, torch.Tensor] = {}  # m -> stage input (kept for its .grad)
-        outputs: dict[int, torch.Tensor] = {}  # m -> stage output, or scaled loss on the last
-        grads: dict[int, torch.Tensor] = {}  # m -> gradient of our output, from s+1
+        st = _StepState(xs, ys)
         loss_sum = torch.zeros((), device=device)
         times = self.times = StepTimes()
         self.activations.reset_peak()
+        self._pending_live = 0
+        self.pending_w_peak = 0
         times.start = time.monotonic()
         step_start = time.perf_counter()
-        actions = [a for a in (row[s] for row in self.grid) if a is not None]
-        # Activations arrive from s-1 in our forward order, gradients from s+1 in
-        # our backward order (the same micro-batch order as the sender's).
+        actions = [a for a in (row[r] for row in self.grid) if a is not None]
+        mine = lambda s: 0 <= s <= last and self._rank_of(s) == r  # noqa: E731
+        prev, nxt = (r - 1) % p, (r + 1) % p
         acts = _Inbox(
-            [a.microbatch for a in actions if a.kind == "F"] if s > 0 else [],
-            self.ranks[s - 1] if s > 0 else -1, shapes[s - 1] if s > 0 else None,
-            device, self.group, requires_grad=True, ahead=self.recv_ahead,
+            [(k, shapes[k[1] - 1]) for k in self._stream(prev, "F", mine)],
+            self.ranks[prev], device, self.group, ACT, requires_grad=True, ahead=self.recv_ahead,
         )  # fmt: skip
         grads_in = _Inbox(
-            [a.microbatch for a in actions if a.kind == "B"] if s < last else [],
-            self.ranks[s + 1] if s < last else -1, shapes[s], device, self.group,
-            ahead=self.recv_ahead,
+            [(k, shapes[k[1]]) for k in self._stream(nxt, "B", mine)],
+            self.ranks[nxt], device, self.group, GRAD, ahead=self.recv_ahead,
         )  # fmt: skip
         sends: list[tuple[Any, torch.Tensor]] = []  # kept alive until their send is done
         for action in actions:
-            m = action.microbatch
+            m, s = action.microbatch, action.stage
+            key = (m, s)
             t0 = time.perf_counter()
             # waiting for a neighbour is communication, not compute (the trainer's phases)
             if action.kind == "F" and s > 0:
                 with timeline.span("send/recv", peer_stage=s - 1), phases.book(COMM):
-                    inputs[m] = acts.take(m)
+                    st.inputs[key] = acts.take(key)
             elif action.kind == "B" and s < last:
                 with timeline.span("send/recv", peer_stage=s + 1), phases.book(COMM):
-                    grads[m] = grads_in.take(m)
+                    st.grads[key] = grads_in.take(key)
             t1 = time.perf_counter()
             times.comm += t1 - t0
             cpu1 = time.thread_time()
+            out: torch.Tensor | None = None
             if action.kind == "F":
                 with timeline.span("forward", microbatch=m, stage=s):
-                    out = self._do_forward(action, xs, ys, inputs, outputs, m_count)
+                    out = self._do_forward(action, st, m_count)
                 if s == last:
-                    loss_sum += outputs[m].detach()
+                    loss_sum += st.outputs[key].detach()
+            elif action.kind == "B":
+                name = "backward input" if self.split else "backward"
+                with timeline.span(name, microbatch=m, stage=s):
+                    out = self._do_backward(action, st)
             else:
-                with timeline.span("backward", microbatch=m, stage=s):
-                    out = self._do_backward(action, inputs, outputs, grads)
+                with timeline.span("backward weight", microbatch=m, stage=s):
+                    pending = st.pending.pop(key)
+                    split.backward_weight(pending)
+                    self._pending_live -= pending.nbytes
+                    del pending  # the graph goes with it, and its saved activations
+                    st.outputs.pop(key, None)
             t2 = time.perf_counter()
             times.compute += t2 - t1
-            times.actions.append((action.kind, m, t2 - t1))
-            times.compute_cpu += time.thread_time() - cpu1
+            cpu = time.thread_time() - cpu1
+            times.actions.append((replay_kind(action, p), m, t2 - t1))
+            times.actions_cpu.append((replay_kind(action, p), m, cpu))
+            times.compute_cpu += cpu
             if out is not None:  # to s+1 after a forward, to s-1 after a backward
-                peer = s + 1 if action.kind == "F" else s - 1
+                dst = s + 1 if action.kind == "F" else s - 1
                 # under autocast a stage's output is fp16/bf16, but the peer's buffer has the
                 # meta run's dtype (fp32): a shorter message would be silently misread
                 out = out.to(shapes[s if action.kind == "F" else s - 1][1])
-                with timeline.span("send", peer_stage=peer), phases.book(COMM):
-                    sends.append((p2p.isend(out, self.ranks[peer], self.group), out))
+                tag = ACT if action.kind == "F" else GRAD
+                with timeline.span("send", peer_stage=dst), phases.book(COMM):
+                    peer = self.ranks[self._rank_of(dst)]
+                    sends.append((p2p.isend(out, peer, self.group, tag=tag), out))
             times.comm += time.perf_counter() - t2
         t0 = time.perf_counter()
         with timeline.span("send wait", sends=len(sends)), phases.book(COMM):
@@ -248,46 +298,92 @@ class PipelineRunner:
         times.comm += time.perf_counter() - t0
         times.step = time.perf_counter() - step_start
         times.end = time.monotonic()
-        return loss_sum if s == last else None
+        return loss_sum if r == last % p else None
 
-    def _do_forward(
-        self,
-        a: Action,
-        xs: tuple[torch.Tensor, ...],
-        ys: tuple[torch.Tensor, ...],
-        inputs: dict[int, torch.Tensor],
-        outputs: dict[int, torch.Tensor],
-        m_count: int,
-    ) -> torch.Tensor | None:
-        m = a.microbatch
-        inp = xs[m] if self.stage == 0 else inputs[m]
-        with self.activations.recording():
-            out = self._forward(inp)
-            if self.stage == self.stages - 1:
-                outputs[m] = self.loss_fn(out, ys[m]) / m_count
+    def _do_forward(self, a: Action, st: _StepState, m_count: int) -> torch.Tensor | None:
+        m, s = a.microbatch, a.stage
+        key = (m, s)
+        chunk = self.chunks[s // self.pipeline]
+        inp = st.xs[m] if s == 0 else st.inputs[key]
+        if self.split and self.recompute:
+            # keep the input only; B runs the forward again (same RNG state) before its backward
+            st.rng[key] = torch.get_rng_state()
+            with torch.no_grad():
+                out = chunk(inp)
+            if s == self.stages - 1:
+                st.outputs[key] = self.loss_fn(out, st.ys[m]).detach() / m_count
                 return None
-        outputs[m] = out
+            return out.detach()
+        with self.activations.recording():
+            if self.split:
+                with self.recorders[s // self.pipeline].recording() as layers:
+                    out = self._forward(chunk, inp)
+                st.layers[key] = layers
+            else:
+                out = self._forward(chunk, inp)
+            if s == self.stages - 1:
+                st.outputs[key] = self.loss_fn(out, st.ys[m]) / m_count
+                return None
+        st.outputs[key] = out
         return out.detach()
 
-    def _do_backward(
-        self,
-        a: Action,
-        inputs: dict[int, torch.Tensor],
-        outputs: dict[int, torch.Tensor],
-        grads: dict[int, torch.Tensor],
-    ) -> torch.Tensor | None:
-        m = a.microbatch
-        out = outputs.pop(m)
-        if self.stage == self.stages - 1:
+    def _recompute(self, a: Action, st: _StepState) -> None:
+        """Run a split schedule's forward again at B, from the kept input (``--recompute``)."""
+        m, s = a.microbatch, a.stage
+        key = (m, s)
+        chunk = self.chunks[s // self.pipeline]
+        inp = st.xs[m] if s == 0 else st.inputs[key]
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(st.rng.pop(key))
+            with (
+                self.activations.recording(),
+                self.recorders[s // self.pipeline].recording() as layers,
+            ):
+                out = chunk(inp)
+                if s == self.stages - 1:
+                    out = self.loss_fn(out, st.ys[m]) / self.microbatches
+        st.outputs[key] = out
+        st.layers[key] = layers
+
+    def _do_backward(self, a: Action, st: _StepState) -> torch.Tensor | None:
+        m, s = a.microbatch, a.stage
+        key = (m, s)
+        last = s == self.stages - 1
+        if self.split:
+            if self.recompute:
+                self._recompute(a, st)
+            inp = st.inputs.pop(key) if s > 0 else None
+            grad_in, pending = split.backward_input(
+                st.outputs[key], None if last else st.grads.pop(key), inp, st.layers.pop(key)
+            )
+            st.pending[key] = pending
+            self._pending_live += pending.nbytes
+            self.pending_w_peak = max(self.pending_w_peak, self._pending_live)
+            return grad_in
+        out = st.outputs.pop(key)
+        if last:
             out.backward()
         else:
-            out.backward(grads.pop(m))
+            out.backward(st.grads.pop(key))
         del out  # frees this micro-batch's graph, and its saved activations with it
-        if self.stage == 0:
+        if s == 0:
             return None
-        inp = inputs.pop(m)
+        inp = st.inputs.pop(key)
         assert inp.grad is not None
         return inp.grad
+
+
+class _StepState:
+    """One step's tensors, keyed by (micro-batch, stage)."""
+
+    def __init__(self, xs: tuple[torch.Tensor, ...], ys: tuple[torch.Tensor, ...]) -> None:
+        self.xs, self.ys = xs, ys
+        self.inputs: dict[tuple[int, int], torch.Tensor] = {}  # stage input (for its .grad)
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}  # stage output, or scaled loss
+        self.grads: dict[tuple[int, int], torch.Tensor] = {}  # gradient of the output, from s+1
+        self.layers: dict[tuple[int, int], list[tuple[torch.Tensor, list[nn.Parameter]]]] = {}
+        self.pending: dict[tuple[int, int], split.PendingW] = {}  # B done, W not yet
+        self.rng: dict[tuple[int, int], torch.Tensor] = {}  # RNG state at F (recompute)
 
 
 class _Inbox:
@@ -305,23 +401,23 @@ class _Inbox:
 
     def __init__(
         self,
-        order: list[int],
+        order: list[tuple[tuple[int, int], tuple[torch.Size, torch.dtype]]],
         src: int,
-        shape: tuple[torch.Size, torch.dtype] | None,
         device: torch.device,
         group: ProcessGroup | None,
+        tag: int,
         requires_grad: bool = False,
         ahead: bool = True,
     ) -> None:
         self.ahead = ahead
-        self.order = order
+        self.order = order  # ((micro-batch, stage), buffer shape) in the sender's order
         self.src = src
-        self.shape = shape
+        self.tag = tag
         self.device = device
         self.group = group
         self.requires_grad = requires_grad
         self.next = 0
-        self.posted: tuple[int, Any, torch.Tensor] | None = None
+        self.posted: tuple[tuple[int, int], Any, torch.Tensor] | None = None
         if ahead:
             self._post()
 
@@ -329,14 +425,13 @@ class _Inbox:
         if self.next >= len(self.order):
             self.posted = None
             return
-        assert self.shape is not None
-        shape, dtype = self.shape
+        key, (shape, dtype) = self.order[self.next]
         buf = torch.empty(shape, dtype=dtype, device=self.device)
-        self.posted = (self.order[self.next], p2p.irecv(buf, self.src, self.group), buf)
+        self.posted = (key, p2p.irecv(buf, self.src, self.group, tag=self.tag), buf)
         self.next += 1
 
-    def take(self, m: int) -> torch.Tensor:
-        """Wait for micro-batch ``m``'s tensor (the next in order) and post the following one."""
+    def take(self, m: tuple[int, int]) -> torch.Tensor:
+        """Wait for (micro-batch, stage) ``m``'s tensor (the next in order); post the next."""
         if not self.ahead:
             self._post()  # the receive for m, now
         assert self.posted is not None and self.posted[0] == m, (m, self.posted)
