@@ -28,8 +28,9 @@ from disttrain.strategies import STRATEGIES
 PIPELINES = {"pipeline", "hybrid"}
 #: Who reads each setting that not every run reads (with its COMPANIONS set).
 _OWNED_BY: list[tuple[str, set[str]]] = [
-    ("algorithm", {"allreduce", "decentralized", "hybrid", "localsgd", "tensor"}),
-    ("fusion_mb overlap accumulate", {"allreduce"}),
+    ("algorithm", {"allreduce", "decentralized", "hybrid", "localsgd", "tensor", "zero"}),
+    ("fusion_mb overlap accumulate", {"allreduce", "zero"}),
+    ("zero_stage", {"zero"}),
     ("compression error_feedback", {"allreduce", "decentralized"}),
     ("period average_optimizer_state warmup_sync_steps", {"localsgd"}),
     (

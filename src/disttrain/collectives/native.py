@@ -1,6 +1,6 @@
 """The backend's own allreduce (gloo or NCCL), metered by its documented cost.
 
-Its halves are torch's ``reduce_scatter_tensor`` and ``all_gather_into_tensor``
+Its halves are torch's ``reduce_scatter_single`` and ``all_gather_single``
 (both run on gloo here). These take equal slots, so the balanced chunks (sizes
 differing by one) are padded to ``ceil(len/n)`` elements each on the way in and
 copied back out: one extra copy of the tensor, and up to n-1 padding elements on
@@ -66,7 +66,7 @@ class Native(AllReduceAlgorithm):
             padded[i * slot : i * slot + b - a] = flat[a:b]
         a, b = bounds[rank]
         out = flat.new_empty(slot)
-        dist.reduce_scatter_tensor(out, padded, group=group)
+        dist.reduce_scatter_single(out, padded, group=group)
         flat[a:b] = out[: b - a]
         cost = self.reduce_scatter_cost(flat.numel() * flat.element_size(), n, rank,
                                         flat.element_size())  # fmt: skip
@@ -78,7 +78,7 @@ class Native(AllReduceAlgorithm):
         a, b = bounds[rank]
         mine = flat.new_zeros(slot)
         mine[: b - a] = flat[a:b]
-        dist.all_gather_into_tensor(padded, mine, group=group)
+        dist.all_gather_single(padded, mine, group=group)
         for i, (a, b) in enumerate(bounds):
             flat[a:b] = padded[i * slot : i * slot + b - a]
         cost = self.all_gather_cost(flat.numel() * flat.element_size(), n, rank,
