@@ -174,7 +174,8 @@ class ShardedReducer:
     def _buffer(self, index: int) -> torch.Tensor:
         buf = self._buffers[index]
         if buf is None:  # stages 2/3: allocated for this step only, freed once scattered
-            buf = self.full[index] if self.keep_full else torch.empty(self.layout.groups[index].numel)
+            numel = self.layout.groups[index].numel
+            buf = self.full[index] if self.keep_full else torch.empty(numel)
             self._buffers[index] = buf
         return buf
 
@@ -207,7 +208,9 @@ class ShardedReducer:
 
     def _launch_ready(self, in_backward: bool) -> None:
         groups = self.layout.groups
-        while self._next < len(groups) and self._ready[self._next] == len(groups[self._next].params):
+        while self._next < len(groups) and self._ready[self._next] == len(
+            groups[self._next].params
+        ):
             self._launch(self._next)
             self.launched_in_backward += int(in_backward)
             self._next += 1
@@ -223,8 +226,9 @@ class ShardedReducer:
         assert self._thread is not None
         work = self._thread.submit(lambda: op(buf, comm))
         name = "allreduce" if self.keep_full else "reduce-scatter"
+        nbytes = buf.numel() * buf.element_size()
         timeline.track(work, f"{name} group {index}", in_order=True, bucket=index,
-                       bytes=buf.numel() * buf.element_size(), algorithm=self.algorithm)  # fmt: skip
+                       bytes=nbytes, algorithm=self.algorithm)  # fmt: skip
         self.launched_total += 1
         self._pending.append((index, work))
 

@@ -196,7 +196,7 @@ class Strategy:
         at once; 0 unless parameters are sharded) and ``peak_rss`` (the process's peak
         resident memory). The default fits every strategy that holds plain tensors.
         """
-        params = list(self.model.parameters())
+        params: list[torch.Tensor] = list(self.model.parameters())
         params += [p for g in self.optimizer.param_groups for p in g["params"]]
         state = [t for s in self.optimizer.state.values() for t in s.values()]
         return {

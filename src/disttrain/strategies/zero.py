@@ -87,13 +87,13 @@ class Zero(Strategy):
             ordered = list(reversed(params))
             groups = [[ordered[i] for i in idx] for idx in assign_by_size(
                 ordered, int(dp.fusion_mb * MB))]  # fmt: skip
-        self.layout = ShardLayout(groups, n, self.world.rank, own_shards=self.stage == 3)
-        shard_optimizer(optimizer, self.layout.shards)
-        self.reducer = ShardedReducer(self.layout, algorithm, dp.overlap, group,
+        self.sharding = ShardLayout(groups, n, self.world.rank, own_shards=self.stage == 3)
+        shard_optimizer(optimizer, self.sharding.shards)
+        self.reducer = ShardedReducer(self.sharding, algorithm, dp.overlap, group,
                                       keep_full=self.stage == 1)  # fmt: skip
         self.gatherer: LayerGatherer | None = None
         if self.stage == 3:
-            self.gatherer = LayerGatherer(model, self.layout, algorithm, group)
+            self.gatherer = LayerGatherer(model, self.sharding, algorithm, group)
 
     @classmethod
     def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
@@ -142,7 +142,7 @@ class Zero(Strategy):
             return
         with timeline.span("all-gather parameters"):
             algo = collectives.get(self.algorithm)
-            for group in self.layout.groups:
+            for group in self.sharding.groups:
                 algo.all_gather(group.flat, self.worker_group)
 
     def finish(self) -> None:
@@ -171,22 +171,22 @@ class Zero(Strategy):
         # optimizer entry holds the latter too; kept here so the strategy owns its shard).
         return {
             "stage": self.stage,
-            "world_size": self.layout.n,
-            "shards": [g.shard.detach().clone() for g in self.layout.groups],
+            "world_size": self.sharding.n,
+            "shards": [g.shard.detach().clone() for g in self.sharding.groups],
             "optimizer": self.optimizer.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not state:
             return
-        if state["world_size"] != self.layout.n or state["stage"] != self.stage:
+        if state["world_size"] != self.sharding.n or state["stage"] != self.stage:
             raise UsageError(
                 f"the checkpoint holds ZeRO stage {state['stage']} shards of "
                 f"{state['world_size']} workers; this run is stage {self.stage} on "
-                f"{self.layout.n}: resume with the same --zero-stage and --workers"
+                f"{self.sharding.n}: resume with the same --zero-stage and --workers"
             )
         with torch.no_grad():
-            for group, saved in zip(self.layout.groups, state["shards"], strict=True):
+            for group, saved in zip(self.sharding.groups, state["shards"], strict=True):
                 group.shard.copy_(saved)
         self.optimizer.load_state_dict(state["optimizer"])
         if self.stage != 3:  # the views were restored by the model's state; re-gather anyway
