@@ -149,13 +149,14 @@ def _rank_main(args: argparse.Namespace) -> dict[str, Any] | None:
             if i >= args.warmup:
                 times[name].append(time.perf_counter() - t0)
     dist.barrier()
+    held = {n: built[n][1].memory() for n in names if built[n][1] is not None}  # end of a step
     reference = _full_params("allreduce", *built["allreduce"][1:])
     raw: dict[str, Any] = {"errors": errors, "rows": {}}
     for name in names:
         _, strategy, model = built[name]
+        memory = held.get(name)
         params = _full_params(name, strategy, model)
         diff = max(float((a - b).abs().max()) for a, b in zip(params, reference, strict=True))
-        memory = strategy.memory() if strategy is not None else None
         if strategy is not None:
             strategy.finish()
         raw["rows"][name] = {"times": times[name], "max_diff_vs_allreduce": diff,
