@@ -303,6 +303,17 @@ CASES: list[tuple[str, Argv, str]] = [
         "--algorithm 'gossip': unknown allreduce algorithm",
     ),
     ("localsgd-period", _flags("--strategy", "localsgd", "--period", "0"), "--period must be"),
+    ("zero-stage", _flags("--strategy", "zero", "--zero-stage", "4"), "--zero-stage must be 1"),
+    (
+        "zero-stage3-checkpoint",
+        _flags("--strategy", "zero", "--zero-stage", "3", "--checkpoint-every", "2"),
+        "--zero-stage 3 does not checkpoint yet",
+    ),
+    (
+        "zero-compression",
+        _flags("--strategy", "zero", "--compression", "fp16"),
+        "--compression is not used by --strategy zero",
+    ),
     ("consensus-step", _flags("--consensus-step", "1.5"), "--consensus-step must be in (0, 1]"),
     # settings no chosen component reads (docs/errors.md, "Settings nothing reads")
     (
@@ -313,7 +324,7 @@ CASES: list[tuple[str, Argv, str]] = [
     (
         "localsgd-accumulate",
         _flags("--strategy", "localsgd", "--accumulate", "4"),
-        "--accumulate is not used by --strategy localsgd (used by: allreduce)",
+        "--accumulate is not used by --strategy localsgd (used by: allreduce, zero)",
     ),
     (
         "tensor-period",
@@ -324,7 +335,7 @@ CASES: list[tuple[str, Argv, str]] = [
         "pipeline-algorithm",
         _flags("--strategy", "pipeline", "--algorithm", "ring"),
         "--algorithm is not used by --strategy pipeline (used by: allreduce, decentralized, "
-        "hybrid, localsgd, tensor)",
+        "hybrid, localsgd, tensor, zero)",
     ),
     (
         "sparse-fusion-mb",

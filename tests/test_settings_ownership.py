@@ -28,8 +28,9 @@ from disttrain.strategies import STRATEGIES
 PIPELINES = {"pipeline", "hybrid"}
 #: Who reads each setting that not every run reads (with its COMPANIONS set).
 _OWNED_BY: list[tuple[str, set[str]]] = [
-    ("algorithm", {"allreduce", "decentralized", "hybrid", "localsgd", "tensor"}),
-    ("fusion_mb overlap accumulate", {"allreduce"}),
+    ("algorithm", {"allreduce", "decentralized", "hybrid", "localsgd", "tensor", "zero"}),
+    ("fusion_mb overlap accumulate", {"allreduce", "zero"}),
+    ("zero_stage", {"zero"}),
     ("compression error_feedback", {"allreduce", "decentralized"}),
     ("period average_optimizer_state warmup_sync_steps", {"localsgd"}),
     (
@@ -151,7 +152,10 @@ def test_the_refusal_names_the_flag_the_strategy_and_who_reads_it() -> None:
     cfg = config.load({"strategy": "localsgd", "accumulate": 4})
     with pytest.raises(UsageError) as info:
         check_settings_read(cfg)
-    assert str(info.value) == "--accumulate is not used by --strategy localsgd (used by: allreduce)"
+    assert (
+        str(info.value)
+        == "--accumulate is not used by --strategy localsgd (used by: allreduce, zero)"
+    )
     # a boolean switched off is named as typed; a conditional refusal names its condition
     cfg = config.load({"compression": "topk:0.01", "overlap": False})
     assert unread_settings(cfg) == {

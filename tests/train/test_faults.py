@@ -31,6 +31,7 @@ TINY = ("--model", "mlp", "--max-steps", "6", "--no-progress", "--timeout", str(
 #: name -> flags; every strategy the registry holds (ps twice: sync and async)
 STRATEGIES: dict[str, tuple[str, ...]] = {
     "allreduce": ("--strategy", "allreduce"),
+    "zero": ("--strategy", "zero", "--zero-stage", "2"),
     "localsgd": ("--strategy", "localsgd", "--period", "2"),
     "decentralized": ("--strategy", "decentralized"),
     "pipeline": ("--strategy", "pipeline"),

@@ -12,9 +12,11 @@ from disttrain.collectives.base import (
     AllReduceAlgorithm,
     Cost,
     Path,
+    all_gather,
     all_reduce,
     get,
     length_check_enabled,
+    reduce_scatter,
     register,
     set_length_check,
 )
@@ -29,9 +31,11 @@ __all__ = [
     "AllReduceAlgorithm",
     "Cost",
     "Path",
+    "all_gather",
     "all_reduce",
     "get",
     "length_check_enabled",
+    "reduce_scatter",
     "register",
     "set_length_check",
 ]

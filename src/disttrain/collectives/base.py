@@ -4,6 +4,15 @@ Every algorithm is an in-place elementwise sum over a process group. The shared
 work lives here (a template method): flatten the tensor, skip the trivial cases
 (one rank, zero elements), check that all ranks pass the same length, then hand a
 flat contiguous view to the algorithm's :meth:`AllReduceAlgorithm.reduce_flat`.
+
+The two halves of an allreduce are collectives of their own here too, for
+sharded data parallelism (ZeRO): :meth:`AllReduceAlgorithm.reduce_scatter` (rank r
+ends with the sum of its chunk r) and :meth:`AllReduceAlgorithm.all_gather` (every
+rank ends with every rank's chunk). Chunks are the balanced split of
+:mod:`chunks` (sizes differ by at most one element: no padding on the wire). An
+algorithm file provides them by overriding ``reduce_scatter_flat`` /
+``all_gather_flat`` and their costs; one that does not gets the generic fallback
+through its own allreduce (right, but it sends a whole allreduce for each half).
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from disttrain.collectives import checks
+from disttrain.collectives.chunks import chunk_bounds
 from disttrain.collectives.costs import NOTHING, Cost, Path, max_rank_cost
 from disttrain.registry import Registry
 
@@ -24,9 +34,11 @@ __all__ = [
     "AllReduceAlgorithm",
     "Cost",
     "Path",
+    "all_gather",
     "all_reduce",
     "get",
     "length_check_enabled",
+    "reduce_scatter",
     "register",
     "set_length_check",
 ]
@@ -128,6 +140,70 @@ class AllReduceAlgorithm(ABC):
         """
         return "-"
 
+    # --- the two halves: reduce-scatter and all-gather (sharded data parallelism) ------
+    #: True if the algorithm has its own reduce-scatter and all-gather; False: the
+    #: generic fallback through :meth:`reduce_flat` (a whole allreduce for each half).
+    shards: ClassVar[bool] = False
+
+    def _half(self, op: str, flat: torch.Tensor, group: ProcessGroup | None) -> tuple[int, int]:
+        """The shared template of both halves: shape, trivial cases, the length check."""
+        if flat.dim() != 1 or not flat.is_contiguous():
+            raise ValueError(f"{op} takes a 1-D contiguous tensor, got shape {tuple(flat.shape)}")
+        n, r = dist.get_world_size(group), dist.get_rank(group)
+        if n > 1 and _length_check:
+            checks.check_call(f"{op}/{self.name}/{flat.dtype}", flat.numel(), group)
+        return n, r
+
+    def reduce_scatter(self, flat: torch.Tensor, group: ProcessGroup | None = None) -> torch.Tensor:
+        """Sum ``flat`` over ``group`` into this rank's chunk; return that chunk (a view).
+
+        Rank r's chunk is ``chunk_bounds(len, n)[r]``. The rest of ``flat`` is
+        scratch afterwards (it may hold partial sums); every rank passes the same length.
+        """
+        n, r = self._half("reduce_scatter", flat, group)
+        a, b = chunk_bounds(flat.numel(), n)[r]
+        if n > 1 and flat.numel() > 0:
+            self.reduce_scatter_flat(flat, group)
+        return flat[a:b]
+
+    def all_gather(self, flat: torch.Tensor, group: ProcessGroup | None = None) -> torch.Tensor:
+        """Fill ``flat`` in place with every rank's chunk (rank r gives chunk r); return it."""
+        n, _ = self._half("all_gather", flat, group)
+        if n > 1 and flat.numel() > 0:
+            self.all_gather_flat(flat, group)
+        return flat
+
+    def reduce_scatter_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
+        """Leave the sum of this rank's chunk in place (non-empty ``flat``, two or more ranks).
+
+        Fallback: the whole allreduce (every chunk summed everywhere).
+        """
+        self.reduce_flat(flat, group)
+
+    def all_gather_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
+        """Fill the other ranks' chunks of ``flat`` (non-empty, two or more ranks).
+
+        Fallback: zero the others' chunks and sum: each element then has exactly
+        one non-zero term, so the sum is the gathered value (x + 0 is exact).
+        """
+        n, r = dist.get_world_size(group), dist.get_rank(group)
+        a, b = chunk_bounds(flat.numel(), n)[r]
+        flat[:a].zero_()
+        flat[b:].zero_()
+        self.reduce_flat(flat, group)
+
+    def reduce_scatter_cost(
+        self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1
+    ) -> Cost:
+        """What :meth:`reduce_scatter` sends (fallback: the allreduce's :meth:`cost`)."""
+        return self.cost(nbytes, world_size, rank, itemsize)
+
+    def all_gather_cost(
+        self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1
+    ) -> Cost:
+        """What :meth:`all_gather` of ``nbytes`` in all sends (fallback: the allreduce's)."""
+        return self.cost(nbytes, world_size, rank, itemsize)
+
 
 #: The registered algorithms by name, in registration order (filled on import).
 ALGORITHMS: Registry[AllReduceAlgorithm] = Registry("allreduce algorithm", flag="--algorithm")
@@ -136,7 +212,8 @@ ALGORITHMS: Registry[AllReduceAlgorithm] = Registry("allreduce algorithm", flag=
 def register(cls: type[AllReduceAlgorithm]) -> type[AllReduceAlgorithm]:
     """Class decorator: make an algorithm available by its ``name``."""
     ALGORITHMS.add(cls.name, cls())
-    checks.add_operation(f"allreduce/{cls.name}")  # so a mismatch can name it
+    for op in ("allreduce", "reduce_scatter", "all_gather"):  # so a mismatch can name it
+        checks.add_operation(f"{op}/{cls.name}")
     return cls
 
 
@@ -150,3 +227,17 @@ def all_reduce(
 ) -> torch.Tensor:
     """Sum ``tensor`` in place over ``group`` with the named algorithm, and return it."""
     return get(algorithm).all_reduce(tensor, group)
+
+
+def reduce_scatter(
+    flat: torch.Tensor, algorithm: str = "native", group: ProcessGroup | None = None
+) -> torch.Tensor:
+    """Sum the 1-D ``flat`` into this rank's chunk with the named algorithm; return the chunk."""
+    return get(algorithm).reduce_scatter(flat, group)
+
+
+def all_gather(
+    flat: torch.Tensor, algorithm: str = "native", group: ProcessGroup | None = None
+) -> torch.Tensor:
+    """Fill the 1-D ``flat`` with every rank's chunk with the named algorithm; return it."""
+    return get(algorithm).all_gather(flat, group)

@@ -19,6 +19,12 @@ At the default segment (16 MiB) a chunk of a bucket up to 16 MiB is one
 segment, so in training at the default --fusion-mb 4 every chunk is one message
 and the segment pipelining is off; steps still overlap (step s+1's receives are
 posted while step s is summed). docs/collectives.md, "Segment pipelining".
+
+Each half is also a collective of its own (``reduce_scatter`` / ``all_gather``, for
+ZeRO): the same ring, n-1 steps each, arranged so that rank r ends owning chunk r
+(the balanced chunks of :mod:`chunks`), one message per non-empty chunk sent
+(no segmenting). Per rank: every chunk but its own (reduce-scatter) or but its
+right neighbour's (all-gather): about (n-1)/n·S each, the allreduce's two halves.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
 from disttrain.collectives.chunks import chunk_bounds, chunk_sizes, segment_bounds, segment_count
 from disttrain.collectives.costs import Path, two_phase_path
 from disttrain.collectives.scratch import buffer
-from disttrain.comm.p2p import group_rank, group_size, irecv, isend
+from disttrain.comm.p2p import exchange, group_rank, group_size, irecv, isend
 
 __all__ = ["Ring"]
 
@@ -49,6 +55,7 @@ class Ring(AllReduceAlgorithm):
     name = "ring"
     table_position = 4
     calibrates = True
+    shards = True
 
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         n, r = group_size(group), group_rank(group)
@@ -113,3 +120,44 @@ class Ring(AllReduceAlgorithm):
 
     def steps_formula(self, n: int) -> str:
         return str(2 * (n - 1))  # n-1 reduce-scatter steps, n-1 all-gather steps
+
+    # --- the halves on their own (rank r owns chunk r) --------------------------------
+    def reduce_scatter_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
+        # Step s sends chunk (r-s-1) (summed in step s-1) and receives chunk (r-s-2) from
+        # the left, adding it in: after n-1 steps chunk (r-n) = r holds every rank's term.
+        n, r = group_size(group), group_rank(group)
+        chunks = [flat[a:b] for a, b in chunk_bounds(flat.numel(), n)]
+        scratch = buffer(self.name, 0, chunks[0].numel(), flat.dtype)
+        for s in range(n - 1):
+            out, into = chunks[(r - s - 1) % n], chunks[(r - s - 2) % n]
+            incoming = scratch[: into.numel()]
+            exchange(out, (r + 1) % n, incoming, (r - 1) % n, group)
+            into.add_(incoming)
+
+    def all_gather_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
+        # Step s forwards chunk (r-s) (own in step 0) and receives chunk (r-s-1) in place.
+        n, r = group_size(group), group_rank(group)
+        chunks = [flat[a:b] for a, b in chunk_bounds(flat.numel(), n)]
+        for s in range(n - 1):
+            exchange(chunks[(r - s) % n], (r + 1) % n, chunks[(r - s - 1) % n], (r - 1) % n,
+                     group)  # fmt: skip
+
+    def reduce_scatter_cost(
+        self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1
+    ) -> Cost:
+        n = world_size
+        if n == 1 or nbytes == 0:
+            return Cost(0, 0)
+        sizes = chunk_sizes(nbytes // itemsize, n)
+        sent = [sizes[(rank - s - 1) % n] for s in range(n - 1)]  # every chunk but r
+        return Cost(sum(sent) * itemsize, sum(1 for size in sent if size))
+
+    def all_gather_cost(
+        self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1
+    ) -> Cost:
+        n = world_size
+        if n == 1 or nbytes == 0:
+            return Cost(0, 0)
+        sizes = chunk_sizes(nbytes // itemsize, n)
+        sent = [sizes[(rank - s) % n] for s in range(n - 1)]  # every chunk but r+1
+        return Cost(sum(sent) * itemsize, sum(1 for size in sent if size))

@@ -53,7 +53,7 @@ from disttrain.strategies.layout import Layout
 if TYPE_CHECKING:
     from disttrain.strategies.runspec import RunSpec
 
-__all__ = ["STRATEGIES", "Strategy", "get", "register"]
+__all__ = ["STRATEGIES", "Strategy", "get", "peak_rss_bytes", "register", "storage_bytes"]
 
 LossFn = Any  # Callable[[Tensor, Tensor], Tensor]
 
@@ -186,6 +186,27 @@ class Strategy:
         """Strategy-specific figures merged into each metrics.jsonl step line (rank 0's view)."""
         return {}
 
+    def memory(self) -> dict[str, int]:
+        """Bytes this worker holds now (``memory_per_rank`` in summary.json).
+
+        Counted from the tensors, each storage once (a gradient that is a view of a
+        fusion bucket counts the bucket): ``parameters`` (the model's and the
+        optimizer's), ``gradients`` (their ``.grad``), ``optimizer_state`` (every
+        tensor in the optimizer's state), ``gathered_peak`` (parameter bytes gathered
+        at once; 0 unless parameters are sharded) and ``peak_rss`` (the process's peak
+        resident memory). The default fits every strategy that holds plain tensors.
+        """
+        params: list[torch.Tensor] = list(self.model.parameters())
+        params += [p for g in self.optimizer.param_groups for p in g["params"]]
+        state = [t for s in self.optimizer.state.values() for t in s.values()]
+        return {
+            "parameters": storage_bytes(params),
+            "gradients": storage_bytes([p.grad for p in params if p.grad is not None]),
+            "optimizer_state": storage_bytes([t for t in state if isinstance(t, torch.Tensor)]),
+            "gathered_peak": 0,
+            "peak_rss": peak_rss_bytes(),
+        }
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -204,6 +225,25 @@ class Strategy:
         """The predicted step of ``spec`` on ``nodes`` ranks; ValueError if not modelled."""
         del spec, work, nodes, network, calibration
         raise ValueError(f"{cls.name} is not modelled: {cls.not_modelled}")
+
+
+def storage_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (views of one buffer count it once)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        if storage.nbytes():
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size (``getrusage``: KiB on Linux, bytes on macOS)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
 #: Every strategy by name (``--strategy NAME``); an unknown name is a UsageError.

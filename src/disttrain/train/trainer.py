@@ -211,6 +211,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     timers = Timers()
     step, epochs_done, loss_value = 0, 0, float("nan")
     whole: nn.Module | None = None
+    memory: dict[str, int] = {}
     test_loss, test_acc = float("nan"), None
     start = time.perf_counter()
     throughput = Throughput(tc.batch_size, start)  # samples/s of the steps this process runs
@@ -256,6 +257,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
             timers.seconds["data"] += loader.wait_seconds
             epochs_done = epoch + 1
             last = step >= step_limit or epoch == epoch_limit - 1 or roles.should_stop()
+            memory = strategy.memory()  # what this worker holds at the end of a step
             if last:
                 strategy.finish()
             with timers.time("eval"), timeline.span("eval"):
@@ -280,6 +282,10 @@ def train(cfg: RunConfig) -> dict[str, Any]:
             [float(meter.bytes_sent), float(meter.messages_sent)], world.device,
             strategy.worker_group,
         )  # fmt: skip
+        names = sorted(memory)
+        held = _gather_floats([float(memory[k]) for k in names], world.device,
+                              strategy.worker_group)  # fmt: skip
+    memory_per_rank = {k: [int(r[i]) for r in held] for i, k in enumerate(names)}
     if recorder is not None and main:  # the gather above: every worker has written its part
         timeline.merge(timeline.parts_folder(out_dir, tc.timeline), tc.timeline)
     summary: dict[str, Any] = {
@@ -302,6 +308,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         "bytes_sent_by_rank": [int(r[0]) for r in per_rank],
         "messages_sent_by_rank": [int(r[1]) for r in per_rank],
         "time_breakdown": timers.as_dict(),
+        "memory_per_rank": memory_per_rank,
         "precision": tc.precision,
         "skipped_steps": runner.skipped_steps,
         "final_lr": schedule(max(step - 1, 0)),

@@ -1,0 +1,277 @@
+"""The flat shard layout of sharded data parallelism (ZeRO) and its gradient reducer.
+
+Parameters are packed into flat groups (fusion buckets for stages 1 and 2, one
+group per layer for stage 3), in the order backward makes their gradients
+ready; every parameter becomes a view of its group's flat buffer. Each group is
+cut into the balanced chunks of :mod:`disttrain.collectives.chunks` (sizes
+differ by at most one element, so no padding): rank r owns chunk r of every
+group. Its shard is one ``nn.Parameter`` per group, which the optimizer steps:
+
+- stages 1 and 2: the shard is a view of the flat buffer itself, so the update
+  lands in the model in place and an all-gather of each group finishes the step;
+- stage 3: the shard is a tensor of its own, and the flat buffer exists only
+  while a layer is gathered (:mod:`disttrain.dataparallel.gather`).
+
+The reducer gives each shard its averaged gradient. Stage 1 allreduces each
+group (the full gradient stays, 4Ψ bytes); stages 2 and 3 reduce-scatter it into
+a transient buffer, keep this rank's chunk (4Ψ/N in all) and free the rest.
+Groups are launched strictly in order as their last gradient arrives (during
+backward with overlap, on a :class:`CommThread` with its own process group), as
+:class:`~disttrain.dataparallel.reducer.Reducer` does for the allreduce strategy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed import ProcessGroup
+
+from disttrain import collectives, timeline
+from disttrain.collectives.chunks import chunk_bounds
+from disttrain.comm.world import group_timeout
+from disttrain.dataparallel.commthread import CommThread
+from disttrain.dataparallel.fusion import FlatBucket
+
+__all__ = ["ShardGroup", "ShardLayout", "ShardedReducer", "shard_optimizer"]
+
+
+@dataclass
+class ShardGroup:
+    """One flat group: its parameters (views of ``flat``), and this rank's chunk of it."""
+
+    index: int
+    params: list[nn.Parameter]
+    flat: torch.Tensor
+    start: int  # this rank's chunk: flat[start:stop]
+    stop: int
+    shard: nn.Parameter  # what the optimizer steps
+
+    @property
+    def numel(self) -> int:
+        return sum(p.numel() for p in self.params)
+
+    def offsets(self) -> Iterator[tuple[nn.Parameter, int]]:
+        offset = 0
+        for p in self.params:
+            yield p, offset
+            offset += p.numel()
+
+
+class ShardLayout:
+    """``groups`` of parameters packed flat and cut into ``n`` chunks; rank ``rank`` owns one.
+
+    ``own_shards`` (stage 3): the shard is a copy, not a view of the flat buffer,
+    so the buffer can be freed between uses.
+    """
+
+    def __init__(
+        self, groups: Sequence[Sequence[nn.Parameter]], n: int, rank: int, own_shards: bool
+    ) -> None:
+        self.n, self.rank, self.own_shards = n, rank, own_shards
+        self.groups: list[ShardGroup] = []
+        for index, params in enumerate(groups):
+            flat = torch.cat([p.detach().reshape(-1) for p in params])
+            offset = 0
+            for p in params:
+                p.data = flat[offset : offset + p.numel()].view_as(p)
+                offset += p.numel()
+            start, stop = chunk_bounds(flat.numel(), n)[rank]
+            piece = flat[start:stop]
+            shard = nn.Parameter(piece.clone() if own_shards else piece)
+            self.groups.append(ShardGroup(index, list(params), flat, start, stop, shard))
+
+    @property
+    def shards(self) -> list[nn.Parameter]:
+        return [g.shard for g in self.groups]
+
+    @property
+    def numel(self) -> int:
+        return sum(g.numel for g in self.groups)
+
+    @property
+    def shard_numel(self) -> int:
+        return sum(g.stop - g.start for g in self.groups)
+
+
+def shard_optimizer(optimizer: torch.optim.Optimizer, shards: list[nn.Parameter]) -> None:
+    """Make ``optimizer`` step ``shards`` instead of the model's parameters (state cleared).
+
+    Right for elementwise optimizers (SGD, momentum, Adam: each element's update
+    reads only that element's gradient and state), with one parameter group.
+    """
+    if len(optimizer.param_groups) != 1:
+        raise ValueError(
+            f"sharding needs an optimizer with one parameter group, got "
+            f"{len(optimizer.param_groups)}"
+        )
+    optimizer.param_groups[0]["params"] = list(shards)
+    optimizer.state.clear()
+
+
+class ShardedReducer:
+    """Averages each group's gradients into the shards: allreduce (stage 1) or reduce-scatter."""
+
+    def __init__(
+        self, layout: ShardLayout, algorithm: str, overlap: bool, group: ProcessGroup | None,
+        keep_full: bool,
+    ) -> None:  # fmt: skip
+        self.layout = layout
+        self.algo = collectives.get(algorithm)
+        self.algorithm = algorithm
+        self.keep_full = keep_full
+        self.n = layout.n
+        groups = layout.groups
+        # stage 1: the full averaged gradient of each group stays (the parameters' .grad)
+        self.full = [torch.zeros(g.numel) for g in groups] if keep_full else []
+        # stages 2 and 3: only this rank's chunks stay, back to back
+        self.own = torch.zeros(0 if keep_full else layout.shard_numel)
+        self._own_at: list[int] = []
+        at = 0
+        for g in groups:
+            self._own_at.append(at)
+            at += g.stop - g.start
+        self._where = {id(p): (g.index, i) for g in groups for i, p in enumerate(g.params)}
+        self._offset = {id(p): off for g in groups for p, off in g.offsets()}
+        ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+        self._comm_group = dist.new_group(ranks, timeout=group_timeout())  # collective
+        self._thread: CommThread | None = CommThread("disttrain-zero")
+        self._hooks: list[Any] = []
+        if overlap:
+            for g in groups:
+                for p in g.params:
+                    self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad_ready))
+        self._sync_enabled = True
+        #: called with each group (as a bucket of this rank's gradients) before it is sent
+        self.before_send: Callable[[FlatBucket], None] | None = None
+        self.wait_seconds = 0.0
+        self.launched_in_backward = 0
+        self.launched_total = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self._buffers: list[torch.Tensor | None] = [None] * len(self.layout.groups)
+        self._ready = [0] * len(self.layout.groups)
+        self._marked: set[int] = set()
+        self._next = 0
+        self._pending: list[tuple[int, Any]] = []
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside only accumulate gradients locally (no communication)."""
+        before, self._sync_enabled = self._sync_enabled, False
+        try:
+            yield
+        finally:
+            self._sync_enabled = before
+
+    def _buffer(self, index: int) -> torch.Tensor:
+        buf = self._buffers[index]
+        if buf is None:  # stages 2/3: allocated for this step only, freed once scattered
+            numel = self.layout.groups[index].numel
+            buf = self.full[index] if self.keep_full else torch.empty(numel)
+            self._buffers[index] = buf
+        return buf
+
+    def _copy_in(self, param: nn.Parameter) -> None:
+        """Put ``grad / n`` into its slot (dividing before the sum, as DDP does)."""
+        index, _ = self._where[id(param)]
+        buf = self._buffer(index)
+        offset = self._offset[id(param)]
+        view = buf[offset : offset + param.numel()].view_as(param)
+        if param.grad is None:
+            view.zero_()  # a parameter that took no part in the loss
+        else:
+            torch.div(param.grad, self.n, out=view)
+        # stage 1 keeps the full gradient (a view of its group); stages 2/3 drop it
+        param.grad = view if self.keep_full else None
+        self._marked.add(id(param))
+        self._ready[index] += 1
+
+    def _on_grad_ready(self, param: torch.Tensor) -> None:
+        if not self._sync_enabled:
+            return
+        if id(param) in self._marked:
+            raise RuntimeError(
+                "a gradient was produced twice before the optimizer step: run the earlier "
+                "backward passes inside no_sync() (or use --accumulate)"
+            )
+        assert isinstance(param, nn.Parameter)
+        self._copy_in(param)
+        self._launch_ready(in_backward=True)
+
+    def _launch_ready(self, in_backward: bool) -> None:
+        groups = self.layout.groups
+        while self._next < len(groups) and self._ready[self._next] == len(
+            groups[self._next].params
+        ):
+            self._launch(self._next)
+            self.launched_in_backward += int(in_backward)
+            self._next += 1
+
+    def _launch(self, index: int) -> None:
+        group = self.layout.groups[index]
+        buf = self._buffer(index)
+        if self.before_send is not None:
+            views = [buf[o : o + p.numel()].view_as(p) for p, o in group.offsets()]
+            self.before_send(FlatBucket(index, list(group.params), buf, views))
+        op = self.algo.all_reduce if self.keep_full else self.algo.reduce_scatter
+        comm = self._comm_group
+        assert self._thread is not None
+        work = self._thread.submit(lambda: op(buf, comm))
+        name = "allreduce" if self.keep_full else "reduce-scatter"
+        nbytes = buf.numel() * buf.element_size()
+        timeline.track(work, f"{name} group {index}", in_order=True, bucket=index,
+                       bytes=nbytes, algorithm=self.algorithm)  # fmt: skip
+        self.launched_total += 1
+        self._pending.append((index, work))
+
+    def synchronize(self) -> None:
+        """Finish this step's reductions; afterwards every shard's ``.grad`` is its average."""
+        start = time.perf_counter()
+        try:
+            for group in self.layout.groups[self._next :]:
+                for p in group.params:
+                    if id(p) not in self._marked:  # overlap off, or unused in the loss
+                        self._copy_in(p)
+            self._launch_ready(in_backward=False)
+            for index, work in self._pending:
+                with timeline.span("wait", bucket=index):
+                    work.wait()
+                group = self.layout.groups[index]
+                buf = self._buffers[index]
+                assert buf is not None
+                if self.keep_full:
+                    group.shard.grad = buf[group.start : group.stop]
+                else:
+                    at = self._own_at[index]
+                    own = self.own[at : at + group.stop - group.start]
+                    own.copy_(buf[group.start : group.stop])
+                    group.shard.grad = own
+        finally:
+            self._reset()  # drops the transient buffers of stages 2 and 3
+            self.wait_seconds += time.perf_counter() - start
+
+    def close(self) -> None:
+        """Remove the hooks and stop the communication thread."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        if self._thread is not None:
+            self._thread.close()
+            self._thread = None
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "groups": len(self.layout.groups),
+            "shard_elements": self.layout.shard_numel,
+            "wait_seconds": round(self.wait_seconds, 6),
+            "launched_in_backward": self.launched_in_backward,
+            "launched_total": self.launched_total,
+        }

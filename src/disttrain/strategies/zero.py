@@ -1,0 +1,193 @@
+"""Sharded data parallelism (ZeRO, Rajbhandari et al. 2020): each worker keeps 1/N of the state.
+
+Synchronous data parallelism with the replicated state cut into N shards
+(:mod:`disttrain.dataparallel.sharding`: flat groups, rank r owns chunk r of each):
+
+- stage 1 (P_os): the optimizer steps only this rank's shard (1/N of the Adam or
+  momentum state); gradients are allreduced per fusion group during backward
+  as the allreduce strategy does; after the step every group's parameters are
+  all-gathered (reduce-scatter + all-gather bytes = one allreduce's);
+- stage 2 (P_os+g): each group is reduce-scattered during backward instead, and
+  only this rank's chunk of the gradient is kept;
+- stage 3 (P_os+g+p): each layer's full weights exist only while it computes:
+  all-gathered before its forward and its backward, freed after, the next
+  layer's gather prefetched (:mod:`disttrain.dataparallel.gather`).
+
+The step is exactly the replicated one for elementwise optimizers (sgd,
+momentum, adam): each element's update reads only its own gradient and state.
+``--accumulate K`` runs K micro-batches with communication after the last only.
+Under fp16 the shard gradients are unscaled after the reduction and overflow is
+agreed over every worker (``communicates_during_backward``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from disttrain import collectives, timeline
+from disttrain.comm.errors import UsageError
+from disttrain.config import RunConfig, opt, register_section
+from disttrain.dataparallel.broadcast import broadcast_tensors
+from disttrain.dataparallel.fusion import MB, FlatBucket, assign_by_size
+from disttrain.dataparallel.gather import LayerGatherer, layer_groups
+from disttrain.dataparallel.sharding import ShardedReducer, ShardLayout, shard_optimizer
+from disttrain.strategies.allreduce import DataParallelConfig
+from disttrain.strategies.base import Strategy, register
+
+__all__ = ["Zero", "ZeroConfig"]
+
+
+@register_section
+@dataclass(frozen=True)
+class ZeroConfig:
+    """Settings of sharded data parallelism (ZeRO)."""
+
+    zero_stage: int = opt(
+        1, "ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters"
+    )
+
+    def validate(self) -> None:
+        if self.zero_stage not in (1, 2, 3):
+            raise UsageError(f"--zero-stage must be 1, 2 or 3, got {self.zero_stage}")
+
+
+@register
+class Zero(Strategy):
+    """ZeRO stages 1-3 over ``--algorithm``'s reduce-scatter, allreduce and all-gather."""
+
+    name = "zero"
+    reads_settings = (ZeroConfig, DataParallelConfig, "algorithm")
+    # The shard gradients exist only after the reduction: under fp16 the trainer unscales
+    # them (and agrees on overflow) after after_backward, for every stage.
+    communicates_during_backward = True
+    main_setting: ClassVar[str | None] = "zero_stage"
+    not_modelled = "its cost formula is not written yet (bytes = the allreduce's)"
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        super().setup(model, optimizer)
+        n, group = self.world.world_size, self.worker_group
+        if n > 1:
+            broadcast_tensors(list(model.state_dict().values()), 0, group)
+        self.stage = self.config.section(ZeroConfig).zero_stage
+        dp: DataParallelConfig = self.config.section(DataParallelConfig)
+        self.accumulate = dp.accumulate
+        algorithm = self.config.train.algorithm
+        collectives.get(algorithm)  # an unknown name: the registry's usage error
+        self.algorithm = algorithm
+        params = list({id(p): p for p in model.parameters() if p.requires_grad}.values())
+        if self.stage == 3:
+            groups = layer_groups(model)
+        else:  # fusion groups in the order backward makes gradients ready (last layer first)
+            ordered = list(reversed(params))
+            groups = [[ordered[i] for i in idx] for idx in assign_by_size(
+                ordered, int(dp.fusion_mb * MB))]  # fmt: skip
+        self.sharding = ShardLayout(groups, n, self.world.rank, own_shards=self.stage == 3)
+        shard_optimizer(optimizer, self.sharding.shards)
+        self.reducer = ShardedReducer(self.sharding, algorithm, dp.overlap, group,
+                                      keep_full=self.stage == 1)  # fmt: skip
+        self.gatherer: LayerGatherer | None = None
+        if self.stage == 3:
+            self.gatherer = LayerGatherer(model, self.sharding, algorithm, group)
+
+    @classmethod
+    def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
+        super().validate_config(config, model)
+        tc = config.train
+        if config.section(ZeroConfig).zero_stage == 3 and (tc.checkpoint_every or tc.resume):
+            raise UsageError(
+                "--zero-stage 3 does not checkpoint yet (its parameters exist only as shards "
+                "between steps): use --zero-stage 1 or 2 with --checkpoint-every/--resume"
+            )
+
+    # --- the step -----------------------------------------------------------------------
+    def before_step(self, step: int) -> None:
+        if self.gatherer is not None:  # after evaluation every layer was held gathered
+            self.gatherer.release()
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        for p in self.model.parameters():  # the trainer zeroes the shards, not these
+            p.grad = None
+        if self.accumulate == 1:
+            return super().forward_backward(x, y)
+        # K near-equal micro-batches, each mean loss weighted by its share (as allreduce)
+        parts = [(a, b) for a, b in zip(x.tensor_split(self.accumulate), y.tensor_split(
+            self.accumulate), strict=True) if len(a)]  # fmt: skip
+        total = torch.zeros(())
+        for i, (xm, ym) in enumerate(parts):
+            last = i == len(parts) - 1
+            with nullcontext() if last else self.reducer.no_sync():
+                with timeline.span("forward", microbatch=i):
+                    loss = self.loss_fn(self.model(xm), ym) * (len(xm) / len(x))
+                with timeline.span("backward", microbatch=i):
+                    loss.backward()
+            total = total + loss.detach().cpu()
+        return total
+
+    def check_before_send(self, check: Callable[[FlatBucket], None]) -> bool:
+        self.reducer.before_send = check
+        return True
+
+    def after_backward(self) -> None:
+        self.reducer.synchronize()
+
+    def after_step(self, step: int) -> None:
+        if self.gatherer is not None:  # the shards are the parameters: gathered when used
+            self.gatherer.release()
+            return
+        with timeline.span("all-gather parameters"):
+            algo = collectives.get(self.algorithm)
+            for group in self.sharding.groups:
+                algo.all_gather(group.flat, self.worker_group)
+
+    def finish(self) -> None:
+        self.reducer.close()
+        if self.gatherer is not None:
+            self.gatherer.close()
+
+    def eval_model(self) -> nn.Module | None:
+        if self.gatherer is not None:
+            return self.gatherer.full_model(self.world.rank == 0)
+        return super().eval_model()
+
+    # --- reporting and state ---------------------------------------------------------------
+    def memory(self) -> dict[str, int]:
+        counted = super().memory()
+        if self.gatherer is not None:
+            counted["gathered_peak"] = self.gatherer.peak_bytes
+        return counted
+
+    def summary(self) -> dict[str, Any]:
+        return {"zero": {"stage": self.stage, "accumulate": self.accumulate,
+                         **self.reducer.stats()}}  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        # This rank's shard of the parameters and of the optimizer state (the trainer's
+        # optimizer entry holds the latter too; kept here so the strategy owns its shard).
+        return {
+            "stage": self.stage,
+            "world_size": self.sharding.n,
+            "shards": [g.shard.detach().clone() for g in self.sharding.groups],
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state:
+            return
+        if state["world_size"] != self.sharding.n or state["stage"] != self.stage:
+            raise UsageError(
+                f"the checkpoint holds ZeRO stage {state['stage']} shards of "
+                f"{state['world_size']} workers; this run is stage {self.stage} on "
+                f"{self.sharding.n}: resume with the same --zero-stage and --workers"
+            )
+        with torch.no_grad():
+            for group, saved in zip(self.sharding.groups, state["shards"], strict=True):
+                group.shard.copy_(saved)
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.stage != 3:  # the views were restored by the model's state; re-gather anyway
+            self.after_step(0)
