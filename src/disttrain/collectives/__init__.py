@@ -21,7 +21,7 @@ from disttrain.collectives.base import (
 from disttrain.registry import import_submodules
 
 #: Modules of this package that are helpers, not algorithms.
-HELPERS = ("base", "checks", "chunks", "costs", "folding", "paths", "scratch")
+HELPERS = ("base", "checks", "chunks", "costs", "folding", "paths", "scratch", "shmseg")
 
 __all__ = [
     "ALGORITHMS",
