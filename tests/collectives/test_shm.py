@@ -103,8 +103,9 @@ def test_cost_counts_every_copy() -> None:
     from disttrain import collectives
 
     algo = collectives.get("shm")
-    # 10 float32 on 3 ranks, one piece: 2·40 bytes + 4 slots·chunk (4, 3, 3 elements)
-    assert [algo.cost(40, 3, r, 4).bytes_copied for r in range(3)] == [144, 128, 128]
+    # 10 float32 on 3 ranks, one piece: 2·40 bytes + (3-2)·chunk (4, 3, 3 elements)·4
+    assert [algo.cost(40, 3, r, 4).bytes_copied for r in range(3)] == [96, 92, 92]
+    assert algo.cost(40, 2, 1, 4).bytes_copied == 80
     assert algo.cost(40, 1, 0, 4).bytes_copied == 0
     path = algo.critical_path(64 << 20, 2, 4)
     copied = algo.cost(64 << 20, 2, 0, 4).bytes_copied

@@ -1,23 +1,24 @@
 """Shared-memory allreduce and broadcast for the ranks of one host (no network at all).
 
 As NCCL's intra-node path, DeepSpeed's CPU backend and oneCCL do it: the group maps
-one segment (:mod:`shmseg`) with n input slots and one result slot. Per piece of
-at most :data:`PIECE_BYTES` (so the segment stays small and a piece stays in cache
-between the copy in and the sum):
+one segment (:mod:`shmseg`) with one slot per rank, twice (two sets, used by pieces in
+turn). The tensor is cut into pieces of at most :data:`PIECE_BYTES` (the segment stays
+small and a piece stays in cache between its copies); each piece into n chunks, chunk r
+summed by rank r:
 
-1. every rank copies its piece into its own slot;        barrier
-2. rank r sums chunk r of the piece over all n slots     (slot 0 + slot 1 + ... in rank
-   order, so the result does not depend on who sums) into the result slot;  barrier
-3. every rank copies the whole result out.
+1. every rank copies the chunks it does not sum into its slot;                 barrier
+2. rank r adds the other ranks' chunk r (their slots, in rank order) into its own
+   chunk r in place, and copies that result into its slot;                     barrier
+3. every rank copies the other chunks' results out of their owners' slots.
 
-A rank enters the next piece's step 2 only after every rank has passed its own step 3
-(the barrier of the next step 1), and overwrites its slot only after every rank has
-summed it (the barrier of step 2): two barriers per piece. Every rank reads the same
-result bytes, so the sum is bitwise equal on every rank.
+Only the owner of a chunk computes it and every rank reads that result: the sum is
+bitwise equal on every rank. Two sets of slots make two barriers per piece enough: a
+rank writes a set again only after everyone passed the first barrier of the piece in
+between, i.e. finished reading that set. Broadcast needs one barrier per piece.
 
-Cost: nothing crosses a network (0 bytes, 0 messages); per rank and piece of m
-elements, with chunk c_r of it: m written in, n·c_r read and c_r written by the sum,
-m read out: ``bytes_copied`` = 2·S + (n+1)·Σ c_r·itemsize.
+Cost: nothing crosses a network (0 bytes, 0 messages). Per rank and piece of m
+elements with chunk c_r: m - c_r written in, (n-1)·c_r read and c_r written by the sum,
+m - c_r read out: ``bytes_copied`` = (2m + (n-2)·c_r)·itemsize; 2S for n = 2.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def _segment(group: ProcessGroup | None, numel: int, itemsize: int) -> Segment:
         if seg is not None:
             seg.close()
         size = PIECE_BYTES if need > PIECE_BYTES // 4 else need  # grow once, not per size
-        seg = Segment(group, n + 1, size)
+        seg = Segment(group, 2 * n, size)
         _local.held[key] = seg
     return seg
 
@@ -82,22 +83,31 @@ def release() -> None:
 
 def _reduce(seg: Segment, flat: torch.Tensor) -> int:
     """Sum ``flat`` over the segment's group in place; the bytes this rank copied."""
-    n, r, itemsize = seg.n, seg.rank, flat.element_size()
+    n, r, itemsize, dtype = seg.n, seg.rank, flat.element_size(), flat.dtype
     copied = 0
     for a, b in piece_bounds(flat.numel(), itemsize):
         m = b - a
-        seg.slot(r, flat.dtype, m).copy_(flat[a:b])
+        piece = flat[a:b]
+        base = n * (seg.turn % 2)  # this piece's set of slots
+        seg.turn += 1
+        slots = [seg.slot(base + j, dtype, m) for j in range(n)]
+        bounds = chunk_bounds(m, n)
+        lo, hi = bounds[r]
+        mine = slots[r]
+        mine[:lo].copy_(piece[:lo])
+        mine[hi:].copy_(piece[hi:])
         seg.barrier()
-        lo, hi = chunk_bounds(m, n)[r]
         if hi > lo:
-            out = seg.slot(n, flat.dtype, m)[lo:hi]
-            torch.add(seg.slot(0, flat.dtype, m)[lo:hi], seg.slot(1, flat.dtype, m)[lo:hi],
-                      out=out)  # fmt: skip
-            for j in range(2, n):
-                out.add_(seg.slot(j, flat.dtype, m)[lo:hi])
+            own = piece[lo:hi]
+            for j in range(n):
+                if j != r:
+                    own.add_(slots[j][lo:hi])
+            mine[lo:hi].copy_(own)
         seg.barrier()
-        flat[a:b].copy_(seg.slot(n, flat.dtype, m))
-        copied += (2 * m + (n + 1) * (hi - lo)) * itemsize
+        for j, (x, y) in enumerate(bounds):
+            if j != r and y > x:
+                piece[x:y].copy_(slots[j][x:y])
+        copied += (2 * m + (n - 2) * (hi - lo)) * itemsize
     return copied
 
 
@@ -118,21 +128,19 @@ class Shm(AllReduceAlgorithm):
         copied = 0
         for a, b in piece_bounds(nbytes // itemsize, itemsize):
             m = b - a
-            copied += (2 * m + (n + 1) * chunk_sizes(m, n)[rank]) * itemsize
+            copied += (2 * m + (n - 2) * chunk_sizes(m, n)[rank]) * itemsize
         return Cost(0, 0, copied)
 
     def chain(self, nbytes: int, n: int, itemsize: int) -> Path:
         # Two barriers per piece (each a wake-up: α); the busiest rank's copies (μ);
         # the sum adds (n-1) chunks into its result chunk (γ); no link is crossed (β).
-        pieces = len(piece_bounds(nbytes // itemsize, itemsize))
-        most = max(range(n), key=lambda r: self.cost(nbytes, n, r, itemsize).bytes_copied)
-        c = self.cost(nbytes, n, most, itemsize)
-        chunk = sum(chunk_sizes(b - a, n)[most] for a, b in piece_bounds(nbytes // itemsize,
-                                                                          itemsize))  # fmt: skip
+        c = self.cost(nbytes, n, 0, itemsize)  # rank 0: the largest chunks (chunk_sizes)
+        bounds = piece_bounds(nbytes // itemsize, itemsize)
+        chunk = sum(chunk_sizes(b - a, n)[0] for a, b in bounds)
         return Path(
-            2 * pieces, 0, (n - 1) * chunk * itemsize, 0, 0,
-            f"2 barriers per {PIECE_BYTES >> 20} MiB piece = {2 * pieces}",
-            "2S + (n+1)/n·S copied through memory", copied_bytes=c.bytes_copied,
+            2 * len(bounds), 0, (n - 1) * chunk * itemsize, 0, 0,
+            f"2 barriers per {PIECE_BYTES >> 20} MiB piece = {2 * len(bounds)}",
+            "2S + (n-2)/n·S copied through memory", copied_bytes=c.bytes_copied,
         )  # fmt: skip
 
     def steps_formula(self, n: int) -> str:
@@ -141,22 +149,23 @@ class Shm(AllReduceAlgorithm):
 
 def broadcast(tensor: torch.Tensor, src: int, group: ProcessGroup | None = None) -> torch.Tensor:
     """Copy group rank ``src``'s ``tensor`` into every rank's ``tensor`` in place, through
-    the segment (the source writes its own slot, the others read it). Returns the tensor."""
+    the segment (the source writes its slot, the others read it; one barrier per piece).
+    Returns the tensor."""
     n = dist.get_world_size(group)
     if n == 1 or tensor.numel() == 0:
         return tensor
     flat = tensor.contiguous().view(-1)
     itemsize = flat.element_size()
     seg = _segment(group, flat.numel(), itemsize)
-    rank, copied = seg.rank, 0
+    copied = 0
     for a, b in piece_bounds(flat.numel(), itemsize):
-        # The source's slot was last read before the previous call's second barrier.
-        if rank == src:
-            seg.slot(src, flat.dtype, b - a).copy_(flat[a:b])
+        slot = seg.slot(n * (seg.turn % 2) + src, flat.dtype, b - a)
+        seg.turn += 1
+        if seg.rank == src:
+            slot.copy_(flat[a:b])
         seg.barrier()
-        if rank != src:
-            flat[a:b].copy_(seg.slot(src, flat.dtype, b - a))
-        seg.barrier()
+        if seg.rank != src:
+            flat[a:b].copy_(slot)
         copied += (b - a) * itemsize
     if flat.data_ptr() != tensor.data_ptr():
         tensor.copy_(flat.view_as(tensor))

@@ -66,16 +66,19 @@ _libc = ctypes.CDLL(None, use_errno=True) if _SYS_FUTEX is not None else None
 _WAIT_FOR = _Timespec(0, int(_POLL * 1e9))
 
 
+def _clean(tag: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in tag)[:40]
+
+
 def job_tag() -> str:
     """This job's tag: the launcher's, else torchrun's run id, else this host's "local"."""
-    tag = os.environ.get(JOB_ENV) or os.environ.get("TORCHELASTIC_RUN_ID") or "local"
-    return "".join(c if c.isalnum() else "_" for c in tag)[:40]
+    return _clean(os.environ.get(JOB_ENV) or os.environ.get("TORCHELASTIC_RUN_ID") or "local")
 
 
 def remove_leftovers(tag: str) -> list[str]:
     """Remove the segments of the job tagged ``tag`` that a dead rank left; their names."""
     removed = []
-    for path in glob.glob(os.path.join(SHM_DIR, f"{PREFIX}{glob.escape(tag)}-*")):
+    for path in glob.glob(os.path.join(SHM_DIR, f"{PREFIX}{glob.escape(_clean(tag))}-*")):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
             removed.append(os.path.basename(path))
@@ -102,6 +105,7 @@ class Segment:
         self.header = -(-(self.n * _LINE) // _PAGE) * _PAGE
         self.size = self.header + slots * self.slot_bytes
         self.count = 0  # barriers entered
+        self.turn = 0  # pieces moved (the users' double buffering)
         timeout = group_timeout()
         self.timeout = timeout.total_seconds() if timeout is not None else 1800.0
         self._map = self._open()
