@@ -14,8 +14,10 @@ from disttrain.collectives.base import (
     Path,
     all_reduce,
     get,
+    inter_algorithm,
     length_check_enabled,
     register,
+    set_inter_algorithm,
     set_length_check,
 )
 from disttrain.registry import import_submodules
@@ -31,8 +33,10 @@ __all__ = [
     "Path",
     "all_reduce",
     "get",
+    "inter_algorithm",
     "length_check_enabled",
     "register",
+    "set_inter_algorithm",
     "set_length_check",
 ]
 

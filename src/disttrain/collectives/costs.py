@@ -10,7 +10,9 @@ and then sends everything. Each algorithm turns its stated costs into that chain
     time = steps·α + critical_bytes·β + reduced_bytes·γ
 
 (α: seconds per message, β: seconds per byte on a link, γ: seconds per byte added
-in memory). The byte and message counts always come from ``cost()``; what a chain adds
+in memory), plus copied_bytes·μ for an algorithm that moves data through memory shared
+by the ranks of one host (μ: seconds per byte copied by one thread, calibrated).
+The byte and message counts always come from ``cost()``; what a chain adds
 is only which of them follow one another. Links are full duplex (each rank sends and
 receives at the same time, as the emulated cluster's shaping does).
 """

@@ -116,6 +116,7 @@ class Shm(AllReduceAlgorithm):
     """Through a shared-memory segment: ranks of one host only, any world size and dtype."""
 
     name = "shm"
+    one_host = True
 
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         seg = _segment(group, flat.numel(), flat.element_size())

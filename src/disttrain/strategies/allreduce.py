@@ -194,10 +194,12 @@ class AllReduce(Strategy):
     # --- the cost model ---------------------------------------------------------------
     @classmethod
     def advise_specs(cls) -> list[str]:
-        # one row per algorithm; an estimated one (native: gloo's ring) is modelled as another
+        # one row per algorithm; an estimated one (native: gloo's ring) is modelled as another;
+        # a one-host one (shm) is asked for by name (its ranks must share a host)
         return [
-            f"{cls.name}:{a}" for a in collectives.ALGORITHMS if not collectives.get(a).estimated
-        ]
+            f"{cls.name}:{a}" for a, algo in collectives.ALGORITHMS.items()
+            if not algo.estimated and not algo.one_host
+        ]  # fmt: skip
 
     @classmethod
     def predict(
