@@ -28,7 +28,7 @@ from disttrain.strategies import STRATEGIES
 PIPELINES = {"pipeline", "hybrid"}
 #: Who reads each setting that not every run reads (with its COMPANIONS set).
 _OWNED_BY: list[tuple[str, set[str]]] = [
-    ("algorithm", {"allreduce", "decentralized", "hybrid", "localsgd", "tensor"}),
+    ("algorithm inter_algorithm", {"allreduce", "decentralized", "hybrid", "localsgd", "tensor"}),
     ("fusion_mb overlap accumulate", {"allreduce"}),
     ("compression error_feedback", {"allreduce", "decentralized"}),
     ("period average_optimizer_state warmup_sync_steps", {"localsgd"}),
@@ -58,6 +58,7 @@ VALUES: dict[str, Any] = {
     "inject_fault": "slow:2:rank=0",
     "resume": "an-earlier-run",
     "algorithm": "ring",
+    "inter_algorithm": "tree",
     "compression": "topk:0.1",
     "balance": "time",
     "straggler": "1:2",

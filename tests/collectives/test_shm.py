@@ -76,7 +76,7 @@ def _body(piece: int, sizes: list[int]) -> list[Any]:
 
             seg = _local.held[group]
             seen.append(("mode", k, seg.file_mode))
-    # the default piece (4 MiB) on the whole world: 2.5 pieces of float32, then float64
+    # 4 MiB pieces on the whole world: 2.5 pieces of float32, then float64
     shm.PIECE_BYTES = 4 << 20
     for dtype in (torch.float32, torch.float64):
         x = torch.randint(-9, 10, (2_621_443,), generator=torch.Generator().manual_seed(me))
@@ -151,3 +151,27 @@ def test_launcher_removes_what_a_dead_rank_left() -> None:
         assert not os.path.exists(path) and os.path.exists(other)
     finally:
         os.unlink(other)
+
+
+def _waits() -> tuple[float, float]:
+    import time
+
+    import torch.distributed as dist
+
+    from disttrain import collectives
+
+    collectives.set_length_check(False)  # so that rank 0 waits in the shm barrier itself
+    x = torch.ones(10)
+    collectives.all_reduce(x, "shm")  # the segment is set up
+    if dist.get_rank() == 1:
+        time.sleep(1.5)
+    cpu, wall = time.process_time(), time.perf_counter()
+    collectives.all_reduce(x, "shm")
+    return time.process_time() - cpu, time.perf_counter() - wall
+
+
+def test_a_rank_waiting_for_a_late_peer_sleeps_instead_of_spinning() -> None:
+    cpu, wall = run_world(_waits, 2, timeout=120)[0]
+    # a busy-spin would burn about the whole wait; the futex sleep burns next to nothing
+    # (bounds on CPU time, not on speed: a loaded machine only makes the wait longer)
+    assert wall > 1.0 and cpu < 0.1 * wall, (cpu, wall)

@@ -70,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--algorithms", default="all", help="comma-separated names, or all (native included)"
     )
     parser.add_argument("--dtype", default="float32", choices=_DTYPES)
+    parser.add_argument(
+        "--inter-algorithm", default="ring", help="hierarchical's algorithm between hosts"
+    )
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls (default: 5)")
     parser.add_argument("--iters", type=int, default=20, help="timed calls (default: 20)")
     parser.add_argument(
@@ -107,6 +110,7 @@ def _validate(args: argparse.Namespace) -> tuple[list[int], list[str]]:
                 f"choose from all, {', '.join(collectives.ALGORITHMS)}"
             )
     names = [ANCHOR] + [a for a in dict.fromkeys(names) if a != ANCHOR]
+    collectives.set_inter_algorithm(args.inter_algorithm)  # checked here: one line, exit 2
     folder = os.path.dirname(os.path.abspath(args.json_path)) if args.json_path else ""
     if folder and not os.path.isdir(folder):
         raise UsageError(f"--json: folder {folder} does not exist")
@@ -123,6 +127,7 @@ def _measure(sizes: list[int], names: list[str], args: argparse.Namespace) -> li
     n, rank = dist.get_world_size(), dist.get_rank()
     itemsize = torch.empty(0, dtype=getattr(torch, args.dtype)).element_size()
     collectives.set_length_check(args.length_check)
+    collectives.set_inter_algorithm(args.inter_algorithm)
     progress: Any = None
     if rank == 0 and not args.no_progress:
         from rich.progress import Progress
