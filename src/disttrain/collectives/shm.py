@@ -39,7 +39,7 @@ from disttrain.comm.meter import record_copy
 __all__ = ["PIECE_BYTES", "Shm", "broadcast", "piece_bounds", "release"]
 
 #: The largest piece one round moves (bytes); the segment holds n+1 of them.
-PIECE_BYTES = 16 << 20
+PIECE_BYTES = 1 << 20
 
 
 def piece_bounds(numel: int, itemsize: int) -> list[tuple[int, int]]:
