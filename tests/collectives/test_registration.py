@@ -35,7 +35,9 @@ def test_unknown_name_is_the_usage_error_listing_the_choices() -> None:
 
 def test_what_each_class_states_for_the_lab() -> None:
     table = sorted((a.table_position, n) for n, a in collectives.ALGORITHMS.items())
-    assert [n for p, n in table if p] == ["star", "tree", "butterfly", "ring"]  # seed lectures
+    # the seed lectures' four, then the shared-memory ones
+    seed_and_shm = ["star", "tree", "butterfly", "ring", "shm", "hierarchical"]
+    assert [n for p, n in table if p] == seed_and_shm
     calibrated = [n for n, a in collectives.ALGORITHMS.items() if a.calibrates]
     assert calibrated == ["alltoall", "ring", "star", "tree"]
     assert [n for n, a in collectives.ALGORITHMS.items() if a.estimated] == ["native"]

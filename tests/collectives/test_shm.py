@@ -91,7 +91,8 @@ def _body(piece: int, sizes: list[int]) -> list[Any]:
 def test_shm_matches_gloo_on_every_group_size_bitwise_on_every_rank() -> None:
     n = 6
     sizes = list(range(1, n + 1))
-    results = run_world(_body, n, args=(24, sizes), timeout=300)
+    # ranks outside a group wait for it at the next new_group: a long collective timeout
+    results = run_world(_body, n, args=(24, sizes), timeout=600, collective_timeout=300)
     for k in sizes:  # each of the group's ranks holds the same bytes
         mine = [[s for s in r if s[0] == k] for r in results[:k]]
         assert all(m == mine[0] for m in mine), k

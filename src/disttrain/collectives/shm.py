@@ -117,6 +117,7 @@ class Shm(AllReduceAlgorithm):
 
     name = "shm"
     one_host = True
+    table_position = 5  # after the seed lectures' four: compare --algorithms-table
 
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         seg = _segment(group, flat.numel(), flat.element_size())
