@@ -29,6 +29,7 @@ PIPELINES = {"pipeline", "hybrid"}
 #: Who reads each setting that not every run reads (with its COMPANIONS set).
 _OWNED_BY: list[tuple[str, set[str]]] = [
     ("algorithm", {"allreduce", "decentralized", "hybrid", "localsgd", "tensor", "zero"}),
+    ("inter_algorithm", {"allreduce", "decentralized", "hybrid", "localsgd", "tensor"}),
     ("fusion_mb overlap accumulate", {"allreduce", "zero"}),
     ("zero_stage", {"zero"}),
     ("compression error_feedback", {"allreduce", "decentralized"}),
@@ -59,6 +60,7 @@ VALUES: dict[str, Any] = {
     "inject_fault": "slow:2:rank=0",
     "resume": "an-earlier-run",
     "algorithm": "ring",
+    "inter_algorithm": "tree",
     "compression": "topk:0.1",
     "balance": "time",
     "schedule": "1f1b",

@@ -64,6 +64,10 @@ class TrainConfig:
     algorithm: str = opt(
         "native", "allreduce algorithm for data-parallel strategies", always_read=False
     )
+    inter_algorithm: str = opt(
+        "ring", "network algorithm among one leader per host (--algorithm hierarchical)",
+        always_read=False,
+    )  # fmt: skip
     model: str = opt("mlp", "mlp, cnn, gpt, or package.module:function returning an nn.Module")
     epochs: int = opt(10, "passes over the training set")
     max_steps: int = opt(0, "stop after this many steps (0: run all epochs)")

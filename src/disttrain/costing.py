@@ -49,6 +49,8 @@ class Rates(Protocol):
     @property
     def gamma(self) -> float: ...  # seconds per byte added in memory
     @property
+    def mu(self) -> float: ...  # seconds per byte copied by one thread (shared memory)
+    @property
     def seconds_per_flop(self) -> float: ...
     @property
     def seconds_per_param(self) -> float: ...
@@ -162,14 +164,18 @@ def allreduce_seconds(
     """One allreduce of ``nbytes`` on ``nodes`` ranks: seconds and its critical path."""
     path = allreduce_path(algorithm, nbytes, nodes, itemsize)
     if net.shared_host:
-        return path.shared_seconds(net.alpha, net.delta, net.beta), path
-    return path.seconds(net.alpha, net.beta, gamma_of(net, cal)), path
+        return path.shared_seconds(net.alpha, net.delta, net.beta, cal.mu), path
+    return path.seconds(net.alpha, net.beta, gamma_of(net, cal), cal.mu), path
 
 
 def fastest_allreduce(work: Workload, n: int, net: Network, cal: Rates) -> str:
     """The algorithm this model predicts fastest for one allreduce of the gradients."""
-    # an estimated algorithm (native: gloo's own ring) is modelled as another, never a choice
-    names = [a for a in collectives.ALGORITHMS if not collectives.get(a).estimated]
+    # an estimated algorithm (native: gloo's own ring) is modelled as another, never a choice;
+    # a one-host algorithm (shm) only for ranks that share a host
+    names = [
+        a for a, algo in collectives.ALGORITHMS.items()
+        if not algo.estimated and (net.shared_host or not algo.one_host)
+    ]  # fmt: skip
     return min(names, key=lambda a: allreduce_seconds(a, work.gradient_bytes, n, net, cal)[0])
 
 

@@ -17,7 +17,8 @@ from disttrain.comm.errors import UsageError
 
 def test_files_register_in_name_order() -> None:
     assert list(collectives.ALGORITHMS) == [
-        "alltoall", "butterfly", "halving_doubling", "native", "ring", "roundrobin", "star", "tree"
+        "alltoall", "butterfly", "halving_doubling", "hierarchical", "native", "ring",
+        "roundrobin", "shm", "star", "tree",
     ]  # fmt: skip
     assert ", ".join(collectives.ALGORITHMS).startswith("alltoall, butterfly")
 
@@ -34,13 +35,17 @@ def test_unknown_name_is_the_usage_error_listing_the_choices() -> None:
 
 def test_what_each_class_states_for_the_lab() -> None:
     table = sorted((a.table_position, n) for n, a in collectives.ALGORITHMS.items())
-    assert [n for p, n in table if p] == ["star", "tree", "butterfly", "ring"]  # seed lectures
+    # the seed lectures' four, then the shared-memory ones
+    seed_and_shm = ["star", "tree", "butterfly", "ring", "shm", "hierarchical"]
+    assert [n for p, n in table if p] == seed_and_shm
     calibrated = [n for n, a in collectives.ALGORITHMS.items() if a.calibrates]
     assert calibrated == ["alltoall", "ring", "star", "tree"]
     assert [n for n, a in collectives.ALGORITHMS.items() if a.estimated] == ["native"]
     steps = {n: collectives.get(n).steps_formula(6) for n in collectives.ALGORITHMS}
     assert steps == {"alltoall": "1", "butterfly": "-", "halving_doubling": "-", "native": "-",
-                     "ring": "10", "roundrobin": "10", "star": "2", "tree": "4"}  # fmt: skip
+                     "ring": "10", "roundrobin": "10", "star": "2", "tree": "4",
+                     "shm": "2 per piece", "hierarchical": "2 per piece"}  # fmt: skip
+    assert [n for n, a in collectives.ALGORITHMS.items() if a.one_host] == ["shm"]
     assert collectives.get("butterfly").steps_formula(8) == "3"
     assert collectives.get("halving_doubling").steps_formula(8) == "6"
 

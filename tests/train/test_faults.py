@@ -177,3 +177,23 @@ def test_a_fault_ends_the_job_naming_the_rank_and_leaves_nothing(
     assert listening_addresses(sorted(job.pids)) == []
     created = {n for n in _shm() - shm_before if any(str(p) in n for p in job.pids)}
     assert not created, f"/dev/shm leftovers: {created}"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("algorithm", ["shm", "hierarchical"])
+def test_kill_during_shared_memory_allreduce_leaves_no_segment(
+    algorithm: str, tmp_path: Path
+) -> None:
+    """The matrix's kill case with the gradients summed through /dev/shm segments."""
+    out = tmp_path / algorithm
+    shm_before = _shm()
+    job = _Job(["--algorithm", algorithm, *TINY, "--inject-fault", "kill:rank=1:step=3",
+                "--out", str(out)])  # fmt: skip
+    code, seconds = job.wait(limit=240)
+    err = job.stderr
+    assert seconds <= TIMEOUT + 15, (seconds, err)
+    assert code == 1 and all(w in err for w in NAMED["kill"]), err
+    time.sleep(0.5)
+    assert not [p for p in job.pids if _alive(p)] + _with_arg(str(out))
+    created = {n for n in _shm() - shm_before if "disttrain-shm" in n}
+    assert not created, f"/dev/shm leftovers: {created}"

@@ -15,15 +15,17 @@ from disttrain.collectives.base import (
     all_gather,
     all_reduce,
     get,
+    inter_algorithm,
     length_check_enabled,
     reduce_scatter,
     register,
+    set_inter_algorithm,
     set_length_check,
 )
 from disttrain.registry import import_submodules
 
 #: Modules of this package that are helpers, not algorithms.
-HELPERS = ("base", "checks", "chunks", "costs", "folding", "paths", "scratch")
+HELPERS = ("base", "checks", "chunks", "costs", "folding", "paths", "scratch", "shmseg")
 
 __all__ = [
     "ALGORITHMS",
@@ -34,9 +36,11 @@ __all__ = [
     "all_gather",
     "all_reduce",
     "get",
+    "inter_algorithm",
     "length_check_enabled",
     "reduce_scatter",
     "register",
+    "set_inter_algorithm",
     "set_length_check",
 ]
 

@@ -27,6 +27,7 @@ from torch.distributed import ProcessGroup
 from disttrain.collectives import checks
 from disttrain.collectives.chunks import chunk_bounds
 from disttrain.collectives.costs import NOTHING, Cost, Path, max_rank_cost
+from disttrain.comm.errors import UsageError
 from disttrain.registry import Registry
 
 __all__ = [
@@ -37,14 +38,18 @@ __all__ = [
     "all_gather",
     "all_reduce",
     "get",
+    "inter_algorithm",
     "length_check_enabled",
     "reduce_scatter",
     "register",
+    "set_inter_algorithm",
     "set_length_check",
 ]
 
 #: The cross-rank length check (process-wide; see :func:`set_length_check`).
 _length_check = True
+#: The network algorithm composite algorithms use between hosts (``--inter-algorithm``).
+_inter = "ring"
 
 
 def set_length_check(enabled: bool) -> bool:
@@ -63,6 +68,22 @@ def set_length_check(enabled: bool) -> bool:
 
 def length_check_enabled() -> bool:
     return _length_check
+
+
+def set_inter_algorithm(name: str) -> str:
+    """Set the algorithm that composite algorithms (``hierarchical``) run between hosts
+    (``--inter-algorithm``, process-wide); return the old one. It must cross a network:
+    a registered algorithm that is neither ``one_host`` nor composite (UsageError)."""
+    global _inter
+    algo = get(name)
+    if algo.one_host or algo.composite:
+        raise UsageError(f"--inter-algorithm {name}: choose an algorithm that crosses hosts")
+    old, _inter = _inter, name
+    return old
+
+
+def inter_algorithm() -> str:
+    return _inter
 
 
 class AllReduceAlgorithm(ABC):
@@ -84,6 +105,11 @@ class AllReduceAlgorithm(ABC):
     #: The meter's counts are the documented cost, not observed sends (the backend's
     #: own allreduce): benchmarks report them as estimated, tables leave them out.
     estimated: ClassVar[bool] = False
+    #: Its ranks must share one host (shared memory): the cost model offers it only for
+    #: ranks on one host, ``hierarchical`` uses it inside each host.
+    one_host: ClassVar[bool] = False
+    #: Built of other algorithms (inside and between hosts): not an inter-host choice.
+    composite: ClassVar[bool] = False
 
     def all_reduce(self, tensor: torch.Tensor, group: ProcessGroup | None = None) -> torch.Tensor:
         """Sum ``tensor`` over ``group`` in place and return it."""

@@ -10,7 +10,9 @@ and then sends everything. Each algorithm turns its stated costs into that chain
     time = steps·α + critical_bytes·β + reduced_bytes·γ
 
 (α: seconds per message, β: seconds per byte on a link, γ: seconds per byte added
-in memory). The byte and message counts always come from ``cost()``; what a chain adds
+in memory), plus copied_bytes·μ for an algorithm that moves data through memory shared
+by the ranks of one host (μ: seconds per byte copied by one thread, calibrated).
+The byte and message counts always come from ``cost()``; what a chain adds
 is only which of them follow one another. Links are full duplex (each rank sends and
 receives at the same time, as the emulated cluster's shaping does).
 """
@@ -33,13 +35,19 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Cost:
-    """What one rank is expected to send for one allreduce: bytes and messages."""
+    """What one rank is expected to send for one allreduce: bytes and messages.
+
+    ``bytes_copied``: bytes the rank writes into or reads out of memory shared with
+    its peers (a shared-memory algorithm), apart from the bytes it sends over a network.
+    """
 
     bytes_sent: int
     messages: int
+    bytes_copied: int = 0
 
     def __add__(self, other: Cost) -> Cost:
-        return Cost(self.bytes_sent + other.bytes_sent, self.messages + other.messages)
+        return Cost(self.bytes_sent + other.bytes_sent, self.messages + other.messages,
+                    self.bytes_copied + other.bytes_copied)  # fmt: skip
 
 
 class Costed(Protocol):
@@ -61,17 +69,22 @@ class Path:
     bandwidth_formula: str
     total_messages: int = 0  # over all ranks (cost() summed; filled by the lab's cache)
     total_bytes: int = 0
+    copied_bytes: int = 0  # bytes the busiest rank copies through shared memory: each pays μ
+    total_copied: int = 0  # over all ranks (filled by the lab's cache)
 
-    def seconds(self, alpha: float, beta: float, gamma: float) -> float:
-        return self.steps * alpha + self.critical_bytes * beta + self.reduced_bytes * gamma
+    def seconds(self, alpha: float, beta: float, gamma: float, mu: float = 0.0) -> float:
+        return (self.steps * alpha + self.critical_bytes * beta + self.reduced_bytes * gamma
+                + self.copied_bytes * mu)  # fmt: skip
 
-    def shared_seconds(self, alpha: float, delta: float, beta: float) -> float:
+    def shared_seconds(self, alpha: float, delta: float, beta: float, mu: float = 0.0) -> float:
         """Ranks sharing one host's cores: every message and byte of every rank is CPU work.
 
         steps·α (each step waits for its peers to be scheduled) + all messages·δ + all
-        bytes·β: on loopback a transfer is a copy by the kernel on the same cores.
+        bytes·β: on loopback a transfer is a copy by the kernel on the same cores; a
+        shared-memory copy is a copy by the rank itself (all ranks' copies·μ).
         """
-        return self.steps * alpha + self.total_messages * delta + self.total_bytes * beta
+        return (self.steps * alpha + self.total_messages * delta + self.total_bytes * beta
+                + self.total_copied * mu)  # fmt: skip
 
 
 #: The path of an allreduce that sends nothing (one rank, or zero bytes).

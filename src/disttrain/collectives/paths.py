@@ -2,7 +2,8 @@
 
 Each algorithm states its own critical path (:meth:`AllReduceAlgorithm.critical_path`,
 built from its ``cost()``: see :mod:`disttrain.collectives.costs` for the model
-``time = steps·α + critical_bytes·β + reduced_bytes·γ``). This module only caches it
+``time = steps·α + critical_bytes·β + reduced_bytes·γ + copied_bytes·μ``). This module
+only caches it
 (the cost model asks for the same bucket sizes again and again, and n = 10,000 costs
 O(n) per rank) and adds what every rank sends together, for ranks that share a host.
 """
@@ -25,7 +26,9 @@ def critical_path(algorithm: str, nbytes: int, n: int, itemsize: int = 4) -> Pat
     path = algo.critical_path(nbytes, n, itemsize)
     if n <= 64:  # exact sums; beyond, n times the busiest rank (an upper bound)
         costs = [algo.cost(nbytes, n, r, itemsize) for r in range(n)]
-        total = Cost(sum(c.bytes_sent for c in costs), sum(c.messages for c in costs))
+        total = Cost(sum(c.bytes_sent for c in costs), sum(c.messages for c in costs),
+                     sum(c.bytes_copied for c in costs))  # fmt: skip
     else:
-        total = Cost(n * path.bytes_per_rank, n * path.messages_per_rank)
-    return replace(path, total_messages=total.messages, total_bytes=total.bytes_sent)
+        total = Cost(n * path.bytes_per_rank, n * path.messages_per_rank, n * path.copied_bytes)
+    return replace(path, total_messages=total.messages, total_bytes=total.bytes_sent,
+                   total_copied=total.bytes_copied)  # fmt: skip

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-__all__ = ["Meter", "MeterSnapshot", "meter", "record_send"]
+__all__ = ["Meter", "MeterSnapshot", "meter", "record_copy", "record_send"]
 
 
 @dataclass
@@ -23,6 +23,7 @@ class MeterSnapshot:
     bytes_sent: int = 0
     messages_sent: int = 0
     estimated_bytes: int = 0
+    bytes_copied: int = 0  # through memory shared with peers (not sent: no peer, no message)
     per_peer_bytes: dict[int, int] = field(default_factory=dict)
     per_peer_messages: dict[int, int] = field(default_factory=dict)
 
@@ -31,6 +32,7 @@ class MeterSnapshot:
             "bytes_sent": self.bytes_sent,
             "messages_sent": self.messages_sent,
             "estimated_bytes": self.estimated_bytes,
+            "bytes_copied": self.bytes_copied,
             "per_peer_bytes": {str(k): v for k, v in sorted(self.per_peer_bytes.items())},
             "per_peer_messages": {str(k): v for k, v in sorted(self.per_peer_messages.items())},
         }
@@ -47,6 +49,7 @@ class Meter:
         self._bytes: defaultdict[int, int] = defaultdict(int)
         self._messages: defaultdict[int, int] = defaultdict(int)
         self._estimated = 0
+        self._copied = 0
 
     def record(self, peer: int, nbytes: int, messages: int = 1, estimated: bool = False) -> None:
         """Count ``messages`` messages totalling ``nbytes`` bytes sent to global rank ``peer``."""
@@ -56,6 +59,15 @@ class Meter:
         self._messages[peer] += messages
         if estimated:
             self._estimated += nbytes
+
+    def record_copy(self, nbytes: int) -> None:
+        """Count ``nbytes`` copied into or out of memory shared with peers (shm collectives)."""
+        if not self._paused:
+            self._copied += nbytes
+
+    @property
+    def bytes_copied(self) -> int:
+        return self._copied
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -79,6 +91,7 @@ class Meter:
             bytes_sent=self.bytes_sent,
             messages_sent=self.messages_sent,
             estimated_bytes=self._estimated,
+            bytes_copied=self._copied,
             per_peer_bytes=dict(self._bytes),
             per_peer_messages=dict(self._messages),
         )
@@ -91,3 +104,8 @@ meter = Meter()
 def record_send(peer: int, nbytes: int, messages: int = 1, estimated: bool = False) -> None:
     """Count a send on the process-wide meter."""
     meter.record(peer, nbytes, messages, estimated)
+
+
+def record_copy(nbytes: int) -> None:
+    """Count bytes copied through shared memory on the process-wide meter."""
+    meter.record_copy(nbytes)

@@ -121,6 +121,20 @@ def _gamma(nbytes: int = 8 << 20, reps: int = 15) -> float:
     return min(times) / nbytes  # the least loaded of the repetitions, as STAT does
 
 
+def _mu(nbytes: int = 8 << 20, reps: int = 15) -> float:
+    """μ: seconds per byte one thread copies (what a shared-memory collective pays)."""
+    import torch
+
+    a = torch.ones(nbytes // 4)
+    b = torch.empty_like(a)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        b.copy_(a)
+        times.append(time.perf_counter() - t0)
+    return min(times) / nbytes  # the least loaded of the repetitions, as _gamma
+
+
 def _codec(entries: int = 1 << 20, reps: int = 5) -> tuple[float, float, float, float]:
     """One-bit codec time as a + b·density per gradient entry, for encode and for decode.
 
@@ -193,8 +207,8 @@ def calibrate(
             alpha, beta = nonneg_relative_lstsq(
                 [[p.steps, p.critical_bytes] for p in paths], [r[STAT] for r in rows]
             )
-    say("memory reduction rate and one-bit codec")
-    gamma = _gamma()
+    say("memory reduction and copy rates, one-bit codec")
+    gamma, mu = _gamma(), _mu()
     enc, dec, enc_sent, dec_sent = _codec()
     params, _ = mlp_params()
     say(f"bench dp, 1 rank, batch {CAL_BATCH} and {4 * CAL_BATCH} (mlp, {params:,} parameters)")
@@ -215,8 +229,8 @@ def calibrate(
         row = bench_dp_rows(n, CAL_BATCH * n)["dp fusion=4 no-overlap"]
         colocation[str(n)] = max(1.0, _compute_seconds(row) / base)
     return Calibration(
-        alpha=alpha, beta=beta, gamma=gamma, seconds_per_flop=s_flop, seconds_per_param=s_param,
-        seconds_per_step=s_step,
+        alpha=alpha, beta=beta, gamma=gamma, mu=mu, seconds_per_flop=s_flop,
+        seconds_per_param=s_param, seconds_per_step=s_step,
         seconds_per_encode=enc, seconds_per_decode=dec, seconds_per_encode_sent=enc_sent,
         seconds_per_decode_sent=dec_sent, cores=os.cpu_count() or 1,
         colocation=colocation, loopback=loopback,
@@ -233,7 +247,8 @@ def describe(cal: Calibration) -> str:
         cal.source,
         f"link (n=2, critical path): α {cal.alpha * 1e6:.1f} us, "
         f"1/β {1 / cal.beta / 1e9 if cal.beta else float('inf'):.3g} GB/s",
-        f"memory reduction: 1/γ {1 / cal.gamma / 1e9 if cal.gamma else float('inf'):.3g} GB/s",
+        f"memory reduction: 1/γ {1 / cal.gamma / 1e9 if cal.gamma else float('inf'):.3g} GB/s, "
+        f"copy: 1/μ {1 / cal.mu / 1e9 if cal.mu else float('inf'):.3g} GB/s",
         f"compute: {1 / cal.seconds_per_flop / 1e9 if cal.seconds_per_flop else float('inf'):.3g}"
         f" GFLOP/s forward+backward, {cal.seconds_per_param * 1e9:.3g} ns per parameter per step",
         f"framework work per step (data, zero_grad, hooks): {cal.seconds_per_step * 1e3:.3g} ms",

@@ -1,4 +1,4 @@
-"""Calibrated constants of the cost model (α, β, γ, compute rates), their fits and their JSON file.
+"""Calibrated constants of the cost model (α, β, γ, μ, compute rates), their fits and JSON file.
 
 Fits are weighted least squares on *relative* residuals (each row divided by its
 measured time), so a 4 KB allreduce of 200 us counts as much as a 64 MB one of
@@ -40,6 +40,7 @@ class Calibration:
     alpha: float = 20e-6  # per message
     beta: float = 1 / 1.0e9  # per byte on a link
     gamma: float = 1 / 2.0e9  # per byte added in memory
+    mu: float = 1 / 5.0e9  # per byte copied by one thread (shared-memory collectives)
     seconds_per_flop: float = 1 / 20e9  # forward+backward
     seconds_per_param: float = 5e-9  # optimizer step and per-step fixed work per parameter
     # per-step framework work outside forward/backward and the optimizer (the data loader's
@@ -102,7 +103,7 @@ class Calibration:
             cal = cls(**raw)
         except TypeError as exc:
             raise ValueError(f"calibration file {path}: {exc}") from None
-        rates = "alpha beta gamma seconds_per_flop seconds_per_param seconds_per_step"
+        rates = "alpha beta gamma mu seconds_per_flop seconds_per_param seconds_per_step"
         for name in rates.split():
             value = getattr(cal, name)
             if not isinstance(value, int | float) or value < 0:

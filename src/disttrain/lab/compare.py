@@ -108,6 +108,8 @@ def algorithms_table(workers: int, size: str) -> list[dict[str, Any]]:
                 "messages/rank (cost())": r["messages_theory"],
                 "steps (formula)": algo.steps_formula(r["workers"]),
                 "median ms": f"{r['time_median_s'] * 1e3:.2f}",
+                "bytes copied/rank (meter)": r["bytes_copied_measured"],
+                "bytes copied/rank (cost())": r["bytes_copied_theory"],
             }
         )
     return rows

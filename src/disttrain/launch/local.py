@@ -30,6 +30,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from disttrain.checkpoint import RUN_ENV
+from disttrain.collectives.shmseg import JOB_ENV, remove_leftovers
 from disttrain.comm.world import STORE_FILE_ENV
 from disttrain.config import TrainConfig
 from disttrain.launch import rendezvous, rollcall
@@ -140,6 +141,10 @@ def launch(
     calls = os.path.join(tmp, "rollcall")
     env_backup = dict(os.environ)
     os.environ[WORKER_ENV] = "1"
+    # every shared-memory segment of the job carries this tag (its name names this pid):
+    # what a rank killed while creating one left is removed when the job ends
+    shm_tag = f"j{os.getpid()}x{uuid.uuid4().hex[:8]}"
+    os.environ[JOB_ENV] = shm_tag
     os.environ.setdefault("OMP_NUM_THREADS", str(cfg.threads))
     if checkpoint_run is not None:
         os.environ[RUN_ENV] = checkpoint_run
@@ -168,3 +173,4 @@ def launch(
         os.environ.clear()
         os.environ.update(env_backup)
         shutil.rmtree(tmp, ignore_errors=True)
+        remove_leftovers(shm_tag)

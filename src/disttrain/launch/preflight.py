@@ -53,6 +53,7 @@ def preflight(cfg: Any) -> None:
     tc = cfg.train
     strategy = strategies.get(tc.strategy)  # an unknown name: the registry's usage error
     collectives.get(tc.algorithm)  # an unknown name: the registry's usage error
+    collectives.set_inter_algorithm(tc.inter_algorithm)  # one that crosses hosts, or exit 2
     fault = parse_fault(tc.inject_fault)
     if fault and fault.rank >= tc.world_size:
         raise UsageError(

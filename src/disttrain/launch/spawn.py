@@ -35,11 +35,13 @@ import signal
 import tempfile
 import time
 import traceback
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from disttrain.collectives.shmseg import JOB_ENV, remove_leftovers
 from disttrain.comm import world
 from disttrain.comm.world import STORE_FILE_ENV
 from disttrain.registry import load_plugins
@@ -101,6 +103,7 @@ def _entry(
         {
             "RANK": str(rank),
             "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world_size),
             "WORLD_SIZE": str(world_size),
             STORE_FILE_ENV: store,
         }
@@ -144,13 +147,15 @@ def run_world(
     :func:`disttrain.comm.init`). ``env``: extra environment for every rank.
     """
     ctx = mp.get_context("spawn")
+    # the ranks' shared-memory segments carry this tag: what a killed rank left is removed
+    env = {JOB_ENV: f"w{os.getpid()}x{uuid.uuid4().hex[:8]}", **(env or {})}
     folder = tempfile.mkdtemp(prefix="disttrain-world-")
     store = os.path.join(folder, "store")  # world.init adds the restart round: store.0
     results = ctx.Queue()
     procs = [
         ctx.Process(
             target=_entry,
-            args=(r, world_size, store, fn, args, results, collective_timeout, env or {}),
+            args=(r, world_size, store, fn, args, results, collective_timeout, env),
             daemon=True,  # ended with this process, whatever happens to it
         )
         for r in range(world_size)
@@ -218,3 +223,4 @@ def run_world(
                 p.join()
         results.close()
         shutil.rmtree(folder, ignore_errors=True)
+        remove_leftovers(env[JOB_ENV])

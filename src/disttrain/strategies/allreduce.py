@@ -77,7 +77,7 @@ class AllReduce(Strategy):
     """Average gradients with ``--algorithm``, fused into buckets, overlapped with backward."""
 
     name = "allreduce"
-    reads_settings = (DataParallelConfig, CompressionConfig, "algorithm")
+    reads_settings = (DataParallelConfig, CompressionConfig, "algorithm", "inter_algorithm")
     # Buckets may be summed during backward: under fp16 the trainer unscales after the
     # sum (a sum carries any rank's Inf/NaN to all). Also right with --no-overlap.
     communicates_during_backward = True
@@ -194,10 +194,12 @@ class AllReduce(Strategy):
     # --- the cost model ---------------------------------------------------------------
     @classmethod
     def advise_specs(cls) -> list[str]:
-        # one row per algorithm; an estimated one (native: gloo's ring) is modelled as another
+        # one row per algorithm; an estimated one (native: gloo's ring) is modelled as another;
+        # a one-host one (shm) is asked for by name (its ranks must share a host)
         return [
-            f"{cls.name}:{a}" for a in collectives.ALGORITHMS if not collectives.get(a).estimated
-        ]
+            f"{cls.name}:{a}" for a, algo in collectives.ALGORITHMS.items()
+            if not algo.estimated and not algo.one_host
+        ]  # fmt: skip
 
     @classmethod
     def predict(

@@ -176,6 +176,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     run_id = _agree_run(tc, world)
     recorder = timeline.start(world.rank) if tc.timeline else None
     collectives.set_length_check(tc.check_collectives)
+    collectives.set_inter_algorithm(tc.inter_algorithm)
     checks.set_checks_everywhere(tc.check_collectives)
     if tc.pin_cpus:
         pin_to_cpu(world.local_rank)

@@ -11,7 +11,12 @@ barrier and timed as the slowest rank's wall time. Reported: median time and its
 definitions), the bytes one rank sent in one call as the meter counted them and
 as the algorithm's cost states (the most of any rank), busbw as a ratio
 of ``native``'s measured in the same run, and "paired": the median over rounds
-of the call's time over native's in the same round.
+of the call's time over native's in the same round. Bytes copied through shared
+memory (``shm``) are counted apart from bytes sent, measured and stated.
+
+The physical limits are measured in the same run, by rank 0 while the others wait
+(:mod:`._limits`): the single-thread memory-copy bandwidth and the loopback TCP
+bandwidth; each row gives its busbw as a fraction of both.
 """
 
 from __future__ import annotations
@@ -65,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--algorithms", default="all", help="comma-separated names, or all (native included)"
     )
     parser.add_argument("--dtype", default="float32", choices=_DTYPES)
+    parser.add_argument(
+        "--inter-algorithm", default="ring", help="hierarchical's algorithm between hosts"
+    )
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls (default: 5)")
     parser.add_argument("--iters", type=int, default=20, help="timed calls (default: 20)")
     parser.add_argument(
@@ -102,6 +110,7 @@ def _validate(args: argparse.Namespace) -> tuple[list[int], list[str]]:
                 f"choose from all, {', '.join(collectives.ALGORITHMS)}"
             )
     names = [ANCHOR] + [a for a in dict.fromkeys(names) if a != ANCHOR]
+    collectives.set_inter_algorithm(args.inter_algorithm)  # checked here: one line, exit 2
     folder = os.path.dirname(os.path.abspath(args.json_path)) if args.json_path else ""
     if folder and not os.path.isdir(folder):
         raise UsageError(f"--json: folder {folder} does not exist")
@@ -118,6 +127,7 @@ def _measure(sizes: list[int], names: list[str], args: argparse.Namespace) -> li
     n, rank = dist.get_world_size(), dist.get_rank()
     itemsize = torch.empty(0, dtype=getattr(torch, args.dtype)).element_size()
     collectives.set_length_check(args.length_check)
+    collectives.set_inter_algorithm(args.inter_algorithm)
     progress: Any = None
     if rank == 0 and not args.no_progress:
         from rich.progress import Progress
@@ -128,6 +138,13 @@ def _measure(sizes: list[int], names: list[str], args: argparse.Namespace) -> li
     else:
         task = None
     rows: list[dict[str, Any]] = []
+    limits = torch.zeros(2, dtype=torch.float64)
+    dist.barrier()
+    if rank == 0:  # the others wait in the barrier below (blocked, not spinning)
+        from disttrain.lab.bench._limits import loopback_tcp_GBps, memcpy_GBps
+
+        limits[0], limits[1] = memcpy_GBps(), loopback_tcp_GBps()
+    dist.barrier()
     try:
         for nbytes in sizes:
             rows += _measure_size(nbytes // itemsize, names, args, progress, task)
@@ -144,6 +161,9 @@ def _measure(sizes: list[int], names: list[str], args: argparse.Namespace) -> li
         # (moments apart), then the median: robust to load that drifts during a run.
         paired = [t / a for t, a in zip(row.pop("times"), anchor["times_anchor"], strict=True)]
         row["time_vs_native_paired"] = statistics.median(paired)
+        row["memcpy_GBps"], row["loopback_tcp_GBps"] = float(limits[0]), float(limits[1])
+        row["busbw_vs_memcpy"] = row["busbw_GBps"] / float(limits[0]) if rank == 0 else None
+        row["busbw_vs_tcp"] = row["busbw_GBps"] / float(limits[1]) if rank == 0 else None
     for row in rows:
         row.pop("times_anchor", None)
     return rows
@@ -175,7 +195,7 @@ def _measure_size(
             algo.all_reduce(x)
             x.fill_(1)  # keep values small: repeated sums would overflow low precision
     times = torch.zeros(len(names), args.iters, dtype=torch.float64)
-    sent = torch.zeros(len(names), 2, dtype=torch.int64)
+    sent = torch.zeros(len(names), 3, dtype=torch.int64)
     for i in range(args.iters):
         if progress is not None:
             progress.update(task, description=f"{_label(numel * itemsize)} round {i + 1}")
@@ -186,7 +206,7 @@ def _measure_size(
             start = time.perf_counter()
             algos[k].all_reduce(x)
             times[k, i] = time.perf_counter() - start
-            sent[k] = torch.tensor([meter.bytes_sent, meter.messages_sent])
+            sent[k] = torch.tensor([meter.bytes_sent, meter.messages_sent, meter.bytes_copied])
         if progress is not None:
             progress.advance(task)
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
@@ -233,6 +253,8 @@ def _row(
         "bytes_sent_theory": max(c.bytes_sent for c in theory) + check[0],
         "messages_measured": sent[1],
         "messages_theory": max(c.messages for c in theory) + check[1],
+        "bytes_copied_measured": sent[2],
+        "bytes_copied_theory": max(c.bytes_copied for c in theory),
         "estimated": algo.estimated,
     }
 
@@ -269,6 +291,8 @@ def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         "busbw / native",
         "time / native",
         "paired",
+        "busbw / memcpy",
+        "busbw / tcp",
     ):
         table.add_column(col, justify="right")
     for r in rows:
@@ -285,8 +309,19 @@ def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
             "-" if ratio is None else f"{ratio:.2f}",
             f"{r['time_vs_native']:.2f}",
             f"{r['time_vs_native_paired']:.2f}",
+            f"{r['busbw_vs_memcpy']:.2f}",
+            f"{r['busbw_vs_tcp']:.2f}",
         )
-    Console(width=200).print(table)
+    Console(width=220).print(table)
+    if rows:
+        print(f"physical limits measured in this run: single-thread memory copy "
+              f"{rows[0]['memcpy_GBps']:.2f} GB/s, loopback TCP {rows[0]['loopback_tcp_GBps']:.2f} "
+              "GB/s (busbw / memcpy, busbw / tcp: fractions of them)")  # fmt: skip
+    copied = [r for r in rows if r["bytes_copied_theory"]]
+    for r in copied:
+        print(f"{r['algorithm']} {_label(r['size'])}: copied through shared memory "
+              f"{r['bytes_copied_measured']} B (meter), "
+              f"{r['bytes_copied_theory']} B (theory)")  # fmt: skip
     print("* native's bytes are gloo's documented ring cost, not observed")
     print("paired: median over rounds of time / native's time in the same round (interleaved)")
 

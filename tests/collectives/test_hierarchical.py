@@ -1,0 +1,83 @@
+"""The hierarchical allreduce with hosts faked per rank ($DISTTRAIN_HOST_ID), against gloo's own.
+
+One world of 4 ranks on this host plays four layouts, each on a fresh group: 3 + 1
+ranks per host (uneven), 2 + 2, one rank per host (= the inter-host ring) and one host
+(= shm). Integer-valued data equals ``dist.all_reduce`` exactly, random data is within
+tolerance and bitwise equal on every rank; the meter's bytes sent and copied equal
+``cost()`` for the layout ``$LOCAL_WORLD_SIZE`` states. (Not on the emulated cluster:
+the hosts are faked; the cluster run is in benchmarks/RESULTS.md if it was made.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import torch
+
+from tests.harness import run_world
+
+LAYOUTS = {"3+1": ("aaab", 3), "2+2": ("aabb", 2), "1+1+1+1": ("abcd", 1), "4": ("aaaa", 4)}
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.int64]
+
+
+def _body() -> list[tuple[str, str]]:
+    import torch.distributed as dist
+
+    from disttrain import collectives
+    from disttrain.collectives.hierarchical import HOST_ENV
+    from disttrain.comm import meter, world
+
+    collectives.set_length_check(False)
+    algo = collectives.get("hierarchical")
+    me = dist.get_rank()
+    digests = []
+    for label, (hosts, per) in LAYOUTS.items():
+        os.environ[HOST_ENV] = hosts[me]
+        os.environ["LOCAL_WORLD_SIZE"] = str(per)
+        group = dist.new_group(list(range(4)), timeout=world.group_timeout())
+        for dtype in DTYPES:
+            for length in (1, 3, 1001, 300_001):
+                gen = torch.Generator().manual_seed(length + me)
+                x = torch.randint(-9, 10, (length,), generator=gen).to(dtype)
+                expected = x.clone()
+                dist.all_reduce(expected, group=group)
+                meter.reset()
+                algo.all_reduce(x, group)
+                assert torch.equal(x, expected), (label, dtype, length)
+                cost = algo.cost(length * x.element_size(), 4, me, x.element_size())
+                got = (meter.bytes_sent, meter.messages_sent, meter.bytes_copied)
+                assert got == (cost.bytes_sent, cost.messages, cost.bytes_copied), (label, got)
+                if dtype.is_floating_point:
+                    y = torch.randn(length, generator=gen).to(dtype)
+                    ref = y.clone()
+                    dist.all_reduce(ref, group=group)
+                    algo.all_reduce(y, group)
+                    tol = 6e-2 if dtype == torch.bfloat16 else 1e-5
+                    torch.testing.assert_close(y, ref, rtol=tol, atol=tol)
+                    raw = y.view(torch.uint8).numpy().tobytes()
+                    digests.append((f"{label} {dtype} {length}", hashlib.sha1(raw).hexdigest()))
+    return digests
+
+
+def test_hierarchical_on_uneven_and_even_hosts_matches_gloo_bitwise_on_every_rank() -> None:
+    results = run_world(_body, 4, timeout=300)
+    assert all(r == results[0] for r in results)
+
+
+def test_cost_by_layout() -> None:
+    from disttrain import collectives
+
+    algo = collectives.get("hierarchical")
+    ring, shm = collectives.get("ring"), collectives.get("shm")
+    os.environ["LOCAL_WORLD_SIZE"] = "3"
+    try:  # 3 + 1: rank 0 leads host 0 (shm on 3, ring on 2 hosts, broadcast), rank 3 alone
+        s = 4000
+        c0, c1, c3 = (algo.cost(s, 4, r, 4) for r in (0, 1, 3))
+        assert c0.bytes_sent == ring.cost(s, 2, 0, 4).bytes_sent == s
+        assert c0.bytes_copied == shm.cost(s, 3, 0, 4).bytes_copied + s
+        assert (c1.bytes_sent, c1.bytes_copied) == (0, shm.cost(s, 3, 1, 4).bytes_copied + s)
+        assert (c3.bytes_sent, c3.bytes_copied) == (ring.cost(s, 2, 1, 4).bytes_sent, 0)
+    finally:
+        del os.environ["LOCAL_WORLD_SIZE"]
+    assert algo.cost(4000, 4, 1, 4) == shm.cost(4000, 4, 1, 4)  # one host (no env): shm
