@@ -29,7 +29,7 @@ PIPELINES = {"pipeline", "hybrid"}
 #: Who reads each setting that not every run reads (with its COMPANIONS set).
 _OWNED_BY: list[tuple[str, set[str]]] = [
     ("algorithm", {"allreduce", "decentralized", "hybrid", "localsgd", "tensor", "zero"}),
-    ("inter_algorithm", {"allreduce", "decentralized", "hybrid", "localsgd", "tensor"}),
+    ("inter_algorithm", {"allreduce", "decentralized", "hybrid", "localsgd", "tensor", "zero"}),
     ("fusion_mb overlap accumulate", {"allreduce", "zero"}),
     ("zero_stage", {"zero"}),
     ("compression error_feedback", {"allreduce", "decentralized"}),
@@ -82,6 +82,7 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "tensor_mode": {"tp": 2},
     **{n: {"pp": 2} for n in ("microbatches", "schedule", "balance", "recompute")},
     "virtual_stages": {"pp": 2, "schedule": "interleaved"},
+    "inter_algorithm": {"algorithm": "hierarchical"},  # the algorithm's own setting
 }
 
 

@@ -110,6 +110,9 @@ class AllReduceAlgorithm(ABC):
     one_host: ClassVar[bool] = False
     #: Built of other algorithms (inside and between hosts): not an inter-host choice.
     composite: ClassVar[bool] = False
+    #: Settings this algorithm reads (``inter_algorithm``): read by a run exactly when a
+    #: strategy that reads ``algorithm`` runs this one, refused otherwise.
+    reads_settings: ClassVar[tuple[str, ...]] = ()
 
     def all_reduce(self, tensor: torch.Tensor, group: ProcessGroup | None = None) -> torch.Tensor:
         """Sum ``tensor`` over ``group`` in place and return it."""

@@ -125,6 +125,7 @@ class Hierarchical(AllReduceAlgorithm):
 
     name = "hierarchical"
     composite = True
+    reads_settings = ("inter_algorithm",)
     table_position = 6
 
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:

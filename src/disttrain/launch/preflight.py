@@ -16,7 +16,7 @@ def unread_settings(cfg: Any) -> dict[str, str]:
     be declared by the chosen strategy (``Strategy.reads_settings``) and not be
     switched off by the run's other settings (``Strategy.settings_not_read``).
     """
-    from disttrain import strategies
+    from disttrain import collectives, strategies
     from disttrain.config import always_read, changed_settings, field_names, flag
 
     strategy = strategies.get(cfg.train.strategy)
@@ -26,6 +26,14 @@ def unread_settings(cfg: Any) -> dict[str, str]:
         if always_read(name) or name in reads:
             continue
         given = f"--no-{flag(name)[2:]}" if value is False else flag(name)  # as typed
+        algorithms = sorted(
+            a for a, c in collectives.ALGORITHMS.items() if name in c.reads_settings
+        )
+        if algorithms:  # an algorithm's own setting (hierarchical's --inter-algorithm)
+            out[name] = (f"{given} is read only by --algorithm {' or '.join(algorithms)} "
+                         f"(this run: --strategy {strategy.name}, --algorithm "
+                         f"{cfg.train.algorithm})")  # fmt: skip
+            continue
         where = f"{given} is not used by --strategy {strategy.name}"
         if name in off:
             out[name] = f"{where} {off[name]}"

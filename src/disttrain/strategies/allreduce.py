@@ -77,7 +77,7 @@ class AllReduce(Strategy):
     """Average gradients with ``--algorithm``, fused into buckets, overlapped with backward."""
 
     name = "allreduce"
-    reads_settings = (DataParallelConfig, CompressionConfig, "algorithm", "inter_algorithm")
+    reads_settings = (DataParallelConfig, CompressionConfig, "algorithm")
     # Buckets may be summed during backward: under fp16 the trainer unscales after the
     # sum (a sum carries any rank's Inf/NaN to all). Also right with --no-overlap.
     communicates_during_backward = True

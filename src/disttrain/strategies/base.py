@@ -41,7 +41,7 @@ import torch
 from torch import nn
 from torch.distributed import ProcessGroup
 
-from disttrain import timeline
+from disttrain import collectives, timeline
 from disttrain.comm.errors import UsageError
 from disttrain.comm.world import World
 from disttrain.config import RunConfig, field_names
@@ -99,8 +99,12 @@ class Strategy:
 
     @classmethod
     def reads(cls, config: RunConfig) -> set[str]:
-        """The settings a run of this strategy with ``config`` reads (always-read ones aside)."""
-        return field_names(cls.reads_settings) - set(cls.settings_not_read(config))
+        """The settings a run of this strategy with ``config`` reads (always-read ones aside):
+        its own, and the chosen algorithm's when it reads ``--algorithm``."""
+        names = field_names(cls.reads_settings) - set(cls.settings_not_read(config))
+        if "algorithm" in names and config.train.algorithm in collectives.ALGORITHMS:
+            names |= set(collectives.get(config.train.algorithm).reads_settings)
+        return names
 
     @classmethod
     def validate_config(cls, config: RunConfig, model: nn.Module) -> None:

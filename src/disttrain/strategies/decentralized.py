@@ -121,7 +121,7 @@ class Decentralized(Strategy):
         "density": "the share of entries a compressor sends when the data sets it (onebit)"
     }
     # --algorithm: the start-up average that makes the replicas equal
-    reads_settings = (DecentralizedConfig, CompressionConfig, "algorithm", "inter_algorithm")
+    reads_settings = (DecentralizedConfig, CompressionConfig, "algorithm")
 
     @classmethod
     def settings_not_read(cls, config: RunConfig) -> dict[str, str]:

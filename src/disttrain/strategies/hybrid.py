@@ -53,7 +53,7 @@ class Hybrid(Strategy):
     not_modelled: ClassVar[str] = (
         "its replicas are pipelines or tensor-parallel groups, which are not modelled"
     )
-    reads_settings = (ParallelConfig, "algorithm", "inter_algorithm")
+    reads_settings = (ParallelConfig, "algorithm")
 
     @classmethod
     def settings_not_read(cls, config: RunConfig) -> dict[str, str]:

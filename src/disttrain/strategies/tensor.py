@@ -53,7 +53,7 @@ class TensorParallel(Strategy):
         "parameter count does not give"
     )
     # --algorithm: the allreduce of each Megatron pair's partial sums
-    reads_settings = ("tensor_mode", "algorithm", "inter_algorithm")
+    reads_settings = ("tensor_mode", "algorithm")
 
     def __init__(self, config: RunConfig, world: World, loss_fn: LossFn) -> None:
         super().__init__(config, world, loss_fn)
