@@ -319,6 +319,17 @@ CASES: list[tuple[str, Argv, str]] = [
         _flags("--no-error-feedback"),
         "--no-error-feedback is not used by --strategy allreduce with --compression none",
     ),
+    ("powersgd-rank", _flags("--compression", "powersgd:1.5"), "rank must be a whole number"),
+    (
+        "powersgd-start-without-powersgd",
+        _flags("--compression", "topk:0.01", "--powersgd-start-step", "5"),
+        "--powersgd-start-step is not used by --strategy allreduce with --compression topk:0.01",
+    ),
+    (
+        "powersgd-decentralized",
+        _flags("--strategy", "decentralized", "--compression", "powersgd:2"),
+        "decentralized sends one payload to each neighbour",
+    ),
     ("grad-dtype-removed", _flags("--grad-dtype", "fp16"), "unrecognized arguments: --grad-dtype"),
     (
         "ps-softsync-in-sync-mode",

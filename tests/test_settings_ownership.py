@@ -31,6 +31,7 @@ _OWNED_BY: list[tuple[str, set[str]]] = [
     ("algorithm", {"allreduce", "decentralized", "hybrid", "localsgd", "tensor"}),
     ("fusion_mb overlap accumulate", {"allreduce"}),
     ("compression error_feedback", {"allreduce", "decentralized"}),
+    ("powersgd_start_step", {"allreduce"}),
     ("period average_optimizer_state warmup_sync_steps", {"localsgd"}),
     (
         "topology consensus_step active_warmup_steps active_workers momentum_correction",
@@ -70,6 +71,7 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "node_rank": {"nnodes": 2, "rdzv_endpoint": "host:29500"},
     "max_restarts": {"checkpoint_every": 5},
     "error_feedback": {"compression": "topk:0.1"},
+    "powersgd_start_step": {"compression": "powersgd:2"},
     "consensus_step": {"topology": "ring", "workers": 4},
     "active_workers": {"active_warmup_steps": 2},
     "staleness_bound": {"ps_mode": "ssp"},
