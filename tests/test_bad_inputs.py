@@ -330,6 +330,22 @@ CASES: list[tuple[str, Argv, str]] = [
         _flags("--strategy", "decentralized", "--compression", "powersgd:2"),
         "decentralized sends one payload to each neighbour",
     ),
+    (
+        "diloco-fragments-period",
+        _flags("--strategy", "diloco", "--period", "6", "--fragments", "4"),
+        "--fragments 4 must divide --period 6",
+    ),
+    (
+        "diloco-fragment-mix-unstreamed",
+        _flags("--strategy", "diloco", "--fragment-mix", "0.2"),
+        "--fragment-mix is not used by --strategy diloco with --fragments 1",
+    ),
+    ("diloco-outer-lr", _flags("--strategy", "diloco", "--outer-lr", "0"), "--outer-lr must be > 0"),
+    (
+        "diloco-average-optimizer-state",
+        _flags("--strategy", "diloco", "--average-optimizer-state"),
+        "--average-optimizer-state is not used by --strategy diloco",
+    ),
     ("grad-dtype-removed", _flags("--grad-dtype", "fp16"), "unrecognized arguments: --grad-dtype"),
     (
         "ps-softsync-in-sync-mode",

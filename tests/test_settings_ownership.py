@@ -32,7 +32,9 @@ _OWNED_BY: list[tuple[str, set[str]]] = [
     ("fusion_mb overlap accumulate", {"allreduce"}),
     ("compression error_feedback", {"allreduce", "decentralized"}),
     ("powersgd_start_step", {"allreduce"}),
-    ("period average_optimizer_state warmup_sync_steps", {"localsgd"}),
+    ("period warmup_sync_steps", {"localsgd", "diloco"}),
+    ("average_optimizer_state", {"localsgd"}),
+    ("outer_lr outer_momentum outer_dtype fragments fragment_mix", {"diloco"}),
     (
         "topology consensus_step active_warmup_steps active_workers momentum_correction",
         {"decentralized"},
@@ -72,6 +74,7 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "max_restarts": {"checkpoint_every": 5},
     "error_feedback": {"compression": "topk:0.1"},
     "powersgd_start_step": {"compression": "powersgd:2"},
+    "fragment_mix": {"fragments": 2},
     "consensus_step": {"topology": "ring", "workers": 4},
     "active_workers": {"active_warmup_steps": 2},
     "staleness_bound": {"ps_mode": "ssp"},

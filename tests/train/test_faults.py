@@ -32,6 +32,7 @@ TINY = ("--model", "mlp", "--max-steps", "6", "--no-progress", "--timeout", str(
 STRATEGIES: dict[str, tuple[str, ...]] = {
     "allreduce": ("--strategy", "allreduce"),
     "localsgd": ("--strategy", "localsgd", "--period", "2"),
+    "diloco": ("--strategy", "diloco", "--period", "2", "--fragments", "2"),
     "decentralized": ("--strategy", "decentralized"),
     "pipeline": ("--strategy", "pipeline"),
     "tensor": ("--strategy", "tensor"),

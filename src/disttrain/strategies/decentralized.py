@@ -52,8 +52,8 @@ from disttrain.compression import (
     exchange_payloads,
     parse,
 )
-from disttrain.compression.exchange import compression_figures, dense_allreduce_bytes
 from disttrain.compression.base import CollectiveCompressor
+from disttrain.compression.exchange import compression_figures, dense_allreduce_bytes
 from disttrain.compression.registry import COMPRESSORS
 from disttrain.config import RunConfig, opt, register_section
 from disttrain.dataparallel.average import average

@@ -41,11 +41,13 @@ __all__ = ["LocalSGD", "LocalSGDConfig"]
 class LocalSGDConfig:
     """Settings of ``--strategy localsgd``."""
 
-    period: int = opt(16, "localsgd: average parameters every H steps")
+    period: int = opt(16, "localsgd, diloco: average parameters (diloco: outer step) every H steps")
     average_optimizer_state: bool = opt(
         False, "localsgd: also average momentum / Adam moments (costs more traffic)"
     )
-    warmup_sync_steps: int = opt(0, "localsgd: synchronous SGD for the first W steps")
+    warmup_sync_steps: int = opt(
+        0, "localsgd, diloco: synchronous SGD for the first W steps"
+    )
 
     def validate(self) -> None:
         if self.period < 1:
