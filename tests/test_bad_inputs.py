@@ -340,7 +340,7 @@ CASES: list[tuple[str, Argv, str]] = [
         _flags("--strategy", "diloco", "--fragment-mix", "0.2"),
         "--fragment-mix is not used by --strategy diloco with --fragments 1",
     ),
-    ("diloco-outer-lr", _flags("--strategy", "diloco", "--outer-lr", "0"), "--outer-lr must be > 0"),
+    ("diloco-outer-lr", _flags("--strategy", "diloco", "--outer-lr", "0"), "--outer-lr must be"),
     (
         "diloco-average-optimizer-state",
         _flags("--strategy", "diloco", "--average-optimizer-state"),

@@ -22,7 +22,8 @@ def run(tmp: str, name: str, **flags: Any) -> tuple[dict[str, Any], str]:
 
     out = os.path.join(tmp, name)
     base = {"workers": 2, "model": "tests.strategies.test_diloco:tiny_mlp", "epochs": 1,
-            "max_steps": 12, "batch_size": 32, "lr": 0.1, "progress": False, "out": out}  # fmt: skip
+            "max_steps": 12, "batch_size": 32, "lr": 0.1, "progress": False,
+            "out": out}  # fmt: skip
     return run_world(_train, 2, args=({**base, **flags},), timeout=300)[0], out
 
 

@@ -45,9 +45,7 @@ class LocalSGDConfig:
     average_optimizer_state: bool = opt(
         False, "localsgd: also average momentum / Adam moments (costs more traffic)"
     )
-    warmup_sync_steps: int = opt(
-        0, "localsgd, diloco: synchronous SGD for the first W steps"
-    )
+    warmup_sync_steps: int = opt(0, "localsgd, diloco: synchronous SGD for the first W steps")
 
     def validate(self) -> None:
         if self.period < 1:
