@@ -71,7 +71,7 @@ def fragments(sizes: list[int], count: int) -> list[list[int]]:
     """Cut tensor indices 0..len-1 into ``count`` contiguous runs of near-equal total size."""
     total, out, at = sum(sizes), [], 0
     for f in range(count):
-        goal, run = total * (f + 1) / count, []
+        goal, run = total * (f + 1) / count, list[int]()
         # take tensors while the running total stays closest to the goal (at least one each)
         while at < len(sizes) and (not run or len(sizes) - at > count - f - 1) and (
             not run or sum(sizes[:at]) + sizes[at] / 2 <= goal

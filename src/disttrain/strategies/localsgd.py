@@ -74,7 +74,7 @@ class LocalSGD(Strategy):
     name = "localsgd"
     main_setting: ClassVar[str | None] = "period"
     cost_settings: ClassVar[tuple[str, ...]] = ("period", "algorithm")
-    reads_settings = (LocalSGDConfig, "algorithm")
+    reads_settings: ClassVar[tuple[type[Any] | str, ...]] = (LocalSGDConfig, "algorithm")
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         super().setup(model, optimizer)
