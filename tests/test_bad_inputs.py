@@ -286,13 +286,13 @@ CASES: list[tuple[str, Argv, str]] = [
     (
         "tensor-period",
         _flags("--strategy", "tensor", "--period", "4"),
-        "--period is not used by --strategy tensor (used by: localsgd)",
+        "--period is not used by --strategy tensor (used by: diloco, localsgd)",
     ),
     (
         "pipeline-algorithm",
         _flags("--strategy", "pipeline", "--algorithm", "ring"),
         "--algorithm is not used by --strategy pipeline (used by: allreduce, decentralized, "
-        "hybrid, localsgd, tensor)",
+        "diloco, hybrid, localsgd, tensor)",
     ),
     (
         "sparse-fusion-mb",
