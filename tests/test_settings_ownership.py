@@ -28,7 +28,7 @@ from disttrain.strategies import STRATEGIES
 PIPELINES = {"pipeline", "hybrid"}
 #: Who reads each setting that not every run reads (with its COMPANIONS set).
 _OWNED_BY: list[tuple[str, set[str]]] = [
-    ("algorithm", {"allreduce", "decentralized", "hybrid", "localsgd", "tensor"}),
+    ("algorithm", {"allreduce", "decentralized", "diloco", "hybrid", "localsgd", "tensor"}),
     ("fusion_mb overlap accumulate", {"allreduce"}),
     ("compression error_feedback", {"allreduce", "decentralized"}),
     ("powersgd_start_step", {"allreduce"}),
