@@ -119,7 +119,11 @@ class PowerSGD(CollectiveCompressor):
     def bind_shapes(self, shapes: Sequence[torch.Size]) -> None:
         shapes = [torch.Size(s) for s in shapes]
         if shapes != self.shapes:
-            self.shapes, self._plan, self.q = shapes, None, None
+            # other tensors: last step's Q no longer fits (the first binding keeps a Q loaded
+            # from a checkpoint; its size is checked against the plan when it is used)
+            if self.shapes is not None:
+                self.q = None
+            self.shapes, self._plan = shapes, None
 
     # --- layout -------------------------------------------------------------------------
     def plan(self, numel: int) -> _Plan:
@@ -172,6 +176,8 @@ class PowerSGD(CollectiveCompressor):
         with phases.book(phases.CODEC):
             vec = torch.cat([flat[o : o + k] for o, k in plan.vectors]) if plan.vectors else None
             mats = [flat[o : o + n * m].view(n, m) for o, n, m, _ in plan.matrices]
+            if self.q is not None and self.q.numel() != plan.q_numel:
+                self.q = None  # a Q for other tensors (a checkpoint of another model)
             if self.q is None or not self.warm_start:
                 self.q = torch.empty(plan.q_numel)
                 qs = self._views(self.q, plan, "q")
