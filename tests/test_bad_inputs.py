@@ -329,13 +329,13 @@ CASES: list[tuple[str, Argv, str]] = [
     (
         "tensor-period",
         _flags("--strategy", "tensor", "--period", "4"),
-        "--period is not used by --strategy tensor (used by: localsgd)",
+        "--period is not used by --strategy tensor (used by: diloco, localsgd)",
     ),
     (
         "pipeline-algorithm",
         _flags("--strategy", "pipeline", "--algorithm", "ring"),
         "--algorithm is not used by --strategy pipeline (used by: allreduce, decentralized, "
-        "hybrid, localsgd, tensor, zero)",
+        "diloco, hybrid, localsgd, tensor, zero)",
     ),
     (
         "sparse-fusion-mb",
@@ -361,6 +361,33 @@ CASES: list[tuple[str, Argv, str]] = [
         "error-feedback-uncompressed",
         _flags("--no-error-feedback"),
         "--no-error-feedback is not used by --strategy allreduce with --compression none",
+    ),
+    ("powersgd-rank", _flags("--compression", "powersgd:1.5"), "rank must be a whole number"),
+    (
+        "powersgd-start-without-powersgd",
+        _flags("--compression", "topk:0.01", "--powersgd-start-step", "5"),
+        "--powersgd-start-step is not used by --strategy allreduce with --compression topk:0.01",
+    ),
+    (
+        "powersgd-decentralized",
+        _flags("--strategy", "decentralized", "--compression", "powersgd:2"),
+        "decentralized sends one payload to each neighbour",
+    ),
+    (
+        "diloco-fragments-period",
+        _flags("--strategy", "diloco", "--period", "6", "--fragments", "4"),
+        "--fragments 4 must divide --period 6",
+    ),
+    (
+        "diloco-fragment-mix-unstreamed",
+        _flags("--strategy", "diloco", "--fragment-mix", "0.2"),
+        "--fragment-mix is not used by --strategy diloco with --fragments 1",
+    ),
+    ("diloco-outer-lr", _flags("--strategy", "diloco", "--outer-lr", "0"), "--outer-lr must be"),
+    (
+        "diloco-average-optimizer-state",
+        _flags("--strategy", "diloco", "--average-optimizer-state"),
+        "--average-optimizer-state is not used by --strategy diloco",
     ),
     ("grad-dtype-removed", _flags("--grad-dtype", "fp16"), "unrecognized arguments: --grad-dtype"),
     (

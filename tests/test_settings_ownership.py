@@ -28,12 +28,17 @@ from disttrain.strategies import STRATEGIES
 PIPELINES = {"pipeline", "hybrid"}
 #: Who reads each setting that not every run reads (with its COMPANIONS set).
 _OWNED_BY: list[tuple[str, set[str]]] = [
-    ("algorithm", {"allreduce", "decentralized", "hybrid", "localsgd", "tensor", "zero"}),
-    ("inter_algorithm", {"allreduce", "decentralized", "hybrid", "localsgd", "tensor", "zero"}),
+    (
+        "algorithm inter_algorithm",
+        {"allreduce", "decentralized", "diloco", "hybrid", "localsgd", "tensor", "zero"},
+    ),
     ("fusion_mb overlap accumulate", {"allreduce", "zero"}),
     ("zero_stage", {"zero"}),
     ("compression error_feedback", {"allreduce", "decentralized"}),
-    ("period average_optimizer_state warmup_sync_steps", {"localsgd"}),
+    ("powersgd_start_step", {"allreduce"}),
+    ("period warmup_sync_steps", {"localsgd", "diloco"}),
+    ("average_optimizer_state", {"localsgd"}),
+    ("outer_lr outer_momentum outer_dtype fragments fragment_mix", {"diloco"}),
     (
         "topology consensus_step active_warmup_steps active_workers momentum_correction",
         {"decentralized"},
@@ -74,6 +79,8 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "node_rank": {"nnodes": 2, "rdzv_endpoint": "host:29500"},
     "max_restarts": {"checkpoint_every": 5},
     "error_feedback": {"compression": "topk:0.1"},
+    "powersgd_start_step": {"compression": "powersgd:2"},
+    "fragment_mix": {"fragments": 2},
     "consensus_step": {"topology": "ring", "workers": 4},
     "active_workers": {"active_warmup_steps": 2},
     "staleness_bound": {"ps_mode": "ssp"},

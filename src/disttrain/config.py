@@ -317,10 +317,19 @@ def read_toml(path: str) -> dict[str, Any]:
     return out
 
 
+#: Defaults a strategy gives settings it reads (``--strategy diloco``: ``--optimizer adam``):
+#: strategy name -> {setting: value}. Filled by the strategy registry (``setting_defaults``
+#: on the class); a flag or TOML key that is given wins.
+STRATEGY_DEFAULTS: dict[str, dict[str, Any]] = {}
+
+
 def load(flags: dict[str, Any], config_file: str | None = None) -> RunConfig:
     """Build and validate a run's config from given flags over an optional TOML file."""
     settings = read_toml(config_file) if config_file else {}
     settings.update(flags)
+    strategy = settings.get("strategy", TrainConfig.strategy)
+    for name, value in STRATEGY_DEFAULTS.get(strategy, {}).items():
+        settings.setdefault(name, value)
     known = section_fields()
     per_section: dict[type[Any], dict[str, Any]] = {cls: {} for cls in SECTIONS}
     for name, value in settings.items():

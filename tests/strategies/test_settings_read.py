@@ -92,6 +92,11 @@ CASES: dict[str, tuple[dict[str, Any], int, str]] = {
         {"strategy": "allreduce", "compression": "fp16", "accumulate": 2}, 2, "accumulate",
     ),
     "localsgd": ({"strategy": "localsgd", "period": 2, "warmup_sync_steps": 1}, 2, "period"),
+    "allreduce powersgd": (
+        {"strategy": "allreduce", "compression": "powersgd:2", "powersgd_start_step": 1}, 2,
+        "powersgd_start_step",
+    ),
+    "diloco streaming": ({"strategy": "diloco", "period": 2, "fragments": 2}, 2, "fragment_mix"),
     "decentralized ring": (
         {"strategy": "decentralized", "topology": "ring", "compression": "topk:0.5", "workers": 3,
          "batch_size": 48},

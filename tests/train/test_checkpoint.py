@@ -90,6 +90,12 @@ def test_killed_and_resumed_equals_uninterrupted_bit_for_bit(tmp_path: Path) -> 
 #: shards and optimizer state.
 RESUMED = {
     "localsgd": ("--strategy", "localsgd", "--period", "4"),
+    # diloco: the last-synced weights and the outer momentum (checkpoint at 6, H = 4);
+    # streamed, a fragment's sum in flight at the checkpoint too (F = 2: syncs at 2, 4, 6, ...)
+    "diloco": ("--strategy", "diloco", "--period", "4"),
+    "diloco-streaming": ("--strategy", "diloco", "--period", "4", "--fragments", "2"),
+    # allreduce + PowerSGD: its warm-start Q and error-feedback residual
+    "powersgd": ("--compression", "powersgd:2", "--powersgd-start-step", "2"),
     "pipeline": ("--strategy", "pipeline", "--microbatches", "2"),
     "pipeline-interleaved": (
         "--strategy",

@@ -33,6 +33,7 @@ STRATEGIES: dict[str, tuple[str, ...]] = {
     "allreduce": ("--strategy", "allreduce"),
     "zero": ("--strategy", "zero", "--zero-stage", "2"),
     "localsgd": ("--strategy", "localsgd", "--period", "2"),
+    "diloco": ("--strategy", "diloco", "--period", "2", "--fragments", "2"),
     "decentralized": ("--strategy", "decentralized"),
     "pipeline": ("--strategy", "pipeline"),
     "pipeline-zb1": ("--strategy", "pipeline", "--schedule", "zb1"),  # B and W apart

@@ -12,16 +12,16 @@ the meter saw exactly the stated bytes.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from disttrain.registry import Registry
 
-__all__ = ["Compressor", "Payload", "SparseCompressor"]
+__all__ = ["CollectiveCompressor", "Compressor", "Payload", "SparseCompressor"]
 
 
 @dataclass
@@ -82,6 +82,27 @@ class Compressor(ABC):
         """Wrap received ``data`` (for a tensor of ``numel`` entries) as a payload."""
         return Payload(data, numel)
 
+    def bind_shapes(self, shapes: Sequence[torch.Size]) -> None:
+        """The flat input is these tensors flattened in order (the caller knows: a strategy's
+        gradients, a DDP bucket). Per-layer compressors (low rank) use it; others ignore it."""
+        del shapes
+
+    def configure(self, config: Any) -> None:
+        """Read this compressor's own settings section from the run's ``RunConfig``
+        (``CompressorKind.section``); the spec alone builds the rest."""
+        del config
+
+    def figures(self) -> dict[str, Any]:
+        """Compressor-specific figures for the run's summary (none by default)."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """State carried from step to step (PowerSGD's warm-start Q), for checkpoints."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        del state
+
     def __repr__(self) -> str:
         return f"<compressor {self.spec}>"
 
@@ -111,6 +132,38 @@ class SparseCompressor(Compressor):
         total.index_add_(0, torch.from_numpy(idx), torch.from_numpy(values))
 
 
+class CollectiveCompressor(Compressor):
+    """A compressor whose exchange is its own sequence of allreduces of summable tensors.
+
+    PowerSGD sums P, orthogonalizes it, then sums Q: the encoding of the second
+    round needs the sum of the first, so it cannot be one payload put on the
+    wire. :meth:`reduce` runs the rounds through the ``sum_`` it is given (any
+    allreduce algorithm); :meth:`compress` / :meth:`decompress` are the same
+    code on a world of one (one rank's payload and what it decodes to).
+    """
+
+    summable = True
+    wire_dtype: ClassVar[torch.dtype] = torch.float32
+
+    @abstractmethod
+    def reduce(
+        self, acc: torch.Tensor, sum_: Callable[[torch.Tensor], object], size: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sum over the ``size`` ranks of what every rank's flat ``acc`` encodes to, and
+        this rank's part of it (what counts as sent, for error feedback): ``sum_(t)`` must
+        leave the sum of every rank's ``t`` in ``t``, in place."""
+
+    @abstractmethod
+    def round_numels(self, numel: int) -> list[int]:
+        """Entries of each tensor :meth:`reduce` sums for a flat input of ``numel``."""
+
+    def wire_bytes(self, payload: Payload) -> int:
+        return payload.data.numel() * payload.data.element_size()
+
+    def fixed_wire_numel(self, numel: int) -> int | None:
+        return sum(self.round_numels(numel))
+
+
 @dataclass(frozen=True)
 class CompressorKind:
     """One compressor name: its builder, parameter, spec default and payload size facts."""
@@ -123,6 +176,9 @@ class CompressorKind:
     # index), "param" (the parameter is the share) or "data" (depends on the gradients).
     value_bits: int = 32
     density: str = "all"
+    # Its own settings section (a ``@register_section`` dataclass), read through
+    # ``Compressor.configure``; strategies that send compressed gradients declare it.
+    section: type[Any] | None = None
 
 
 #: Every compressor by name (``--compression NAME[:PARAM]``); each compressor's file

@@ -9,13 +9,16 @@ delays information instead of losing it (Strom 2015; Seide et al. 2014 for
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
 from disttrain.compression.base import Compressor, Payload
 
 __all__ = ["ErrorFeedback"]
+
+T = TypeVar("T")
 
 
 class ErrorFeedback:
@@ -28,15 +31,22 @@ class ErrorFeedback:
 
     def compress(self, tensor: torch.Tensor) -> tuple[Payload, torch.Tensor]:
         """Compress ``residual + tensor``; return the payload and what it decodes to."""
+        return self.apply(tensor, self.compressor.compress_and_decode)
+
+    def apply(
+        self, tensor: torch.Tensor, code: Callable[[torch.Tensor], tuple[T, torch.Tensor]]
+    ) -> tuple[T, torch.Tensor]:
+        """``code(residual + tensor)`` -> (anything, what counts as sent); the residual keeps
+        the rest. ``compress`` with a payload; a collective compressor's ``reduce`` with a sum."""
         flat = tensor.detach().reshape(-1).float()
         if not self.enabled:
-            return self.compressor.compress_and_decode(flat)
+            return code(flat)
         if self.residual is None or self.residual.numel() != flat.numel():
             self.residual = torch.zeros_like(flat)
         acc = self.residual.add_(flat)  # the residual becomes acc, in place
-        payload, sent = self.compressor.compress_and_decode(acc)
+        out, sent = code(acc)
         acc.sub_(sent)
-        return payload, sent
+        return out, sent
 
     def residual_norm(self) -> float:
         return 0.0 if self.residual is None else float(self.residual.norm())

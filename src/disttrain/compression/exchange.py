@@ -21,7 +21,7 @@ from torch.distributed import ProcessGroup
 from disttrain import collectives
 from disttrain.comm import p2p, phases
 from disttrain.comm.meter import meter
-from disttrain.compression.base import Compressor, Payload
+from disttrain.compression.base import CollectiveCompressor, Compressor, Payload
 from disttrain.compression.error_feedback import ErrorFeedback
 
 __all__ = [
@@ -127,13 +127,27 @@ def compressed_all_reduce(
     size = p2p.group_size(group)
     rank = p2p.group_rank(group)
     before = meter.bytes_sent
+    allreduce_sent = dense_allreduce_bytes(flat.numel(), size, rank, algorithm)
+    if isinstance(compressor, CollectiveCompressor):  # its own rounds of allreduces (PowerSGD)
+
+        def sum_(t: torch.Tensor) -> None:
+            if size > 1:
+                collectives.all_reduce(t, algorithm, group)
+
+        def run(acc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return compressor.reduce(acc, sum_, size)
+
+        total, _ = feedback.apply(flat, run) if feedback is not None else run(flat.float())
+        flat.copy_(total.view_as(flat))
+        if stats is not None:  # fp32 payloads already: the reference is the dense allreduce
+            stats.add(allreduce_sent, allreduce_sent, meter.bytes_sent - before)
+        return flat
     # encoding and decoding are booked as codec time, apart from the exchange (phases)
     with phases.book(phases.CODEC):
         if feedback is not None:
             payload, mine = feedback.compress(flat)
         else:
             payload, mine = compressor.compress_and_decode(flat)
-    allreduce_sent = dense_allreduce_bytes(flat.numel(), size, rank, algorithm)
     if compressor.summable:
         if size > 1:
             collectives.all_reduce(payload.data, algorithm, group)

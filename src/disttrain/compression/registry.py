@@ -23,6 +23,8 @@ __all__ = [
     "SPECS",
     "CompressorKind",
     "parse",
+    "section_of",
+    "sections",
     "specs",
     "with_default",
 ]
@@ -31,6 +33,16 @@ __all__ = [
 def specs() -> tuple[str, ...]:
     """The spec forms ``parse`` accepts (``topk:RATIO``), in registration order."""
     return tuple(f"{n}:{k.param}" if k.param else n for n, k in COMPRESSORS.items())
+
+
+def sections() -> tuple[type, ...]:
+    """The compressors' own settings sections (``CompressorKind.section``), in order."""
+    return tuple(k.section for _, k in COMPRESSORS.items() if k.section is not None)
+
+
+def section_of(spec: str) -> type | None:
+    """The settings section the compressor of ``spec`` reads (None: none)."""
+    return COMPRESSORS.get(spec.strip().partition(":")[0]).section
 
 
 #: The spec forms of the built-in compressors, for help texts.

@@ -1,4 +1,4 @@
-"""Any registered allreduce algorithm as a PyTorch DDP communication hook.
+"""Any registered allreduce algorithm, or any compressor, as a PyTorch DDP communication hook.
 
     from disttrain.dataparallel.ddp_hooks import AlgorithmHook
     ddp = DistributedDataParallel(model)
@@ -9,9 +9,18 @@ Future of the averaged flat gradient. ``native`` returns the backend's own
 async allreduce; our point-to-point algorithms run on the hook state's
 :class:`CommThread` (its own process group), so DDP's backward keeps going
 while they send, and DDP waits on the Futures at the end of backward.
+
+    state = CompressorHook("powersgd:2")          # or a factory: lambda: PowerSGD(2, ...)
+    ddp.register_comm_hook(state, compressed_hook)
+
+runs ``compressed_all_reduce`` on each bucket (one compressor and one error-feedback
+residual per bucket, the bucket's parameter shapes bound to it: PowerSGD works per
+layer), synchronously, then divides by the workers: torch's ``powerSGD_hook`` in
+disttrain's compressor form, over any allreduce algorithm.
 """
 
 # No ``from __future__ import annotations``: DDP checks the hook's annotations at run time.
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,9 +29,13 @@ from torch.distributed import ProcessGroup
 
 from disttrain import collectives
 from disttrain.comm.world import group_timeout
+from disttrain.compression.base import Compressor
+from disttrain.compression.error_feedback import ErrorFeedback
+from disttrain.compression.exchange import CompressionStats, compressed_all_reduce
+from disttrain.compression.registry import parse
 from disttrain.dataparallel.commthread import CommThread
 
-__all__ = ["AlgorithmHook", "allreduce_hook", "register"]
+__all__ = ["AlgorithmHook", "CompressorHook", "allreduce_hook", "compressed_hook", "register"]
 
 
 class AlgorithmHook:
@@ -75,3 +88,55 @@ def register(ddp: torch.nn.parallel.DistributedDataParallel, algorithm: str) -> 
     state = AlgorithmHook(algorithm, ddp.process_group)
     ddp.register_comm_hook(state, allreduce_hook)
     return state
+
+
+class CompressorHook:
+    """The state of :func:`compressed_hook`: a compressor and a residual per DDP bucket."""
+
+    def __init__(
+        self,
+        compression: "str | Callable[[], Compressor]",
+        algorithm: str = "native",
+        process_group: ProcessGroup | None = None,
+        error_feedback: bool = True,
+    ) -> None:
+        collectives.get(algorithm)
+        if isinstance(compression, str):
+            parse(compression)  # a bad spec: the usage error now, not in backward
+            spec = compression
+            self.factory: Callable[[], Compressor] = lambda: parse(spec)
+        else:
+            self.factory = compression
+        self.algorithm = algorithm
+        self.process_group = process_group
+        self.error_feedback = error_feedback
+        self.world_size = dist.get_world_size(process_group)
+        self.buckets: dict[int, tuple[Compressor, ErrorFeedback]] = {}
+        self.stats = CompressionStats()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"algorithm": self.algorithm}
+
+    def for_bucket(self, bucket: dist.GradBucket) -> tuple[Compressor, ErrorFeedback]:
+        index = bucket.index()
+        if index not in self.buckets:
+            compressor = self.factory()
+            self.buckets[index] = (compressor, ErrorFeedback(compressor, self.error_feedback))
+        compressor, feedback = self.buckets[index]
+        compressor.bind_shapes([g.shape for g in bucket.gradients()])
+        return compressor, feedback
+
+
+def compressed_hook(
+    state: CompressorHook, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """Average DDP's ``bucket`` through ``state``'s compressor (synchronously)."""
+    buffer = bucket.buffer()
+    compressor, feedback = state.for_bucket(bucket)
+    compressed_all_reduce(
+        buffer, compressor, state.algorithm, state.process_group, feedback, state.stats
+    )
+    buffer.div_(state.world_size)
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(buffer)
+    return fut

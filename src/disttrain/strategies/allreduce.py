@@ -37,8 +37,8 @@ from disttrain.compression.exchange import (
     compressed_all_reduce,
     compression_figures,
 )
-from disttrain.compression.registry import parse
-from disttrain.config import RunConfig, opt, register_section
+from disttrain.compression.registry import parse, section_of, sections
+from disttrain.config import RunConfig, field_names, opt, register_section
 from disttrain.dataparallel.average import average
 from disttrain.dataparallel.broadcast import broadcast_tensors
 from disttrain.dataparallel.fusion import FlatBucket
@@ -77,7 +77,8 @@ class AllReduce(Strategy):
     """Average gradients with ``--algorithm``, fused into buckets, overlapped with backward."""
 
     name = "allreduce"
-    reads_settings = (DataParallelConfig, CompressionConfig, "algorithm")
+    # the compressors' own sections too (--powersgd-start-step), each read with its compressor
+    reads_settings = (DataParallelConfig, CompressionConfig, "algorithm", *sections())
     # Buckets may be summed during backward: under fp16 the trainer unscales after the
     # sum (a sum carries any rank's Inf/NaN to all). Also right with --no-overlap.
     communicates_during_backward = True
@@ -88,11 +89,14 @@ class AllReduce(Strategy):
     def settings_not_read(cls, config: RunConfig) -> dict[str, str]:
         spec = config.section(CompressionConfig).compression
         compressor = parse(spec)
+        own = section_of(spec)
+        others = [s for s in sections() if s is not own]
+        unread = dict.fromkeys(field_names(tuple(others)), f"with --compression {spec}")
         if cast_dtype(compressor) is not None:  # the reducer's buckets, cast: nothing left out
             why = "nothing is compressed" if spec == "none" else "a cast leaves nothing out"
-            return {"error_feedback": f"with --compression {spec} ({why})"}
+            return {**unread, "error_feedback": f"with --compression {spec} ({why})"}
         why = f"with --compression {spec} (one payload per peer after backward, unfused)"
-        unread = dict.fromkeys(("fusion_mb", "overlap", "accumulate"), why)
+        unread.update(dict.fromkeys(("fusion_mb", "overlap", "accumulate"), why))
         if not compressor.summable:  # sent to every peer point to point, no allreduce
             unread["algorithm"] = why
         return unread
@@ -109,6 +113,7 @@ class AllReduce(Strategy):
             # Compressed payloads are summed after backward (sparse ones are all-gathered
             # and decoded), so the step runner unscales fp16 gradients before sending.
             self.communicates_during_backward = False
+            self.compressor.configure(self.config)
             self.feedback = ErrorFeedback(self.compressor, enabled=cc.error_feedback)
             self.stats = CompressionStats()
             # only summable payloads ride an allreduce; the others go to every peer
@@ -166,6 +171,7 @@ class AllReduce(Strategy):
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         compressor = self.compressor
         assert compressor is not None
+        compressor.bind_shapes([g.shape for g in grads])  # per-layer compressors (low rank)
 
         def compressed_sum(flat: torch.Tensor) -> None:
             compressed_all_reduce(
@@ -183,13 +189,24 @@ class AllReduce(Strategy):
     def step_metrics(self) -> dict[str, Any]:
         if self.compressor is None:
             return {}
-        return {**compression_figures(self.stats), "residual_norm": self.feedback.residual_norm()}
+        return {**compression_figures(self.stats), "residual_norm": self.feedback.residual_norm(),
+                **self.compressor.figures()}  # fmt: skip
 
     def summary(self) -> dict[str, Any]:
         if self.compressor is not None:
             return self.step_metrics()
         stats = self.reducer.stats()
         return {"data_parallel": {**stats, "accumulate": self.accumulate}}
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.compressor is None:
+            return {}
+        return {"feedback": self.feedback.state_dict(), "compressor": self.compressor.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.compressor is not None and state:
+            self.feedback.load_state_dict(state.get("feedback", {}))
+            self.compressor.load_state_dict(state.get("compressor", {}))
 
     # --- the cost model ---------------------------------------------------------------
     @classmethod

@@ -52,6 +52,7 @@ from disttrain.compression import (
     exchange_payloads,
     parse,
 )
+from disttrain.compression.base import CollectiveCompressor
 from disttrain.compression.exchange import compression_figures, dense_allreduce_bytes
 from disttrain.compression.registry import COMPRESSORS
 from disttrain.config import RunConfig, opt, register_section
@@ -142,6 +143,13 @@ class Decentralized(Strategy):
     def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
         super().validate_config(config, model)
         config.section(DecentralizedConfig).validate_with(config.train)
+        spec = config.section(CompressionConfig).compression
+        if isinstance(parse(spec), CollectiveCompressor):  # PowerSGD: rounds of allreduces
+            raise UsageError(
+                f"--compression {spec}: its exchange is a sequence of allreduces over all "
+                "workers; decentralized sends one payload to each neighbour (use it with "
+                "--strategy allreduce)"
+            )
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         super().setup(model, optimizer)

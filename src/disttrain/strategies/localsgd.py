@@ -41,11 +41,11 @@ __all__ = ["LocalSGD", "LocalSGDConfig"]
 class LocalSGDConfig:
     """Settings of ``--strategy localsgd``."""
 
-    period: int = opt(16, "localsgd: average parameters every H steps")
+    period: int = opt(16, "localsgd, diloco: average parameters (diloco: outer step) every H steps")
     average_optimizer_state: bool = opt(
         False, "localsgd: also average momentum / Adam moments (costs more traffic)"
     )
-    warmup_sync_steps: int = opt(0, "localsgd: synchronous SGD for the first W steps")
+    warmup_sync_steps: int = opt(0, "localsgd, diloco: synchronous SGD for the first W steps")
 
     def validate(self) -> None:
         if self.period < 1:
@@ -74,7 +74,7 @@ class LocalSGD(Strategy):
     name = "localsgd"
     main_setting: ClassVar[str | None] = "period"
     cost_settings: ClassVar[tuple[str, ...]] = ("period", "algorithm")
-    reads_settings = (LocalSGDConfig, "algorithm")
+    reads_settings: ClassVar[tuple[type[Any] | str, ...]] = (LocalSGDConfig, "algorithm")
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         super().setup(model, optimizer)

@@ -1,0 +1,298 @@
+"""DiLoCo (Douillard et al. 2023): local SGD whose average is the gradient of an outer optimizer.
+
+Each worker takes ``--period H`` inner steps alone with ``--optimizer`` (adam at
+``--lr 0.001`` by default here, as in the paper). Then its outer gradient is the way it moved,
+``Δ_w = θ_last_sync - θ_w``; the workers average it (``--algorithm``, in
+``--outer-dtype``) and every replica takes the same outer step from the last
+synced weights: SGD with Nesterov momentum (``--outer-lr 0.7``,
+``--outer-momentum 0.9``: the paper's values). With H = 1, outer lr 1 and no
+momentum the outer step lands on the mean of the replicas: local SGD (tested).
+
+Streaming DiLoCo (Douillard et al. 2025), ``--fragments F``: the parameters are
+cut into F contiguous fragments of near-equal size; fragment f is synced at
+the local steps ≡ f·H/F (mod H), so one step sends at most 1/F of the model.
+Its allreduce runs on a communication thread while the next inner step
+computes; the outer update is applied when it has arrived (one step later)
+and mixed with the local weights the worker has reached meanwhile:
+``θ_f = α·θ_f,local + (1-α)·θ_f,global`` (``--fragment-mix α``). Training ends
+with a blocking outer step of every fragment (α = 0): equal replicas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from disttrain import collectives, costing, timeline
+from disttrain.comm.errors import UsageError
+from disttrain.comm.meter import meter
+from disttrain.comm.world import group_timeout
+from disttrain.config import RunConfig, opt, register_section
+from disttrain.dataparallel.commthread import CommThread
+from disttrain.strategies.base import register
+from disttrain.strategies.localsgd import LocalSGD, LocalSGDConfig
+
+if TYPE_CHECKING:
+    from disttrain.strategies.runspec import RunSpec
+
+__all__ = ["DiLoCo", "DiLoCoConfig", "fragments"]
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@register_section
+@dataclass(frozen=True)
+class DiLoCoConfig:
+    """Settings of ``--strategy diloco`` (its period is ``--period``)."""
+
+    outer_lr: float = opt(0.7, "diloco: outer SGD learning rate")
+    outer_momentum: float = opt(0.9, "diloco: outer Nesterov momentum (0: plain outer SGD)")
+    outer_dtype: str = opt("fp32", "diloco: type the outer gradients travel in", tuple(DTYPES))
+    fragments: int = opt(1, "diloco: streaming DiLoCo, F fragments synced at staggered steps")
+    fragment_mix: float = opt(0.5, "diloco: weight of the local weights when an update lands")
+
+    def validate(self) -> None:
+        if self.outer_lr <= 0:
+            raise UsageError(f"--outer-lr must be > 0, got {self.outer_lr}")
+        if not 0 <= self.outer_momentum < 1:
+            raise UsageError(f"--outer-momentum must be in [0, 1), got {self.outer_momentum}")
+        if self.fragments < 1:
+            raise UsageError(f"--fragments must be >= 1, got {self.fragments}")
+        if not 0 <= self.fragment_mix < 1:
+            raise UsageError(f"--fragment-mix must be in [0, 1), got {self.fragment_mix}")
+
+
+def fragments(sizes: list[int], count: int) -> list[list[int]]:
+    """Cut tensor indices 0..len-1 into ``count`` contiguous runs of near-equal total size."""
+    total, out, at = sum(sizes), [], 0
+    for f in range(count):
+        goal, run = total * (f + 1) / count, list[int]()
+        # take tensors while the running total stays closest to the goal (at least one each)
+        while at < len(sizes) and (not run or len(sizes) - at > count - f - 1) and (
+            not run or sum(sizes[:at]) + sizes[at] / 2 <= goal
+        ):  # fmt: skip
+            run.append(at)
+            at += 1
+        out.append(run)
+    out[-1].extend(range(at, len(sizes)))
+    return out
+
+
+@register
+class DiLoCo(LocalSGD):
+    """Local inner steps; every H steps an outer Nesterov step on the averaged outer gradient."""
+
+    name = "diloco"
+    reads_settings = ("period", "warmup_sync_steps", DiLoCoConfig, "algorithm")
+    # the paper's inner optimizer (AdamW) at Adam's usual step; a given flag wins
+    setting_defaults: ClassVar[dict[str, Any]] = {"optimizer": "adam", "lr": 0.001}
+    cost_settings: ClassVar[tuple[str, ...]] = ("period", "algorithm", "outer_dtype", "fragments")
+
+    @classmethod
+    def settings_not_read(cls, config: RunConfig) -> dict[str, str]:
+        if config.section(DiLoCoConfig).fragments == 1:
+            return {"fragment_mix": "with --fragments 1 (each update lands at once, whole)"}
+        return {}
+
+    @classmethod
+    def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
+        super().validate_config(config, model)
+        f, h = config.section(DiLoCoConfig).fragments, config.section(LocalSGDConfig).period
+        if h % f:
+            raise UsageError(f"--fragments {f} must divide --period {h} (f syncs at f·H/F)")
+        if f > len([p for p in model.parameters() if p.requires_grad]):
+            raise UsageError(f"--fragments {f}: the model has fewer parameter tensors than that")
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        super().setup(model, optimizer)  # replicas made equal
+        self.outer_cfg: DiLoCoConfig = self.config.section(DiLoCoConfig)
+        self.dtype = DTYPES[self.outer_cfg.outer_dtype]
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.parts = fragments([p.numel() for p in self.params], self.outer_cfg.fragments)
+        h, f = self.settings.period, self.outer_cfg.fragments
+        self.offsets = [i * h // f for i in range(f)]
+        # the weights at the last sync, the outer optimizer's parameters (one per fragment)
+        self.anchor = [p.detach().clone() for p in self.params]
+        m = self.outer_cfg.outer_momentum
+        self.outer = [
+            torch.optim.SGD([self.anchor[i] for i in part], lr=self.outer_cfg.outer_lr,
+                            momentum=m, nesterov=m > 0)
+            for part in self.parts
+        ]  # fmt: skip
+        self.outer_steps = [0] * f
+        self.outer_bytes = 0
+        self.peak_step_bytes = 0
+        self._bytes_at_step = meter.bytes_sent
+        self._pending: tuple[int, Any, torch.Tensor, int] | None = None  # (f, work, flat, due)
+        self._thread: CommThread | None = None
+        self._group = None
+        if f > 1 and self.size > 1:  # the overlapped allreduces: their own group and thread
+            ranks = dist.get_process_group_ranks(dist.group.WORLD)
+            self._group = dist.new_group(ranks, timeout=group_timeout())
+            self._thread = CommThread("disttrain-diloco")
+
+    # --- one fragment's outer step ------------------------------------------------------------
+    def _start(self, f: int) -> tuple[Any, torch.Tensor]:
+        """Launch the sum of fragment ``f``'s outer gradients (on the thread when streaming)."""
+        idx = self.parts[f]
+        deltas = [(self.anchor[i] - self.params[i].detach()).to(self.dtype) for i in idx]
+        flat = _flatten_dense_tensors(deltas)
+        alg, group = self.algorithm, self._group
+        if self._thread is None or self.size == 1:
+            if self.size > 1:
+                collectives.all_reduce(flat, alg, None)
+            return None, flat
+        return self._thread.submit(lambda: collectives.all_reduce(flat, alg, group)), flat
+
+    def _land(self, f: int, work: Any, flat: torch.Tensor, mix: float) -> None:
+        """The summed outer gradient of fragment ``f`` has arrived: outer step, then mix."""
+        if work is not None:
+            with timeline.span("wait outer gradient", fragment=f):
+                work.wait()
+        idx = self.parts[f]
+        mean = (flat.float() / self.size) if self.size > 1 else flat.float()
+        with torch.no_grad(), timeline.span("outer step", fragment=f):
+            like = [self.anchor[i] for i in idx]
+            for a, g in zip(like, _unflatten_dense_tensors(mean, like), strict=True):
+                a.grad = g
+            self.outer[f].step()  # anchor <- anchor - lr·nesterov(Δ̄): the new global weights
+            for i in idx:
+                self.anchor[i].grad = None
+                if mix:
+                    self.params[i].mul_(mix).add_(self.anchor[i], alpha=1 - mix)
+                else:
+                    self.params[i].copy_(self.anchor[i])
+        self.outer_steps[f] += 1
+
+    def _sync_now(self, f: int, mix: float = 0.0) -> None:
+        before = meter.bytes_sent
+        work, flat = self._start(f)
+        self._land(f, work, flat, mix)
+        self.outer_bytes += meter.bytes_sent - before
+
+    def _finish_pending(self) -> None:
+        if self._pending is not None:
+            f, work, flat, _ = self._pending
+            self._pending = None
+            self._land(f, work, flat, self.outer_cfg.fragment_mix)
+
+    # --- LocalSGD's hooks -------------------------------------------------------------------
+    def _average(self) -> None:
+        """The period ended (F = 1) or training did: an outer step of every fragment."""
+        self._finish_pending()
+        for f in range(len(self.parts)):
+            self._sync_now(f)
+        self.averaging_rounds += 1
+        self._last_average = self.steps_done
+
+    def after_step(self, step: int) -> None:
+        self.steps_done = step
+        local = step - self.settings.warmup_sync_steps
+        if local == 0:  # synchronous warm-up over: the replicas are equal, the round starts
+            self.anchor_from_params()
+        elif local > 0 and len(self.parts) == 1:
+            if local % self.settings.period == 0:
+                self._average()
+        elif local > 0:
+            if self._pending is not None and self._pending[3] <= step:
+                self._finish_pending()  # its allreduce ran during this step's compute
+            for f, off in enumerate(self.offsets):
+                if (local - off) % self.settings.period == 0:
+                    before = meter.bytes_sent
+                    work, flat = self._start(f)
+                    self._pending = (f, work, flat, step + 1)
+                    self.outer_bytes += meter.bytes_sent - before
+        sent = meter.bytes_sent - self._bytes_at_step
+        self.peak_step_bytes = max(self.peak_step_bytes, sent)
+        self._bytes_at_step = meter.bytes_sent
+
+    def anchor_from_params(self) -> None:
+        with torch.no_grad():
+            for a, p in zip(self.anchor, self.params, strict=True):
+                a.copy_(p)
+
+    def finish(self) -> None:
+        if len(self.parts) == 1:
+            super().finish()
+        elif self.steps_done > self.settings.warmup_sync_steps:
+            self._average()  # land what is in flight, then every fragment at once: equal replicas
+        if self._thread is not None:
+            self._thread.close()
+            self._thread = None
+
+    def summary(self) -> dict[str, Any]:
+        out = super().summary()
+        for key in ("average_optimizer_state", "parameter_bytes_per_rank",
+                    "optimizer_state_bytes_per_rank"):  # fmt: skip
+            out.pop(key, None)
+        return {
+            **out, "outer_lr": self.outer_cfg.outer_lr,
+            "outer_momentum": self.outer_cfg.outer_momentum,
+            "outer_dtype": self.outer_cfg.outer_dtype, "fragments": len(self.parts),
+            "fragment_sizes": [sum(self.params[i].numel() for i in part) for part in self.parts],
+            "outer_steps": self.outer_steps, "outer_bytes_per_rank": self.outer_bytes,
+            "peak_bytes_per_step": self.peak_step_bytes,
+        }  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        out = super().state_dict()
+        pending = None
+        if self._pending is not None:  # wait for it: the sum it brings is part of the state
+            f, work, flat, due = self._pending
+            if work is not None:
+                work.wait()
+            self._pending = (f, None, flat, due)
+            pending = {"fragment": f, "flat": flat.clone(), "due": due}
+        return {
+            **out, "anchor": [a.clone() for a in self.anchor],
+            "outer": [o.state_dict() for o in self.outer], "outer_steps": list(self.outer_steps),
+            "outer_bytes": self.outer_bytes, "pending": pending,
+        }  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        with torch.no_grad():
+            for a, saved in zip(self.anchor, state["anchor"], strict=True):
+                a.copy_(saved)
+        for o, saved in zip(self.outer, state["outer"], strict=True):
+            o.load_state_dict(saved)
+        self.outer_steps = list(state["outer_steps"])
+        self.outer_bytes = int(state["outer_bytes"])
+        p = state.get("pending")
+        self._pending = None if p is None else (int(p["fragment"]), None, p["flat"], int(p["due"]))
+
+    # --- the cost model -----------------------------------------------------------------------
+    @classmethod
+    def advise_specs(cls) -> list[str]:
+        return [f"{cls.name}:50", f"{cls.name}:200"]
+
+    @classmethod
+    def predict(
+        cls,
+        spec: RunSpec,
+        work: costing.Workload,
+        nodes: int,
+        network: costing.Network,
+        calibration: costing.Rates,
+    ) -> costing.Prediction:
+        """Local SGD's term (one model-sized allreduce every H steps) with the outer gradients
+        in ``--outer-dtype``; streaming sends 1/F of it F times per period, overlapped with an
+        inner step, so its exposed part is what exceeds one step's compute."""
+        cfg = spec.config()
+        dc: DiLoCoConfig = cfg.section(DiLoCoConfig)
+        h, f = cfg.section(LocalSGDConfig).period, dc.fragments
+        sent = replace(work, bytes_per_param=DTYPES[dc.outer_dtype].itemsize)
+        pred = super().predict(spec, sent, nodes, network, calibration)
+        reason = f"outer gradients in {dc.outer_dtype}; {pred.reason}"
+        comm = pred.comm_seconds
+        if f > 1:  # one fragment (1/F of a sync) per sync step, hidden behind one inner step
+            comm = max(0.0, comm * h / f - pred.compute_seconds) * f / h
+            reason += f"; {f} fragments, each overlapped with an inner step"
+        return costing.finish(spec.label, nodes, pred.compute_seconds, comm, pred.bytes_per_rank,
+                              pred.messages_per_rank, pred.bound, reason, sent, calibration,
+                              note="changes convergence per step")  # fmt: skip
