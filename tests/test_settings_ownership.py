@@ -69,6 +69,7 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "nnodes": {"rdzv_endpoint": "host:29500"},
     "node_rank": {"nnodes": 2, "rdzv_endpoint": "host:29500"},
     "max_restarts": {"checkpoint_every": 5},
+    "async_checkpoint": {"checkpoint_every": 5},
     "error_feedback": {"compression": "topk:0.1"},
     "consensus_step": {"topology": "ring", "workers": 4},
     "active_workers": {"active_warmup_steps": 2},
