@@ -135,8 +135,7 @@ def test_killed_and_resumed_equals_uninterrupted_bit_for_bit(tmp_path: Path) -> 
     a, b = _params(full), _params(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert _losses(resumed) == _losses(full)[6:]
-    bad = run_cli("train", *COMMON, "--workers", "3", "--batch-size", "63", "--resume", str(killed))
-    assert bad.returncode == 2 and "resume with --workers 2" in bad.stderr
+    # (another worker count: tests/train/test_checkpoint_reshard.py, refusals test_bad_inputs)
 
 
 #: synchronous strategies besides allreduce, each with the state a resume must restore:

@@ -112,3 +112,18 @@ def test_equal_replicas_are_kept_without_rounding() -> None:
 @pytest.mark.parametrize("name", ["pipeline", "tensor", "hybrid"])
 def test_model_parallel_strategies_refuse_another_layout(name: str) -> None:
     assert not STRATEGIES[name].reshards
+
+
+@pytest.mark.timeout(300)
+def test_async_checkpoints_commit_the_state_of_their_step(tmp_path: Path) -> None:
+    """--async-checkpoint: steps 5 and 10 are committed (step 10's at the end of training,
+    after its background write) and step 10's model is the run's final model, bit for bit."""
+    out = tmp_path / "async"
+    result = run_cli("train", "--model", "mlp", "--max-steps", "10", "--no-progress",
+                     "--timeout", "20", "--checkpoint-every", "5", "--async-checkpoint",
+                     "--out", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert checkpoint.runs(str(out)) == {checkpoint.run_of(str(out)): [5, 10]}
+    saved = checkpoint.load(str(out), 1, 2)["model"]
+    final = _params(out)
+    assert saved.keys() == final.keys() and all(torch.equal(saved[k], final[k]) for k in final)
