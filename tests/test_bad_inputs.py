@@ -9,7 +9,9 @@ tests/ps/test_bad_frames.py).
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
 import subprocess
 import sys
 from collections.abc import Callable
@@ -85,22 +87,26 @@ def _checkpoint(kind: str) -> Argv:
         root.mkdir()
         if kind == "empty":
             return ["--resume", str(root)]
-        path = Path(checkpoint.save(str(root), 4, 0, 2, {"model": {"w": torch.ones(3)}}))
-        if kind == "foreign":
-            torch.save({"state_dict": {"w": torch.ones(3)}}, path)
+        checkpoint.save(
+            str(root), 4, 0, 4 if kind == "world" else 2, {"model": {"w": torch.ones(3)}}
+        )
+        part = next((root / "checkpoints").glob(".step-00000004.*.tmp/rank-00000"))
+        if kind == "foreign":  # a state.json without our format tag
+            (part / "state.json").write_text(json.dumps({"format": "other", "state": {"v": 1}}))
         elif kind == "truncated":
-            path.write_bytes(path.read_bytes()[:40])
+            data = part / "__0_0.distcp"
+            data.write_bytes(data.read_bytes()[:40])
         elif kind == "garbage":
-            path.write_bytes(b"not a checkpoint at all\n" * 4)
-        elif kind == "pickle":
-            torch.save({"format": checkpoint.FORMAT, "x": Exploit(str(tmp / "pwned"))}, path)
-        elif kind == "world":
-            checkpoint.save(str(root), 4, 0, 4, {"model": {"w": torch.ones(3)}})
+            (part / ".metadata").write_bytes(b"not a checkpoint at all\n" * 4)
+        elif kind == "pickle":  # DCP pickles its index: ours must not run what it names
+            (part / ".metadata").write_bytes(pickle.dumps(Exploit(str(tmp / "pwned"))))
         if kind != "uncommitted":
             checkpoint.commit(str(root), 4)
         if kind == "two-runs":  # another run's step 6 in the same folder
             checkpoint.save(str(root), 6, 0, 2, {"model": {"w": torch.ones(3)}}, run="b" * 32)
             checkpoint.commit(str(root), 6, run="b" * 32)
+        if kind == "world":  # a strategy whose layout depends on the worker count
+            return ["--resume", str(root), "--strategy", "pipeline"]
         return ["--resume", str(root)]
 
     return build
@@ -196,11 +202,15 @@ CASES: list[tuple[str, Argv, str]] = [
     ("resume-missing", _checkpoint("missing"), "no such folder"),
     ("resume-no-checkpoint", _checkpoint("empty"), "no complete checkpoint"),
     ("resume-uncommitted", _checkpoint("uncommitted"), "no complete checkpoint"),
-    ("resume-foreign", _checkpoint("foreign"), "no disttrain-checkpoint-v1 tag"),
+    ("resume-foreign", _checkpoint("foreign"), "no disttrain-checkpoint-v2-dcp tag"),
     ("resume-truncated", _checkpoint("truncated"), "is not a disttrain checkpoint"),
-    ("resume-garbage", _checkpoint("garbage"), "refused by weights_only"),
-    ("resume-pickle-code", _checkpoint("pickle"), "refused by weights_only: Trying to load"),
-    ("resume-world-size", _checkpoint("world"), "resume with --workers 4"),
+    ("resume-garbage", _checkpoint("garbage"), "is not a disttrain checkpoint"),
+    ("resume-pickle-code", _checkpoint("pickle"), "refused global posix.mkdir"),
+    (
+        "resume-world-size",
+        _checkpoint("world"),
+        "cannot change its layout: resume with --workers 4",
+    ),
     ("resume-two-runs", _checkpoint("two-runs"), "holds the checkpoints of 2 runs"),
     (
         "out-of-another-run",
@@ -490,8 +500,8 @@ def test_the_exploit_checkpoint_would_run_code_without_weights_only(tmp_path: Pa
     """The pickle case can fail: a plain ``torch.load`` of that file does run its code."""
     build = _checkpoint("pickle")
     root = Path(build(tmp_path)[1])
-    path = next(root.glob("checkpoints/step-*/rank-*.pt"))
-    torch.load(path, weights_only=False)
+    path = next(root.glob("checkpoints/step-*/rank-*/.metadata"))
+    pickle.loads(path.read_bytes())  # what DCP's own FileSystemReader does with it
     assert (tmp_path / "pwned").is_dir()
 
 

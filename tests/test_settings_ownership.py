@@ -78,6 +78,7 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "nnodes": {"rdzv_endpoint": "host:29500"},
     "node_rank": {"nnodes": 2, "rdzv_endpoint": "host:29500"},
     "max_restarts": {"checkpoint_every": 5},
+    "async_checkpoint": {"checkpoint_every": 5},
     "error_feedback": {"compression": "topk:0.1"},
     "powersgd_start_step": {"compression": "powersgd:2"},
     "fragment_mix": {"fragments": 2},

@@ -118,6 +118,9 @@ class TrainConfig:
     # checkpoints and restarts (docs/reliability.md)
     checkpoint_every: int = opt(0, "save a checkpoint every N steps under --out (0: never)")
     resume: str = opt("", "resume from the newest checkpoint of this earlier run's --out")
+    async_checkpoint: bool = opt(
+        False, "write checkpoints in the background (DCP async_save) while training goes on"
+    )
     max_restarts: int = opt(0, "restart the workers from the last checkpoint after a failure")
     overwrite: bool = opt(
         False, "delete the checkpoints another run left in --out instead of refusing to start"
@@ -154,6 +157,8 @@ class TrainConfig:
             raise UsageError("--checkpoint-every and --max-restarts must be >= 0")
         if self.max_restarts and not self.checkpoint_every:
             raise UsageError("--max-restarts needs --checkpoint-every N to restart from")
+        if self.async_checkpoint and not self.checkpoint_every:
+            raise UsageError("--async-checkpoint needs --checkpoint-every N")
         if self.max_steps < 0:
             raise UsageError(f"--max-steps must be >= 0, got {self.max_steps}")
         if self.lr <= 0:

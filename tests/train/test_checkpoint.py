@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -37,20 +38,74 @@ def test_a_file_that_is_not_ours_is_refused(tmp_path: Path) -> None:
     root = str(tmp_path)
     checkpoint.save(root, 1, 0, 1, _state(1))
     checkpoint.commit(root, 1)
-    path = Path(checkpoint.step_dir(root, 1)) / "rank-00000.pt"
-    torch.save({"weights": torch.zeros(2)}, path)  # a plain torch file without our tag
-    with pytest.raises(UsageError, match="not a disttrain checkpoint"):
+    part = Path(checkpoint.step_dir(root, 1)) / "rank-00000"
+    header = part / "state.json"
+    doc = json.loads(header.read_text())
+    header.write_text(json.dumps({**doc, "format": "something-else"}))  # not our tag
+    with pytest.raises(UsageError, match="no disttrain-checkpoint-v2-dcp tag"):
         checkpoint.load(root, 0, 1)
-    path.write_bytes(b"garbage")
+    header.write_text(json.dumps(doc))
+    (part / ".metadata").write_bytes(b"garbage")
     with pytest.raises(UsageError, match="not a disttrain checkpoint"):
         checkpoint.load(root, 0, 1)
 
 
-def test_resuming_with_another_number_of_workers_is_refused(tmp_path: Path) -> None:
-    checkpoint.save(str(tmp_path), 3, 0, 2, _state(0))
+class _Exploit:
+    """A pickle that runs code when unpickled (what a plain ``pickle.load`` would do)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        import os
+
+        return (os.mkdir, (self.path,))
+
+
+def test_the_dcp_index_is_read_without_running_its_pickled_code(tmp_path: Path) -> None:
+    import pickle
+
+    root = str(tmp_path / "run")
+    checkpoint.save(root, 1, 0, 1, _state(1))
+    checkpoint.commit(root, 1)
+    meta = Path(checkpoint.step_dir(root, 1)) / "rank-00000" / ".metadata"
+    meta.write_bytes(pickle.dumps(_Exploit(str(tmp_path / "pwned"))))
+    with pytest.raises(UsageError, match=r"refused global posix\.mkdir"):
+        checkpoint.load(root, 0, 1)
+    assert not (tmp_path / "pwned").exists()
+    pickle.loads(meta.read_bytes())  # the refusal mattered: DCP's own reader would run it
+    assert (tmp_path / "pwned").is_dir()
+
+
+def test_a_background_save_holds_the_state_of_its_step(tmp_path: Path) -> None:
+    """--async-checkpoint: DCP copies the tensors before returning; training may change them."""
+    root, w = str(tmp_path), torch.zeros(1000)
+    wait = checkpoint.save(root, 5, 0, 1, {"model": {"w": w}}, background=True)
+    w.add_(1.0)  # the next optimizer step, while the write goes on
+    wait()
+    checkpoint.commit(root, 5)
+    assert torch.equal(checkpoint.load(root, 0, 1)["model"]["w"], torch.zeros(1000))
+
+
+def test_another_number_of_workers_is_refused_or_resharded(tmp_path: Path) -> None:
+    for rank in (0, 1):
+        checkpoint.save(str(tmp_path), 3, rank, 2, _state(rank))
     checkpoint.commit(str(tmp_path), 3)
+    assert checkpoint.saved_world(str(tmp_path)) == 2
     with pytest.raises(UsageError, match="resume with --workers 2"):
         checkpoint.load(str(tmp_path), 0, 4)
+    # restore: refused without a reshard, else the strategy's reshard reads the old parts
+    with pytest.raises(UsageError, match="cannot change its layout: resume with --workers 2"):
+        checkpoint.restore(str(tmp_path), 0, 4, None)
+    seen: list[int] = []
+
+    def reshard(read: Any, old: int, rank: int, world: int) -> dict[str, object]:
+        assert (old, rank, world) == (2, 3, 4)
+        seen.extend(int(read(j)["model"]["w"][0]) for j in range(old))
+        return {"rank": rank}
+
+    assert checkpoint.restore(str(tmp_path), 3, 4, reshard) == {"rank": 3}
+    assert seen == [0, 1]
     (tmp_path / "empty").mkdir()
     with pytest.raises(UsageError, match="no complete checkpoint"):
         checkpoint.load(str(tmp_path / "empty"), 0, 2)
@@ -80,8 +135,7 @@ def test_killed_and_resumed_equals_uninterrupted_bit_for_bit(tmp_path: Path) -> 
     a, b = _params(full), _params(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert _losses(resumed) == _losses(full)[6:]
-    bad = run_cli("train", *COMMON, "--workers", "3", "--batch-size", "63", "--resume", str(killed))
-    assert bad.returncode == 2 and "resume with --workers 2" in bad.stderr
+    # (another worker count: tests/train/test_checkpoint_reshard.py, refusals test_bad_inputs)
 
 
 #: synchronous strategies besides allreduce, each with the state a resume must restore:

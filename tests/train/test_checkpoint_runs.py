@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from disttrain import checkpoint
+from disttrain.checkpoint import dcp
 from disttrain.comm.errors import UsageError
 from disttrain.comm.world import World
 from tests.test_cli import run_cli
@@ -41,7 +42,7 @@ def _commit_as(mp: pytest.MonkeyPatch, root: str, run: str, *steps: int) -> None
 
 def _files(root: Path, step: int) -> list[dict[str, object]]:
     folder = Path(checkpoint.step_dir(str(root), step))
-    return [torch.load(p, weights_only=True) for p in sorted(folder.glob("rank-*.pt"))]
+    return [{**h, **s} for h, s in (dcp.read(str(p)) for p in sorted(folder.glob("rank-*")))]
 
 
 def test_a_run_lists_loads_and_prunes_only_its_own_steps(tmp_path: Path) -> None:
@@ -103,10 +104,13 @@ def test_commit_fsyncs_the_folders_whose_entries_it_changes(
     base = os.path.realpath(root / "checkpoints")
     assert synced[-1] == base, "the rename of the step folder into checkpoints/ was not fsync'ed"
     assert str(root.resolve()) in synced, "the new checkpoints/ folder's entry was not fsync'ed"
-    files = [p for p in synced if os.path.basename(p).startswith(("rank-", "COMMIT"))]
-    assert len(files) == 3, synced  # each rank's file and the marker, before their renames
+    # each rank's DCP files, its state.json and its folder, and the marker, before the renames
+    for rank in ("rank-00000", "rank-00001"):
+        names = {os.path.basename(p) for p in synced if f"/{rank}" in p}
+        assert {rank, "state.json", ".metadata", "__0_0.distcp"} <= names, synced
+    assert any(os.path.basename(p).startswith("COMMIT") for p in synced), synced
     assert sorted(os.listdir(checkpoint.step_dir(str(root), 7))) == [
-        "COMMIT", "rank-00000.pt", "rank-00001.pt",
+        "COMMIT", "rank-00000", "rank-00001",
     ]  # fmt: skip
 
 

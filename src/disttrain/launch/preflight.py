@@ -90,7 +90,11 @@ def preflight(cfg: Any) -> None:
     if tc.resume:
         from disttrain import checkpoint
 
-        checkpoint.load(tc.resume, 0, tc.world_size)  # ours, complete, same number of workers
+        # ours and complete; another number of workers only where the strategy reshards
+        checkpoint.load(tc.resume, 0, None)
+        old = checkpoint.saved_world(tc.resume)
+        if old != tc.world_size and not strategy.reshards:
+            checkpoint.restore(tc.resume, 0, tc.world_size, None, f"--strategy {strategy.name}")
 
 
 def claim_run(tc: Any, out: str) -> str:

@@ -299,11 +299,20 @@ class ShardServer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s output (same shard bounds and workers)."""
-        if state["param"].shape != self.param.shape or len(state["clocks"]) != len(
-            self.cons.workers
-        ):
+        """Restore :meth:`state_dict`'s output (same shard bounds; any number of workers).
+
+        Saved by another number of workers (a sync run resumed on M workers): the shard,
+        its optimizer and the version (the step) are kept; every worker's clock is that
+        version, ``received`` counts the version's steps at M gradients each, and the
+        budget is this run's own (set at start from its worker count).
+        """
+        if state["param"].shape != self.param.shape:
             raise ValueError(f"parameter server {self.shard}: the checkpoint is of another shard")
+        if len(state["clocks"]) != len(self.cons.workers):
+            version = int(state["version"])
+            n = len(self.cons.workers)
+            state = {**state, "clocks": [version] * n, "received": version * n,
+                     "budget": self.cons.budget}  # fmt: skip
         with torch.no_grad():
             self.param.copy_(state["param"])
         self.optimizer.load_state_dict(state["optimizer"])

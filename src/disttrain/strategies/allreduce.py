@@ -79,6 +79,9 @@ class AllReduce(Strategy):
     name = "allreduce"
     # the compressors' own sections too (--powersgd-start-step), each read with its compressor
     reads_settings = (DataParallelConfig, CompressionConfig, "algorithm", *sections())
+    # Replicas are equal: a resume on M workers takes them as they are; per-worker error
+    # feedback residuals are averaged (their mean is what the next average adds back).
+    reshards = True
     # Buckets may be summed during backward: under fp16 the trainer unscales after the
     # sum (a sum carries any rank's Inf/NaN to all). Also right with --no-overlap.
     communicates_during_backward = True

@@ -53,7 +53,15 @@ from disttrain.strategies.layout import Layout
 if TYPE_CHECKING:
     from disttrain.strategies.runspec import RunSpec
 
-__all__ = ["STRATEGIES", "Strategy", "get", "peak_rss_bytes", "register", "storage_bytes"]
+__all__ = [
+    "STRATEGIES",
+    "Strategy",
+    "average_states",
+    "get",
+    "peak_rss_bytes",
+    "register",
+    "storage_bytes",
+]
 
 LossFn = Any  # Callable[[Tensor, Tensor], Tensor]
 
@@ -220,6 +228,26 @@ class Strategy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         del state
 
+    #: True if a checkpoint written by N workers resumes on M (through ``reshard``);
+    #: False: pre-flight refuses another worker count (exit 2), as for a model split
+    #: into stages or shards whose layout depends on the number of ranks.
+    reshards: ClassVar[bool] = False
+
+    @classmethod
+    def reshard(
+        cls, read: Callable[[int], dict[str, Any]], old_world: int, rank: int, world: int
+    ) -> dict[str, Any]:
+        """Worker ``rank``'s state among ``world`` workers from a checkpoint of ``old_world``.
+
+        ``read(j)`` loads old worker j's state: the trainer's per-worker dict (``model``,
+        ``optimizer``, ``strategy`` (this class's ``state_dict``), ``scaler``, ``rng``,
+        ``step``). Called only when ``reshards`` is True. The default suits per-worker
+        replicas (local SGD, gossip): every new worker starts from the average of all
+        old workers' states (:func:`average_states`).
+        """
+        del rank, world
+        return average_states([read(j) for j in range(old_world)])
+
     # --- the cost model (``disttrain advise``) ------------------------------------
     @classmethod
     def advise_specs(cls) -> list[str]:
@@ -251,6 +279,26 @@ def peak_rss_bytes() -> int:
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def average_states(states: list[Any]) -> Any:
+    """The element-wise mean of equally shaped state trees: floating-point tensors and
+    floats are averaged; every other value (integer tensors such as an RNG state,
+    step counters, strings) is the first tree's. Equal values (replicas of synchronous
+    data parallelism) are kept as they are, without rounding."""
+    first = states[0]
+    if isinstance(first, torch.Tensor):
+        if first.is_floating_point() and not all(torch.equal(first, s) for s in states[1:]):
+            return torch.stack([s.to(first.dtype) for s in states]).mean(dim=0)
+        return first.clone()
+    if isinstance(first, dict):
+        return {k: average_states([s[k] for s in states]) for k in first}
+    if isinstance(first, (list, tuple)):
+        items = [average_states([s[i] for s in states]) for i in range(len(first))]
+        return type(first)(items)
+    if isinstance(first, float) and any(s != first for s in states[1:]):
+        return sum(states) / len(states)
+    return first
 
 
 #: Every strategy by name (``--strategy NAME``); an unknown name is a UsageError.

@@ -29,6 +29,7 @@ delayed ±τ entry is applied once instead of being re-applied by momentum.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -57,7 +58,7 @@ from disttrain.compression.exchange import compression_figures, dense_allreduce_
 from disttrain.compression.registry import COMPRESSORS
 from disttrain.config import RunConfig, opt, register_section
 from disttrain.dataparallel.average import average
-from disttrain.strategies.base import Strategy, register
+from disttrain.strategies.base import Strategy, average_states, register
 
 if TYPE_CHECKING:
     from disttrain.strategies.runspec import RunSpec
@@ -116,6 +117,7 @@ class Decentralized(Strategy):
     """Compressed updates to all peers (Strom) or ring neighbours (CHOCO gossip)."""
 
     name = "decentralized"
+    reshards = True  # replicas averaged on a resume on another worker count (reshard)
     main_setting: ClassVar[str | None] = "compression"
     cost_settings: ClassVar[tuple[str, ...]] = ("compression", "topology")
     assumptions: ClassVar[dict[str, str]] = {
@@ -319,7 +321,23 @@ class Decentralized(Strategy):
             state["public"] = {r: v.clone() for r, v in self.public.items()}
         return state
 
+    @classmethod
+    def reshard(
+        cls, read: Callable[[int], dict[str, Any]], old_world: int, rank: int, world: int
+    ) -> dict[str, Any]:
+        """Every new worker starts from the average of the N replicas (a full consensus
+        step); CHOCO's public copies of the old neighbours are dropped: all become that
+        average (load_state_dict), which every new neighbour then holds."""
+        del rank, world
+        states = [read(j) for j in range(old_world)]
+        for s in states:
+            s["strategy"].pop("public", None)
+        return average_states(states)
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.ring and "public" not in state:  # resharded: every replica is the average
+            x = _flatten_dense_tensors([p.detach() for p in self.model.parameters()])
+            self.public = {r: x.clone() for r in self.public}
         self.feedback.load_state_dict(state.get("feedback", {}))
         self.steps_exchanged = int(state.get("steps_exchanged", 0))
         if state.get("velocity") is not None:

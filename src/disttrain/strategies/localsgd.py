@@ -72,6 +72,9 @@ class LocalSGD(Strategy):
     """Average parameters every ``--period`` steps; synchronous SGD for ``--warmup-sync-steps``."""
 
     name = "localsgd"
+    # Replicas differ between averages: a resume on M workers starts every worker from
+    # the average of the N saved replicas and optimizer states (an early average).
+    reshards = True
     main_setting: ClassVar[str | None] = "period"
     cost_settings: ClassVar[tuple[str, ...]] = ("period", "algorithm")
     reads_settings: ClassVar[tuple[type[Any] | str, ...]] = (LocalSGDConfig, "algorithm")

@@ -105,6 +105,9 @@ class ParameterServer(Strategy):
     main_setting: ClassVar[str | None] = "ps_mode"
     cost_settings: ClassVar[tuple[str, ...]] = ("ps_mode", "servers")
     reads_settings = (PSConfig,)
+    # Workers hold pulled replicas (equal): another worker count resumes them as they are;
+    # each server keeps its shard (saved by shard index, not rank) and adapts its clocks.
+    reshards = True
 
     @classmethod
     def settings_not_read(cls, config: RunConfig) -> dict[str, str]:
@@ -205,19 +208,20 @@ class ParameterServer(Strategy):
         assert self.server is not None
         tc = self.config.train
         source = checkpoint.resume_source(tc.resume, tc.out)
+        part = f"server-{self.server.shard:05d}"
         if source:
-            state = checkpoint.load(source, self.world.rank, self.n_workers)
+            state = checkpoint.load(source, part, checkpoint.saved_world(source))
             try:
                 self.server.load_state_dict(state["server"])
             except (KeyError, ValueError) as exc:
                 raise UsageError(f"--resume {source}: rank {self.world.rank}: {exc}") from None
         if not (tc.checkpoint_every and tc.out):
             return
-        server, every, rank = self.server, tc.checkpoint_every, self.world.rank
+        server, every = self.server, tc.checkpoint_every
 
         def save(step: int) -> None:
             if step % every == 0:
-                checkpoint.save(tc.out, step, rank, self.n_workers, {"server": server.state_dict()})
+                checkpoint.save(tc.out, step, part, self.n_workers, {"server": server.state_dict()})
 
         server.on_round = save
 

@@ -109,18 +109,43 @@ def _rank_state(
     }
 
 
-def _checkpoint(
-    out_dir: str, step: int, strategy: strategies.Strategy, optimizer: torch.optim.Optimizer,
-    runner: StepRunner,
-) -> None:  # fmt: skip
-    """Every worker saves its state; rank 0 commits once all have (a barrier between)."""
-    world = strategy.world
-    n = dist.get_world_size(strategy.worker_group)
-    checkpoint.save(out_dir, step, world.rank, n, _rank_state(strategy, optimizer, runner))
-    if n > 1:
-        dist.barrier(group=strategy.worker_group)
-    if world.rank == 0:
-        checkpoint.commit(out_dir, step)
+class _Checkpoints:
+    """Every worker saves its state; rank 0 commits once all have (a barrier between).
+
+    Blocking: the save, the barrier and the commit happen at the step. With
+    ``--async-checkpoint`` the save copies the state and writes it in DCP's background
+    thread; the step's barrier and commit wait until the next checkpoint (or the end
+    of training), when every worker's write has finished, so a crash before that
+    leaves the previous committed step, as a crash mid-save does.
+    """
+
+    def __init__(self, out_dir: str, strategy: strategies.Strategy, background: bool) -> None:
+        self.out_dir, self.strategy, self.background = out_dir, strategy, background
+        self.pending: tuple[int, Any] | None = None  # (step, wait for this worker's write)
+
+    def save(self, step: int, optimizer: torch.optim.Optimizer, runner: StepRunner) -> None:
+        self.finish()
+        s = self.strategy
+        n = dist.get_world_size(s.worker_group)
+        state = _rank_state(s, optimizer, runner)
+        wait = checkpoint.save(
+            self.out_dir, step, s.world.rank, n, state, background=self.background
+        )
+        self.pending = (step, wait)
+        if not self.background:
+            self.finish()
+
+    def finish(self) -> None:
+        """Commit the pending step once every worker's write is on disk."""
+        if self.pending is None:
+            return
+        (step, wait), self.pending = self.pending, None
+        wait()
+        n = dist.get_world_size(self.strategy.worker_group)
+        if n > 1:
+            dist.barrier(group=self.strategy.worker_group)
+        if self.strategy.world.rank == 0:
+            checkpoint.commit(self.out_dir, step, world_size=n)
 
 
 def _agree_run(tc: Any, world: world_mod.World) -> str:
@@ -157,7 +182,12 @@ def _resume(
     if not source:
         return 0
     n = dist.get_world_size(strategy.worker_group)
-    state = checkpoint.load(source, strategy.world.rank, n)
+    cls = type(strategy)
+    # another worker count: the strategy's reshard reads the old workers' parts it needs
+    state = checkpoint.restore(
+        source, strategy.world.rank, n, cls.reshard if cls.reshards else None,
+        f"--strategy {cls.name}",
+    )  # fmt: skip
     # the strategy first: it may refuse a checkpoint of another layout (pipeline stages)
     # with one line, before the model's load_state_dict fails on the mismatched keys
     strategy.load_state_dict(state["strategy"])
@@ -221,6 +251,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         tc.lr, tc.batch_size, total_steps, sampler.steps_per_epoch, tc.lr_scaling,
         tc.base_batch_size, tc.warmup_epochs, tc.lr_schedule, tc.lr_gamma, tc.lr_step_epochs,
     )  # fmt: skip
+    saver = _Checkpoints(out_dir, strategy, tc.async_checkpoint)
     try:
         resumed = _resume(tc, strategy, optimizer, runner)
         step = resumed
@@ -254,12 +285,14 @@ def train(cfg: RunConfig) -> dict[str, Any]:
                 bar.update(step, epoch, loss_value, sps)
                 if tc.checkpoint_every and step % tc.checkpoint_every == 0 and out_dir:
                     with timers.time("checkpoint"), timeline.span("checkpoint"):
-                        _checkpoint(out_dir, step, strategy, optimizer, runner)
+                        saver.save(step, optimizer, runner)
             timers.seconds["data"] += loader.wait_seconds
             epochs_done = epoch + 1
             last = step >= step_limit or epoch == epoch_limit - 1 or roles.should_stop()
             memory = strategy.memory()  # what this worker holds at the end of a step
             if last:
+                with timers.time("checkpoint"), timeline.span("checkpoint"):
+                    saver.finish()  # a background write's commit
                 strategy.finish()
             with timers.time("eval"), timeline.span("eval"):
                 whole, test_loss, test_acc = _epoch_end(strategy, data, world.device)

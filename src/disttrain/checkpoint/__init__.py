@@ -1,9 +1,12 @@
-"""L0: checkpoints that survive a crash mid-save, belong to one run, and are refused if foreign.
+"""L0: checkpoints on torch.distributed.checkpoint that survive a crash mid-save, belong to one
+run, are refused if foreign, and resume on another number of workers where the strategy can.
 
 Layout under ``DIR/checkpoints/``::
 
-    step-00000100/rank-00000.pt   each rank's own state (replicas, shards, residuals, RNG)
-    step-00000100/COMMIT          {"step": 100, "run": RUN}: written last, by rank 0
+    step-00000100/rank-00003/     worker 3's state: a DCP folder (.metadata, __0_0.distcp)
+                                  plus state.json (format tag, run, step, structure)
+    step-00000100/server-00000/   a named part (a parameter server's shard, by shard index)
+    step-00000100/COMMIT          {"format", "step", "run", "world_size"}: written last, by rank 0
     .step-00000100.RUN.tmp/       the same step while it is being written (not a checkpoint)
 
 Every checkpoint belongs to one run, named by a run id (``uuid4().hex``) that the
@@ -11,14 +14,19 @@ launcher draws for a fresh run and hands to every process (``DISTTRAIN_RUN_ID``)
 elastic restarts keep it and ``--resume DIR`` continues DIR's run under DIR's id.
 Only a run's own steps are listed, loaded and pruned (the two newest are kept).
 
-A committed step folder is never rewritten in place. Each rank writes its file into
-the run's staging folder for the step (to a temporary name, fsync'ed, renamed, the
-folder fsync'ed); after a barrier rank 0 writes COMMIT there and renames the whole
-folder to ``step-N`` in one ``rename`` (refused if ``step-N`` exists), then fsyncs
-``checkpoints/`` so the new entry survives a power cut. A crash at any point thus
-leaves either no step N or a complete one, written by one run. Loading uses
-``torch.load(weights_only=True)``: only tensors and plain containers, never arbitrary
-objects, and the file must carry our format tag and the run's id.
+A committed step folder is never rewritten in place. Each process writes its part
+into the run's staging folder for the step (:mod:`disttrain.checkpoint.dcp`: DCP's
+writer, files fsync'ed; with ``background`` DCP's ``async_save`` writes it in a thread
+and the caller waits for it before the commit); after a barrier rank 0 writes COMMIT
+there and renames the whole folder to ``step-N`` in one ``rename`` (refused if
+``step-N`` exists), then fsyncs ``checkpoints/`` so the new entry survives a power cut.
+A crash at any point thus leaves either no step N or a complete one, written by one
+run. Loading unpickles nothing (tensors through ``torch.load(weights_only=True)``, the
+rest JSON), and each part must carry our format tag and the run's id.
+
+:func:`restore` resumes worker ``rank`` of ``world`` workers; a checkpoint of another
+number of workers is handed to the strategy's ``reshard`` (which reads the old
+workers' parts it needs) or refused with one line.
 """
 
 from __future__ import annotations
@@ -28,10 +36,10 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Callable
 from typing import Any
 
-import torch
-
+from disttrain.checkpoint import dcp
 from disttrain.comm.errors import UsageError
 
 __all__ = [
@@ -44,14 +52,16 @@ __all__ = [
     "latest",
     "load",
     "new_run_id",
+    "restore",
     "resume_source",
     "run_of",
     "runs",
     "save",
+    "saved_world",
     "step_dir",
 ]
 
-FORMAT = "disttrain-checkpoint-v1"
+FORMAT = "disttrain-checkpoint-v2-dcp"
 #: The environment variable that hands a run's id to every process of the job.
 RUN_ENV = "DISTTRAIN_RUN_ID"
 _STEP = re.compile(r"^step-(\d{8})$")
@@ -134,29 +144,47 @@ def _remove(path: str) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
+def _part(rank: int | str) -> str:
+    """The folder of one process's part: a worker by rank, or a named part (``server-00000``)."""
+    return rank if isinstance(rank, str) else f"rank-{rank:05d}"
+
+
 def save(
-    root: str, step: int, rank: int, world_size: int, state: dict[str, Any], run: str | None = None
-) -> str:
-    """Write this rank's ``state`` for ``step`` of ``run``; rank 0 commits after a barrier."""
+    root: str, step: int, rank: int | str, world_size: int, state: dict[str, Any],
+    run: str | None = None, background: bool = False,
+) -> Callable[[], None]:  # fmt: skip
+    """Write this process's ``state`` for ``step`` of ``run``; rank 0 commits after a barrier.
+
+    Returns a function that waits until the part is on disk: at once, or with
+    ``background`` once DCP's ``async_save`` thread is done (call it before the barrier
+    that precedes the commit). ``world_size``: the number of workers of the run.
+    """
     run = _own(run)
     folder = _staging(root, step, run)
     _makedirs(folder)
-    payload = {
-        "format": FORMAT, "run": run, "step": step, "rank": rank, "world_size": world_size,
-        **state,
-    }  # fmt: skip
-    path = os.path.join(folder, f"rank-{rank:05d}.pt")
-    _write_atomic(path, lambda fh: torch.save(payload, fh))
-    return path
+    header = {"format": FORMAT, "run": run, "step": step, "rank": rank, "world_size": world_size}
+    return dcp.write(os.path.join(folder, _part(rank)), header, state, background)
 
 
-def commit(root: str, step: int, keep: int = 2, run: str | None = None) -> None:
-    """Mark ``step`` of ``run`` complete (rank 0, after all ranks saved); drop its older steps."""
+def commit(
+    root: str, step: int, keep: int = 2, run: str | None = None, world_size: int | None = None
+) -> None:
+    """Mark ``step`` of ``run`` complete (rank 0, after all ranks saved); drop its older steps.
+
+    ``world_size``: the number of workers that wrote it (default: rank 0's part says).
+    """
     run = _own(run)
     staging, final = _staging(root, step, run), step_dir(root, step)
     if os.path.exists(final):
         raise FileExistsError(f"checkpoint step {step} is already committed in {_base(root)}")
-    marker = json.dumps({"step": step, "run": run}).encode()
+    if world_size is None:  # the worker count rank 0's part was written by (None: unknown)
+        try:
+            with open(os.path.join(staging, _part(0), dcp.STATE_FILE)) as fh:
+                world_size = int(json.load(fh)["world_size"])
+        except (OSError, ValueError, KeyError, TypeError):
+            world_size = None
+    fields = {"format": FORMAT, "step": step, "run": run, "world_size": world_size}
+    marker = json.dumps(fields).encode()
     _write_atomic(os.path.join(staging, "COMMIT"), lambda fh: fh.write(marker))
     os.rename(staging, final)  # atomic: the step appears complete or not at all
     _fsync_dir(_base(root))
@@ -272,7 +300,7 @@ def claim(out: str, resume: str = "", overwrite: bool = False, restarted: bool =
 
 
 def _reason(exc: BaseException) -> str:
-    """One line out of torch.load's multi-line refusal: the rule the file broke."""
+    """One line out of a loader's refusal: the rule the file broke."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     if lines and lines[0].startswith("Weights only load failed"):
         # torch's advice comes first; the line naming the refused global or opcode follows
@@ -280,16 +308,11 @@ def _reason(exc: BaseException) -> str:
         details = [x for x in lines[1:] if not x.startswith(advice)]
         return f"refused by weights_only: {details[0] if details else '?'}"
     text = lines[0] if lines else type(exc).__name__
-    return text.split(". This is")[0]  # miniz's advice after a truncated file
+    return text.split(". This is")[0]
 
 
-def load(
-    root: str, rank: int, world_size: int, step: int | None = None, run: str | None = None
-) -> dict[str, Any]:
-    """This rank's state from ``run``'s newest (or the given) committed step under ``root``.
-
-    ``run`` defaults to this process's run; outside a job, to the one run ``root`` holds.
-    """
+def _step_of(root: str, step: int | None, run: str | None) -> tuple[str, int]:
+    """(run, step) that a load reads: ``run``'s newest (or the given) committed step."""
     if not os.path.isdir(root):
         raise UsageError(f"--resume {root}: no such folder")
     run = current_run() if run is None else run
@@ -297,25 +320,79 @@ def load(
     step = latest(root, run) if step is None else step
     if step is None:
         raise UsageError(f"--resume {root}: no complete checkpoint in {root}/checkpoints")
-    path = os.path.join(step_dir(root, step), f"rank-{rank:05d}.pt")
-    if not os.path.exists(path):
-        raise UsageError(f"--resume {root}: step {step} has no state for rank {rank}")
+    return run, step
+
+
+def saved_world(root: str, step: int | None = None, run: str | None = None) -> int:
+    """How many workers wrote ``run``'s newest (or the given) committed step under ``root``."""
+    run, step = _step_of(root, step, run)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # unpickling refused, truncated or foreign file
+        with open(os.path.join(step_dir(root, step), "COMMIT")) as fh:
+            marker = json.load(fh)
+        return int(marker["world_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UsageError(
+            f"--resume: {step_dir(root, step)} is not a {FORMAT} checkpoint (its COMMIT "
+            "names no format and worker count: written by an older disttrain?)"
+        ) from None
+
+
+def load(
+    root: str, rank: int | str, world_size: int | None, step: int | None = None,
+    run: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """This rank's (or named part's) state from ``run``'s newest (or the given) committed step.
+
+    ``run`` defaults to this process's run; outside a job, to the one run ``root`` holds.
+    ``world_size`` must be the number of workers that wrote it (see :func:`restore`);
+    None: any.
+    """
+    run, step = _step_of(root, step, run)
+    path = os.path.join(step_dir(root, step), _part(rank))
+    if not os.path.isdir(path):
+        raise UsageError(f"--resume {root}: step {step} has no state for {_part(rank)}")
+    try:
+        header, body = dcp.read(path)
+    except Exception as exc:  # unpickling refused, truncated or foreign files
         raise UsageError(
             f"--resume: {path} is not a disttrain checkpoint ({_reason(exc)})"
         ) from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
+    if header.get("format") != FORMAT:
         raise UsageError(f"--resume: {path} is not a disttrain checkpoint (no {FORMAT} tag)")
-    if state.get("run", "") != run:  # a step whose files two runs wrote: not ours to load
-        raise UsageError(f"--resume: {path} belongs to run {state.get('run')!r}, not {run!r}")
-    if state["world_size"] != world_size:
+    if header.get("run", "") != run:  # a step whose files two runs wrote: not ours to load
+        raise UsageError(f"--resume: {path} belongs to run {header.get('run')!r}, not {run!r}")
+    if world_size is not None and header.get("world_size") != world_size:
         raise UsageError(
-            f"--resume: the checkpoint was written by {state['world_size']} workers, this run "
-            f"has {world_size}; resume with --workers {state['world_size']}"
+            f"--resume: the checkpoint was written by {header['world_size']} workers, this run "
+            f"has {world_size}; resume with --workers {header['world_size']}"
         )
-    return state
+    return {**header, **body}
+
+
+#: ``reshard(read, old_world, rank, world)``: worker ``rank``'s state among ``world``
+#: workers, out of a checkpoint of ``old_world`` (``read(j)``: old worker j's state).
+Reshard = Callable[[Callable[[int], dict[str, Any]], int, int, int], dict[str, Any]]
+
+
+def restore(
+    root: str, rank: int, world_size: int, reshard: Reshard | None, who: str = "this strategy"
+) -> dict[str, Any]:
+    """Worker ``rank``'s state from ``root``'s newest step: its own, or resharded.
+
+    A checkpoint of the same number of workers gives each its own part. One of
+    another number goes through ``reshard``; None refuses it (UsageError naming the
+    worker count that would resume it).
+    """
+    run, step = _step_of(root, None, None)
+    old = saved_world(root, step, run)
+    if old == world_size:
+        return load(root, rank, world_size, step, run)
+    if reshard is None:
+        raise UsageError(
+            f"--resume: the checkpoint was written by {old} workers, this run has "
+            f"{world_size}; {who} cannot change its layout: resume with --workers {old}"
+        )
+    return reshard(lambda j: load(root, j, old, step, run), old, rank, world_size)
 
 
 def resume_source(resume: str, out: str) -> str:
