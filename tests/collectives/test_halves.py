@@ -3,10 +3,10 @@
 Each rank's data is integer-valued, so every summation order gives the same
 floats: results are compared exactly with torch's own collectives
 (``dist.all_reduce`` then this rank's chunk; ``dist.all_gather`` of every rank's
-data, then chunk r of rank r's). Lengths: empty, fewer elements than ranks,
-one more than a multiple of n, and odd sizes (uneven chunks). The meter must
-equal ``reduce_scatter_cost`` / ``all_gather_cost`` exactly (length check off,
-so only the collective itself is counted).
+data, then chunk r of rank r's), in fp32 and (up to 3 ranks) fp64. Lengths: empty,
+fewer elements than ranks, one more than a multiple of n, and odd sizes (uneven
+chunks). The meter must equal ``reduce_scatter_cost`` / ``all_gather_cost``
+exactly (length check off, so only the collective itself is counted).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _body(names: tuple[str, ...], lengths: tuple[int, ...]) -> list[str]:
     for name in names or tuple(a for a in collectives.ALGORITHMS if a not in OWN):
         algo = collectives.get(name)
         for length in lengths or _lengths(n):
-            for dtype in DTYPES if name in OWN else DTYPES[:1]:
+            for dtype in DTYPES if name in OWN and n <= 3 else DTYPES[:1]:
                 gen = torch.Generator().manual_seed(length * 31 + me)
                 x = torch.randint(-9, 10, (length,), generator=gen).to(dtype)
                 a, b = chunk_bounds(length, n)[me]
@@ -75,7 +75,7 @@ def _body(names: tuple[str, ...], lengths: tuple[int, ...]) -> list[str]:
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6])
 def test_halves_match_torch_and_their_cost(n: int) -> None:
     results: list[Any] = run_world(_body, n, args=(OWN, ()), timeout=120)
-    assert len(results[0]) == len(_lengths(n)) * len(OWN) * len(DTYPES)
+    assert len(results[0]) == len(_lengths(n)) * len(OWN) * (len(DTYPES) if n <= 3 else 1)
 
 
 def test_fallback_halves_of_every_other_algorithm() -> None:

@@ -46,6 +46,7 @@ CASES: dict[int, list[dict[str, Any]]] = {
         {"zero_stage": 3, "optimizer": "adam"},
         {"zero_stage": 2, "optimizer": "momentum", "accumulate": 2},
         {"zero_stage": 3, "optimizer": "sgd", "algorithm": "ring", "overlap": False},
+        {"zero_stage": 3, "optimizer": "adam", "precision": "fp16"},  # agreed loss scaling
     ],
     3: [
         {"zero_stage": 1, "optimizer": "momentum", "algorithm": "ring"},
@@ -58,18 +59,20 @@ CASES: dict[int, list[dict[str, Any]]] = {
 @pytest.mark.timeout(500)
 @pytest.mark.parametrize("n", sorted(CASES))
 def test_zero_stages_equal_allreduce(n: int, tmp_path: Path) -> None:
-    optimizers = sorted({c["optimizer"] for c in CASES[n]})
-    jobs = [({"workers": n, "optimizer": o}, str(tmp_path / f"ref-{o}")) for o in optimizers]
+    refs = sorted({(c["optimizer"], c.get("precision", "fp32")) for c in CASES[n]})
+    jobs = [({"workers": n, "optimizer": o, "precision": p}, str(tmp_path / f"ref-{o}-{p}"))
+            for o, p in refs]  # fmt: skip
     jobs += [({"workers": n, "strategy": "zero", **c}, str(tmp_path / f"zero{i}"))
              for i, c in enumerate(CASES[n])]  # fmt: skip
     summaries = run_world(_jobs, n, args=(jobs,), timeout=450)[0]
     for i, case in enumerate(CASES[n]):
-        want = torch.load(tmp_path / f"ref-{case['optimizer']}" / "model.pt")
+        ref = f"ref-{case['optimizer']}-{case.get('precision', 'fp32')}"
+        want = torch.load(tmp_path / ref / "model.pt")
         got = torch.load(tmp_path / f"zero{i}" / "model.pt")
         assert want.keys() == got.keys()
         for k in want:
             assert torch.allclose(got[k], want[k], atol=1e-5, rtol=0), (case, k)
-        assert summaries[len(optimizers) + i]["zero"]["stage"] == case["zero_stage"]
+        assert summaries[len(refs) + i]["zero"]["stage"] == case["zero_stage"]
 
 
 def _formula(stage: int, psi: int, n: int) -> dict[str, float]:
