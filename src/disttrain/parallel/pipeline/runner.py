@@ -361,10 +361,10 @@ class PipelineRunner:
             self.pending_w_peak = max(self.pending_w_peak, self._pending_live)
             return grad_in
         out = st.outputs.pop(key)
-        if last:
-            out.backward()
-        else:
-            out.backward(st.grads.pop(key))
+        grad = None if last else st.grads.pop(key)
+        # a first stage without parameters (a Flatten alone) has nothing to differentiate
+        if out.requires_grad:
+            out.backward(grad)
         del out  # frees this micro-batch's graph, and its saved activations with it
         if s == 0:
             return None
