@@ -62,6 +62,8 @@ VALUES: dict[str, Any] = {
     "balance": "time",
     "straggler": "1:2",
     "ps_address": "127.0.0.2",
+    "tensorboard": "tb-logs",
+    "ray_address": "127.0.0.1:6379",
 }
 
 #: Settings a conditional field needs before anything reads it.
@@ -69,6 +71,7 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "nnodes": {"rdzv_endpoint": "host:29500"},
     "node_rank": {"nnodes": 2, "rdzv_endpoint": "host:29500"},
     "max_restarts": {"checkpoint_every": 5},
+    "ray_address": {"launcher": "ray"},
     "error_feedback": {"compression": "topk:0.1"},
     "consensus_step": {"topology": "ring", "workers": 4},
     "active_workers": {"active_warmup_steps": 2},

@@ -10,7 +10,9 @@ summary.json and model.pt, and shows the progress bar.
 from __future__ import annotations
 
 import os
+import resource
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -32,6 +34,7 @@ from disttrain.train.optimizers import make_optimizer
 from disttrain.train.progress import ProgressBar
 from disttrain.train.schedules import LRSchedule
 from disttrain.train.step import StepRunner
+from disttrain.train.trackers import Tracker, trackers_for
 
 __all__ = ["evaluate", "loss_fn", "train"]
 
@@ -45,6 +48,11 @@ def pin_to_cpu(local_rank: int) -> int | None:
     except (AttributeError, OSError):  # not Linux, or not permitted here
         return None
     return cpu
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory in MiB (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -167,8 +175,12 @@ def _resume(
     return int(state["step"])
 
 
-def train(cfg: RunConfig) -> dict[str, Any]:
-    """Run the training described by ``cfg`` on this process; return the summary (rank 0's)."""
+def train(cfg: RunConfig, trackers: Sequence[Tracker] = ()) -> dict[str, Any]:
+    """Run the training described by ``cfg`` on this process; return its summary.
+
+    Rank 0's summary is the job's. ``trackers`` are told the run's figures and
+    checkpoints (:mod:`disttrain.train.trackers`) besides those ``cfg`` asks for.
+    """
     tc = cfg.train
     world = world_mod.init(device=tc.device, timeout=tc.timeout, threads=tc.threads)
     run_id = _agree_run(tc, world)
@@ -205,6 +217,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         os.path.join(out_dir, "metrics.jsonl") if main and out_dir else None,
         append=os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0",
     )
+    tracking = [*trackers_for(tc, main), *trackers]
     bar = ProgressBar(total_steps, enabled=main and tc.progress)
     timers = Timers()
     step, epochs_done, loss_value = 0, 0, float("nan")
@@ -247,10 +260,14 @@ def train(cfg: RunConfig) -> dict[str, Any]:
                     if runner.scaler:
                         record.update(loss_scale=runner.scaler.scale, skipped=skipped)
                     metrics.write(**record)
+                    for tracker in tracking:
+                        tracker.scalars(step, record)
                 bar.update(step, epoch, loss_value, sps)
                 if tc.checkpoint_every and step % tc.checkpoint_every == 0 and out_dir:
                     with timers.time("checkpoint"), timeline.span("checkpoint"):
                         _checkpoint(out_dir, step, strategy, optimizer, runner)
+                    for tracker in tracking:
+                        tracker.checkpoint(step, checkpoint.step_dir(out_dir, step))
             timers.seconds["data"] += loader.wait_seconds
             epochs_done = epoch + 1
             last = step >= step_limit or epoch == epoch_limit - 1 or roles.should_stop()
@@ -259,12 +276,19 @@ def train(cfg: RunConfig) -> dict[str, Any]:
             with timers.time("eval"), timeline.span("eval"):
                 whole, test_loss, test_acc = _epoch_end(strategy, data, world.device)
             if main:
-                metrics.write(
+                record = dict(
                     step=step, epoch=epoch, test_loss=test_loss, test_accuracy=test_acc,
                     wall_seconds=time.perf_counter() - start, bytes_sent=meter.bytes_sent,
                 )  # fmt: skip
+                metrics.write(**record)
+                for tracker in tracking:
+                    tracker.scalars(step, record)
             if last:
                 break
+    except BaseException:
+        for tracker in tracking:
+            tracker.close()
+        raise
     finally:
         bar.close()
         metrics.close()
@@ -275,7 +299,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     train_seconds = wall - timers.seconds.get("eval", 0.0)
     with meter.paused():
         per_rank = _gather_floats(
-            [float(meter.bytes_sent), float(meter.messages_sent)], world.device,
+            [float(meter.bytes_sent), float(meter.messages_sent), _peak_rss_mb()], world.device,
             strategy.worker_group,
         )  # fmt: skip
     if recorder is not None and main:  # the gather above: every worker has written its part
@@ -299,6 +323,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         "bytes_sent_per_rank": sum(r[0] for r in per_rank) / len(per_rank),
         "bytes_sent_by_rank": [int(r[0]) for r in per_rank],
         "messages_sent_by_rank": [int(r[1]) for r in per_rank],
+        "peak_memory_mb_by_rank": [round(r[2], 1) for r in per_rank],
         "time_breakdown": timers.as_dict(),
         "precision": tc.precision,
         "skipped_steps": runner.skipped_steps,
@@ -311,4 +336,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         if whole is not None:
             torch.save(whole.state_dict(), os.path.join(out_dir, "model.pt"))
         write_summary(out_dir, summary)
+    for tracker in tracking:
+        tracker.finish(summary, main)
+        tracker.close()
     return summary
