@@ -129,5 +129,5 @@ def train_loop(config: dict[str, Any]) -> None:
 
     trackers = ray_train.session_trackers()
     settings = dict(config)
-    settings.update(ray_train.resume_settings())
+    settings.update(ray_train.resume_settings(str(settings.get("out", ""))))
     train(settings, trackers)

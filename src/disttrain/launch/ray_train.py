@@ -91,17 +91,32 @@ def session_trackers() -> list[Tracker]:
     return [RayReporter()] if _in_ray_train() else []
 
 
-def resume_settings() -> dict[str, Any]:
-    """Inside a restarted Ray Train worker: resume from Ray's latest checkpoint."""
+def resume_settings(out: str) -> dict[str, Any]:
+    """Inside a restarted Ray Train worker: where to resume from.
+
+    Ray's latest checkpoint when its controller registered one. Ray registers a
+    report only when it next polls the workers, so a worker that dies soon after a
+    checkpoint may leave Ray with none: the run's own newest committed step in
+    ``out`` (this run's id, so never another run's) is then the restart point,
+    on one machine or a shared file system.
+    """
     if not _in_ray_train():
         return {}
     import ray.train
 
+    from disttrain import checkpoint
+
     latest = ray.train.get_checkpoint()
-    if latest is None:
+    if latest is not None:
+        source = latest.to_directory()  # remote storage: a local copy
+    elif out and checkpoint.latest(out, checkpoint.current_run()) is not None:
+        source = out
+    else:
         return {}
-    # local storage: the folder itself; remote storage: a local copy
-    return {"resume": latest.to_directory(), "overwrite": True}
+    # A restart round, as torch's agent numbers them: metrics.jsonl is appended to and
+    # --inject-fault fires only in the first round (train/faults.py).
+    os.environ["TORCHELASTIC_RESTART_COUNT"] = "1"
+    return {"resume": source}
 
 
 def run_ray(cfg: Any, out: str, run_id: str) -> dict[str, Any]:
@@ -136,15 +151,23 @@ def run_ray(cfg: Any, out: str, run_id: str) -> dict[str, Any]:
     local = not tc.ray_address
     if local:
         env["GLOO_SOCKET_IFNAME"] = "lo"  # a local Ray: the group meets on the loopback
-    ray.init(
-        address=tc.ray_address or None,
-        num_cpus=nproc if local else None,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1" if local else None,
-        runtime_env={"env_vars": env},
-        logging_level=logging.ERROR,
-        log_to_driver=False,  # Ray's per-report chatter; a failure comes back in the error
-    )
+    for attempt in range(3):
+        try:
+            ray.init(
+                address=tc.ray_address or None,
+                num_cpus=nproc if local else None,
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1" if local else None,
+                runtime_env={"env_vars": env},
+                logging_level=logging.ERROR,
+                log_to_driver=False,  # Ray's per-report chatter; failures come back in the error
+            )
+            break
+        except Exception as exc:
+            # Ray waits a fixed 30 s for its raylet to register: a busy machine misses it
+            ray.shutdown()
+            if attempt == 2 or "timed out during startup" not in str(exc):
+                raise
     try:
         trainer = TorchTrainer(
             entry.train_loop,
