@@ -19,7 +19,11 @@ from disttrain.comm.errors import UsageError
 from disttrain.launch.preflight import claim_run, preflight
 from disttrain.launch.worker import is_worker, run_worker, torchrun_default_out
 
-__all__ = ["add_arguments", "add_config_flags", "default_out", "run", "run_job"]
+__all__ = ["CLAIMED_RUN_ENV", "add_arguments", "add_config_flags", "default_out", "run", "run_job"]
+
+
+#: Set by ``--launcher slurm`` for the agents it starts: the run it already claimed.
+CLAIMED_RUN_ENV = "DISTTRAIN_CLAIMED_RUN"
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -110,7 +114,8 @@ def run_job(cfg: Any, argv: list[str]) -> int:
     preflight(cfg)
     nproc = strategies.get(cfg.train.strategy).layout.num_processes(cfg)
     out = cfg.train.out or default_out(cfg.train.strategy)
-    run_id = claim_run(cfg.train, out)  # every worker and restart writes under this run
+    # every worker and restart writes under this run; a Slurm step's agents got theirs
+    run_id = os.environ.get(CLAIMED_RUN_ENV) or claim_run(cfg.train, out)
     os.makedirs(out, exist_ok=True)
     if cfg.train.launcher != "local":
         return _run_engine(cfg, argv, out, run_id)
