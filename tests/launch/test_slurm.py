@@ -1,10 +1,12 @@
 """``disttrain train --launcher slurm`` on a real one-node Slurm that the test configures itself.
 
-The fixture writes a slurm.conf for this host (auth/none: no munge key to share) and
-runs slurmctld and slurmd inside a network namespace of their own (``unshare -n``),
-so their ports are on that namespace's loopback only; ``examples/slurm/train.sbatch``
-is submitted with ``sbatch --wait``. The reference is one process taking the same
-steps at the same global batch: the accuracy must agree to within one test sample.
+The fixture writes a slurm.conf for this host (auth/none: no munge key to share; free
+ports; ``NoInAddrAny`` so that slurmd binds 127.0.0.1 only -- slurmctld still binds
+every interface, for the test's duration: a network namespace would isolate it, but
+name resolution fails inside one on this machine) and runs slurmctld and slurmd;
+``examples/slurm/train.sbatch`` is submitted with ``sbatch --wait``. The reference is
+one process taking the same steps at the same global batch: the accuracy must agree to
+within one test sample.
 Skipped, saying why, where the Slurm packages (Debian: ``slurm-wlm``) or root are
 missing. The multi-node command is checked statically (one node here).
 """
@@ -25,13 +27,17 @@ import pytest
 from disttrain.launch.slurm import expand_nodelist, srun_command
 from tests.harness import run_world
 from tests.launch.test_entry import ONE_SAMPLE, SETTINGS, _reference
+from tests.test_api import _free_port
 
 REPO = Path(__file__).resolve().parents[2]
-TOOLS = ("slurmctld", "slurmd", "sbatch", "sinfo", "srun", "unshare", "ip")
+TOOLS = ("slurmctld", "slurmd", "sbatch", "sinfo", "srun")
 
 CONF = """\
 ClusterName=disttrain-test
 SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={d_port}
+CommunicationParameters=NoInAddrAny
 AuthType=auth/none
 CredType=cred/none
 SlurmUser=root
@@ -54,10 +60,9 @@ NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
 PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 """
 
-# Inside the namespace: loopback up, both daemons, wait until the node is idle, submit.
+# Both daemons, wait until the node is idle, submit, stop the daemons.
 SCRIPT = """\
 set -u
-ip link set lo up
 slurmctld -D -f "$SLURM_CONF" & ctld=$!
 slurmd -D -f "$SLURM_CONF" -N "$NODE" & d=$!
 for _ in $(seq 120); do sinfo -h -o %t 2>/dev/null | grep -q idle && break; sleep 0.5; done
@@ -115,14 +120,17 @@ def test_a_slurm_job_trains_like_one_process(tmp_path: Path) -> None:
     for d in ("state", "spool"):
         (tmp_path / d).mkdir()
     conf = tmp_path / "slurm.conf"
-    conf.write_text(CONF.format(host=host, tmp=tmp_path, cpus=cpus))
+    ports = [_free_port(), _free_port()]
+    conf.write_text(
+        CONF.format(host=host, tmp=tmp_path, cpus=cpus, ctld_port=ports[0], d_port=ports[1])
+    )
     out, log = tmp_path / "run", tmp_path / "job.log"
     env = {**os.environ, "SLURM_CONF": str(conf), "NODE": host, "LOG": str(log),
            "PYTHON": sys.executable, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1",
            "WORKERS_PER_NODE": "2"}  # fmt: skip
     args = ["--max-steps", str(SETTINGS["max_steps"]), "--batch-size", str(SETTINGS["batch_size"]),
             "--epochs", "1", "--no-progress", "--out", str(out)]  # fmt: skip
-    cmd = ["unshare", "-n", "bash", "-c", SCRIPT.format(cpus=cpus), "slurm",
+    cmd = ["bash", "-c", SCRIPT.format(cpus=cpus), "slurm",
            str(REPO / "examples" / "slurm" / "train.sbatch"), *args]  # fmt: skip
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
     text = log.read_text() if log.exists() else ""
