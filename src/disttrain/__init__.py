@@ -16,7 +16,7 @@ from disttrain.comm.world import (
     size,
 )
 from disttrain.dataparallel.broadcast import broadcast_optimizer_state, broadcast_parameters
-from disttrain.launch.entry import train_loop
+from disttrain.launch.ray_train import train_loop
 from disttrain.ops import allgather, allreduce, allreduce_, broadcast, broadcast_, join
 from disttrain.optimizer import DistributedOptimizer
 

@@ -18,9 +18,9 @@ parameter server, the servers are part of it). The same pre-flight checks as
 ``disttrain train`` run on every rank (they are deterministic, so every rank refuses
 or none does). Every rank returns rank 0's summary.
 
-:func:`train_loop` is the same with Ray Train's signature (one dict), for engines that
-call a function per worker; inside Ray Train it also reports checkpoints and the
-summary through Ray (:mod:`disttrain.launch.ray_train`).
+:func:`disttrain.launch.ray_train.train_loop` (``disttrain.train_loop``) is the same
+with Ray Train's signature (one dict), for engines that call a function per worker;
+inside Ray Train it also reports checkpoints and the summary through Ray.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from disttrain.comm.errors import UsageError
 
-__all__ = ["broadcast_text", "resolve_config", "train", "train_loop"]
+__all__ = ["broadcast_text", "resolve_config", "train"]
 
 
 def resolve_config(config: Any = None, **settings: Any) -> Any:
@@ -105,8 +105,8 @@ def train(config: Any = None, trackers: Sequence[Any] = (), **settings: Any) -> 
 
     from disttrain import config as config_mod
     from disttrain.comm import world
-    from disttrain.launch.job import default_out
     from disttrain.launch.preflight import preflight
+    from disttrain.launch.worker import default_out
     from disttrain.train.trainer import train as run_trainer
 
     cfg = resolve_config(config, **settings)
@@ -121,13 +121,3 @@ def train(config: Any = None, trackers: Sequence[Any] = (), **settings: Any) -> 
     )
     summary = run_trainer(cfg, trackers)
     return dict(json.loads(broadcast_text(json.dumps(summary))))
-
-
-def train_loop(config: dict[str, Any]) -> None:
-    """Ray Train's ``train_loop_per_worker``: :func:`train`, reporting through Ray inside Ray."""
-    from disttrain.launch import ray_train
-
-    trackers = ray_train.session_trackers()
-    settings = dict(config)
-    settings.update(ray_train.resume_settings(str(settings.get("out", ""))))
-    train(settings, trackers)

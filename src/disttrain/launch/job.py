@@ -12,18 +12,19 @@ import dataclasses
 import json
 import os
 import sys
-import time
 from typing import Any
 
 from disttrain.comm.errors import UsageError
 from disttrain.launch.preflight import claim_run, preflight
-from disttrain.launch.worker import is_worker, run_worker, torchrun_default_out
+from disttrain.launch.worker import (
+    CLAIMED_RUN_ENV,
+    default_out,
+    is_worker,
+    run_worker,
+    torchrun_default_out,
+)
 
-__all__ = ["CLAIMED_RUN_ENV", "add_arguments", "add_config_flags", "default_out", "run", "run_job"]
-
-
-#: Set by ``--launcher slurm`` for the agents it starts: the run it already claimed.
-CLAIMED_RUN_ENV = "DISTTRAIN_CLAIMED_RUN"
+__all__ = ["add_arguments", "add_config_flags", "run", "run_job"]
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -59,10 +60,6 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
 
     flags = {k: v for k, v in vars(ns).items() if k not in ("command", "config")}
     return run_job(config.load(flags, getattr(ns, "config", None)), argv)
-
-
-def default_out(strategy: str) -> str:
-    return os.path.join("runs", f"{time.strftime('%Y%m%d-%H%M%S')}-{strategy}-{os.getpid()}")
 
 
 def _partial_timeline(path: str, out: str) -> None:

@@ -2,7 +2,7 @@
 
 The driver (this process) checks the settings as ``disttrain train`` does, joins the
 Ray cluster at ``--ray-address`` (or starts a local one on 127.0.0.1 with one CPU
-per worker), and hands :func:`disttrain.launch.entry.train_loop` to Ray Train's
+per worker), and hands :func:`train_loop` to Ray Train's
 ``TorchTrainer`` with ``--workers`` workers. Ray starts the workers and forms the
 gloo (or NCCL) process group; each worker adopts it (:mod:`disttrain.comm.world`)
 and trains its part.
@@ -30,7 +30,7 @@ from typing import Any
 from disttrain.comm.errors import UsageError
 from disttrain.train.trackers import Tracker
 
-__all__ = ["RayReporter", "resume_settings", "run_ray", "session_trackers"]
+__all__ = ["RayReporter", "resume_settings", "run_ray", "session_trackers", "train_loop"]
 
 #: Settings of the driver that the workers must not see (they would launch again).
 _DRIVER_ONLY = ("launcher", "ray_address", "workers", "nnodes", "node_rank", "rdzv_endpoint")
@@ -119,6 +119,15 @@ def resume_settings(out: str) -> dict[str, Any]:
     return {"resume": source}
 
 
+def train_loop(config: dict[str, Any]) -> None:
+    """Ray Train's ``train_loop_per_worker``: ``disttrain.train``, reporting to Ray inside Ray."""
+    from disttrain.launch.entry import train
+
+    settings = dict(config)
+    settings.update(resume_settings(str(settings.get("out", ""))))
+    train(settings, session_trackers())
+
+
 def run_ray(cfg: Any, out: str, run_id: str) -> dict[str, Any]:
     """Run the job on Ray Train workers; return rank 0's summary."""
     try:
@@ -129,7 +138,6 @@ def run_ray(cfg: Any, out: str, run_id: str) -> dict[str, Any]:
         raise UsageError("--launcher ray needs Ray Train: pip install 'ray[train]'") from None
     from disttrain import config as config_mod
     from disttrain import strategies
-    from disttrain.launch import entry
 
     tc = cfg.train
     nproc = strategies.get(tc.strategy).layout.num_processes(cfg)
@@ -170,7 +178,7 @@ def run_ray(cfg: Any, out: str, run_id: str) -> dict[str, Any]:
                 raise
     try:
         trainer = TorchTrainer(
-            entry.train_loop,
+            train_loop,
             train_loop_config=settings,
             torch_config=TorchConfig(backend="nccl" if tc.device == "cuda" else "gloo",
                                      timeout_s=int(max(tc.timeout, 30))),

@@ -79,7 +79,7 @@ def run_slurm(cfg: Any, argv: list[str], out: str, run_id: str) -> int:
     if shutil.which("srun") is None:
         raise UsageError("--launcher slurm: srun is not on PATH (run inside a Slurm allocation)")
     cmd = srun_command(os.environ, argv, os.path.abspath(out))
-    from disttrain.launch.job import CLAIMED_RUN_ENV
+    from disttrain.launch.worker import CLAIMED_RUN_ENV
 
     env = {**os.environ, CLAIMED_RUN_ENV: run_id}  # every node's agent: this run's checkpoints
     return subprocess.run(cmd, env=env, check=False).returncode
