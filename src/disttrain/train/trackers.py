@@ -12,7 +12,7 @@ package's writer (``torch.utils.tensorboard.SummaryWriter``): every number of th
 step record under ``train/`` (loss, lr, samples/s, bytes sent, compression figures,
 staleness, ...), the test loss and accuracy under ``test/``, and the summary's
 numbers under ``summary/`` (the pipeline's bubble, the parameter server's
-staleness, peak memory per rank, ...).
+staleness, peak memory per rank as ``summary/peak_memory_mb_by_rank/R``, ...).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ def flatten_numbers(values: Mapping[str, Any], prefix: str = "") -> Iterator[tup
         elif isinstance(value, (list, tuple)) and all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
         ):
-            # a per-rank list ("bytes_sent_by_rank"): one scalar per rank
-            yield from flatten_numbers({f"rank{i}": v for i, v in enumerate(value)}, name + "/")
+            # a list ("bytes_sent_by_rank": one number per rank): one scalar per index
+            yield from flatten_numbers({str(i): v for i, v in enumerate(value)}, name + "/")
 
 
 class Tracker:
