@@ -109,6 +109,10 @@ def run_job(cfg: Any, argv: list[str]) -> int:
             )
         return run_worker(cfg, launched_by_us)
     preflight(cfg)
+    if cfg.train.launcher == "ray":
+        from disttrain.launch.ray_train import check_layout
+
+        check_layout(cfg)  # refused before --out is touched
     nproc = strategies.get(cfg.train.strategy).layout.num_processes(cfg)
     out = cfg.train.out or default_out(cfg.train.strategy)
     # every worker and restart writes under this run; a Slurm step's agents got theirs

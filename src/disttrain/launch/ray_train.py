@@ -30,7 +30,14 @@ from typing import Any
 from disttrain.comm.errors import UsageError
 from disttrain.train.trackers import Tracker
 
-__all__ = ["RayReporter", "resume_settings", "run_ray", "session_trackers", "train_loop"]
+__all__ = [
+    "RayReporter",
+    "check_layout",
+    "resume_settings",
+    "run_ray",
+    "session_trackers",
+    "train_loop",
+]
 
 #: Settings of the driver that the workers must not see (they would launch again).
 _DRIVER_ONLY = ("launcher", "ray_address", "workers", "nnodes", "node_rank", "rdzv_endpoint")
@@ -128,24 +135,32 @@ def train_loop(config: dict[str, Any]) -> None:
     train(settings, session_trackers())
 
 
+def check_layout(cfg: Any) -> int:
+    """The number of Ray workers; UsageError for what Ray cannot run (before anything starts)."""
+    from disttrain import strategies
+
+    tc = cfg.train
+    nproc = int(strategies.get(tc.strategy).layout.num_processes(cfg))
+    if nproc != tc.workers or tc.nnodes != 1:
+        raise UsageError(
+            f"--launcher ray runs --workers training processes: --strategy {tc.strategy} "
+            "also starts servers, and --nnodes is Ray's to decide (use --workers for all of them)"
+        )
+    return nproc
+
+
 def run_ray(cfg: Any, out: str, run_id: str) -> dict[str, Any]:
     """Run the job on Ray Train workers; return rank 0's summary."""
+    from disttrain import config as config_mod
+
+    tc = cfg.train
+    nproc = check_layout(cfg)
     try:
         import ray
         from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchConfig, TorchTrainer
     except ImportError:
         raise UsageError("--launcher ray needs Ray Train: pip install 'ray[train]'") from None
-    from disttrain import config as config_mod
-    from disttrain import strategies
-
-    tc = cfg.train
-    nproc = strategies.get(tc.strategy).layout.num_processes(cfg)
-    if nproc != tc.workers or tc.nnodes != 1:
-        raise UsageError(
-            f"--launcher ray runs --workers training processes: --strategy {tc.strategy} "
-            "also starts servers, and --nnodes is Ray's to decide (use --workers for all of them)"
-        )
     settings = {k: v for k, v in config_mod.changed_settings(cfg).items() if k not in _DRIVER_ONLY}
     settings.update(out=os.path.abspath(out), progress=False)
     env = {
