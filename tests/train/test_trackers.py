@@ -76,7 +76,7 @@ def test_compare_writes_one_tensorboard_run_per_spec_with_every_figure(tmp_path:
     own = {
         "1-decentralized_onebit": {"train/payload_compression",
                                    "train/bytes_vs_dense_allreduce"},
-        "2-ps_async": {"summary/ps/staleness_mean", "summary/ps/staleness_max"},
+        "2-ps_async": {"summary/staleness_mean", "summary/staleness_max"},
         "3-pipeline": {"summary/pipeline/bubble_theory"},
     }  # fmt: skip
     for run in runs:
