@@ -174,6 +174,16 @@ CASES: list[tuple[str, Argv, str]] = [
     ("node-rank-outside", _flags("--node-rank", "3"), "--node-rank 3 is outside"),
     ("batch-bigger-than-data", _flags("--batch-size", "4096"), "larger than the 1437"),
     ("cuda-without-gpu", _flags("--device", "cuda"), "no CUDA device"),
+    (
+        "ray-address-without-ray",
+        _flags("--ray-address", "h:1"),
+        "--ray-address needs --launcher ray",
+    ),
+    (
+        "ray-with-servers",
+        _flags("--launcher", "ray", "--strategy", "ps"),
+        "--launcher ray runs --workers training processes",
+    ),
     # config files
     ("toml-missing", lambda tmp: ["--config", str(tmp / "nope.toml")], "config file not found"),
     ("toml-syntax", _toml("workers = = 2\n"), "is not valid TOML"),

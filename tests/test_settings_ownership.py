@@ -71,6 +71,8 @@ VALUES: dict[str, Any] = {
     "schedule": "1f1b",
     "straggler": "1:2",
     "ps_address": "127.0.0.2",
+    "tensorboard": "tb-logs",
+    "ray_address": "127.0.0.1:6379",
 }
 
 #: Settings a conditional field needs before anything reads it.
@@ -79,6 +81,7 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "node_rank": {"nnodes": 2, "rdzv_endpoint": "host:29500"},
     "max_restarts": {"checkpoint_every": 5},
     "async_checkpoint": {"checkpoint_every": 5},
+    "ray_address": {"launcher": "ray"},
     "error_feedback": {"compression": "topk:0.1"},
     "powersgd_start_step": {"compression": "powersgd:2"},
     "fragment_mix": {"fragments": 2},

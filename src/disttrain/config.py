@@ -115,6 +115,7 @@ class TrainConfig:
     loader_delay_ms: float = opt(0.0, "extra time per batch in the loader (benchmarks)")
     pin_cpus: bool = opt(False, "pin each worker to one CPU (local rank mod the CPUs allowed)")
     timeline: str = opt("", "write every rank's Chrome-trace/Perfetto timeline to this .json file")
+    tensorboard: str = opt("", "write TensorBoard event files (every scalar of the run) here")
     # checkpoints and restarts (docs/reliability.md)
     checkpoint_every: int = opt(0, "save a checkpoint every N steps under --out (0: never)")
     resume: str = opt("", "resume from the newest checkpoint of this earlier run's --out")
@@ -136,6 +137,14 @@ class TrainConfig:
     )
     rdzv_endpoint: str = opt("", "HOST:PORT of the rendezvous for multi-node runs")
     rdzv_id: str = opt("disttrain", "job id shared by all nodes of a multi-node run")
+    # engines that start the processes (docs/launching.md)
+    launcher: str = opt(
+        "local",
+        "who starts the processes: local (torch's elastic agent), ray (Ray Train), "
+        "slurm (one agent per node of the allocation, through srun)",
+        ("local", "ray", "slurm"),
+    )
+    ray_address: str = opt("", "--launcher ray: the cluster to join (default: a local Ray)")
 
     def validate(self) -> None:
         """Raise :class:`UsageError` naming the first impossible value."""
@@ -169,6 +178,8 @@ class TrainConfig:
             raise UsageError(f"--node-rank {self.node_rank} is outside 0..{self.nnodes - 1}")
         if self.nnodes > 1 and not self.rdzv_endpoint:
             raise UsageError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT")
+        if self.ray_address and self.launcher != "ray":
+            raise UsageError("--ray-address needs --launcher ray")
         folder = os.path.dirname(os.path.abspath(self.timeline))
         if self.timeline and not os.path.isdir(folder):
             raise UsageError(f"--timeline {self.timeline}: folder {folder} does not exist")

@@ -1,16 +1,21 @@
 """The process's place in the job: initialisation, rank, size, device and timeouts.
 
 A worker learns its rank from the environment that PyTorch's elastic launcher
-(``torchrun``) sets. For single-host runs our launcher also sets
-``DISTTRAIN_STORE_FILE``: the process group then meets through a file store
-instead of a TCPStore, because torch's TCPStore listens on every interface
-(``::``) whatever host it is given, and gloo is pinned to the loopback
-interface. Nothing then listens beyond 127.0.0.1.
+(``torchrun``) sets, or from a process group that an engine (Ray Train, a user's
+script) has already formed: :func:`init` then adopts that group and leaves it to
+its owner at :func:`shutdown`. Where the engine does not say which processes share
+a host (``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``/``NODE_RANK``), the
+ranks exchange their host names once and group by them (:func:`_hosts_from_group`).
+For single-host runs our launcher also sets ``DISTTRAIN_STORE_FILE``: the process
+group then meets through a file store instead of a TCPStore, because torch's
+TCPStore listens on every interface (``::``) whatever host it is given, and gloo
+is pinned to the loopback interface. Nothing then listens beyond 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 from dataclasses import dataclass
 from datetime import timedelta
@@ -23,11 +28,14 @@ from disttrain.comm.errors import UsageError
 __all__ = [
     "STORE_FILE_ENV",
     "World",
+    "cross_rank",
+    "cross_size",
     "current",
     "group_timeout",
     "init",
     "is_initialized",
     "local_rank",
+    "local_size",
     "rank",
     "shutdown",
     "size",
@@ -47,6 +55,10 @@ class World:
     backend: str
     device: torch.device
     timeout: float
+    local_size: int = 1  # processes of this job on this host
+    node_rank: int = 0  # this host's index among the job's hosts (Horovod's cross_rank)
+    nodes: int = 1  # hosts of the job (Horovod's cross_size)
+    owns_group: bool = True  # False: an engine formed the group and destroys it
 
     @property
     def is_main(self) -> bool:
@@ -74,8 +86,12 @@ def init(device: str = "cpu", timeout: float = 60.0, threads: int | None = 1) ->
         return _world
     if threads is not None:
         torch.set_num_threads(threads)
-    rank = _env_int("RANK", 0)
-    world_size = _env_int("WORLD_SIZE", 1)
+    adopted = dist.is_initialized()  # an engine (Ray Train, the user) formed the group
+    if adopted:
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    else:
+        rank = _env_int("RANK", 0)
+        world_size = _env_int("WORLD_SIZE", 1)
     lrank = _env_int("LOCAL_RANK", 0)
     if device == "cuda":
         if not torch.cuda.is_available():
@@ -89,6 +105,14 @@ def init(device: str = "cpu", timeout: float = 60.0, threads: int | None = 1) ->
     else:
         raise UsageError(f"unknown device {device!r}: use cpu or cuda")
 
+    if adopted:
+        place = _placement(rank, world_size, adopted=True)
+        if device == "cuda" and "LOCAL_RANK" not in os.environ:
+            torch_device = torch.device("cuda", place[0] % torch.cuda.device_count())
+            torch.cuda.set_device(torch_device)
+        _world = World(rank, world_size, place[0], dist.get_backend(), torch_device, timeout,
+                       *place[1:], owns_group=False)  # fmt: skip
+        return _world
     store_file = os.environ.get(STORE_FILE_ENV)
     if store_file is None and "MASTER_ADDR" not in os.environ:
         # A plain single process: a private file store, so collectives still work.
@@ -108,8 +132,47 @@ def init(device: str = "cpu", timeout: float = 60.0, threads: int | None = 1) ->
         dist.init_process_group(
             backend, init_method="env://", rank=rank, world_size=world_size, timeout=pg_timeout
         )
-    _world = World(rank, world_size, lrank, backend, torch_device, timeout)
+    place = _placement(rank, world_size, adopted=False)
+    _world = World(rank, world_size, place[0], backend, torch_device, timeout, *place[1:])
     return _world
+
+
+def _placement(rank: int, world_size: int, adopted: bool) -> tuple[int, int, int, int]:
+    """(local rank, local size, node rank, nodes): from the launcher's variables, else the group.
+
+    torchrun sets LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK; Ray Train sets
+    LOCAL_RANK, LOCAL_WORLD_SIZE and NODE_RANK. A single-host job of ours (its
+    file store) is one host. Otherwise the ranks compare host names.
+    """
+    env = os.environ
+    node = env.get("GROUP_RANK", env.get("NODE_RANK"))
+    if "LOCAL_RANK" in env and "LOCAL_WORLD_SIZE" in env and node is not None:
+        local_size = int(env["LOCAL_WORLD_SIZE"])
+        return int(env["LOCAL_RANK"]), local_size, int(node), max(1, world_size // local_size)
+    if world_size == 1 or (not adopted and STORE_FILE_ENV in env):
+        return _env_int("LOCAL_RANK", rank), world_size, 0, 1
+    return _hosts_from_group(rank, world_size)
+
+
+def _hosts_from_group(rank: int, world_size: int) -> tuple[int, int, int, int]:
+    """Group the ranks by host name (one all-gather of 64-byte names at start-up).
+
+    Local rank: this rank's position among the ranks of its host; node rank: its
+    host's position in the order hosts first appear by rank (as torchrun numbers
+    nodes whose ranks are contiguous).
+    """
+    name = socket.gethostname().encode()[:64]
+    mine = torch.zeros(64, dtype=torch.uint8)
+    mine[: len(name)] = torch.tensor(list(name), dtype=torch.uint8)
+    if dist.get_backend() == "nccl":
+        mine = mine.cuda()
+    every = [torch.empty_like(mine) for _ in range(world_size)]
+    dist.all_gather(every, mine)
+    hosts = [bytes(t.cpu().tolist()) for t in every]
+    order = list(dict.fromkeys(hosts))  # hosts in order of their first rank
+    mine_host = hosts[rank]
+    local = [r for r, h in enumerate(hosts) if h == mine_host]
+    return local.index(rank), len(local), order.index(mine_host), len(order)
 
 
 def group_timeout() -> timedelta | None:
@@ -143,9 +206,25 @@ def local_rank() -> int:
     return current().local_rank
 
 
+def local_size() -> int:
+    """Processes of this job on this host."""
+    return current().local_size
+
+
+def cross_rank() -> int:
+    """This host's index among the job's hosts (Horovod's ``cross_rank``)."""
+    return current().node_rank
+
+
+def cross_size() -> int:
+    """Hosts in the job (Horovod's ``cross_size``)."""
+    return current().nodes
+
+
 def shutdown() -> None:
-    """Leave the process group (idempotent)."""
+    """Leave the process group (idempotent); a group an engine formed is left to it."""
     global _world
-    if dist.is_initialized():
+    owns = _world is None or _world.owns_group
+    if owns and dist.is_initialized():
         dist.destroy_process_group()
     _world = None

@@ -7,7 +7,9 @@ Every run is a ``disttrain train`` subprocess (:func:`disttrain.lab.runs.train_r
 with the same flags (so the same seed, data and batch), changed only by its
 spec (grammar in :mod:`disttrain.strategies.spec`); any other train flag given
 here (``--straggler``, ``--batch-size``, ``--lr``, ...) goes to every run.
-Runs go one after another, never at once, so they do not compete for the CPU.
+With ``--tensorboard DIR`` every run writes its scalars to ``DIR/<n>-<spec>``: one
+TensorBoard folder, one run each. Runs go one after another, never at once, so they
+do not compete for the CPU.
 ``--cluster NAME`` runs each one as a multi-node job on the emulated cluster
 (``disttrain cluster run``), ``--workers`` being the total, split evenly over
 its hosts. All specs and flags are checked before the first run starts (exit
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -162,6 +165,11 @@ def _cluster_launcher(name: str, workers: int, timeout: float) -> tuple[list[str
     return launcher, workers // hosts, about
 
 
+def _run_folder(index: int, label: str) -> str:
+    """A TensorBoard run's folder name for spec ``label``: ``2-ps_async``."""
+    return f"{index}-" + re.sub(r"[^\w.=-]+", "_", label).strip("_")
+
+
 def _meta(
     ns: argparse.Namespace, argv: list[str], common: dict[str, Any], net: str
 ) -> dict[str, Any]:
@@ -190,6 +198,7 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
         raise UsageError("--target must be in (0, 1] and --run-timeout positive")
     out = getattr(ns, "out", "") or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S-compare"))
     workers = int(common.get("workers", 2))
+    board = common.pop("tensorboard", "")
     _check_runs(specs, common)
     launcher: list[str] = []
     net = "this machine, loopback (one node)"
@@ -212,6 +221,8 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
             if not show:
                 print(f"compare: run {i}/{len(specs)}: {spec.label}", file=sys.stderr)
             flags = spec.flags(common)
+            if board:  # one TensorBoard folder, one run (sub-folder) per spec
+                flags["tensorboard"] = os.path.join(board, _run_folder(i, spec.label))
             try:
                 # on the cluster, `cluster run --timeout` stops the nodes first and cleans up
                 limit = ns.run_timeout + (60 if launcher else 0)

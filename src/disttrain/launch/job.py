@@ -12,11 +12,17 @@ import dataclasses
 import json
 import os
 import sys
-import time
 from typing import Any
 
+from disttrain.comm.errors import UsageError
 from disttrain.launch.preflight import claim_run, preflight
-from disttrain.launch.worker import is_worker, run_worker, torchrun_default_out
+from disttrain.launch.worker import (
+    CLAIMED_RUN_ENV,
+    default_out,
+    is_worker,
+    run_worker,
+    torchrun_default_out,
+)
 
 __all__ = ["add_arguments", "add_config_flags", "run", "run_job"]
 
@@ -56,10 +62,6 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
     return run_job(config.load(flags, getattr(ns, "config", None)), argv)
 
 
-def _default_out(strategy: str) -> str:
-    return os.path.join("runs", f"{time.strftime('%Y%m%d-%H%M%S')}-{strategy}-{os.getpid()}")
-
-
 def _partial_timeline(path: str, out: str) -> None:
     """After a failed job, merge the parts the ranks that got to the end of train() wrote."""
     from disttrain import timeline
@@ -68,6 +70,28 @@ def _partial_timeline(path: str, out: str) -> None:
     if path and os.path.isdir(parts):
         ranks = timeline.merge(parts, path)["ranks"]
         sys.stderr.write(f"disttrain: partial timeline of ranks {ranks} written to {path}\n")
+
+
+def _run_engine(cfg: Any, argv: list[str], out: str, run_id: str) -> int:
+    """``--launcher ray|slurm``: the engine starts the processes (docs/launching.md)."""
+    from disttrain.train.progress import print_summary
+
+    if cfg.train.launcher == "slurm":
+        from disttrain.launch.slurm import run_slurm
+
+        return run_slurm(cfg, argv, out, run_id)
+    from disttrain.launch.ray_train import run_ray
+
+    try:
+        summary = run_ray(cfg, out, run_id)
+    except UsageError:
+        raise
+    except Exception as exc:  # Ray's TrainingFailedError and the like: one line
+        text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        sys.stderr.write(f"disttrain: error: the Ray job failed: {text}\n")
+        return 1
+    print_summary(summary, out)
+    return 0
 
 
 def run_job(cfg: Any, argv: list[str]) -> int:
@@ -85,10 +109,17 @@ def run_job(cfg: Any, argv: list[str]) -> int:
             )
         return run_worker(cfg, launched_by_us)
     preflight(cfg)
+    if cfg.train.launcher == "ray":
+        from disttrain.launch.ray_train import check_layout
+
+        check_layout(cfg)  # refused before --out is touched
     nproc = strategies.get(cfg.train.strategy).layout.num_processes(cfg)
-    out = cfg.train.out or _default_out(cfg.train.strategy)
-    run_id = claim_run(cfg.train, out)  # every worker and restart writes under this run
+    out = cfg.train.out or default_out(cfg.train.strategy)
+    # every worker and restart writes under this run; a Slurm step's agents got theirs
+    run_id = os.environ.get(CLAIMED_RUN_ENV) or claim_run(cfg.train, out)
     os.makedirs(out, exist_ok=True)
+    if cfg.train.launcher != "local":
+        return _run_engine(cfg, argv, out, run_id)
     try:
         launch(cfg.train, nproc, [*argv, "--out", out], run_id)
     except JobFailed as exc:

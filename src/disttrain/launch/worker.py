@@ -10,9 +10,18 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from typing import Any
 
-__all__ = ["is_worker", "run_worker", "torchrun_default_out"]
+__all__ = ["CLAIMED_RUN_ENV", "default_out", "is_worker", "run_worker", "torchrun_default_out"]
+
+#: Set by ``--launcher slurm`` for the agents it starts: the run it already claimed.
+CLAIMED_RUN_ENV = "DISTTRAIN_CLAIMED_RUN"
+
+
+def default_out(strategy: str) -> str:
+    """A new folder under runs/ for a job started without ``--out`` (decided by one process)."""
+    return os.path.join("runs", f"{time.strftime('%Y%m%d-%H%M%S')}-{strategy}-{os.getpid()}")
 
 
 def is_worker() -> bool:

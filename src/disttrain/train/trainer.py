@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ from disttrain.train.optimizers import make_optimizer
 from disttrain.train.progress import ProgressBar
 from disttrain.train.schedules import LRSchedule
 from disttrain.train.step import StepRunner
+from disttrain.train.trackers import Tracker, trackers_for
 
 __all__ = ["evaluate", "loss_fn", "train"]
 
@@ -199,8 +201,12 @@ def _resume(
     return int(state["step"])
 
 
-def train(cfg: RunConfig) -> dict[str, Any]:
-    """Run the training described by ``cfg`` on this process; return the summary (rank 0's)."""
+def train(cfg: RunConfig, trackers: Sequence[Tracker] = ()) -> dict[str, Any]:
+    """Run the training described by ``cfg`` on this process; return its summary.
+
+    Rank 0's summary is the job's. ``trackers`` are told the run's figures and
+    checkpoints (:mod:`disttrain.train.trackers`) besides those ``cfg`` asks for.
+    """
     tc = cfg.train
     world = world_mod.init(device=tc.device, timeout=tc.timeout, threads=tc.threads)
     run_id = _agree_run(tc, world)
@@ -238,6 +244,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         os.path.join(out_dir, "metrics.jsonl") if main and out_dir else None,
         append=os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0",
     )
+    tracking = [*trackers_for(tc, main), *trackers]
     bar = ProgressBar(total_steps, enabled=main and tc.progress)
     timers = Timers()
     step, epochs_done, loss_value = 0, 0, float("nan")
@@ -282,10 +289,14 @@ def train(cfg: RunConfig) -> dict[str, Any]:
                     if runner.scaler:
                         record.update(loss_scale=runner.scaler.scale, skipped=skipped)
                     metrics.write(**record)
+                    for tracker in tracking:
+                        tracker.scalars(step, record)
                 bar.update(step, epoch, loss_value, sps)
                 if tc.checkpoint_every and step % tc.checkpoint_every == 0 and out_dir:
                     with timers.time("checkpoint"), timeline.span("checkpoint"):
                         saver.save(step, optimizer, runner)
+                    for tracker in tracking:
+                        tracker.checkpoint(step, checkpoint.step_dir(out_dir, step))
             timers.seconds["data"] += loader.wait_seconds
             epochs_done = epoch + 1
             last = step >= step_limit or epoch == epoch_limit - 1 or roles.should_stop()
@@ -297,12 +308,19 @@ def train(cfg: RunConfig) -> dict[str, Any]:
             with timers.time("eval"), timeline.span("eval"):
                 whole, test_loss, test_acc = _epoch_end(strategy, data, world.device)
             if main:
-                metrics.write(
+                record = dict(
                     step=step, epoch=epoch, test_loss=test_loss, test_accuracy=test_acc,
                     wall_seconds=time.perf_counter() - start, bytes_sent=meter.bytes_sent,
                 )  # fmt: skip
+                metrics.write(**record)
+                for tracker in tracking:
+                    tracker.scalars(step, record)
             if last:
                 break
+    except BaseException:
+        for tracker in tracking:
+            tracker.close()
+        raise
     finally:
         bar.close()
         metrics.close()
@@ -354,4 +372,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         if whole is not None:
             torch.save(whole.state_dict(), os.path.join(out_dir, "model.pt"))
         write_summary(out_dir, summary)
+    for tracker in tracking:
+        tracker.finish(summary, main)
+        tracker.close()
     return summary

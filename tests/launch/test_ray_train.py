@@ -1,0 +1,52 @@
+"""``disttrain train --launcher ray``: a local Ray, two CPU workers, a worker killed and resumed.
+
+One Ray start (the slow part: see docs/launching.md) covers the whole path: Ray
+Train's TorchTrainer starts the workers and forms the group, each worker adopts it
+and trains, checkpoints go to Ray's storage through its checkpoint API, rank 1 is
+killed at step 5, Ray restarts the group (``--max-restarts 1``), the workers resume
+from step 3 of the same run, and the summary is printed as usual. The reference is
+one process taking the same 6 steps at the same global batch: data parallelism and
+an exact resume take the same steps, so the test accuracy must agree to within one
+test sample (1/360).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness import run_world
+from tests.launch.test_entry import ONE_SAMPLE, SETTINGS, _reference
+
+pytest.importorskip("ray.train.torch", reason="ray[train] is in requirements.lock: make setup")
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(600)
+def test_ray_job_survives_a_killed_worker_and_matches_one_process(tmp_path: Path) -> None:
+    want: dict[str, Any] = run_world(_reference, 1, args=(str(tmp_path / "ref"),), timeout=120)[0]
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable, "-m", "disttrain", "train", "--launcher", "ray", "--workers", "2",
+        "--max-steps", str(SETTINGS["max_steps"]), "--batch-size", str(SETTINGS["batch_size"]),
+        "--epochs", "1", "--checkpoint-every", "3", "--max-restarts", "1",
+        "--inject-fault", "kill:rank=1:step=5", "--out", str(out), "--no-progress",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1",
+           "RAY_USAGE_STATS_ENABLED": "0"}  # fmt: skip
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=560)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "final_accuracy" in proc.stdout  # the summary table, as `disttrain train` prints it
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["workers"] == 2 and summary["steps"] == 6
+    assert abs(summary["final_accuracy"] - want["final_accuracy"]) <= ONE_SAMPLE
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps.index(4) < len(steps) - 1 - steps[::-1].index(4), steps  # step 4 ran twice
+    saved = sorted(p.relative_to(out / "ray") for p in (out / "ray").rglob("rank-*.pt"))
+    assert any("step-00000003" in str(p) for p in saved), saved  # through Ray's checkpoint API
