@@ -127,7 +127,7 @@ class DiLoCo(LocalSGD):
         self.outer_steps = [0] * f
         self.outer_bytes = 0
         self.peak_step_bytes = 0
-        self._bytes_at_step = meter.bytes_sent
+        self._bytes_at_step: int | None = None  # the trainer resets the meter after setup
         self._pending: tuple[int, Any, torch.Tensor, int] | None = None  # (f, work, flat, due)
         self._thread: CommThread | None = None
         self._group = None
@@ -179,6 +179,10 @@ class DiLoCo(LocalSGD):
             self._pending = None
             self._land(f, work, flat, self.outer_cfg.fragment_mix)
 
+    def before_step(self, step: int) -> None:
+        if self._bytes_at_step is None:
+            self._bytes_at_step = meter.bytes_sent
+
     # --- LocalSGD's hooks -------------------------------------------------------------------
     def _average(self) -> None:
         """The period ended (F = 1) or training did: an outer step of every fragment."""
@@ -205,7 +209,7 @@ class DiLoCo(LocalSGD):
                     self._pending = (f, work, flat, step + 1)
         # What the meter saw since the last step (the thread's sends included): after the
         # warm-up nothing but outer gradients is sent.
-        sent = meter.bytes_sent - self._bytes_at_step
+        sent = meter.bytes_sent - (self._bytes_at_step or 0)
         self.peak_step_bytes = max(self.peak_step_bytes, sent)
         self._bytes_at_step = meter.bytes_sent
         if local > 0:
