@@ -108,4 +108,7 @@ def test_streaming_fragments_cut_peak_bytes_and_end_with_equal_replicas(tmp_path
     assert sum(streamed["outer_steps"]) >= 12 and len(streamed["fragment_sizes"]) == 4
     # the tiny model's fragments are its 4 tensors, the biggest 85 % of it: a strict cut only
     assert streamed["peak_bytes_per_step"] < whole["peak_bytes_per_step"]
+    # every byte is counted, the thread's too: 3 rounds of every fragment + the final sync
+    # of all four, against 3 whole syncs (2 ranks: native's cost is exactly the bytes)
+    assert 3 * streamed["outer_bytes_per_rank"] == 4 * whole["outer_bytes_per_rank"]
     assert torch.isfinite(params(out)).all()

@@ -127,7 +127,7 @@ class DiLoCo(LocalSGD):
         self.outer_steps = [0] * f
         self.outer_bytes = 0
         self.peak_step_bytes = 0
-        self._bytes_at_step = meter.bytes_sent
+        self._bytes_at_step: int | None = None  # the trainer resets the meter after setup
         self._pending: tuple[int, Any, torch.Tensor, int] | None = None  # (f, work, flat, due)
         self._thread: CommThread | None = None
         self._group = None
@@ -170,16 +170,18 @@ class DiLoCo(LocalSGD):
         self.outer_steps[f] += 1
 
     def _sync_now(self, f: int, mix: float = 0.0) -> None:
-        before = meter.bytes_sent
         work, flat = self._start(f)
         self._land(f, work, flat, mix)
-        self.outer_bytes += meter.bytes_sent - before
 
     def _finish_pending(self) -> None:
         if self._pending is not None:
             f, work, flat, _ = self._pending
             self._pending = None
             self._land(f, work, flat, self.outer_cfg.fragment_mix)
+
+    def before_step(self, step: int) -> None:
+        if self._bytes_at_step is None:
+            self._bytes_at_step = meter.bytes_sent
 
     # --- LocalSGD's hooks -------------------------------------------------------------------
     def _average(self) -> None:
@@ -203,13 +205,15 @@ class DiLoCo(LocalSGD):
                 self._finish_pending()  # its allreduce ran during this step's compute
             for f, off in enumerate(self.offsets):
                 if (local - off) % self.settings.period == 0:
-                    before = meter.bytes_sent
                     work, flat = self._start(f)
                     self._pending = (f, work, flat, step + 1)
-                    self.outer_bytes += meter.bytes_sent - before
-        sent = meter.bytes_sent - self._bytes_at_step
+        # What the meter saw since the last step (the thread's sends included): after the
+        # warm-up nothing but outer gradients is sent.
+        sent = meter.bytes_sent - (self._bytes_at_step or 0)
         self.peak_step_bytes = max(self.peak_step_bytes, sent)
         self._bytes_at_step = meter.bytes_sent
+        if local > 0:
+            self.outer_bytes += sent
 
     def anchor_from_params(self) -> None:
         with torch.no_grad():
@@ -217,10 +221,12 @@ class DiLoCo(LocalSGD):
                 a.copy_(p)
 
     def finish(self) -> None:
+        before = meter.bytes_sent
         if len(self.parts) == 1:
             super().finish()
         elif self.steps_done > self.settings.warmup_sync_steps:
             self._average()  # land what is in flight, then every fragment at once: equal replicas
+        self.outer_bytes += meter.bytes_sent - before  # the last sync (not in the step peak)
         if self._thread is not None:
             self._thread.close()
             self._thread = None
