@@ -131,7 +131,7 @@ def test_compare_two_strategies_end_to_end(
             run["label"],
             "ok",
             f"{s['final_accuracy']:.4f}",
-            f"{s['final_loss']:.4f}",
+            f"{s['final_test_loss']:.4f}",
             f"{s['wall_seconds']:.1f}",
             f"{s['samples_per_second']:.1f}",
             f"{s['bytes_sent_per_rank']:,.0f}",
@@ -150,7 +150,7 @@ def test_compare_two_strategies_end_to_end(
 def _fake_summary(flags: dict[str, object]) -> dict[str, object]:
     evaluation = {"step": 2, "epoch": 0, "test_loss": 1.0, "test_accuracy": 0.95,
                   "wall_seconds": 3.0, "bytes_sent": 10}  # fmt: skip
-    return {"final_accuracy": 0.95, "final_loss": 1.0, "wall_seconds": 3.5,
+    return {"final_accuracy": 0.95, "final_test_loss": 1.0, "wall_seconds": 3.5,
             "samples_per_second": 40.0, "bytes_sent_per_rank": 10.0, "steps": 2,
             "flags": flags, "metrics": [evaluation]}  # fmt: skip
 

@@ -291,7 +291,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         "epochs": epochs_done,
         "global_batch_size": tc.batch_size,
         "parameters": sum(p.numel() for p in (whole or model).parameters()),
-        "final_loss": test_loss,
+        "final_test_loss": test_loss,
         "final_train_loss": loss_value,
         "final_accuracy": test_acc,
         "wall_seconds": wall,
