@@ -65,6 +65,11 @@ def parse_duration(text: str, flag: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Rank the strategies for a model of --params parameters on --nodes nodes linked at "
+        "--bandwidth, by the α-β cost model calibrated on this machine (--calibrate measures "
+        "it); ends with a one-line recommendation. See docs/lab.md."
+    )
     parser.add_argument("--params", help="model parameters, e.g. 25M (required unless --calibrate)")
     parser.add_argument("--nodes", default="256", help="data-parallel ranks, 1 to 10,000")
     parser.add_argument("--bandwidth", help="each node's link, e.g. 25Gbit, 100mbit")
@@ -76,7 +81,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--flops", help="a node's sustained flop/s, e.g. 20T (default: calibrated)")
     parser.add_argument("--fusion-mb", type=float, default=4.0, help="bucket size (default 4)")
-    parser.add_argument("--overlap", action="store_true", help="buckets overlap backward")
+    parser.add_argument(
+        "--overlap", action=argparse.BooleanOptionalAction, default=True,
+        help="buckets overlap backward (default: on, as in train)",
+    )  # fmt: skip
     parser.add_argument("--grad-dtype", default="fp32", choices=sorted(_GRAD_BYTES))
     parser.add_argument("--servers", type=int, default=1, help="parameter servers (ps:*)")
     parser.add_argument(
@@ -149,14 +157,36 @@ def _table(preds: list[costmodel.Prediction], title: str, caption: str) -> None:
     table = Table(title=title, caption=caption)
     for col in ("#", "strategy", "step ms", "compute ms", "comm ms", "MB/rank/step",
                 "efficiency", "samples/s", "why"):  # fmt: skip
-        table.add_column(col, justify="left" if col in ("strategy", "why") else "right")
+        # figures never wrap; "why" takes the width that is left and wraps in it
+        if col == "why":
+            table.add_column(col, ratio=1, min_width=12)
+        elif col == "strategy":
+            table.add_column(col, max_width=24, overflow="fold")
+        else:
+            table.add_column(col, justify="right", no_wrap=True, min_width=len(col))
     for i, p in enumerate(preds, 1):
         why = p.reason + (f" ({p.note})" if p.note else "")
         table.add_row(str(i), p.strategy, f"{p.step_seconds * 1e3:.4g}",
                       f"{p.compute_seconds * 1e3:.4g}", f"{p.comm_seconds * 1e3:.4g}",
                       f"{p.bytes_per_rank / 1e6:.4g}", f"{p.efficiency:.0%}",
                       f"{p.samples_per_second:.4g}", why)  # fmt: skip
-    Console(width=220).print(table)
+    Console().print(table)  # as wide as the terminal ($COLUMNS; 80 when not a terminal)
+
+
+def recommendation(
+    preds: list[costmodel.Prediction], work: costmodel.Workload, net: costmodel.Network
+) -> str:
+    """The closing line: the fastest row, why, and by how much it beats the next one."""
+    best = preds[0]
+    line = (
+        f"recommendation: for {work.params / 1e6:.4g}M parameters on {best.nodes} nodes at "
+        f"{8 / net.beta / 1e9:.4g} Gbit/s: {best.strategy} "
+        f"({best.step_seconds * 1e3:.4g} ms a step, {best.efficiency:.0%} efficiency)"
+    )
+    if len(preds) > 1 and preds[1].step_seconds > 0:
+        ratio = preds[1].step_seconds / max(best.step_seconds, 1e-12)
+        line += f", {ratio:.3g}x as fast as the next ({preds[1].strategy})"
+    return line + f", because {best.reason}"
 
 
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
@@ -185,6 +215,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
              f"{work.batch_size}, α {net.alpha * 1e6:.3g} us, "
              f"{8 / net.beta / 1e9:.4g} Gbit/s, buckets {args.fusion_mb:g} MB")  # fmt: skip
     _table(preds, title, f"constants: {cal.source}")
+    print(recommendation(preds, work, net))
     if args.json_path:
         with open(args.json_path, "w") as fh:
             json.dump({"network": asdict(net), "workload": asdict(work), "nodes": nodes,

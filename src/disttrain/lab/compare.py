@@ -40,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and report.html (see docs/lab.md). Train flags given here go to every run."
     )
     parser.argument_default = argparse.SUPPRESS
+    parser.usage = "%(prog)s --strategies SPECS [compare's options] [train's options]"
     parser.add_argument(
         "--strategies",
         required=True,

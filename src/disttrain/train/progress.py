@@ -73,8 +73,9 @@ def print_summary(summary: dict[str, Any], out_dir: str) -> None:
     table.add_column("metric")
     table.add_column("value", justify="right")
     keys = (
-        "model", "dataset", "epochs", "steps", "global_batch_size", "final_test_loss", "final_train_loss",
-        "final_accuracy", "wall_seconds", "samples_per_second", "bytes_sent_per_rank",
+        "model", "dataset", "epochs", "steps", "global_batch_size", "final_test_loss",
+        "final_train_loss", "final_accuracy", "wall_seconds", "samples_per_second",
+        "bytes_sent_per_rank",
     )  # fmt: skip
     for key in keys:
         table.add_row(key, _fmt(summary.get(key)))
