@@ -150,27 +150,48 @@ def _inputs(args: argparse.Namespace) -> tuple[costmodel.Workload, int, list[Run
     return work, nodes, [parse_one(s, model=True) for s in costmodel.default_strategies()]
 
 
+#: advise's columns, the first dropped first when the terminal is too narrow for all
+_DROP_ORDER = ("compute ms", "samples/s", "MB/rank/step", "#", "efficiency", "why")
+
+
 def _table(preds: list[costmodel.Prediction], title: str, caption: str) -> None:
+    """The ranked rows, as wide as the terminal ($COLUMNS; 80 when not a terminal): figures
+    never wrap; "why" wraps in what is left, and the least needed columns go first."""
     from rich.console import Console
     from rich.table import Table
 
+    rows = [
+        {"#": str(i), "strategy": p.strategy, "step ms": f"{p.step_seconds * 1e3:.4g}",
+         "compute ms": f"{p.compute_seconds * 1e3:.4g}", "comm ms": f"{p.comm_seconds * 1e3:.4g}",
+         "MB/rank/step": f"{p.bytes_per_rank / 1e6:.4g}", "efficiency": f"{p.efficiency:.0%}",
+         "samples/s": f"{p.samples_per_second:.4g}",
+         "why": p.reason + (f" ({p.note})" if p.note else "")}
+        for i, p in enumerate(preds, 1)
+    ]  # fmt: skip
+    console = Console()
+    cols = list(rows[0]) if rows else []
+
+    def width(col: str) -> int:  # a cell's text, its padding and one border
+        if col in ("why", "strategy"):
+            return 24 if col == "why" else 33  # a long spec folds at 30
+        return max(len(col), *(len(r[col]) for r in rows)) + 3
+
+    for drop in _DROP_ORDER:
+        if sum(width(c) for c in cols) + 1 <= console.width:
+            break
+        cols.remove(drop)
     table = Table(title=title, caption=caption)
-    for col in ("#", "strategy", "step ms", "compute ms", "comm ms", "MB/rank/step",
-                "efficiency", "samples/s", "why"):  # fmt: skip
-        # figures never wrap; "why" takes the width that is left and wraps in it
+    for col in cols:
         if col == "why":
             table.add_column(col, ratio=1, min_width=12)
         elif col == "strategy":
-            table.add_column(col, max_width=24, overflow="fold")
+            table.add_column(col, max_width=30, overflow="fold")
         else:
-            table.add_column(col, justify="right", no_wrap=True, min_width=len(col))
-    for i, p in enumerate(preds, 1):
-        why = p.reason + (f" ({p.note})" if p.note else "")
-        table.add_row(str(i), p.strategy, f"{p.step_seconds * 1e3:.4g}",
-                      f"{p.compute_seconds * 1e3:.4g}", f"{p.comm_seconds * 1e3:.4g}",
-                      f"{p.bytes_per_rank / 1e6:.4g}", f"{p.efficiency:.0%}",
-                      f"{p.samples_per_second:.4g}", why)  # fmt: skip
-    Console().print(table)  # as wide as the terminal ($COLUMNS; 80 when not a terminal)
+            justify = "left" if col == "strategy" else "right"
+            table.add_column(col, justify=justify, no_wrap=True, min_width=len(col))
+    for r in rows:
+        table.add_row(*(r[c] for c in cols))
+    console.print(table)
 
 
 def recommendation(
