@@ -187,8 +187,7 @@ def _table(preds: list[costmodel.Prediction], title: str, caption: str) -> None:
         elif col == "strategy":
             table.add_column(col, max_width=30, overflow="fold")
         else:
-            justify = "left" if col == "strategy" else "right"
-            table.add_column(col, justify=justify, no_wrap=True, min_width=len(col))
+            table.add_column(col, justify="right", no_wrap=True, min_width=len(col))
     for r in rows:
         table.add_row(*(r[c] for c in cols))
     console.print(table)
