@@ -68,6 +68,14 @@ def preflight(cfg: Any) -> None:
         refusal = unproven_reason(cfg)  # only what a GPU run has proven (docs/gpu.md)
         if refusal:
             raise UsageError(refusal)
+    if tc.precision == "bf16" and tc.device == "cpu":
+        import sys
+
+        from disttrain.amp import bf16_cpu_slowdown, bf16_warning
+
+        warning = bf16_warning(bf16_cpu_slowdown())
+        if warning:
+            print(warning, file=sys.stderr)
     data = load_dataset(cfg.data)
     if len(data.x_train) < tc.batch_size:
         raise UsageError(

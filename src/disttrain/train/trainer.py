@@ -10,6 +10,7 @@ summary.json and model.pt, and shows the progress bar.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -205,7 +206,9 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         os.path.join(out_dir, "metrics.jsonl") if main and out_dir else None,
         append=os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0",
     )
-    bar = ProgressBar(total_steps, enabled=main and tc.progress)
+    # the epochs the run will show: a --max-steps inside an epoch ends in that epoch
+    shown_epochs = min(epoch_limit, -(-step_limit // sampler.steps_per_epoch))
+    bar = ProgressBar(total_steps, enabled=main and tc.progress, epochs=shown_epochs)
     timers = Timers()
     step, epochs_done, loss_value = 0, 0, float("nan")
     whole: nn.Module | None = None
@@ -219,6 +222,8 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     )  # fmt: skip
     try:
         resumed = _resume(tc, strategy, optimizer, runner)
+        if resumed and main:  # a --resume, or an elastic restart from the last checkpoint
+            print(f"disttrain: resumed from step {resumed} of run {run_id}", file=sys.stderr)
         step = resumed
         throughput.resumed_at(resumed)  # restored steps ran in another process's time
         for epoch in range(resumed // sampler.steps_per_epoch, epoch_limit):
