@@ -37,7 +37,8 @@ _OWNED_BY: list[tuple[str, set[str]]] = [
         {"decentralized"},
     ),
     (
-        "servers ps_mode staleness_bound softsync staleness_lr straggler ps_address "
+        "servers ps_mode staleness_bound softsync staleness_lr momentum_compensation straggler "
+        "ps_address "
         "ps_heartbeat ps_worker_timeout ps_curve_key",
         {"ps"},
     ),

@@ -1,0 +1,93 @@
+"""Every strategy's defaults train (issue 23): run with only its name (and what it
+requires), each registered strategy and mode trains the default workload (mlp on digits)
+to within 3 points of test accuracy of the allreduce default after the same epochs, or
+pre-flight refuses the combination in one line naming flags that do (`use `FLAGS``),
+and those flags are held to the same band.
+
+Through the real command, one run per row, against the allreduce anchor measured in the
+same session. 5 epochs: where the issue measured the failures (ssp 0.878, async 0.933,
+decentralized one-bit 0.783 vs 0.967); at 3 epochs the per-epoch noise of good modes
+(softsync 0.911 at epoch 3, 0.944 at epoch 4) is as large as the band. Cost: one run of
+the default workload per row (about 25-50 s each on 2 idle cores): marked slow, and
+CI runs it (it deselects nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from disttrain.ps.consistency import MODES
+from disttrain.strategies import STRATEGIES
+
+REPO = Path(__file__).resolve().parents[2]
+EPOCHS = 5
+BAND = 0.03  # test accuracy, absolute: the issue's "within 3 points"
+
+#: registered strategy -> its rows: (label, the flags it requires or that pick a mode).
+#: A strategy without a row fails the test below, so a new one joins by adding its row.
+ROWS: dict[str, list[tuple[str, list[str]]]] = {
+    "allreduce": [("allreduce topk", ["--compression", "topk:0.01"])],  # the anchor is plain
+    "ps": [(f"ps {mode}", ["--ps-mode", mode]) for mode in MODES],
+    "decentralized": [
+        ("decentralized", []),
+        ("decentralized onebit", ["--compression", "onebit:0.01"]),
+    ],
+    "localsgd": [("localsgd", [])],
+    "pipeline": [("pipeline", [])],
+    "tensor": [("tensor", [])],
+    "hybrid": [("hybrid tp", ["--tp", "2"])],  # it requires --pp or --tp
+}
+CASES = [(name, label, flags) for name, rows in ROWS.items() for label, flags in rows]
+
+
+def _train(out: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    cmd = [sys.executable, "-m", "disttrain", "train", "--epochs", str(EPOCHS),
+           "--no-progress", "--out", str(out), *flags]  # fmt: skip
+    return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=540)
+
+
+def _accuracy(out: Path) -> float:
+    return float(json.loads((out / "summary.json").read_text())["final_accuracy"])
+
+
+@pytest.fixture(scope="module")
+def anchor(tmp_path_factory: pytest.TempPathFactory) -> float:
+    """The allreduce default's accuracy after EPOCHS (same machine, same session)."""
+    out = tmp_path_factory.mktemp("anchor") / "run"
+    done = _train(out)
+    assert done.returncode == 0, done.stderr
+    return _accuracy(out)
+
+
+def test_every_registered_strategy_and_ps_mode_has_a_row() -> None:
+    assert set(ROWS) == set(STRATEGIES.names()), "add a row for each new strategy to ROWS"
+    assert {label.split()[1] for label, _ in ROWS["ps"]} == set(MODES)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize(("strategy", "label", "flags"), CASES, ids=[c[1] for c in CASES])
+def test_defaults_train_within_3_points_of_allreduce(
+    strategy: str, label: str, flags: list[str], anchor: float, tmp_path: Path
+) -> None:
+    done = _train(tmp_path / "run", "--strategy", strategy, *flags)
+    if done.returncode == 2:  # refused: one line naming flags that train
+        lines = done.stderr.strip().splitlines()
+        named = re.search(r"use `([^`]+)`", lines[-1])
+        assert len(lines) == 1 and named, done.stderr
+        extra = named.group(1).split()
+        done = _train(tmp_path / "named", "--strategy", strategy, *flags, *extra)
+        assert done.returncode == 0, done.stderr
+        got, where = _accuracy(tmp_path / "named"), f"{label} with {' '.join(extra)}"
+    else:
+        assert done.returncode == 0, done.stderr
+        got, where = _accuracy(tmp_path / "run"), label
+    assert got >= anchor - BAND, f"{where}: {got:.4f} vs allreduce {anchor:.4f}"
