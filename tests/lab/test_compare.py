@@ -143,8 +143,15 @@ def test_compare_two_strategies_end_to_end(
     assert report.count(f"{t0['wall_seconds'] / t1['wall_seconds']:.2f}x") >= 1
     assert runs[0]["summary"]["config"]["algorithm"] == "ring"
     assert runs[1]["summary"]["config"]["period"] == 2
-    for name in ("report.html", "loss_vs_epoch.png", "throughput.png"):
+    plots = ("loss_vs_epoch.png", "throughput.png", "train_loss_vs_step.png", "time_breakdown.png")
+    for name in ("report.html", *plots):
         assert os.path.getsize(os.path.join(out, name)) > 1000
+    for i, run in enumerate(runs, 1):  # each run's folder is kept under the report's
+        assert run["folder"] == os.path.join("runs", f"run-{i:02d}")
+        folder = os.path.join(out, run["folder"])
+        assert os.path.samefile(folder, run["summary"]["config"]["out"])
+        for name in ("summary.json", "metrics.jsonl", "model.pt"):
+            assert os.path.isfile(os.path.join(folder, name)), name
 
 
 def _fake_summary(flags: dict[str, object]) -> dict[str, object]:

@@ -201,7 +201,14 @@ def write_report(
     with open(paths["runs"], "w") as fh:
         json.dump(
             [
-                {"label": r.label, "flags": r.flags, "error": r.error, "summary": r.summary}
+                {
+                    "label": r.label,
+                    "flags": r.flags,
+                    "error": r.error,
+                    "summary": r.summary,
+                    # relative to the report, so the folder moves with it
+                    "folder": os.path.relpath(r.folder, out_dir) if r.folder else None,
+                }
                 for r in runs
             ],
             fh,
