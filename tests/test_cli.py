@@ -155,6 +155,10 @@ def test_a_raising_worker_is_named_with_its_error(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 1
     assert "worker rank 1" in result.stderr and "injected fault" in result.stderr, result.stderr
+    # the last line is the root cause as rank 1 said it, not torch elastic's advice
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("disttrain: error: rank 1: RuntimeError: injected fault on rank 1"), last
+    assert "traceback" not in last.lower(), last
 
 
 # --- help that guides (issue 23) ---------------------------------------------------------
