@@ -169,7 +169,9 @@ def test_failed_run_is_reported_and_the_others_still_run(
 
     calls: list[tuple[dict[str, object], list[str]]] = []
 
-    def fake_train_run(flags: dict[str, object], timeout: float, launcher: list[str]) -> object:
+    def fake_train_run(
+        flags: dict[str, object], timeout: float, launcher: list[str], out: str = ""
+    ) -> object:
         calls.append((flags, list(launcher)))
         if flags["strategy"] == "ps":
             raise runs.RunFailed("train --strategy ps: disttrain: rank 1 stopped")
@@ -202,7 +204,9 @@ def test_cluster_runs_go_through_cluster_run(
     monkeypatch.setattr(cluster, "load", lambda name: layout if name == "cmpt" else None)
     calls: list[tuple[dict[str, object], list[str]]] = []
 
-    def fake_train_run(flags: dict[str, object], timeout: float, launcher: list[str]) -> object:
+    def fake_train_run(
+        flags: dict[str, object], timeout: float, launcher: list[str], out: str = ""
+    ) -> object:
         calls.append((flags, list(launcher)))
         return _fake_summary(flags)
 
