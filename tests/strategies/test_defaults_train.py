@@ -52,6 +52,10 @@ KNOWN_BAD = {
     "allreduce topk": "0.911 vs allreduce 0.958 after 5 epochs (load ~19, 2026-11-24)",
     "decentralized onebit": "0.806; 0.914 with --momentum-correction (vs 0.958)",
 }
+#: Rows whose runs differ from one to the next (gradients applied in arrival order): on
+#: 2 loaded cores the same command gave 0.931 and 0.886. One more run when the first is
+#: below the band; a default that does not train fails both (main's: 0.914, 0.883).
+NONDETERMINISTIC = {"ps async", "ps ssp", "ps softsync"}
 CASES = [
     pytest.param(
         name, label, flags, id=label,
@@ -94,16 +98,26 @@ def test_every_registered_strategy_and_ps_mode_has_a_row() -> None:
 def test_defaults_train_within_3_points_of_allreduce(
     strategy: str, label: str, flags: list[str], anchor: float, tmp_path: Path
 ) -> None:
-    done = _train(tmp_path / "run", "--strategy", strategy, *flags)
+    got: list[float] = []
+    for attempt in range(2 if label in NONDETERMINISTIC else 1):
+        accuracy, where = _train_row(tmp_path / f"try{attempt}", strategy, label, flags)
+        got.append(accuracy)
+        if accuracy >= anchor - BAND:
+            return
+    seen = ", ".join(f"{a:.4f}" for a in got)
+    pytest.fail(f"{where}: {seen} vs allreduce {anchor:.4f} (band {BAND})")
+
+
+def _train_row(folder: Path, strategy: str, label: str, flags: list[str]) -> tuple[float, str]:
+    """The row's accuracy, through the refusal's named flags if pre-flight refuses it."""
+    done = _train(folder / "run", "--strategy", strategy, *flags)
     if done.returncode == 2:  # refused: one line naming flags that train
         lines = done.stderr.strip().splitlines()
         named = re.search(r"use `([^`]+)`", lines[-1])
         assert len(lines) == 1 and named, done.stderr
         extra = named.group(1).split()
-        done = _train(tmp_path / "named", "--strategy", strategy, *flags, *extra)
+        done = _train(folder / "named", "--strategy", strategy, *flags, *extra)
         assert done.returncode == 0, done.stderr
-        got, where = _accuracy(tmp_path / "named"), f"{label} with {' '.join(extra)}"
-    else:
-        assert done.returncode == 0, done.stderr
-        got, where = _accuracy(tmp_path / "run"), label
-    assert got >= anchor - BAND, f"{where}: {got:.4f} vs allreduce {anchor:.4f}"
+        return _accuracy(folder / "named"), f"{label} with {' '.join(extra)}"
+    assert done.returncode == 0, done.stderr
+    return _accuracy(folder / "run"), label
