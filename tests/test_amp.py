@@ -95,3 +95,25 @@ def test_an_inf_on_one_rank_makes_every_rank_skip_and_back_off_together(compress
     assert params[1] == params[0]  # the skipped step left the parameters alone
     assert params[2] != params[1]
     assert scales == [65536.0, 32768.0, 32768.0, 65536.0]  # halved, then grown after 2 clean
+
+
+def test_bf16_on_a_cpu_without_native_bf16_is_warned_with_the_measured_cost(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import math
+
+    from disttrain import amp
+    from disttrain.config import load
+    from disttrain.launch.preflight import preflight
+
+    ratio = amp.bf16_cpu_slowdown()  # a ratio of paired timings, not a time
+    assert math.isfinite(ratio) and ratio > 0
+    assert amp.bf16_warning(1.2) == ""  # native bf16: nothing to say
+    line = amp.bf16_warning(12.4)
+    assert "has no native bf16; a bf16 matmul took 12x the fp32 time here" in line
+    monkeypatch.setattr(amp, "bf16_cpu_slowdown", lambda: 25.0)  # what this AVX2 CPU shows
+    preflight(load({"precision": "bf16"}))
+    err = capsys.readouterr().err
+    assert err.startswith("disttrain: warning: --precision bf16: this CPU (") and "25x" in err
+    preflight(load({"precision": "fp32"}))
+    assert capsys.readouterr().err == ""  # fp32 pays nothing

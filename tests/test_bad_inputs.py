@@ -200,8 +200,13 @@ CASES: list[tuple[str, Argv, str]] = [
     ("npz-1d-x", _npz(x_train=np.zeros(64, np.float32)), "x_train must be (N, ...)"),
     ("npz-length-mismatch", _npz(y_train=np.zeros(63, np.int64)), "y_train (N,)"),
     ("npz-empty", _npz(x_test=np.zeros((0, 4), np.float32), y_test=np.zeros(0, np.int64)), "N > 0"),
-    ("npz-float-labels", _npz(y_train=np.full(64, 0.5)), "integer class labels"),
-    ("npz-negative-label", _npz(y_test=np.full(16, -1)), "non-negative integer class labels"),
+    (
+        "npz-float-labels",
+        _npz(y_train=np.full(64, 0.5)),
+        "y_train must hold integer class labels, got dtype float64; save them as "
+        "y_train.astype(np.int64)",
+    ),
+    ("npz-negative-label", _npz(y_test=np.full(16, -1)), "y_test holds label -1; labels are class"),
     ("npz-huge-label", _npz(y_train=np.full(64, 10**9)), "label 1000000000"),
     ("npz-nan", _npz(x_train=np.full((64, 4), np.nan, np.float32)), "x_train holds NaN or Inf"),
     ("npz-inf", _npz(x_test=np.full((16, 4), np.inf, np.float32)), "x_test holds NaN or Inf"),

@@ -155,3 +155,75 @@ def test_a_raising_worker_is_named_with_its_error(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 1
     assert "worker rank 1" in result.stderr and "injected fault" in result.stderr, result.stderr
+    # the last line is the root cause as rank 1 said it, not torch elastic's advice
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("disttrain: error: rank 1: RuntimeError: injected fault on rank 1"), last
+    assert "traceback" not in last.lower(), last
+
+
+# --- help that guides (issue 23) ---------------------------------------------------------
+
+
+def _help(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    with pytest.raises(SystemExit) as exc_info:
+        main([*argv, "--help"])
+    assert exc_info.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_train_help_has_one_group_per_settings_section_with_registry_choices(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import dataclasses
+
+    from disttrain.collectives import ALGORITHMS
+    from disttrain.config import SECTIONS
+    from disttrain.launch.job import _title
+    from disttrain.models import MODELS
+    from disttrain.strategies import STRATEGIES
+
+    text = _help(capsys, "train")
+    titles = {line[:-1] for line in text.splitlines() if line and not line.startswith(" ")}
+    for cls in SECTIONS:  # every section is a group (new sections join by themselves)
+        grouped = {n for names in getattr(cls, "GROUPS", {}).values() for n in names}
+        if {f.name for f in dataclasses.fields(cls)} - grouped:
+            assert _title(cls) in titles, (cls, titles)
+        for title in getattr(cls, "GROUPS", {}):
+            assert title in titles, (title, titles)
+    for registry, flag in ((STRATEGIES, "--strategy"), (ALGORITHMS, "--algorithm"),
+                           (MODELS, "--model")):  # fmt: skip
+        block = " ".join(text.split(f"  {flag} ")[1].split("\n  --")[0].split())
+        assert f"choices: {', '.join(registry.names())}" in block, (flag, block)
+    assert "{gpipe," in text  # --schedule's own choices
+    for line in text.split("\n  --"):
+        assert " ".join(line.split()).count("(default:") <= 1, line
+    assert "(default: a new folder under runs/)" in text  # said in words once, not twice
+
+
+def test_compare_help_shows_its_own_options_first_and_advise_has_a_description(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text = _help(capsys, "compare")
+    assert text.index("--strategies") < text.index("--workers") < text.index("--epochs")
+    assert len(text.split("options:")[0].splitlines()) < 6  # a short usage line
+    assert "Rank the strategies" in _help(capsys, "advise")
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["train", "--epoch", "1"], "unrecognized arguments: --epoch 1; did you mean --epochs?"),
+        (["train", "--wrokers", "3"], "; did you mean --workers?"),
+        (["compare", "--strategies", "allreduce", "--targett", "1"], "did you mean --target?"),
+        (["advise", "--param", "25M"], "did you mean --params?"),
+        (["bench", "allreduce", "--worker", "2"], "did you mean --workers?"),
+    ],
+)
+def test_no_prefix_abbreviations_and_a_hint_for_misspelt_flags(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc_info:
+        raise SystemExit(main(argv))
+    err = capsys.readouterr().err
+    assert exc_info.value.code == 2 and said in err, err
+    assert err.startswith("disttrain: error: ") and len(err.strip().splitlines()) == 1, err

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -25,13 +26,53 @@ from torch.distributed import ProcessGroup
 from disttrain.collectives import all_reduce
 from disttrain.comm.errors import DisttrainError
 
-__all__ = ["DTYPES", "LossScaler", "NonFiniteLoss", "autocast"]
+__all__ = ["DTYPES", "LossScaler", "NonFiniteLoss", "autocast", "bf16_cpu_slowdown", "bf16_warning"]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def bf16_warning(slowdown: float) -> str:
+    """The pre-flight warning for ``--precision bf16`` on a CPU that emulates bf16; empty
+    where bf16 is at most 2x fp32 (native or close)."""
+    if slowdown <= 2.0:
+        return ""
+    cap = torch.backends.cpu.get_cpu_capability()
+    return (
+        f"disttrain: warning: --precision bf16: this CPU ({cap}) has no native bf16; a bf16 "
+        f"matmul took {slowdown:.0f}x the fp32 time here, so training will be many times "
+        "slower than --precision fp32 (docs/training.md)"
+    )
+
+
 class NonFiniteLoss(DisttrainError):
     """fp16 training kept overflowing: the run cannot make progress."""
+
+
+def bf16_cpu_slowdown(size: int = 64, reps: int = 5) -> float:
+    """How many times longer a ``size``² bf16 matmul takes than the fp32 one on this CPU.
+
+    About 1 (or less) where the CPU has native bf16 (AVX512-BF16, AMX); 10x and more
+    where torch emulates it (AVX2: the conversion costs more than the arithmetic saved).
+    Interleaved pairs and the median ratio, so a noisy machine skews both sides alike;
+    about a millisecond in all at the default size.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a worker's setting (--threads 1); no thread-pool wake-ups timed
+    try:
+        a32, b32 = torch.randn(size, size), torch.randn(size, size)
+        a16, b16 = a32.bfloat16(), b32.bfloat16()
+        a32 @ b32, a16 @ b16  # first calls pick and warm the kernels
+        ratios = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            a32 @ b32
+            t1 = time.perf_counter()
+            a16 @ b16
+            t2 = time.perf_counter()
+            ratios.append((t2 - t1) / max(t1 - t0, 1e-9))
+    finally:
+        torch.set_num_threads(threads)
+    return sorted(ratios)[reps // 2]
 
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:

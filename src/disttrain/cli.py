@@ -10,9 +10,10 @@ worker starts; a failed worker ends the job with exit code 1 and a line naming i
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from disttrain.comm.errors import UsageError
 from disttrain.registry import load_plugins
@@ -33,11 +34,40 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and exit code 2 (no usage dump)."""
+    """argparse, but a usage error is one line and exit code 2 (no usage dump), with the
+    one prefix every sub-command uses (``disttrain: error:``); no prefix abbreviations
+    (``--epoch 1`` is not ``--epochs``), and a misspelt flag gets "did you mean"."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.stderr.write(f"disttrain: error: {message}{self._suggestion(message)}\n")
         sys.exit(2)
+
+    def _suggestion(self, message: str) -> str:
+        """``; did you mean --epochs?`` for the first unknown flag close to a known one."""
+        if not message.startswith("unrecognized arguments:"):
+            return ""
+        known = _option_strings(self)
+        for word in message.split(":", 1)[1].split():
+            if word.startswith("--"):
+                close = difflib.get_close_matches(word.split("=")[0], known, n=1, cutoff=0.6)
+                if close:
+                    return f"; did you mean {close[0]}?"
+        return ""
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every long flag of ``parser`` and of the sub-command parsers built under it."""
+    out: list[str] = []
+    for action in parser._actions:
+        out += [o for o in action.option_strings if o.startswith("--")]
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out += _option_strings(sub)
+    return out
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

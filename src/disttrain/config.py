@@ -57,9 +57,28 @@ class TrainConfig:
     """What to train, with how many workers, and where the results go (read by every run)."""
 
     ALWAYS_READ: ClassVar[bool] = True
+    TITLE: ClassVar[str] = "run"
+    #: ``train --help`` groups these fields under their own titles (the rest under TITLE).
+    GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "model": ("model",),
+        "optimizer and learning rate": (
+            "lr", "optimizer", "momentum", "weight_decay", "lr_scaling", "base_batch_size",
+            "warmup_epochs", "lr_schedule", "lr_gamma", "lr_step_epochs",
+        ),
+        "precision": (
+            "precision", "loss_scale", "scale_growth", "scale_backoff", "scale_growth_interval",
+            "max_skipped_steps",
+        ),
+        "reliability: faults, checks, checkpoints, restarts": (
+            "timeout", "check_collectives", "inject_fault", "check_finite", "checkpoint_every",
+            "resume", "max_restarts", "overwrite",
+        ),
+        "data loading": ("prefetch", "loader_delay_ms"),
+        "multi-node (torchrun's meaning)": ("nnodes", "node_rank", "rdzv_endpoint", "rdzv_id"),
+    }  # fmt: skip
 
     workers: int = opt(2, "worker processes on this node")
-    strategy: str = opt("allreduce", "how replicas agree (see `disttrain train --help`)")
+    strategy: str = opt("allreduce", "how replicas agree (each one's settings: a group below)")
     # read only by the strategies that average with a collective (they declare it)
     algorithm: str = opt(
         "native", "allreduce algorithm for data-parallel strategies", always_read=False
@@ -194,6 +213,7 @@ class DataConfig:
     """The data set and its shape: passed whole to ``load_dataset`` (read by every run)."""
 
     ALWAYS_READ: ClassVar[bool] = True
+    TITLE: ClassVar[str] = "data"
 
     dataset: str = opt("digits", "digits, synthetic, pycode, or a path to an .npz file")
     synthetic_size: int = opt(2048, "synthetic data set: number of samples")

@@ -24,11 +24,11 @@ import importlib
 import os
 import pkgutil
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from disttrain.comm.errors import UsageError
 
-__all__ = ["PLUGINS_ENV", "Registry", "import_submodules", "load_plugins"]
+__all__ = ["PLUGINS_ENV", "Registry", "by_flag", "import_submodules", "load_plugins"]
 
 T = TypeVar("T")
 
@@ -37,6 +37,12 @@ PLUGINS_ENV = "DISTTRAIN_PLUGINS"
 
 _loaded_plugins: set[str] = set()
 _seen_value: str | None = None  # the variable's value when last loaded: skip re-parsing
+_BY_FLAG: dict[str, Registry[Any]] = {}
+
+
+def by_flag(flag: str) -> Registry[Any] | None:
+    """The registry whose names the flag ``flag`` chooses from (``--strategy``), if any."""
+    return _BY_FLAG.get(flag)
 
 
 class Registry(Generic[T]):
@@ -46,6 +52,8 @@ class Registry(Generic[T]):
         self.kind = kind  # "allreduce algorithm": used in the error message
         self.flag = flag  # "--algorithm": named in the error message when set
         self._entries: dict[str, T] = {}
+        if flag:
+            _BY_FLAG[flag] = self  # ``train --help`` lists the choices of every such flag
 
     def add(self, name: str, entry: T) -> T:
         """Register ``entry`` as ``name`` (re-registering a name replaces it)."""

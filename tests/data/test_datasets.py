@@ -55,7 +55,7 @@ def test_npz_round_trip(tmp_path) -> None:  # type: ignore[no-untyped-def]
         (
             {"x_train": np.zeros((4, 2)), "y_train": np.full(4, 0.5),
              "x_test": np.zeros((2, 2)), "y_test": np.zeros(2, int)},
-            "integer class labels",
+            "got dtype float64; save them as y_train.astype",  # what it got, and the fix
         ),
     ],
 )  # fmt: skip

@@ -123,3 +123,24 @@ def test_bad_input_from_the_command_line() -> None:
                           timeout=120)  # fmt: skip
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "--bandwidth" in proc.stderr
+
+
+@pytest.mark.parametrize("columns", [80, 132, 200])
+def test_table_fits_the_terminal_and_ends_with_a_recommendation(
+    columns: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    _isolated(tmp_path, monkeypatch)
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert main(["advise", "--params", "25M", "--nodes", "64", "--bandwidth", "10Gbit"]) == 0
+    lines = capsys.readouterr().out.rstrip("\n").splitlines()
+    assert max(len(line) for line in lines[:-1]) <= columns, "\n".join(lines)
+    header = next(i for i, line in enumerate(lines) if "step ms" in line)
+    assert "allreduce:ring" in "".join(lines)
+    if columns >= 160:  # room for every column, the reasons included
+        assert "why" in lines[header] and "compute ms" in lines[header], lines[header]
+    last = lines[-1]  # one line naming the fastest row and why
+    assert last.startswith("recommendation: for 25M parameters on 64 nodes at 10 Gbit/s: ")
+    best = last.split(": ")[2].split(" (")[0]
+    first_row = lines[header + 2]
+    assert best in first_row and ", because " in last, (best, first_row)

@@ -131,7 +131,7 @@ def test_compare_two_strategies_end_to_end(
             run["label"],
             "ok",
             f"{s['final_accuracy']:.4f}",
-            f"{s['final_loss']:.4f}",
+            f"{s['final_test_loss']:.4f}",
             f"{s['wall_seconds']:.1f}",
             f"{s['samples_per_second']:.1f}",
             f"{s['bytes_sent_per_rank']:,.0f}",
@@ -143,14 +143,21 @@ def test_compare_two_strategies_end_to_end(
     assert report.count(f"{t0['wall_seconds'] / t1['wall_seconds']:.2f}x") >= 1
     assert runs[0]["summary"]["config"]["algorithm"] == "ring"
     assert runs[1]["summary"]["config"]["period"] == 2
-    for name in ("report.html", "loss_vs_epoch.png", "throughput.png"):
+    plots = ("loss_vs_epoch.png", "throughput.png", "train_loss_vs_step.png", "time_breakdown.png")
+    for name in ("report.html", *plots):
         assert os.path.getsize(os.path.join(out, name)) > 1000
+    for i, run in enumerate(runs, 1):  # each run's folder is kept under the report's
+        assert run["folder"] == os.path.join("runs", f"run-{i:02d}")
+        folder = os.path.join(out, run["folder"])
+        assert os.path.samefile(folder, run["summary"]["config"]["out"])
+        for name in ("summary.json", "metrics.jsonl", "model.pt"):
+            assert os.path.isfile(os.path.join(folder, name)), name
 
 
 def _fake_summary(flags: dict[str, object]) -> dict[str, object]:
     evaluation = {"step": 2, "epoch": 0, "test_loss": 1.0, "test_accuracy": 0.95,
                   "wall_seconds": 3.0, "bytes_sent": 10}  # fmt: skip
-    return {"final_accuracy": 0.95, "final_loss": 1.0, "wall_seconds": 3.5,
+    return {"final_accuracy": 0.95, "final_test_loss": 1.0, "wall_seconds": 3.5,
             "samples_per_second": 40.0, "bytes_sent_per_rank": 10.0, "steps": 2,
             "flags": flags, "metrics": [evaluation]}  # fmt: skip
 
@@ -162,7 +169,9 @@ def test_failed_run_is_reported_and_the_others_still_run(
 
     calls: list[tuple[dict[str, object], list[str]]] = []
 
-    def fake_train_run(flags: dict[str, object], timeout: float, launcher: list[str]) -> object:
+    def fake_train_run(
+        flags: dict[str, object], timeout: float, launcher: list[str], out: str = ""
+    ) -> object:
         calls.append((flags, list(launcher)))
         if flags["strategy"] == "ps":
             raise runs.RunFailed("train --strategy ps: disttrain: rank 1 stopped")
@@ -195,7 +204,9 @@ def test_cluster_runs_go_through_cluster_run(
     monkeypatch.setattr(cluster, "load", lambda name: layout if name == "cmpt" else None)
     calls: list[tuple[dict[str, object], list[str]]] = []
 
-    def fake_train_run(flags: dict[str, object], timeout: float, launcher: list[str]) -> object:
+    def fake_train_run(
+        flags: dict[str, object], timeout: float, launcher: list[str], out: str = ""
+    ) -> object:
         calls.append((flags, list(launcher)))
         return _fake_summary(flags)
 

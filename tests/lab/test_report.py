@@ -49,7 +49,7 @@ def _run(
             }
         )
     summary = {
-        "final_accuracy": accuracies[-1], "final_loss": 2.0 - accuracies[-1],
+        "final_accuracy": accuracies[-1], "final_test_loss": 2.0 - accuracies[-1],
         "wall_seconds": seconds_per_epoch * len(accuracies) + 0.5, "samples_per_second": sps,
         "bytes_sent_per_rank": float(bytes_per_epoch * len(accuracies)),
         "steps": 10 * len(accuracies), "metrics": metrics,

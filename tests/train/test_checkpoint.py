@@ -132,6 +132,8 @@ def test_killed_and_resumed_equals_uninterrupted_bit_for_bit(tmp_path: Path) -> 
     assert crash.returncode == 1 and checkpoint.latest(str(killed)) == 6
     again = run_cli("train", *COMMON, "--resume", str(killed), "--out", str(resumed))
     assert again.returncode == 0, again.stderr
+    run = json.loads((resumed / "summary.json").read_text())["run_id"]
+    assert f"disttrain: resumed from step 6 of run {run}\n" in again.stderr, again.stderr
     a, b = _params(full), _params(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert _losses(resumed) == _losses(full)[6:]

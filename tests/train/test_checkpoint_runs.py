@@ -202,6 +202,8 @@ def test_a_new_run_into_an_old_runs_out_is_refused_and_overwrite_restarts_from_i
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 16, summary["steps"]  # before: 100, the old run's last step
     assert summary["run_id"] != old_run
+    # the elastic restart says where it went on from
+    assert f"resumed from step 10 of run {summary['run_id']}" in new.stderr, new.stderr
     assert checkpoint.runs(str(out)) == {summary["run_id"]: [10]}
     logged = _steps(out)
     back = next(i for i in range(1, len(logged)) if logged[i] <= logged[i - 1])

@@ -41,7 +41,10 @@ def test_nan_in_rank_1_forward_names_rank_1_with_overlap(attempt: int, tmp_path:
     assert done.returncode == 1, err
     assert "injecting fault nan at step 3" in err, err
     last = err.strip().splitlines()[-1]  # the launcher's one line: the root cause
+    # as rank 1 said it (not torch elastic's "To enable traceback see: ..."), then its process
+    assert last.startswith("disttrain: error: rank 1: NonFiniteGradient: rank 1 computed"), err
     assert "worker rank 1 (pid" in last and "exited with code 1" in last, err
+    assert "traceback" not in last, err
     # rank 1's own line: its first bucket, stopped before it was sent
     assert "rank 1: NonFiniteGradient: rank 1 computed a non-finite gradient for" in err, err
     assert "(bucket 0) at step 3; stopping this worker before sending it" in err, err

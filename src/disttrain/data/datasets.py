@@ -124,8 +124,15 @@ def npz(path: str) -> Dataset:
                 f"{path}: x_{part} must be (N, ...) and y_{part} (N,) with N > 0, "
                 f"got {x.shape} and {y.shape}"
             )
-        if not np.issubdtype(y.dtype, np.integer) or y.min() < 0:
-            raise UsageError(f"{path}: y_{part} must hold non-negative integer class labels")
+        if not np.issubdtype(y.dtype, np.integer):
+            raise UsageError(
+                f"{path}: y_{part} must hold integer class labels, got dtype {y.dtype}; save "
+                f"them as y_{part}.astype(np.int64) (class indices 0..C-1)"
+            )
+        if y.min() < 0:
+            raise UsageError(
+                f"{path}: y_{part} holds label {int(y.min())}; labels are class indices 0..C-1"
+            )
         if y.max() >= MAX_CLASSES:  # the output layer has one row per class
             raise UsageError(
                 f"{path}: y_{part} holds label {int(y.max())}; labels are class indices "

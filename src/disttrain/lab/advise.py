@@ -65,6 +65,11 @@ def parse_duration(text: str, flag: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Rank the strategies for a model of --params parameters on --nodes nodes linked at "
+        "--bandwidth, by the α-β cost model calibrated on this machine (--calibrate measures "
+        "it); ends with a one-line recommendation. See docs/lab.md."
+    )
     parser.add_argument("--params", help="model parameters, e.g. 25M (required unless --calibrate)")
     parser.add_argument("--nodes", default="256", help="data-parallel ranks, 1 to 10,000")
     parser.add_argument("--bandwidth", help="each node's link, e.g. 25Gbit, 100mbit")
@@ -76,7 +81,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--flops", help="a node's sustained flop/s, e.g. 20T (default: calibrated)")
     parser.add_argument("--fusion-mb", type=float, default=4.0, help="bucket size (default 4)")
-    parser.add_argument("--overlap", action="store_true", help="buckets overlap backward")
+    parser.add_argument(
+        "--overlap", action=argparse.BooleanOptionalAction, default=True,
+        help="buckets overlap backward (default: on, as in train)",
+    )  # fmt: skip
     parser.add_argument("--grad-dtype", default="fp32", choices=sorted(_GRAD_BYTES))
     parser.add_argument("--servers", type=int, default=1, help="parameter servers (ps:*)")
     parser.add_argument(
@@ -142,21 +150,63 @@ def _inputs(args: argparse.Namespace) -> tuple[costmodel.Workload, int, list[Run
     return work, nodes, [parse_one(s, model=True) for s in costmodel.default_strategies()]
 
 
+#: advise's columns, the first dropped first when the terminal is too narrow for all
+_DROP_ORDER = ("compute ms", "samples/s", "MB/rank/step", "#", "efficiency", "why")
+
+
 def _table(preds: list[costmodel.Prediction], title: str, caption: str) -> None:
+    """The ranked rows, as wide as the terminal ($COLUMNS; 80 when not a terminal): figures
+    never wrap; "why" wraps in what is left, and the least needed columns go first."""
     from rich.console import Console
     from rich.table import Table
 
+    rows = [
+        {"#": str(i), "strategy": p.strategy, "step ms": f"{p.step_seconds * 1e3:.4g}",
+         "compute ms": f"{p.compute_seconds * 1e3:.4g}", "comm ms": f"{p.comm_seconds * 1e3:.4g}",
+         "MB/rank/step": f"{p.bytes_per_rank / 1e6:.4g}", "efficiency": f"{p.efficiency:.0%}",
+         "samples/s": f"{p.samples_per_second:.4g}",
+         "why": p.reason + (f" ({p.note})" if p.note else "")}
+        for i, p in enumerate(preds, 1)
+    ]  # fmt: skip
+    console = Console()
+    cols = list(rows[0]) if rows else []
+
+    def width(col: str) -> int:  # a cell's text, its padding and one border
+        if col in ("why", "strategy"):
+            return 24 if col == "why" else 33  # a long spec folds at 30
+        return max(len(col), *(len(r[col]) for r in rows)) + 3
+
+    for drop in _DROP_ORDER:
+        if sum(width(c) for c in cols) + 1 <= console.width:
+            break
+        cols.remove(drop)
     table = Table(title=title, caption=caption)
-    for col in ("#", "strategy", "step ms", "compute ms", "comm ms", "MB/rank/step",
-                "efficiency", "samples/s", "why"):  # fmt: skip
-        table.add_column(col, justify="left" if col in ("strategy", "why") else "right")
-    for i, p in enumerate(preds, 1):
-        why = p.reason + (f" ({p.note})" if p.note else "")
-        table.add_row(str(i), p.strategy, f"{p.step_seconds * 1e3:.4g}",
-                      f"{p.compute_seconds * 1e3:.4g}", f"{p.comm_seconds * 1e3:.4g}",
-                      f"{p.bytes_per_rank / 1e6:.4g}", f"{p.efficiency:.0%}",
-                      f"{p.samples_per_second:.4g}", why)  # fmt: skip
-    Console(width=220).print(table)
+    for col in cols:
+        if col == "why":
+            table.add_column(col, ratio=1, min_width=12)
+        elif col == "strategy":
+            table.add_column(col, max_width=30, overflow="fold")
+        else:
+            table.add_column(col, justify="right", no_wrap=True, min_width=len(col))
+    for r in rows:
+        table.add_row(*(r[c] for c in cols))
+    console.print(table)
+
+
+def recommendation(
+    preds: list[costmodel.Prediction], work: costmodel.Workload, net: costmodel.Network
+) -> str:
+    """The closing line: the fastest row, why, and by how much it beats the next one."""
+    best = preds[0]
+    line = (
+        f"recommendation: for {work.params / 1e6:.4g}M parameters on {best.nodes} nodes at "
+        f"{8 / net.beta / 1e9:.4g} Gbit/s: {best.strategy} "
+        f"({best.step_seconds * 1e3:.4g} ms a step, {best.efficiency:.0%} efficiency)"
+    )
+    if len(preds) > 1 and preds[1].step_seconds > 0:
+        ratio = preds[1].step_seconds / max(best.step_seconds, 1e-12)
+        line += f", {ratio:.3g}x as fast as the next ({preds[1].strategy})"
+    return line + f", because {best.reason}"
 
 
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
@@ -185,6 +235,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
              f"{work.batch_size}, α {net.alpha * 1e6:.3g} us, "
              f"{8 / net.beta / 1e9:.4g} Gbit/s, buckets {args.fusion_mb:g} MB")  # fmt: skip
     _table(preds, title, f"constants: {cal.source}")
+    print(recommendation(preds, work, net))
     if args.json_path:
         with open(args.json_path, "w") as fh:
             json.dump({"network": asdict(net), "workload": asdict(work), "nodes": nodes,

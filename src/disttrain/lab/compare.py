@@ -43,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and report.html (see docs/lab.md). Train flags given here go to every run."
     )
     parser.argument_default = argparse.SUPPRESS
+    parser.usage = "%(prog)s --strategies SPECS [compare's options] [train's options]"
     parser.add_argument(
         "--strategies",
         required=True,
@@ -226,11 +227,13 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
             try:
                 # on the cluster, `cluster run --timeout` stops the nodes first and cleans up
                 limit = ns.run_timeout + (60 if launcher else 0)
-                summary = train_run(flags, timeout=limit, launcher=launcher)
-                results.append(RunResult(spec.label, flags, summary))
+                # each run's own folder stays, under the report's: runs.json points to it
+                folder = os.path.join(out, "runs", f"run-{i:02d}")
+                summary = train_run(flags, timeout=limit, launcher=launcher, out=folder)
+                results.append(RunResult(spec.label, flags, summary, folder=folder))
                 status = "done"
             except (RunFailed, OSError, subprocess.TimeoutExpired) as exc:
-                results.append(RunResult(spec.label, flags, None, str(exc)))
+                results.append(RunResult(spec.label, flags, None, str(exc), folder=folder))
                 status = "FAILED"
             progress.update(
                 task, completed=1, description=f"run {i}/{len(specs)}: {spec.label}: {status}"

@@ -56,7 +56,7 @@ def result_rows(runs: list[RunResult], target: float) -> list[dict[str, str]]:
                 "run": run.label,
                 "status": "ok",
                 "final test accuracy": _num(s.get("final_accuracy"), ".4f"),
-                "final test loss": _num(s.get("final_loss"), ".4f"),
+                "final test loss": _num(s.get("final_test_loss"), ".4f"),
                 "wall s": _num(s.get("wall_seconds"), ".1f"),
                 "samples/s": _num(s.get("samples_per_second"), ".1f"),
                 "bytes/rank": _num(s.get("bytes_sent_per_rank"), ",.0f"),
@@ -201,7 +201,14 @@ def write_report(
     with open(paths["runs"], "w") as fh:
         json.dump(
             [
-                {"label": r.label, "flags": r.flags, "error": r.error, "summary": r.summary}
+                {
+                    "label": r.label,
+                    "flags": r.flags,
+                    "error": r.error,
+                    "summary": r.summary,
+                    # relative to the report, so the folder moves with it
+                    "folder": os.path.relpath(r.folder, out_dir) if r.folder else None,
+                }
                 for r in runs
             ],
             fh,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from disttrain.lab.runs import RunResult
 
-__all__ = ["PLOTS", "draw_plots"]
+__all__ = ["PHASES", "PLOTS", "draw_plots"]
 
 #: file name -> caption, in report order
 PLOTS: dict[str, str] = {
@@ -17,7 +17,12 @@ PLOTS: dict[str, str] = {
     "accuracy_vs_time.png": "test accuracy vs wall time (dashed: the target)",
     "accuracy_vs_bytes.png": "test accuracy vs bytes sent by rank 0 (log scale)",
     "throughput.png": "throughput (samples/s)",
+    "train_loss_vs_step.png": "training loss per step (rank 0's batch, metrics.jsonl)",
+    "time_breakdown.png": "where rank 0's time went (summary.json time_breakdown, seconds)",
 }
+
+#: time_breakdown phases in the chart's order (others follow, alphabetically)
+PHASES = ("compute", "communication", "wait", "data", "codec", "eval", "checkpoint")
 
 
 def _series(run: RunResult, x: str, y: str) -> tuple[list[float], list[float]]:
@@ -83,4 +88,29 @@ def draw_plots(out_dir: str, runs: list[RunResult], target: float) -> dict[str, 
     ax.bar_label(bars, fmt="%.0f", fontsize="small")
     ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize="small")
     save(fig, ax, "throughput.png", "", "samples/s")
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for run in done:  # every logged step, not one point per epoch
+        steps = [m for m in (run.summary or {}).get("metrics", []) if "loss" in m]
+        if steps:
+            ax.plot([m["step"] for m in steps], [m["loss"] for m in steps], label=run.label,
+                    linewidth=1)  # fmt: skip
+    save(fig, ax, "train_loss_vs_step.png", "step", "training loss")
+    _breakdown(plt, done, save)
     return paths
+
+
+def _breakdown(plt: Any, done: list[RunResult], save: Any) -> None:
+    """One stacked bar per run: compute, communication, wait, data, ... seconds."""
+    parts = [dict((r.summary or {}).get("time_breakdown") or {}) for r in done]
+    seen = {k for p in parts for k in p}
+    order = [k for k in PHASES if k in seen] + sorted(seen - set(PHASES))
+    fig, ax = plt.subplots(figsize=(6.4, max(3.2, 1.6 + 0.5 * len(done))))
+    left = [0.0] * len(done)
+    for phase in order:
+        widths = [float(p.get(phase) or 0.0) for p in parts]
+        ax.barh(range(len(done)), widths, left=left, label=phase)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.set_yticks(range(len(done)), [r.label for r in done], fontsize="small")
+    ax.invert_yaxis()  # the first run (the anchor) on top
+    ax.set_xlim(0, max(left, default=0.0) * 1.4 or 1.0)  # room on the right for the legend
+    save(fig, ax, "time_breakdown.png", "seconds", "")

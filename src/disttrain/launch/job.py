@@ -27,23 +27,52 @@ from disttrain.launch.worker import (
 __all__ = ["add_arguments", "add_config_flags", "run", "run_job"]
 
 
+def _title(cls: type[Any]) -> str:
+    """A section's group title: its ``TITLE``, else its docstring's first line."""
+    doc = (cls.__doc__ or cls.__name__).strip().splitlines()[0].rstrip(".").replace("``", "")
+    return str(getattr(cls, "TITLE", "") or doc)
+
+
+def _help(name: str, f: Any) -> str:
+    """The field's help, the choices of the registry its flag names, and its default once."""
+    from disttrain.registry import by_flag
+
+    text = f.metadata.get("help", "")
+    registry = by_flag("--" + name.replace("_", "-"))
+    if registry is not None and registry.names() and not f.metadata.get("choices"):
+        text += f"; choices: {', '.join(registry.names())}"
+    if "default" in text:  # the help says it in words ("default: a new folder under runs/")
+        return text
+    if isinstance(f.default, bool):
+        return f"{text} (default: {'on' if f.default else 'off'})"
+    return f"{text} (default: {f.default!r})" if f.default != "" else text
+
+
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """Every settings field of every section as a flag; flags not given stay unset."""
-    import disttrain.strategies  # noqa: F401  (strategies register their settings sections)
-    from disttrain.config import section_fields
+    """Every settings field of every section as a flag, one argument group per section (or
+    per ``GROUPS`` title of a section); flags not given stay unset."""
+    import disttrain.models
+    import disttrain.strategies
+    import disttrain.train.optimizers  # noqa: F401
+    from disttrain.config import SECTIONS
 
     parser.argument_default = argparse.SUPPRESS
-    for name, (_, f) in section_fields().items():
-        flag = "--" + name.replace("_", "-")
-        kind = type(f.default)
-        help_text = f.metadata.get("help", "")
-        if kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
-        else:
-            choices = f.metadata.get("choices")
-            parser.add_argument(
-                flag, type=kind, choices=choices, help=f"{help_text} (default: {f.default!r})"
-            )
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for cls in SECTIONS:
+        sub = {n: t for t, names in getattr(cls, "GROUPS", {}).items() for n in names}
+        for f in dataclasses.fields(cls):
+            title = sub.get(f.name, _title(cls))
+            group = groups.get(title) or groups.setdefault(title, parser.add_argument_group(title))
+            flag = "--" + f.name.replace("_", "-")
+            if isinstance(f.default, bool):
+                group.add_argument(
+                    flag, action=argparse.BooleanOptionalAction, help=_help(f.name, f)
+                )
+            else:
+                group.add_argument(
+                    flag, type=type(f.default), choices=f.metadata.get("choices"),
+                    help=_help(f.name, f),
+                )  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Train a model with a distributed strategy. --batch-size is the GLOBAL batch."
     )
     parser.argument_default = argparse.SUPPRESS
+    parser.usage = "%(prog)s [--config FILE] [--strategy NAME] [options]"  # the groups list them
     parser.add_argument("--config", help="TOML file with the same keys as the flags; flags win")
     add_config_flags(parser)
 
@@ -123,8 +153,8 @@ def run_job(cfg: Any, argv: list[str]) -> int:
     try:
         launch(cfg.train, nproc, [*argv, "--out", out], run_id)
     except JobFailed as exc:
-        sys.stderr.write(f"disttrain: error: {exc}\n")
         _partial_timeline(cfg.train.timeline, out)
+        sys.stderr.write(f"disttrain: error: {exc}\n")  # the last line: the root cause
         return 1
     path = os.path.join(out, "summary.json")
     if not os.path.exists(path):  # multi-node: global rank 0 ran on another node

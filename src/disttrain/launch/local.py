@@ -35,12 +35,34 @@ from disttrain.comm.world import STORE_FILE_ENV
 from disttrain.config import TrainConfig
 from disttrain.launch import rendezvous, rollcall
 
-__all__ = ["PEER_EXIT_CODE", "WORKER_ENV", "JobFailed", "launch", "launch_config", "multi_node"]
+__all__ = [
+    "CAUSES_ENV", "PEER_EXIT_CODE", "WORKER_ENV", "JobFailed", "launch", "launch_config",
+    "multi_node", "write_cause",
+]  # fmt: skip
 
 #: Set in every worker's environment: "run the training loop, do not launch".
 WORKER_ENV = "DISTTRAIN_WORKER"
 #: A worker exits with this code when it stops because a *peer* failed.
 PEER_EXIT_CODE = 3
+#: The folder where a failing worker leaves its one-line cause (file named by its rank), so
+#: the job's last line is what the failing rank said, not torch elastic's generic advice.
+CAUSES_ENV = "DISTTRAIN_CAUSES"
+
+
+def write_cause(rank: int, line: str) -> None:
+    """Called by a failing worker: leave ``line`` ("rank 1: NonFiniteGradient: ...")."""
+    folder = os.environ.get(CAUSES_ENV)
+    if folder and os.path.isdir(folder):
+        with open(os.path.join(folder, str(rank)), "w") as fh:
+            fh.write(line)
+
+
+def _cause(folder: str, rank: int) -> str:
+    try:
+        with open(os.path.join(folder, str(rank))) as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
 
 
 class JobFailed(RuntimeError):
@@ -51,7 +73,9 @@ class JobFailed(RuntimeError):
         self.rank = rank
 
 
-def _describe(rank: int, failure: ProcessFailure) -> str:
+def _describe(rank: int, failure: ProcessFailure, cause: str = "") -> str:
+    """``rank 1: NonFiniteGradient: ... [worker rank 1 (pid 7) exited with code 1]`` when the
+    worker left its cause, else the agent's view of the process."""
     code = failure.exitcode
     if code < 0:
         try:
@@ -60,9 +84,13 @@ def _describe(rank: int, failure: ProcessFailure) -> str:
             how = f"was killed by signal {-code}"
     else:
         how = f"exited with code {code}"
+    if cause:
+        return f"{cause} [worker rank {rank} (pid {failure.pid}) {how}"
     detail = ""
-    if failure.message and failure.message != "<N/A>" and "Signal" not in failure.message:
-        detail = f": {failure.message.strip().splitlines()[-1]}"
+    message = failure.message if isinstance(failure.message, str) else ""
+    # "To enable traceback see: https://pytorch.org/..." is torch elastic's advice, not a cause
+    if message and message != "<N/A>" and "Signal" not in message and "traceback" not in message:
+        detail = f": {message.strip().splitlines()[-1]}"
     return f"worker rank {rank} (pid {failure.pid}) {how}{detail}"
 
 
@@ -139,7 +167,10 @@ def launch(
         logging.getLogger(name).setLevel(logging.CRITICAL)  # we explain failures ourselves
     tmp = tempfile.mkdtemp(prefix="disttrain-job-")
     calls = os.path.join(tmp, "rollcall")
+    causes = os.path.join(tmp, "causes")
+    os.makedirs(causes)
     env_backup = dict(os.environ)
+    os.environ[CAUSES_ENV] = causes
     os.environ[WORKER_ENV] = "1"
     # every shared-memory segment of the job carries this tag (its name names this pid):
     # what a rank killed while creating one left is removed when the job ends
@@ -167,8 +198,9 @@ def launch(
                 f"{cfg.timeout:g} s, while {len(answers)} peer(s) that waited on it did answer"
             )
         else:
-            why = _describe(rank, failure)
-        raise JobFailed(why + tail, rank) from None
+            why = _describe(rank, failure, _cause(causes, rank))
+        close = "]" if why.startswith("rank ") else ""  # the cause first, the process after
+        raise JobFailed(why + tail + close, rank) from None
     finally:
         os.environ.clear()
         os.environ.update(env_backup)

@@ -77,12 +77,21 @@ def preflight(cfg: Any) -> None:
         refusal = unproven_reason(cfg)  # only what a GPU run has proven (docs/gpu.md)
         if refusal:
             raise UsageError(refusal)
+    if tc.precision == "bf16" and tc.device == "cpu":
+        import sys
+
+        from disttrain.amp import bf16_cpu_slowdown, bf16_warning
+
+        warning = bf16_warning(bf16_cpu_slowdown())
+        if warning:
+            print(warning, file=sys.stderr)
     data = load_dataset(cfg.data)
     if len(data.x_train) < tc.batch_size:
         raise UsageError(
             f"--batch-size {tc.batch_size} is larger than the {len(data.x_train)} training samples"
         )
     model = build_model(tc.model, data)
+    _forward_one_batch(tc, model, data)
     # Strategies check what needs the whole config (pipeline stages, mesh, ps modes) here.
     strategy.validate_config(cfg, model)
     # After the strategy's own checks, which name impossible values more precisely.
@@ -95,6 +104,35 @@ def preflight(cfg: Any) -> None:
         old = checkpoint.saved_world(tc.resume)
         if old != tc.world_size and not strategy.reshards:
             checkpoint.restore(tc.resume, 0, tc.world_size, None, f"--strategy {strategy.name}")
+
+
+def _forward_one_batch(tc: Any, model: Any, data: Any) -> None:
+    """One forward pass and loss of a worker's batch: a shape mistake in the model or the
+    data is one line now, not a torch error per rank after every worker has started."""
+    import torch
+
+    from disttrain.train.trainer import loss_fn
+
+    n = max(1, min(tc.batch_size // tc.world_size, 64, len(data.x_train)))
+    x, y = data.x_train[:n], data.y_train[:n]
+    what = f"--model {tc.model} on --dataset {data.name}: a batch x {tuple(x.shape)}"
+    with torch.no_grad():
+        try:
+            out = model(x)
+        except Exception as exc:  # shape, dtype or the model's own error: the user's to fix
+            raise UsageError(f"{what} failed in forward: {_gist(exc)}") from None
+        try:
+            loss_fn(out, y)
+        except Exception as exc:
+            shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise UsageError(
+                f"{what} gave output {shape}, but the loss needs (batch, {data.num_classes}) "
+                f"logits for labels {tuple(y.shape)}: {_gist(exc)}"
+            ) from None
+
+
+def _gist(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
 
 
 def claim_run(tc: Any, out: str) -> str:

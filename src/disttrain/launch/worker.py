@@ -70,7 +70,7 @@ def _train_worker(cfg: Any, launched_by_us: bool) -> int:
     from disttrain.comm import world
     from disttrain.comm.errors import PeerFailure
     from disttrain.launch import rollcall
-    from disttrain.launch.local import PEER_EXIT_CODE
+    from disttrain.launch.local import PEER_EXIT_CODE, write_cause
     from disttrain.train.progress import print_summary
     from disttrain.train.trainer import train
 
@@ -90,6 +90,7 @@ def _train_worker(cfg: Any, launched_by_us: bool) -> int:
             rollcall.answer(int(rank), cfg.train.world_size, cfg.train.timeout, named)
             return PEER_EXIT_CODE
         sys.stderr.write(f"disttrain: rank {rank}: {type(exc).__name__}: {text}\n")
+        write_cause(int(rank), f"rank {rank}: {type(exc).__name__}: {text}")
         return 1
     finally:
         world.shutdown()

@@ -4,6 +4,10 @@ factories ``package.module:function``."""
 from __future__ import annotations
 
 import importlib
+import inspect
+import os
+import sys
+from typing import Any
 
 from torch import nn
 
@@ -15,7 +19,7 @@ from disttrain.models.gpt import gpt
 from disttrain.models.mlp import mlp
 from disttrain.registry import import_submodules
 
-__all__ = ["HELPERS", "MODELS", "build_model", "cnn", "gpt", "mlp"]
+__all__ = ["FACTORY_ARGUMENTS", "HELPERS", "MODELS", "build_model", "cnn", "gpt", "mlp"]
 
 #: Modules of this package that are not models.
 HELPERS = ("base",)
@@ -23,19 +27,66 @@ HELPERS = ("base",)
 import_submodules(__name__, skip=HELPERS)
 
 
-def _factory(spec: str) -> nn.Module:
+#: What a user's factory may ask for by parameter name, from the data set.
+FACTORY_ARGUMENTS = ("in_features", "num_classes", "vocab", "seq_len")
+
+
+def _factory_kwargs(spec: str, func: Any, data: Dataset) -> dict[str, int]:
+    """The keyword arguments ``func``'s signature asks for among :data:`FACTORY_ARGUMENTS`."""
+    try:
+        wanted = set(inspect.signature(func).parameters)
+    except (TypeError, ValueError):  # a builtin or C callable: call it bare
+        return {}
+    lm = data.task == "lm"
+    known: dict[str, int | None] = {
+        "in_features": data.in_features,
+        "num_classes": data.num_classes,
+        "vocab": data.num_classes if lm else None,
+        "seq_len": int(data.x_train.shape[1]) if lm else None,
+    }
+    out: dict[str, int] = {}
+    for name in FACTORY_ARGUMENTS:
+        if name in wanted:
+            value = known[name]
+            if value is None:
+                raise UsageError(
+                    f"--model {spec!r}: the factory asks for {name}, which only a language-"
+                    f"model data set has (--dataset pycode); {data.name} is a classification set"
+                )
+            out[name] = value
+    return out
+
+
+def _import(spec: str, module_name: str) -> Any:
+    """Import ``module_name`` as ``python -m`` would: the current directory first."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)  # the console script's sys.path[0] is its bin folder
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name.split(".")[0]:  # the module itself imports a missing one
+            raise UsageError(f"--model {spec!r}: cannot import {module_name}: {exc}") from None
+        path = os.path.join(cwd, module_name.replace(".", os.sep) + ".py")
+        raise UsageError(
+            f"--model {spec!r}: cannot import {module_name}: no {path} (run from the folder "
+            "that holds it, or add its folder to PYTHONPATH)"
+        ) from None
+    except Exception as exc:  # the module raising on import
+        raise UsageError(f"--model {spec!r}: cannot import {module_name}: {exc}") from None
+
+
+def _factory(spec: str, data: Dataset) -> nn.Module:
     module_name, _, func_name = spec.partition(":")
     if not module_name or not func_name:
         raise UsageError(f"--model {spec!r}: use mlp, cnn, gpt or package.module:function")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # ImportError, or the module raising on import
-        raise UsageError(f"--model {spec!r}: cannot import {module_name}: {exc}") from None
+    module = _import(spec, module_name)
     func = getattr(module, func_name, None)
     if not callable(func):
         raise UsageError(f"--model {spec!r}: {module_name} has no function {func_name!r}")
+    kwargs = _factory_kwargs(spec, func, data)
     try:
-        model = func()
+        model = func(**kwargs)
     except Exception as exc:
         raise UsageError(f"--model {spec!r}: {func_name}() raised {exc!r}") from None
     if not isinstance(model, nn.Module):
@@ -47,7 +98,11 @@ def _factory(spec: str) -> nn.Module:
 
 def build_model(name: str, data: Dataset) -> nn.Module:
     """The model named by ``--model`` (a registered name or ``package.module:function``),
-    shaped for ``data``; an unknown name is the usage error listing the choices."""
+    shaped for ``data``; an unknown name is the usage error listing the choices.
+
+    A factory is imported from the current directory first (as ``python -m`` does) and
+    may take any of ``in_features``, ``num_classes`` (and, for language data, ``vocab``
+    and ``seq_len``) by name: those its signature asks for are passed."""
     if ":" in name:
-        return _factory(name)
+        return _factory(name, data)
     return MODELS.get(name)(data)

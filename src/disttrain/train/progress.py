@@ -15,12 +15,13 @@ __all__ = ["ProgressBar", "print_summary", "title"]
 class ProgressBar:
     """A rich progress bar over all steps of the run; silent when disabled."""
 
-    def __init__(self, total_steps: int, enabled: bool) -> None:
+    def __init__(self, total_steps: int, enabled: bool, epochs: int = 0) -> None:
         self._progress: Progress | None = None
         if not enabled:
             return
+        # epochs count from 1, as the summary table's ``epochs`` does: "epoch 10/10" at the end
         self._progress = Progress(
-            TextColumn("epoch {task.fields[epoch]}"),
+            TextColumn("epoch {task.fields[epoch]}/{task.fields[epochs]}"),
             BarColumn(),
             TextColumn("step {task.completed}/{task.total}"),
             TextColumn("loss {task.fields[loss]:.4f}"),
@@ -29,13 +30,16 @@ class ProgressBar:
             console=Console(file=sys.stderr),
             transient=False,
         )
-        self._task = self._progress.add_task("train", total=total_steps, epoch=0, loss=0.0, sps=0.0)
+        self._task = self._progress.add_task(
+            "train", total=total_steps, epoch=1, epochs=epochs, loss=0.0, sps=0.0
+        )
         self._progress.start()
 
     def update(self, step: int, epoch: int, loss: float, samples_per_second: float) -> None:
+        """``epoch`` counts from 0 (the loop's index); the bar shows it from 1."""
         if self._progress is not None:
             self._progress.update(
-                self._task, completed=step, epoch=epoch, loss=loss, sps=samples_per_second
+                self._task, completed=step, epoch=epoch + 1, loss=loss, sps=samples_per_second
             )
 
     def close(self) -> None:
@@ -73,8 +77,9 @@ def print_summary(summary: dict[str, Any], out_dir: str) -> None:
     table.add_column("metric")
     table.add_column("value", justify="right")
     keys = (
-        "model", "dataset", "epochs", "steps", "global_batch_size", "final_loss",
-        "final_accuracy", "wall_seconds", "samples_per_second", "bytes_sent_per_rank",
+        "model", "dataset", "epochs", "steps", "global_batch_size", "final_test_loss",
+        "final_train_loss", "final_accuracy", "wall_seconds", "samples_per_second",
+        "bytes_sent_per_rank",
     )  # fmt: skip
     for key in keys:
         table.add_row(key, _fmt(summary.get(key)))

@@ -10,6 +10,7 @@ summary.json and model.pt, and shows the progress bar.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -245,7 +246,9 @@ def train(cfg: RunConfig, trackers: Sequence[Tracker] = ()) -> dict[str, Any]:
         append=os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0",
     )
     tracking = [*trackers_for(tc, main), *trackers]
-    bar = ProgressBar(total_steps, enabled=main and tc.progress)
+    # the epochs the run will show: a --max-steps inside an epoch ends in that epoch
+    shown_epochs = min(epoch_limit, -(-step_limit // sampler.steps_per_epoch))
+    bar = ProgressBar(total_steps, enabled=main and tc.progress, epochs=shown_epochs)
     timers = Timers()
     step, epochs_done, loss_value = 0, 0, float("nan")
     whole: nn.Module | None = None
@@ -261,6 +264,8 @@ def train(cfg: RunConfig, trackers: Sequence[Tracker] = ()) -> dict[str, Any]:
     saver = _Checkpoints(out_dir, strategy, tc.async_checkpoint)
     try:
         resumed = _resume(tc, strategy, optimizer, runner)
+        if resumed and main:  # a --resume, or an elastic restart from the last checkpoint
+            print(f"disttrain: resumed from step {resumed} of run {run_id}", file=sys.stderr)
         step = resumed
         throughput.resumed_at(resumed)  # restored steps ran in another process's time
         for epoch in range(resumed // sampler.steps_per_epoch, epoch_limit):
@@ -351,7 +356,7 @@ def train(cfg: RunConfig, trackers: Sequence[Tracker] = ()) -> dict[str, Any]:
         "epochs": epochs_done,
         "global_batch_size": tc.batch_size,
         "parameters": sum(p.numel() for p in (whole or model).parameters()),
-        "final_loss": test_loss,
+        "final_test_loss": test_loss,
         "final_train_loss": loss_value,
         "final_accuracy": test_acc,
         "wall_seconds": wall,

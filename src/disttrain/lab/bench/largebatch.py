@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
                 rows.append({
                     "global_batch": batch, "variant": name, "final_lr": summary["final_lr"],
                     "final_accuracy": summary["final_accuracy"],
-                    "final_loss": summary["final_loss"], "steps": summary["steps"],
+                    "final_test_loss": summary["final_test_loss"], "steps": summary["steps"],
                     "samples_per_second": summary["samples_per_second"],
                 })  # fmt: skip
                 progress.advance(task)
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     for r in rows:
         acc = "-" if r["final_accuracy"] is None else f"{r['final_accuracy']:.4f}"
         table.add_row(str(r["global_batch"]), str(r["variant"]), str(r["steps"]),
-                      f"{r['final_lr']:.4g}", acc, f"{r['final_loss']:.4f}")  # fmt: skip
+                      f"{r['final_lr']:.4g}", acc, f"{r['final_test_loss']:.4f}")  # fmt: skip
     Console().print(table)
     if args.json:
         with open(args.json, "w") as fh:

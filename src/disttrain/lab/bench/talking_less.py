@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         return statistics.median(r["bytes_sent_per_rank"] / r["steps"] for r in rows[label])
 
     anchor = labels[0]
-    quality = "final_accuracy" if args.workload == "digits" else "final_loss"
+    quality = "final_accuracy" if args.workload == "digits" else "final_test_loss"
     print(
         f"| strategy | bytes/step/rank | fewer bytes than anchor | {quality} "
         "| samples/s | samples/s vs anchor | payload compression | bits/sent entry (entropy) |"

