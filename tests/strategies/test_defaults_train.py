@@ -8,8 +8,8 @@ Through the real command, one run per row, against the allreduce anchor measured
 same session. 5 epochs: where the issue measured the failures (ssp 0.878, async 0.933,
 decentralized one-bit 0.783 vs 0.967); at 3 epochs the per-epoch noise of good modes
 (softsync 0.911 at epoch 3, 0.944 at epoch 4) is as large as the band. Cost: one run of
-the default workload per row plus the anchor, 10 runs (12 with zero and diloco): 23 min at load 20-33 on 2 shared
-cores (2026-11-24; about 45 s a run, so ~8 min, when the cores are idle); marked slow,
+the default workload per row plus the anchor, 12 runs (10 measured: 23 min at load 20-33
+on 2 shared cores, 2026-11-24; about 40 s a run when the cores are idle); marked slow,
 and CI runs it (it deselects nothing; `-m "not slow"` skips it locally).
 """
 

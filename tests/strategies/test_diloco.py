@@ -32,7 +32,7 @@ __all__ = ["tiny_mlp"]
 
 def test_strategy_default_optimizer_is_adam_and_a_given_flag_wins() -> None:
     assert config.load({"strategy": "diloco"}).train.optimizer == "adam"
-    assert config.load({"strategy": "diloco"}).train.lr == 0.001
+    assert config.load({"strategy": "diloco"}).train.lr == 0.003
     assert config.load({"strategy": "diloco", "optimizer": "sgd"}).train.optimizer == "sgd"
     assert config.load({}).train.optimizer == "momentum"  # other strategies keep theirs
 
