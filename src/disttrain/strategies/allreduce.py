@@ -20,7 +20,6 @@ summable), and pre-flight refuses them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -39,6 +38,7 @@ from disttrain.compression.exchange import (
 )
 from disttrain.compression.registry import parse, section_of, sections
 from disttrain.config import RunConfig, field_names, opt, register_section
+from disttrain.dataparallel.accumulate import accumulated_forward_backward
 from disttrain.dataparallel.average import average
 from disttrain.dataparallel.broadcast import broadcast_tensors
 from disttrain.dataparallel.fusion import FlatBucket
@@ -141,20 +141,9 @@ class AllReduce(Strategy):
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.accumulate == 1:
             return super().forward_backward(x, y)
-        # tensor_split: K near-equal micro-batches (fewer if the shard is smaller than K);
-        # weighting each mean loss by its share keeps the exact gradient of the shard's mean.
-        parts = [(a, b) for a, b in zip(x.tensor_split(self.accumulate), y.tensor_split(
-            self.accumulate), strict=True) if len(a)]  # fmt: skip
-        total = torch.zeros(())
-        for i, (xm, ym) in enumerate(parts):
-            last = i == len(parts) - 1
-            with nullcontext() if last else self.reducer.no_sync():
-                with timeline.span("forward", microbatch=i):
-                    loss = self.loss_fn(self.model(xm), ym) * (len(xm) / len(x))
-                with timeline.span("backward", microbatch=i):
-                    loss.backward()
-            total = total + loss.detach().cpu()
-        return total
+        return accumulated_forward_backward(
+            self.model, self.loss_fn, x, y, self.accumulate, self.reducer.no_sync
+        )
 
     def check_before_send(self, check: Callable[[FlatBucket], None]) -> bool:
         if self.compressor is not None:  # compressed payloads are sent after backward

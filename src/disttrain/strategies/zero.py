@@ -23,7 +23,6 @@ agreed over every worker (``communicates_during_backward``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -33,6 +32,7 @@ from torch import nn
 from disttrain import collectives, timeline
 from disttrain.comm.errors import UsageError
 from disttrain.config import RunConfig, opt, register_section
+from disttrain.dataparallel.accumulate import accumulated_forward_backward
 from disttrain.dataparallel.broadcast import broadcast_tensors
 from disttrain.dataparallel.fusion import MB, FlatBucket, assign_by_size
 from disttrain.dataparallel.gather import LayerGatherer, layer_groups
@@ -115,19 +115,9 @@ class Zero(Strategy):
             p.grad = None
         if self.accumulate == 1:
             return super().forward_backward(x, y)
-        # K near-equal micro-batches, each mean loss weighted by its share (as allreduce)
-        parts = [(a, b) for a, b in zip(x.tensor_split(self.accumulate), y.tensor_split(
-            self.accumulate), strict=True) if len(a)]  # fmt: skip
-        total = torch.zeros(())
-        for i, (xm, ym) in enumerate(parts):
-            last = i == len(parts) - 1
-            with nullcontext() if last else self.reducer.no_sync():
-                with timeline.span("forward", microbatch=i):
-                    loss = self.loss_fn(self.model(xm), ym) * (len(xm) / len(x))
-                with timeline.span("backward", microbatch=i):
-                    loss.backward()
-            total = total + loss.detach().cpu()
-        return total
+        return accumulated_forward_backward(
+            self.model, self.loss_fn, x, y, self.accumulate, self.reducer.no_sync
+        )
 
     def check_before_send(self, check: Callable[[FlatBucket], None]) -> bool:
         self.reducer.before_send = check
