@@ -31,6 +31,8 @@ RUNS: dict[str, list[str]] = {
     "allreduce": [],
     "ps": ["--servers", "2"],
     "localsgd": ["--period", "2"],
+    "diloco": ["--period", "2", "--fragments", "2"],  # streaming: a second process group
+    "zero": ["--zero-stage", "3"],
     "decentralized": ["--topology", "ring", "--compression", "topk:0.1"],
     "pipeline": ["--microbatches", "2"],
     "tensor": [],
