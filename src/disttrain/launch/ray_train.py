@@ -8,7 +8,7 @@ gloo (or NCCL) process group; each worker adopts it (:mod:`disttrain.comm.world`
 and trains its part.
 
 Checkpoints go through Ray's checkpoint API: after disttrain commits step N under
-``--out``, every worker reports its own ``rank-R.pt`` (rank 0 also the ``COMMIT``
+``--out``, every worker reports its own part ``rank-R/`` (rank 0 also the ``COMMIT``
 marker) as ``checkpoints/step-N/`` of one Ray checkpoint, which Ray merges into one
 folder in its storage (``OUT/ray``) -- a valid ``--resume`` folder. When a worker
 fails, Ray restarts the group (``--max-restarts`` = Ray's ``max_failures``) and
@@ -79,9 +79,11 @@ class RayReporter(Tracker):
         with tempfile.TemporaryDirectory(prefix="disttrain-ray-") as tmp:
             dest = os.path.join(tmp, "checkpoints", os.path.basename(folder))
             os.makedirs(dest)
-            names = [f"rank-{self.rank:05d}.pt"] + (["COMMIT"] if self.rank == 0 else [])
-            for name in names:
-                shutil.copy2(os.path.join(folder, name), os.path.join(dest, name))
+            # this worker's part (a DCP folder) and, from rank 0, the commit marker
+            shutil.copytree(os.path.join(folder, f"rank-{self.rank:05d}"),
+                            os.path.join(dest, f"rank-{self.rank:05d}"))  # fmt: skip
+            if self.rank == 0:
+                shutil.copy2(os.path.join(folder, "COMMIT"), os.path.join(dest, "COMMIT"))
             self.train.report(
                 {"step": step, **self.last},
                 checkpoint=self.train.Checkpoint.from_directory(tmp),
@@ -145,6 +147,11 @@ def check_layout(cfg: Any) -> int:
         raise UsageError(
             f"--launcher ray runs --workers training processes: --strategy {tc.strategy} "
             "also starts servers, and --nnodes is Ray's to decide (use --workers for all of them)"
+        )
+    if tc.async_checkpoint:  # Ray is told of a step when it is written, not a step later
+        raise UsageError(
+            "--launcher ray reports each checkpoint to Ray as soon as it is committed: "
+            "drop --async-checkpoint (its commit lands at the next checkpoint)"
         )
     return nproc
 
