@@ -84,10 +84,15 @@ def test_train_under_torchrun_matches_one_process(
            "PYTHONPATH": str(REPO / "src")}  # fmt: skip
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=170)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    lines = sorted(
-        (json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")),
-        key=lambda d: d["rank"],
-    )
+    # the two ranks print at once: a line may hold both objects, so decode each one found
+    found, decoder = [], json.JSONDecoder()
+    for at in (i for i in range(len(proc.stdout)) if proc.stdout.startswith('{"', i)):
+        try:
+            found.append(decoder.raw_decode(proc.stdout, at)[0])
+        except json.JSONDecodeError:
+            continue
+    lines = sorted((d for d in found if isinstance(d, dict) and "rank" in d),
+                   key=lambda d: d["rank"])  # fmt: skip
     assert [d["rank"] for d in lines] == [0, 1]
     assert [(d["local_rank"], d["local_size"], d["cross_size"]) for d in lines] == [
         (0, 2, 1), (1, 2, 1)
