@@ -37,6 +37,7 @@ __all__ = [
     "RunConfig",
     "TrainConfig",
     "always_read",
+    "cache_dir",
     "changed_settings",
     "field_names",
     "flag",
@@ -351,6 +352,13 @@ def read_toml(path: str) -> dict[str, Any]:
             raise UsageError(f"unknown key {key!r} in config file {path}")
         out[name] = value
     return out
+
+
+def cache_dir() -> str:
+    """Where disttrain keeps files it can rebuild (calibrations, data splits): the user's
+    cache folder, ``$XDG_CACHE_HOME/disttrain`` (default ``~/.cache/disttrain``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "disttrain")
 
 
 #: Defaults a strategy gives settings it reads (``--strategy diloco``: ``--optimizer adam``):

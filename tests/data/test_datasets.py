@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -71,3 +73,30 @@ def test_a_file_that_is_not_npz_is_a_usage_error(tmp_path) -> None:  # type: ign
     path.write_text("not a zip")
     with pytest.raises(UsageError, match="cannot read"):
         load_dataset(str(path))
+
+
+def test_the_cached_digits_split_is_the_one_sklearn_builds(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from disttrain.data import datasets
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    built = datasets._digits_split()
+    first = datasets._cached_digits_split()  # builds and writes the cache
+    assert os.path.exists(datasets.digits_cache_path())
+    monkeypatch.setattr(datasets, "_digits_split", lambda: pytest.fail("cache not used"))
+    again = datasets._cached_digits_split()  # read back from the file
+    for a, b, c in zip(built, first, again, strict=True):
+        assert a.dtype == c.dtype and np.array_equal(a, b) and np.array_equal(a, c)
+
+
+def test_a_corrupt_digits_cache_is_rebuilt(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from disttrain.data import datasets
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = datasets.digits_cache_path()
+    os.makedirs(os.path.dirname(path))
+    with open(path, "wb") as fh:
+        fh.write(b"not an npz")
+    arrays = datasets._cached_digits_split()
+    assert [len(a) for a in arrays] == [1437, 360, 1437, 360]
+    with np.load(path, allow_pickle=False) as cached:  # rewritten whole
+        assert np.array_equal(cached["x_test"], arrays[1])

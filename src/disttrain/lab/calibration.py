@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from disttrain.config import cache_dir
+
 __all__ = [
     "DEFAULT_PATH",
     "Calibration",
@@ -26,11 +28,7 @@ __all__ = [
 ]
 
 #: Where ``disttrain advise --calibrate`` writes, and ``advise`` reads, by default.
-DEFAULT_PATH = os.path.join(
-    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-    "disttrain",
-    "calibration.json",
-)
+DEFAULT_PATH = os.path.join(cache_dir(), "calibration.json")
 
 
 @dataclass(frozen=True)
