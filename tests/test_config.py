@@ -76,3 +76,30 @@ def test_models_and_optimizers_are_registries_whose_unknown_names_list_the_choic
     # gpt takes its context from the data: one window of --seq-len tokens
     text = load_dataset(config.DataConfig("pycode", seq_len=16, pycode_chars=4000))
     assert build_model("gpt", text).state_dict()["0.pos.weight"].shape[0] == 16
+
+
+def test_a_chosen_compressor_gives_its_defaults_and_given_flags_win() -> None:
+    import disttrain.compression
+    import disttrain.strategies  # noqa: F401
+
+    sparse = config.load({"strategy": "decentralized", "compression": "onebit:0.01"}).train
+    assert (sparse.optimizer, sparse.lr) == ("sgd", 0.5)
+    assert config.load({"compression": "topk:0.1", "lr": 0.3}).train.lr == 0.3
+    # an lr default is meant for the component's optimizer: a given optimizer drops it too
+    given = config.load({"compression": "topk:0.01", "optimizer": "momentum"}).train
+    assert (given.optimizer, given.lr) == ("momentum", config.TrainConfig.lr)
+    dense = config.load({"compression": "fp16"}).train  # a cast: the run's defaults stay
+    assert (dense.optimizer, dense.lr) == (config.TrainConfig.optimizer, config.TrainConfig.lr)
+
+
+def test_where_two_components_default_one_setting_the_strategy_wins() -> None:
+    import disttrain.compression  # noqa: F401
+    from disttrain.config import choice_defaults, section_fields
+    from disttrain.strategies import STRATEGIES
+
+    diloco = STRATEGIES.get("diloco").setting_defaults  # adam at 0.003; topk: sgd at 0.5
+    got = choice_defaults({"strategy": "diloco", "compression": "topk:0.1"}, section_fields())
+    assert (got["optimizer"], got["lr"]) == (diloco["optimizer"], diloco["lr"]) != ("sgd", 0.5)
+    # a given flag settles it
+    given = {"strategy": "diloco", "compression": "topk:0.1", "optimizer": "sgd"}
+    assert not {"optimizer", "lr"} & set(choice_defaults(given, section_fields()))

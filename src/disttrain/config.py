@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from disttrain.comm.errors import UsageError
+from disttrain.registry import by_flag
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -39,6 +40,7 @@ __all__ = [
     "always_read",
     "cache_dir",
     "changed_settings",
+    "choice_defaults",
     "field_names",
     "flag",
     "load",
@@ -361,20 +363,43 @@ def cache_dir() -> str:
     return os.path.join(base, "disttrain")
 
 
-#: Defaults a strategy gives settings it reads (``--strategy diloco``: ``--optimizer adam``):
-#: strategy name -> {setting: value}. Filled by the strategy registry (``setting_defaults``
-#: on the class); a flag or TOML key that is given wins.
-STRATEGY_DEFAULTS: dict[str, dict[str, Any]] = {}
+def choice_defaults(settings: dict[str, Any], known: dict[str, Any]) -> dict[str, Any]:
+    """Defaults the run's chosen components give settings not in ``settings``.
+
+    A component chosen by name from a registry (``--strategy diloco``, ``--compression
+    topk:0.01``) may carry ``setting_defaults`` (``{"optimizer": "adam"}``): its own
+    defaults for settings it reads, used unless the flag or TOML key is given. An ``lr``
+    default is meant for the component's default optimizer: when ``optimizer`` is given,
+    it is not used either. Where two chosen components default one setting, the first
+    in settings order wins (the strategy's, before a compressor's): no strategy with
+    defaults of its own reads a compressor today, and pre-flight refuses a compressor
+    the strategy does not read.
+    """
+    out: dict[str, Any] = {}
+    for name, (_, f) in known.items():
+        registry = by_flag(flag(name))
+        chosen = settings.get(name, f.default)
+        if registry is None or not isinstance(chosen, str):
+            continue
+        entry_name = chosen.strip().partition(":")[0]
+        if entry_name not in registry:
+            continue  # validation names the unknown choice
+        defaults = getattr(registry.get(entry_name), "setting_defaults", {})
+        for setting, value in defaults.items():
+            if setting in settings or (
+                setting == "lr" and "optimizer" in defaults and "optimizer" in settings
+            ):
+                continue
+            out.setdefault(setting, value)
+    return out
 
 
 def load(flags: dict[str, Any], config_file: str | None = None) -> RunConfig:
     """Build and validate a run's config from given flags over an optional TOML file."""
     settings = read_toml(config_file) if config_file else {}
     settings.update(flags)
-    strategy = settings.get("strategy", TrainConfig.strategy)
-    for name, value in STRATEGY_DEFAULTS.get(strategy, {}).items():
-        settings.setdefault(name, value)
     known = section_fields()
+    settings.update(choice_defaults(settings, known))
     per_section: dict[type[Any], dict[str, Any]] = {cls: {} for cls in SECTIONS}
     for name, value in settings.items():
         cls, f = known[name]

@@ -61,7 +61,7 @@ def _dgc_reference(steps: int, tau: float, lr: float, m: float) -> list[float]:
 
 @pytest.mark.timeout(600)
 def test_momentum_correction_follows_the_dgc_formula() -> None:
-    flags = {"compression": ONEBIT, "momentum_correction": True}
+    flags = {"compression": ONEBIT, "momentum_correction": True, "optimizer": "momentum"}
     got = run_world(_steps, 1, args=(flags, 6), timeout=240)[0]
     ref = _dgc_reference(6, 0.01, 0.1, 0.9)
     torch.testing.assert_close(torch.tensor(got[0]), torch.tensor(ref), atol=1e-6, rtol=0)
@@ -71,7 +71,7 @@ def test_momentum_correction_follows_the_dgc_formula() -> None:
 
 
 def test_momentum_correction_keeps_replicas_identical() -> None:
-    flags = {"compression": ONEBIT, "momentum_correction": True}
+    flags = {"compression": ONEBIT, "momentum_correction": True, "optimizer": "momentum"}
     results = run_world(_steps, 3, args=(flags, 5), timeout=240)
     assert results[0][0] == results[1][0] == results[2][0]
 

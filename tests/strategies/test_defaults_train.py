@@ -47,14 +47,9 @@ ROWS: dict[str, list[tuple[str, list[str]]]] = {
     "tensor": [("tensor", [])],
     "hybrid": [("hybrid tp", ["--tp", "2"])],  # it requires --pp or --tp
 }
-#: Rows known not to train yet, with what was measured (issue 23 stays open for them): a
-#: sparse compressor under momentum SGD re-applies delayed updates; plain SGD at
-#: lr / (1 - momentum) trains (decentralized onebit:0.01 with `--optimizer sgd --lr 0.5`:
-#: 0.964). Not run (run=False): each would cost a run to confirm a known failure.
-KNOWN_BAD = {
-    "allreduce topk": "0.911 vs allreduce 0.958 after 5 epochs (load ~19, 2026-11-24)",
-    "decentralized onebit": "0.806; 0.914 with --momentum-correction (vs 0.958)",
-}
+#: Rows known not to train yet, with what was measured (issue 23 stays open for them).
+#: Not run (run=False): each would cost a run to confirm a known failure.
+KNOWN_BAD: dict[str, str] = {}
 #: Rows whose runs differ from one to the next (gradients applied in arrival order): on
 #: 2 loaded cores the same command gave 0.931 and 0.886. One more run when the first is
 #: below the band; a default that does not train fails both (main's: 0.914, 0.883).

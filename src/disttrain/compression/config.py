@@ -16,7 +16,9 @@ class CompressionConfig:
     """Which compressor updates go through, and whether its residual is kept."""
 
     compression: str = opt(
-        "none", f"compressor for decentralized (and compressed allreduce): {', '.join(SPECS)}"
+        "none",
+        f"compressor for decentralized (and compressed allreduce): {', '.join(SPECS)}; "
+        "topk and onebit default to --optimizer sgd --lr 0.5 (docs/compression.md)",
     )
     error_feedback: bool = opt(True, "keep what compression leaves out and send it later")
 

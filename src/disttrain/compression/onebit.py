@@ -20,7 +20,13 @@ import math
 import numpy as np
 import torch
 
-from disttrain.compression.base import COMPRESSORS, CompressorKind, Payload, SparseCompressor
+from disttrain.compression.base import (
+    COMPRESSORS,
+    SPARSE_DEFAULTS,
+    CompressorKind,
+    Payload,
+    SparseCompressor,
+)
 from disttrain.compression.index_coding import coded_bytes, decode_indices, encode_indices
 
 __all__ = ["OneBit"]
@@ -75,5 +81,13 @@ class OneBit(SparseCompressor):
 # digits/mlp with about 4,000x fewer bytes (benchmarks/RESULTS.md, "Talking less").
 COMPRESSORS.add(
     "onebit",
-    CompressorKind(OneBit, "TAU", "threshold TAU > 0", "0.03", value_bits=1, density="data"),
-)
+    CompressorKind(
+        OneBit,
+        "TAU",
+        "threshold TAU > 0",
+        "0.03",
+        value_bits=1,
+        density="data",
+        setting_defaults=SPARSE_DEFAULTS,
+    ),
+)  # fmt: skip

@@ -12,7 +12,13 @@ import math
 import numpy as np
 import torch
 
-from disttrain.compression.base import COMPRESSORS, CompressorKind, Payload, SparseCompressor
+from disttrain.compression.base import (
+    COMPRESSORS,
+    SPARSE_DEFAULTS,
+    CompressorKind,
+    Payload,
+    SparseCompressor,
+)
 from disttrain.compression.index_coding import coded_bytes, decode_indices, encode_indices
 
 __all__ = ["TopK"]
@@ -64,4 +70,10 @@ class TopK(SparseCompressor):
         return coded_bytes(idx.size, k, gaps) + 4 * idx.size
 
 
-COMPRESSORS.add("topk", CompressorKind(TopK, "RATIO", "RATIO in (0, 1]", "0.001", density="param"))
+COMPRESSORS.add(
+    "topk",
+    CompressorKind(
+        TopK, "RATIO", "RATIO in (0, 1]", "0.001", density="param",
+        setting_defaults=SPARSE_DEFAULTS,
+    ),
+)  # fmt: skip

@@ -44,7 +44,7 @@ from torch.distributed import ProcessGroup
 from disttrain import collectives, timeline
 from disttrain.comm.errors import UsageError
 from disttrain.comm.world import World
-from disttrain.config import STRATEGY_DEFAULTS, RunConfig, field_names
+from disttrain.config import RunConfig, field_names
 from disttrain.costing import Network, Prediction, Rates, Workload
 from disttrain.dataparallel.fusion import FlatBucket
 from disttrain.registry import Registry
@@ -92,7 +92,7 @@ class Strategy:
     #: Pre-flight refuses any other setting changed from its default.
     reads_settings: ClassVar[tuple[type[Any] | str, ...]] = ()
     #: Defaults of its own for settings it reads (``{"optimizer": "adam"}``); a given flag
-    #: or TOML key wins (``config.STRATEGY_DEFAULTS``).
+    #: or TOML key wins (``config.choice_defaults``).
     setting_defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, config: RunConfig, world: World, loss_fn: LossFn) -> None:
@@ -308,8 +308,6 @@ STRATEGIES: Registry[type[Strategy]] = Registry("strategy", flag="--strategy")
 def register(cls: type[Strategy]) -> type[Strategy]:
     """Class decorator: make a strategy available as ``--strategy NAME``."""
     STRATEGIES.add(cls.name, cls)
-    if cls.setting_defaults:
-        STRATEGY_DEFAULTS[cls.name] = dict(cls.setting_defaults)
     return cls
 
 
