@@ -65,6 +65,7 @@ class Rates(Protocol):
     @property
     def seconds_per_decode_sent(self) -> float: ...
     def colocation_factor(self, ranks_per_host: int) -> float: ...
+    def shm_link(self, ranks: int) -> tuple[float, float] | None: ...  # (α per barrier, μ)
 
 
 #: One allreduce's critical path, as each algorithm states it.
@@ -164,7 +165,11 @@ def allreduce_seconds(
     """One allreduce of ``nbytes`` on ``nodes`` ranks: seconds and its critical path."""
     path = allreduce_path(algorithm, nbytes, nodes, itemsize)
     if net.shared_host:
-        return path.shared_seconds(net.alpha, net.delta, net.beta, cal.mu), path
+        # through shared memory, a step is a barrier and a copy shares the cores: their own
+        # fitted constants where calibrated (Calibration.shared_memory)
+        link = cal.shm_link(nodes) if path.total_copied else None
+        step, mu = link if link else (net.alpha, cal.mu)
+        return path.shared_seconds(step, net.delta, net.beta, mu), path
     return path.seconds(net.alpha, net.beta, gamma_of(net, cal), cal.mu), path
 
 

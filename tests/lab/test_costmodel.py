@@ -214,6 +214,33 @@ def test_shared_host_fit_recovers_its_constants() -> None:
     assert t == pytest.approx(p.steps * a + p.total_messages * d + p.total_bytes * b)
 
 
+def test_shared_memory_barriers_and_copies_get_their_own_fitted_constants() -> None:
+    import dataclasses
+
+    from disttrain.lab.bench.allreduce import parse_size
+    from disttrain.lab.calibrate import SHM_SIZES, STAT, fit_shm_link
+
+    barrier, mu = 150e-6, 1 / 20e9
+    rows = []
+    for text in SHM_SIZES:
+        p = critical_path("shm", parse_size(text), 3, 4)
+        rows.append({"algorithm": "shm", "size": parse_size(text),
+                     STAT: p.steps * barrier + p.total_copied * mu})  # fmt: skip
+    fitted = fit_shm_link(rows, 3)
+    assert fitted == pytest.approx([barrier, mu], rel=0.01)
+    cal = dataclasses.replace(CAL, shared_memory={"3": fitted})
+    net = costmodel.Network(alpha=20e-6, beta=1 / 2e9, delta=30e-6, shared_host=True)
+    t, p = costmodel.allreduce_seconds("shm", 1 << 20, 3, net, cal)  # a size not fitted
+    assert p.total_copied > 0
+    assert t == pytest.approx(p.shared_seconds(barrier, net.delta, net.beta, mu))
+    # uncalibrated, or an algorithm that copies nothing: loopback's α and the one-thread μ
+    t0, _ = costmodel.allreduce_seconds("shm", 1 << 20, 3, net, CAL)
+    assert t0 == pytest.approx(p.shared_seconds(net.alpha, net.delta, net.beta, CAL.mu))
+    ring, q = costmodel.allreduce_seconds("ring", 1 << 20, 3, net, cal)
+    assert ring == pytest.approx(q.shared_seconds(net.alpha, net.delta, net.beta, cal.mu))
+    assert cal.shm_link(4) == tuple(fitted)  # the closest fitted rank count
+
+
 def test_codec_time_has_a_dense_and_a_per_sent_entry_term() -> None:
     # coding = P·e + K·e_s + peers·(P·d + K·d_s), K = P·density; no link cost here
     cal = Calibration(seconds_per_encode=3e-9, seconds_per_decode=2e-9,

@@ -44,6 +44,8 @@ __all__ = [
 #: The per-row statistic the allreduce fits and the validation use.
 STAT = "time_p10_s"
 CAL_SIZES = ("4KB", "1MB", "8MB")
+#: The shared-memory allreduce is fitted at the ends only: 64KB and 1MB stay held out.
+SHM_SIZES = ("4KB", "8MB")
 CAL_BATCH = 16  # per-rank samples of the compute calibration (and 4x that)
 
 
@@ -106,6 +108,15 @@ def fit_shared_link(rows: Sequence[dict[str, Any]], n: int) -> list[float]:
     paths = [critical_path(r["algorithm"], r["size"], n, 4) for r in rows]
     feats = [[p.steps, p.total_messages, p.total_bytes] for p in paths]
     return nonneg_relative_lstsq(feats, [r[STAT] for r in rows])
+
+
+def fit_shm_link(rows: Sequence[dict[str, Any]], n: int) -> list[float]:
+    """[α per barrier, μ per byte copied by all ranks] of the shared-memory allreduce at
+    ``n`` ranks, from bench allreduce rows of ``shm``."""
+    paths = [critical_path(r["algorithm"], r["size"], n, 4) for r in rows]
+    return nonneg_relative_lstsq(
+        [[p.steps, p.total_copied] for p in paths], [r[STAT] for r in rows]
+    )
 
 
 def _gamma(nbytes: int = 8 << 20, reps: int = 15) -> float:
@@ -196,12 +207,19 @@ def calibrate(
 
     load_before = os.getloadavg()
     loopback: dict[str, list[float]] = {}
+    shared_memory: dict[str, list[float]] = {}
     raw: dict[str, Any] = {}
     for n in range(2, workers + 1):
-        say(f"bench allreduce on {n} ranks ({', '.join(algorithms)}; {', '.join(sizes)})")
+        say(
+            f"bench allreduce on {n} ranks ({', '.join(algorithms)}; {', '.join(sizes)}; "
+            f"shm {', '.join(SHM_SIZES)})"
+        )
         rows = bench_allreduce_rows(n, sizes, algorithms)
         loopback[str(n)] = fit_shared_link(rows, n)
         raw[f"allreduce_{n}"] = [{k: r[k] for k in ("algorithm", "size", STAT)} for r in rows]
+        shm_rows = bench_allreduce_rows(n, SHM_SIZES, ["shm"])
+        shared_memory[str(n)] = fit_shm_link(shm_rows, n)
+        raw[f"shm_{n}"] = [{k: r[k] for k in ("algorithm", "size", STAT)} for r in shm_rows]
         if n == 2:
             paths = [critical_path(r["algorithm"], r["size"], 2, 4) for r in rows]
             alpha, beta = nonneg_relative_lstsq(
@@ -233,7 +251,7 @@ def calibrate(
         seconds_per_param=s_param, seconds_per_step=s_step,
         seconds_per_encode=enc, seconds_per_decode=dec, seconds_per_encode_sent=enc_sent,
         seconds_per_decode_sent=dec_sent, cores=os.cpu_count() or 1,
-        colocation=colocation, loopback=loopback,
+        colocation=colocation, loopback=loopback, shared_memory=shared_memory,
         source=f"calibrated on {os.uname().nodename} at {time.strftime('%Y-%m-%d %H:%M:%S')}",
         meta={"loadavg_before": load_before, "loadavg_after": os.getloadavg(),
               "compute_points": points, "step_overheads": overheads, "params": params,
@@ -263,5 +281,11 @@ def describe(cal: Calibration) -> str:
             f"loopback, {n} ranks sharing {cal.cores} cores: α {a * 1e6:.1f} us/step, "
             f"δ {d * 1e6:.1f} us/message, 1/β {rate:.3g} GB/s over all ranks; "
             f"compute ×{cal.colocation.get(n, 1.0):.2f}"
+        )
+    for n, (a, m) in sorted(cal.shared_memory.items()):
+        rate = 1 / m / 1e9 if m else float("inf")
+        lines.append(
+            f"shared memory, {n} ranks: α {a * 1e6:.1f} us/barrier, 1/μ {rate:.3g} GB/s copied "
+            "over all ranks"
         )
     return "\n".join(lines)

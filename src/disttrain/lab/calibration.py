@@ -51,6 +51,10 @@ class Calibration:
     cores: int = 1
     colocation: dict[str, float] = field(default_factory=dict)  # ranks on one host -> slowdown
     loopback: dict[str, list[float]] = field(default_factory=dict)  # ranks -> [α, β, γ]
+    # ranks -> [α per barrier, μ per byte copied by all ranks]: a shared-memory collective's
+    # barrier wakes every rank (a context switch each once ranks outnumber cores) and its
+    # copies share the cores, neither of which the one-thread μ or loopback's α sees
+    shared_memory: dict[str, list[float]] = field(default_factory=dict)
     source: str = "built-in defaults (not calibrated: run `disttrain advise --calibrate`)"
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -74,6 +78,16 @@ class Calibration:
         key = min(self.loopback, key=lambda k: (abs(int(k) - ranks), int(k)))
         a, b, g = self.loopback[key]
         return a, b, g
+
+    def shm_link(self, ranks: int) -> tuple[float, float] | None:
+        """(α per barrier, μ) fitted for ``ranks`` ranks on shared memory, else the closest
+        fitted; None if none was (then a barrier pays loopback's α and a copy the one-thread
+        μ)."""
+        if not self.shared_memory:
+            return None
+        key = min(self.shared_memory, key=lambda k: (abs(int(k) - ranks), int(k)))
+        a, m = self.shared_memory[key]
+        return a, m
 
     def save(self, path: str) -> None:
         folder = os.path.dirname(os.path.abspath(path))

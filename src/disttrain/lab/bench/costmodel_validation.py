@@ -78,7 +78,12 @@ def _row(kind: str, config: str, measured: float, predicted: float, held_out: bo
 def _allreduce(cal: Calibration, workers: int) -> list[dict[str, Any]]:
     from disttrain import collectives
     from disttrain.lab import calibrate, costmodel
+    from disttrain.lab.bench.allreduce import parse_size
 
+    # what the calibration measured: its algorithms at CAL_SIZES, shm at SHM_SIZES
+    cal_sizes = {parse_size(s) for s in calibrate.CAL_SIZES}
+    fitted_sizes = {a: cal_sizes for a, c in collectives.ALGORITHMS.items() if c.calibrates}
+    fitted_sizes["shm"] = {parse_size(s) for s in calibrate.SHM_SIZES}
     out = []
     for n in range(2, workers + 1):
         print(f"validate: bench allreduce on {n} ranks, all algorithms", flush=True)
@@ -86,8 +91,7 @@ def _allreduce(cal: Calibration, workers: int) -> list[dict[str, Any]]:
         net = _loopback(cal, n)
         for r in rows:
             pred, _ = costmodel.allreduce_seconds(r["algorithm"], r["size"], n, net, cal)
-            fitted = collectives.get(r["algorithm"]).calibrates  # the calibration's algorithms
-            seen = fitted and r["size"] in (4 << 10, 1 << 20, 8 << 20)
+            seen = r["size"] in fitted_sizes.get(r["algorithm"], ())
             out.append(_row("allreduce", f"n={n} {r['algorithm']} {r['size'] >> 10}KB",
                             r[calibrate.STAT], pred, not seen))  # fmt: skip
     return out
