@@ -46,7 +46,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # L5: starting jobs, the emulated cluster, benchmarks and reports
     ("disttrain.launch", "disttrain.cluster", "disttrain.lab"),
     # L6: the command and the Horovod-style API
-    ("disttrain.cli", "disttrain.__main__", "disttrain", "disttrain.optimizer", "disttrain.ops"),
+    ("disttrain.cli", "disttrain.__main__", "disttrain", "disttrain.optimizer", "disttrain.ops",
+     "disttrain.elastic"),
 )  # fmt: skip
 
 #: Module cycles tolerated for now, each as the set of its modules.

@@ -5,6 +5,7 @@ import types
 from typing import Any
 
 import disttrain.train as _train_package
+from disttrain import elastic
 from disttrain.comm.world import (
     cross_rank,
     cross_size,
@@ -49,6 +50,7 @@ __all__ = [
     "broadcast_parameters",
     "cross_rank",
     "cross_size",
+    "elastic",
     "init",
     "join",
     "local_rank",

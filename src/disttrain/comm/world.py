@@ -128,6 +128,16 @@ def init(device: str = "cpu", timeout: float = 60.0, threads: int | None = 1) ->
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world_size, timeout=pg_timeout
         )
+    elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        # torchrun restarted the job: its store outlives a round and still holds the last
+        # round's gloo addresses, which a restarted rank may dial (connection refused).
+        # The same store env:// gives, with this round's keys under their own prefix.
+        restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+        store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=pg_timeout))
+        dist.init_process_group(
+            backend, store=dist.PrefixStore(f"disttrain/round-{restart}", store), rank=rank,
+            world_size=world_size, timeout=pg_timeout,
+        )  # fmt: skip
     else:
         dist.init_process_group(
             backend, init_method="env://", rank=rank, world_size=world_size, timeout=pg_timeout

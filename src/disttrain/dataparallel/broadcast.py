@@ -20,7 +20,12 @@ from disttrain.comm.meter import record_send
 from disttrain.comm.p2p import global_rank
 from disttrain.dataparallel.fusion import flatten, unflatten
 
-__all__ = ["broadcast_optimizer_state", "broadcast_parameters", "broadcast_tensors"]
+__all__ = [
+    "broadcast_json",
+    "broadcast_optimizer_state",
+    "broadcast_parameters",
+    "broadcast_tensors",
+]
 
 
 def broadcast_tensors(
@@ -71,7 +76,8 @@ def _describe(value: Any) -> dict[str, Any]:
     return {"value": value}
 
 
-def _broadcast_json(obj: Any, root: int, group: ProcessGroup | None) -> Any:
+def broadcast_json(obj: Any, root: int = 0, group: ProcessGroup | None = None) -> Any:
+    """Root's JSON-able ``obj`` on every rank (as JSON bytes in a uint8 tensor: no pickle)."""
     me = dist.get_rank(group)
     payload = json.dumps(obj).encode() if me == root else b""
     length = torch.tensor([len(payload)], dtype=torch.int64)
@@ -105,7 +111,7 @@ def broadcast_optimizer_state(
             layout["groups"].append(
                 {k: v for k, v in g.items() if k != "params" and isinstance(v, (int, float, bool))}
             )
-    layout = _broadcast_json(layout, root_rank, group)
+    layout = broadcast_json(layout, root_rank, group)
     state: dict[int, dict[str, Any]] = {}
     tensors: list[torch.Tensor] = []
     for idx, entry in sorted(layout["state"].items(), key=lambda kv: int(kv[0])):

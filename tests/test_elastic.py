@@ -1,0 +1,85 @@
+"""``dt.elastic.State`` (examples/elastic_state.py) under ``torchrun --max-restarts``.
+
+A worker killed in epoch 2 of 4: torchrun restarts both workers, each restores the last
+commit (epoch 2) and the final parameters equal an undisturbed run's bit for bit (every
+epoch's data is its own, so the restarted epochs repeat exactly). A fresh job refuses a
+root that holds another run's commits.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_api import TORCHRUN, _free_port
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
+       "PYTHONPATH": str(REPO / "src")}  # fmt: skip
+
+
+def _run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    # the c10d rendezvous: each restart round meets afresh (with --master-addr's static
+    # one, the store keeps the first round's gloo addresses and a restarted rank may dial
+    # a dead one)
+    cmd = [str(TORCHRUN), "--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "1",
+           "--monitor-interval", "0.2", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+           str(REPO / "examples" / "elastic_state.py"), *args]  # fmt: skip
+    return subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_worker_resumes_from_the_last_commit_and_ends_as_undisturbed(
+    tmp_path: Path,
+) -> None:
+    straight = _run(tmp_path, "--root", "a", "--out", "a.pt")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    assert "round 0: resumed=False from epoch 0, ended at 4" in straight.stdout
+    killed = _run(tmp_path, "--root", "b", "--out", "b.pt", "--kill-rank", "1",
+                  "--kill-epoch", "2")  # fmt: skip
+    assert killed.returncode == 0, killed.stderr[-3000:]
+    assert "round 1: resumed=True from epoch 2, ended at 4" in killed.stdout, killed.stdout
+    a, b = torch.load(tmp_path / "a.pt"), torch.load(tmp_path / "b.pt")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # the two newest commits of the run are kept, nothing else
+    steps = sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir())
+    assert steps == ["step-00000003", "step-00000004"]
+    # a fresh job into b refuses its commits (they belong to the run above)
+    again = _run(tmp_path, "--root", "b")
+    assert again.returncode != 0
+    assert "holds another run's commits" in again.stderr
+
+
+def test_restore_rolls_back_to_the_last_commit_in_one_process(tmp_path: Path) -> None:
+    import disttrain as dt
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state = dt.elastic.State(model, opt, root=str(tmp_path / "s"), epoch=0, note="a")
+    assert state.restore() is False  # nothing committed yet
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    state.epoch, state.note = 3, "b"
+    state.commit()
+    kept = {k: v.clone() for k, v in model.state_dict().items()}
+    momentum = opt.state_dict()["state"][0]["momentum_buffer"].clone()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    opt.step()
+    state.epoch = 7
+    assert state.restore() is True
+    assert all(torch.equal(kept[k], v) for k, v in model.state_dict().items())
+    assert torch.equal(opt.state_dict()["state"][0]["momentum_buffer"], momentum)
+    assert (state.epoch, state.note, state.commits) == (3, "b", 1)
+    with pytest.raises(AttributeError, match="name it when making it"):
+        state.batch = 1  # not named when the state was made
+    # on disk too, as the run's one commit (a restarted worker reads it: the test above)
+    from disttrain import checkpoint
+
+    assert checkpoint.runs(str(tmp_path / "s")) == {state._run: [1]}
