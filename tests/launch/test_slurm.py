@@ -93,11 +93,11 @@ def _install_slurm() -> str | None:
             policy.write_text("#!/bin/sh\nexit 101\n")
             policy.chmod(0o755)
         cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "slurm-wlm"]
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
         if done.returncode != 0:  # stale package lists on a fresh machine: update once
             subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True,
-                           timeout=300)  # fmt: skip
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+                           timeout=120)  # fmt: skip
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"Slurm not installed ({', '.join(missing)}): apt-get install slurm-wlm: {exc}"
     finally:
@@ -145,7 +145,7 @@ def test_outside_an_allocation_it_is_one_line_and_exit_2(tmp_path: Path) -> None
     )
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(1080)  # 600 s for apt-get at most (slow mirrors), 400 s for the job
 def test_a_slurm_job_trains_like_one_process(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("the one-node Slurm of this test runs its daemons as root")
