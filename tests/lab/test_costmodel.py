@@ -218,11 +218,17 @@ def test_shared_memory_barriers_and_copies_get_their_own_fitted_constants() -> N
     import dataclasses
 
     from disttrain.lab.bench.allreduce import parse_size
-    from disttrain.lab.calibrate import SHM_SIZES, STAT, fit_shm_link
+    from disttrain.lab.calibrate import (
+        SHARED_MEMORY_SIZES,
+        STAT,
+        fit_shm_link,
+        shared_memory_algorithms,
+    )
 
     barrier, mu = 150e-6, 1 / 20e9
     rows = []
-    for text in SHM_SIZES:
+    assert shared_memory_algorithms() == ["shm"]  # one_host and not composite
+    for text in SHARED_MEMORY_SIZES:
         p = critical_path("shm", parse_size(text), 3, 4)
         rows.append({"algorithm": "shm", "size": parse_size(text),
                      STAT: p.steps * barrier + p.total_copied * mu})  # fmt: skip

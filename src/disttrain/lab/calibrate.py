@@ -32,20 +32,23 @@ from disttrain.collectives.paths import critical_path
 from disttrain.lab.calibration import Calibration, fit_compute, nonneg_relative_lstsq
 
 __all__ = [
+    "SHARED_MEMORY_SIZES",
     "STAT",
     "bench_allreduce_rows",
     "bench_dp_rows",
     "calibrate",
     "describe",
     "fit_shared_link",
+    "fit_shm_link",
     "mlp_params",
+    "shared_memory_algorithms",
 ]
 
 #: The per-row statistic the allreduce fits and the validation use.
 STAT = "time_p10_s"
 CAL_SIZES = ("4KB", "1MB", "8MB")
-#: The shared-memory allreduce is fitted at the ends only: 64KB and 1MB stay held out.
-SHM_SIZES = ("4KB", "8MB")
+#: Shared-memory allreduces are fitted at the ends only: 64KB and 1MB stay held out.
+SHARED_MEMORY_SIZES = ("4KB", "8MB")
 CAL_BATCH = 16  # per-rank samples of the compute calibration (and 4x that)
 
 
@@ -110,9 +113,17 @@ def fit_shared_link(rows: Sequence[dict[str, Any]], n: int) -> list[float]:
     return nonneg_relative_lstsq(feats, [r[STAT] for r in rows])
 
 
+def shared_memory_algorithms() -> list[str]:
+    """The allreduces whose ranks share one host's memory (``one_host``, not built of
+    others): the calibration fits their barrier and copy constants apart."""
+    from disttrain import collectives
+
+    return [n for n, a in collectives.ALGORITHMS.items() if a.one_host and not a.composite]
+
+
 def fit_shm_link(rows: Sequence[dict[str, Any]], n: int) -> list[float]:
-    """[α per barrier, μ per byte copied by all ranks] of the shared-memory allreduce at
-    ``n`` ranks, from bench allreduce rows of ``shm``."""
+    """[α per barrier, μ per byte copied by all ranks] of the shared-memory allreduces at
+    ``n`` ranks, from their bench allreduce rows."""
     paths = [critical_path(r["algorithm"], r["size"], n, 4) for r in rows]
     return nonneg_relative_lstsq(
         [[p.steps, p.total_copied] for p in paths], [r[STAT] for r in rows]
@@ -208,16 +219,17 @@ def calibrate(
     load_before = os.getloadavg()
     loopback: dict[str, list[float]] = {}
     shared_memory: dict[str, list[float]] = {}
+    shared = shared_memory_algorithms()
     raw: dict[str, Any] = {}
     for n in range(2, workers + 1):
         say(
             f"bench allreduce on {n} ranks ({', '.join(algorithms)}; {', '.join(sizes)}; "
-            f"shm {', '.join(SHM_SIZES)})"
+            f"{', '.join(shared)} {', '.join(SHARED_MEMORY_SIZES)})"
         )
         rows = bench_allreduce_rows(n, sizes, algorithms)
         loopback[str(n)] = fit_shared_link(rows, n)
         raw[f"allreduce_{n}"] = [{k: r[k] for k in ("algorithm", "size", STAT)} for r in rows]
-        shm_rows = bench_allreduce_rows(n, SHM_SIZES, ["shm"])
+        shm_rows = bench_allreduce_rows(n, SHARED_MEMORY_SIZES, shared)
         shared_memory[str(n)] = fit_shm_link(shm_rows, n)
         raw[f"shm_{n}"] = [{k: r[k] for k in ("algorithm", "size", STAT)} for r in shm_rows]
         if n == 2:

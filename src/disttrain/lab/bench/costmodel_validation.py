@@ -80,10 +80,12 @@ def _allreduce(cal: Calibration, workers: int) -> list[dict[str, Any]]:
     from disttrain.lab import calibrate, costmodel
     from disttrain.lab.bench.allreduce import parse_size
 
-    # what the calibration measured: its algorithms at CAL_SIZES, shm at SHM_SIZES
+    # what the calibration measured: its algorithms at CAL_SIZES, the shared-memory ones
+    # at SHARED_MEMORY_SIZES
     cal_sizes = {parse_size(s) for s in calibrate.CAL_SIZES}
     fitted_sizes = {a: cal_sizes for a, c in collectives.ALGORITHMS.items() if c.calibrates}
-    fitted_sizes["shm"] = {parse_size(s) for s in calibrate.SHM_SIZES}
+    shm_sizes = {parse_size(s) for s in calibrate.SHARED_MEMORY_SIZES}
+    fitted_sizes.update(dict.fromkeys(calibrate.shared_memory_algorithms(), shm_sizes))
     out = []
     for n in range(2, workers + 1):
         print(f"validate: bench allreduce on {n} ranks, all algorithms", flush=True)
