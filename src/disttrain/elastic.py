@@ -142,6 +142,8 @@ class State:
         if self.optimizer is not None and "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
         self._extras.update(copy.deepcopy(state["extras"]))
+        # the optimizer may now hold ``state``'s own tensors (load_state_dict keeps a tensor
+        # of the right dtype and device): the snapshot must be a copy its steps cannot move
         self._snapshot = copy.deepcopy(state)
         return True
 
