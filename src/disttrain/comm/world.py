@@ -23,6 +23,17 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+# Imported now, before any process group forms, for its side effect at import: its
+# functions take ``group=group.WORLD`` as a default argument, evaluated at import. The
+# first optimizer imports it (Optimizer.__init__ -> torch._dynamo); once a group exists
+# that default pins the default group for good, so ``destroy_process_group()`` cannot free
+# it, gloo's worker threads live on into the interpreter's teardown, and one that drops a
+# finished broadcast then takes the GIL and dies in std::terminate (SIGABRT, "terminate
+# called without an active exception"; seen at the end of scripts that call
+# ``disttrain.train`` in their own group: tests/launch/test_entry.py). Imported here it
+# binds None (no group yet), which means "the default group" at each call. 10 ms.
+import torch.distributed.nn.functional
+
 from disttrain.comm.errors import UsageError
 
 __all__ = [

@@ -78,13 +78,20 @@ def _describe(value: Any) -> dict[str, Any]:
 
 def broadcast_json(obj: Any, root: int = 0, group: ProcessGroup | None = None) -> Any:
     """Root's JSON-able ``obj`` on every rank (as JSON bytes in a uint8 tensor: no pickle)."""
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return json.loads(json.dumps(obj))  # the copy every rank gets
     me = dist.get_rank(group)
+    # nccl broadcasts device tensors only
+    device = torch.device("cuda") if dist.get_backend(group) == "nccl" else torch.device("cpu")
     payload = json.dumps(obj).encode() if me == root else b""
-    length = torch.tensor([len(payload)], dtype=torch.int64)
+    length = torch.tensor([len(payload)], dtype=torch.int64, device=device)
     dist.broadcast(length, src=global_rank(group, root), group=group)
-    data = _bytes_tensor(payload) if me == root else torch.empty(int(length), dtype=torch.uint8)
+    if me == root:
+        data = _bytes_tensor(payload).to(device)
+    else:
+        data = torch.empty(int(length), dtype=torch.uint8, device=device)
     dist.broadcast(data, src=global_rank(group, root), group=group)
-    return json.loads(bytes(data.tolist()).decode())
+    return json.loads(bytes(data.cpu().tolist()).decode())
 
 
 def broadcast_optimizer_state(

@@ -25,17 +25,16 @@ inside Ray Train it also reports checkpoints and the summary through Ray.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from disttrain.comm.errors import UsageError
+from disttrain.dataparallel.broadcast import broadcast_json
 
-__all__ = ["broadcast_text", "resolve_config", "train"]
+__all__ = ["resolve_config", "train"]
 
 
 def resolve_config(config: Any = None, **settings: Any) -> Any:
@@ -84,21 +83,6 @@ def _fit_to_group(cfg: Any, size: int) -> Any:
     )
 
 
-def broadcast_text(text: str, src: int = 0) -> str:
-    """``text`` of rank ``src`` on every rank (UTF-8 bytes in a tensor: nothing pickled)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return text
-    device = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
-    data = text.encode()
-    length = torch.tensor([len(data)], dtype=torch.int64, device=device)
-    dist.broadcast(length, src=src)
-    buf = torch.zeros(int(length), dtype=torch.uint8, device=device)
-    if dist.get_rank() == src:
-        buf[:] = torch.tensor(list(data), dtype=torch.uint8)
-    dist.broadcast(buf, src=src)
-    return bytes(buf.cpu().tolist()).decode()
-
-
 def train(config: Any = None, trackers: Sequence[Any] = (), **settings: Any) -> dict[str, Any]:
     """Run this process's part of the job; every rank returns rank 0's summary."""
     import dataclasses
@@ -115,9 +99,9 @@ def train(config: Any = None, trackers: Sequence[Any] = (), **settings: Any) -> 
     cfg = _fit_to_group(cfg, dist.get_world_size() if dist.is_initialized() else 1)
     preflight(cfg)
     # every rank writes into rank 0's folder (a time stamp differs from process to process)
-    out = broadcast_text(cfg.train.out or default_out(cfg.train.strategy))
+    out = str(broadcast_json(cfg.train.out or default_out(cfg.train.strategy)))
     cfg = config_mod.RunConfig(
         {**cfg.sections, config_mod.TrainConfig: dataclasses.replace(cfg.train, out=out)}
     )
     summary = run_trainer(cfg, trackers)
-    return dict(json.loads(broadcast_text(json.dumps(summary))))
+    return dict(broadcast_json(summary))
