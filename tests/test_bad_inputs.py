@@ -330,11 +330,6 @@ CASES: list[tuple[str, Argv, str]] = [
     ("localsgd-period", _flags("--strategy", "localsgd", "--period", "0"), "--period must be"),
     ("zero-stage", _flags("--strategy", "zero", "--zero-stage", "4"), "--zero-stage must be 1"),
     (
-        "zero-stage3-checkpoint",
-        _flags("--strategy", "zero", "--zero-stage", "3", "--checkpoint-every", "2"),
-        "--zero-stage 3 does not checkpoint yet",
-    ),
-    (
         "zero-compression",
         _flags("--strategy", "zero", "--compression", "fp16"),
         "--compression is not used by --strategy zero",

@@ -228,6 +228,15 @@ class Strategy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         del state
 
+    def model_state_dict(self) -> dict[str, Any]:
+        """The model's entry of this worker's checkpoint (default: its whole ``state_dict``;
+        a strategy whose parameters live elsewhere between steps saves them itself)."""
+        return self.model.state_dict()
+
+    def load_model_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the model's entry of :meth:`model_state_dict` (after ``load_state_dict``)."""
+        self.model.load_state_dict(state)
+
     #: True if a checkpoint written by N workers resumes on M (through ``reshard``);
     #: False: pre-flight refuses another worker count (exit 2), as for a model split
     #: into stages or shards whose layout depends on the number of ranks.
