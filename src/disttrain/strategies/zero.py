@@ -18,6 +18,11 @@ momentum, adam): each element's update reads only its own gradient and state.
 ``--accumulate K`` runs K micro-batches with communication after the last only.
 Under fp16 the shard gradients are unscaled after the reduction and overflow is
 agreed over every worker (``communicates_during_backward``).
+
+The mechanics live in :class:`~disttrain.dataparallel.zero.ZeroEngine`, which
+``dt.ShardedOptimizer`` / ``dt.shard_model`` drive too. A checkpoint holds each
+rank's shards (stage 3: and only the model's buffers, its parameters being
+shards); :meth:`Zero.reshard` re-cuts them for another number of workers.
 """
 
 from __future__ import annotations
