@@ -31,7 +31,15 @@ from disttrain.dataparallel.fusion import assign_by_size
 from disttrain.dataparallel.gather import LayerGatherer, layer_groups
 from disttrain.dataparallel.sharding import ShardedReducer, ShardLayout, shard_optimizer
 
-__all__ = ["ZeroEngine", "fusion_groups", "recut", "recut_optimizer_state", "recut_shard_state"]
+__all__ = [
+    "ZeroEngine",
+    "check_shard_state",
+    "fusion_groups",
+    "group_numels",
+    "recut",
+    "recut_optimizer_state",
+    "recut_shard_state",
+]
 
 
 def fusion_groups(params: Sequence[nn.Parameter], fusion_bytes: int) -> list[list[nn.Parameter]]:
@@ -145,22 +153,40 @@ class ZeroEngine:
 
     def load_shard_state(self, state: dict[str, Any]) -> None:
         """Copy the shards of :meth:`shard_state` (of this layout) in; ValueError if not it."""
-        numels = [g.numel for g in self.layout.groups]
-        if state["stage"] != self.stage or state["world_size"] != self.n:
-            raise ValueError(
-                f"the checkpoint holds ZeRO stage {state['stage']} shards of "
-                f"{state['world_size']} workers; this run is stage {self.stage} on {self.n}: "
-                "resume with the same --zero-stage"
-            )
-        if list(state["group_numels"]) != numels:
-            raise ValueError(
-                f"the checkpoint's ZeRO groups ({len(state['group_numels'])} of "
-                f"{sum(state['group_numels'])} elements) are not this run's ({len(numels)} of "
-                f"{sum(numels)}): resume with the same --model and --fusion-mb"
-            )
+        check_shard_state(state, self.stage, [g.numel for g in self.layout.groups])
+        if state["world_size"] != self.n:
+            raise ValueError(f"shards of {state['world_size']} ranks, not {self.n}: re-cut them")
         with torch.no_grad():
             for group, saved in zip(self.layout.groups, state["shards"], strict=True):
                 group.shard.copy_(saved)
+
+
+def group_numels(model: nn.Module, stage: int, fusion_bytes: int) -> list[int]:
+    """The sizes of the groups :meth:`ZeroEngine.build` makes of ``model`` (nothing is cut)."""
+    params = list({id(p): p for p in model.parameters() if p.requires_grad}.values())
+    groups = layer_groups(model) if stage == 3 else fusion_groups(params, fusion_bytes)
+    return [sum(p.numel() for p in g) for g in groups]
+
+
+def check_shard_state(state: dict[str, Any], stage: int, numels: Sequence[int]) -> None:
+    """ValueError, one line, if ``state`` (a :meth:`ZeroEngine.shard_state`, or a checkpoint
+    strategy entry) is not shards of ``stage`` over groups of ``numels`` elements."""
+    if "stage" not in state:
+        raise ValueError(
+            "the checkpoint holds no ZeRO shards (another --strategy wrote it): resume it "
+            "with its own --strategy"
+        )
+    if state["stage"] != stage:
+        raise ValueError(
+            f"the checkpoint holds ZeRO stage {state['stage']} shards, this run is stage "
+            f"{stage}: resume with --zero-stage {state['stage']}"
+        )
+    if list(state["group_numels"]) != list(numels):
+        raise ValueError(
+            f"the checkpoint's ZeRO groups ({len(state['group_numels'])} of "
+            f"{sum(state['group_numels'])} elements) are not this run's ({len(numels)} of "
+            f"{sum(numels)}): resume with the --model and --fusion-mb it was written with"
+        )
 
 
 # --- re-cutting shards ----------------------------------------------------------------------

@@ -35,12 +35,14 @@ import torch
 from torch import nn
 
 from disttrain.comm.errors import UsageError
-from disttrain.config import opt, register_section
+from disttrain.config import RunConfig, opt, register_section
 from disttrain.dataparallel.accumulate import accumulated_forward_backward
 from disttrain.dataparallel.broadcast import broadcast_tensors
 from disttrain.dataparallel.fusion import MB, FlatBucket
 from disttrain.dataparallel.zero import (
     ZeroEngine,
+    check_shard_state,
+    group_numels,
     recut_optimizer_state,
     recut_shard_state,
 )
@@ -151,6 +153,17 @@ class Zero(Strategy):
                 "the checkpoint's model entry is not a ZeRO stage 3 one (buffers only): "
                 "resume with the --zero-stage it was written with"
             )
+
+    @classmethod
+    def check_resume(cls, config: RunConfig, model: nn.Module, state: dict[str, Any]) -> None:
+        """The checkpoint must hold shards of this stage over the groups this run makes."""
+        stage = config.section(ZeroConfig).zero_stage
+        fusion = int(config.section(DataParallelConfig).fusion_mb * MB)
+        try:
+            check_shard_state(state.get("strategy") or {}, stage,
+                              group_numels(model, stage, fusion))  # fmt: skip
+        except ValueError as exc:
+            raise UsageError(f"--resume: {exc}") from None
 
     reshards = True
 
