@@ -100,7 +100,8 @@ def _check(got: tuple[dict[str, torch.Tensor], dict[str, Any]]) -> None:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("stage", "n"), [(1, 2), (2, 3), (3, 2), (3, 3)])
 def test_gathered_full_state_equals_an_unsharded_model(stage: int, n: int) -> None:
-    """3 ranks cut every layer unevenly (24·64 + 24 = 1560 = 3·520 is not; 16 + 16·24)."""
+    """On 3 ranks the chunks are uneven: stage 3's layers of 24·16 + 16 = 400 and
+    16·10 + 10 = 170 elements are not divisible by 3, nor are stage 2's buckets."""
     results = run_world(_train_sharded, n, args=(stage,), timeout=240)
     _check(results[0])
     assert results[1][1] == {} and (results[1][0] == {}) == (stage == 3)  # rank 0's alone
