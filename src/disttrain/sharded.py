@@ -152,10 +152,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 "ShardedOptimizer takes the parameters themselves (one parameter group), "
                 "e.g. model.parameters()"
             )
-        engines = {id(e): e for p in self.params if (e := _engine_of(p)) is not None}
+        # frozen parameters get no gradient, hence no shard and no state (as torch's)
+        trainable = [p for p in self.params if p.requires_grad]
+        engines = {id(e): e for p in trainable if (e := _engine_of(p)) is not None}
         if engines:
             engine = next(iter(engines.values()))
-            if len(engines) > 1 or {id(p) for p in self.params} != {id(p) for p in engine.params()}:
+            if len(engines) > 1 or {id(p) for p in trainable} != {id(p) for p in engine.params()}:
                 raise UsageError(
                     "ShardedOptimizer over a sharded model takes all of its parameters and "
                     "no others: pass model.parameters()"
@@ -171,7 +173,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 )
             if dist.get_world_size(process_group) > 1:
                 broadcast_tensors([p.detach() for p in self.params], 0, process_group)
-            engine = ZeroEngine.build(None, self.params, stage, algorithm, overlap,
+            engine = ZeroEngine.build(None, trainable, stage, algorithm, overlap,
                                       process_group, int(fusion_mb * MB))  # fmt: skip
         self.engine = engine
         self.optimizer = optimizer_class(engine.layout.shards, **defaults)
