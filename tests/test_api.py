@@ -64,7 +64,8 @@ def _torchrun(tmp_path: Path, *extra: str) -> dict[str, torch.Tensor]:
 
 def test_public_api_is_the_horovod_surface() -> None:
     for name in ("init", "rank", "size", "local_rank", "DistributedOptimizer",
-                 "broadcast_parameters", "broadcast_optimizer_state"):  # fmt: skip
+                 "broadcast_parameters", "broadcast_optimizer_state", "ShardedOptimizer",
+                 "shard_model"):  # fmt: skip
         assert name in dt.__all__ and callable(getattr(dt, name))
 
 

@@ -87,9 +87,11 @@ def _checkpoint(kind: str) -> Argv:
         root.mkdir()
         if kind == "empty":
             return ["--resume", str(root)]
-        checkpoint.save(
-            str(root), 4, 0, 4 if kind == "world" else 2, {"model": {"w": torch.ones(3)}}
-        )
+        state: dict[str, Any] = {"model": {"w": torch.ones(3)}}
+        if kind == "zero-stage":  # ZeRO stage 2 shards (of 2 workers, one 3-element group)
+            state["strategy"] = {"stage": 2, "world_size": 2, "group_numels": [3],
+                                 "shards": [torch.ones(2)]}  # fmt: skip
+        checkpoint.save(str(root), 4, 0, 4 if kind == "world" else 2, state)
         part = next((root / "checkpoints").glob(".step-00000004.*.tmp/rank-00000"))
         if kind == "foreign":  # a state.json without our format tag
             (part / "state.json").write_text(json.dumps({"format": "other", "state": {"v": 1}}))
@@ -107,6 +109,8 @@ def _checkpoint(kind: str) -> Argv:
             checkpoint.commit(str(root), 6, run="b" * 32)
         if kind == "world":  # a strategy whose layout depends on the worker count
             return ["--resume", str(root), "--strategy", "pipeline"]
+        if kind in ("zero-stage", "zero-foreign"):  # zero: shards of stage 2 / of no stage
+            return ["--resume", str(root), "--strategy", "zero", "--zero-stage", "3"]
         return ["--resume", str(root)]
 
     return build
@@ -228,6 +232,12 @@ CASES: list[tuple[str, Argv, str]] = [
     ),
     ("resume-two-runs", _checkpoint("two-runs"), "holds the checkpoints of 2 runs"),
     (
+        "resume-zero-stage",
+        _checkpoint("zero-stage"),
+        "the checkpoint holds ZeRO stage 2 shards, this run is stage 3: resume with --zero-stage 2",
+    ),
+    ("resume-zero-foreign", _checkpoint("zero-foreign"), "the checkpoint holds no ZeRO shards"),
+    (
         "out-of-another-run",
         _out_of_an_earlier_run(),
         "already holds checkpoints (run aaaaaaaa steps 4): resume that run with --resume",
@@ -329,11 +339,6 @@ CASES: list[tuple[str, Argv, str]] = [
     ),
     ("localsgd-period", _flags("--strategy", "localsgd", "--period", "0"), "--period must be"),
     ("zero-stage", _flags("--strategy", "zero", "--zero-stage", "4"), "--zero-stage must be 1"),
-    (
-        "zero-stage3-checkpoint",
-        _flags("--strategy", "zero", "--zero-stage", "3", "--checkpoint-every", "2"),
-        "--zero-stage 3 does not checkpoint yet",
-    ),
     (
         "zero-compression",
         _flags("--strategy", "zero", "--compression", "fp16"),

@@ -20,6 +20,7 @@ from disttrain.dataparallel.broadcast import broadcast_optimizer_state, broadcas
 from disttrain.launch.ray_train import train_loop
 from disttrain.ops import allgather, allreduce, allreduce_, broadcast, broadcast_, join
 from disttrain.optimizer import DistributedOptimizer
+from disttrain.sharded import ShardedOptimizer, shard_model
 
 
 class _CallableTrainPackage(types.ModuleType):
@@ -41,6 +42,7 @@ train = sys.modules["disttrain.train"]  # disttrain.train(config): launch/entry.
 
 __all__ = [
     "DistributedOptimizer",
+    "ShardedOptimizer",
     "allgather",
     "allreduce",
     "allreduce_",
@@ -56,6 +58,7 @@ __all__ = [
     "local_rank",
     "local_size",
     "rank",
+    "shard_model",
     "shutdown",
     "size",
     "train",

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from disttrain import checkpoint
+from disttrain.collectives.chunks import chunk_bounds
 from disttrain.strategies import STRATEGIES
 from disttrain.strategies.base import average_states
 from tests.test_cli import run_cli
@@ -127,3 +128,57 @@ def test_async_checkpoints_commit_the_state_of_their_step(tmp_path: Path) -> Non
     saved = checkpoint.load(str(out), 1, 2)["model"]
     final = _params(out)
     assert saved.keys() == final.keys() and all(torch.equal(saved[k], final[k]) for k in final)
+
+
+@pytest.mark.timeout(600)  # four short runs of up to 3 processes
+def test_zero_resumed_on_another_worker_count_equals_one_process(tmp_path: Path) -> None:
+    """ZeRO on 3 workers to step 10, on 2 from there to 20 == 1 process for 20 steps (1e-5).
+
+    3 workers cut the groups unevenly (the first layer's 64·2048 + 2048 elements are
+    not divisible by 3); the resume re-cuts each group's shards, and the momentum
+    buffers with them, for 2. Stage 3 (parameters sharded, only buffers in the model
+    entry) and stage 1 (full replicas in the model entry, optimizer state sharded).
+    """
+    one = tmp_path / "one"
+    assert run_cli("train", *FLAGS, "--workers", "1", "--out", str(one)).returncode == 0
+    reference = _params(one)
+    for stage in ("3", "1"):
+        zero = ("--strategy", "zero", "--zero-stage", stage)
+        killed = _killed_at_12(tmp_path, f"zero{stage}-3", *zero, "--workers", "3")
+        resumed = tmp_path / f"zero{stage}-2"
+        again = run_cli("train", *FLAGS, *zero, "--workers", "2", "--resume", str(killed),
+                        "--out", str(resumed))  # fmt: skip
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert _max_diff(_params(resumed), reference) < 1e-5, stage
+
+
+def _zero_worker(j: int, full: torch.Tensor, momentum: torch.Tensor, n: int) -> dict[str, Any]:
+    """Old worker j of n (ZeRO, one group): its chunk of ``full`` and of its momentum."""
+    start, stop = chunk_bounds(full.numel(), n)[j]
+    return {
+        "model": {"b": torch.full((2,), 1.0 + j)},
+        "optimizer": {"state": {0: {"momentum_buffer": momentum[start:stop].clone(),
+                                    "step": torch.tensor(7.0)}},
+                      "param_groups": [{"lr": 0.1, "params": [0]}]},
+        "strategy": {"stage": 3, "world_size": n, "group_numels": [full.numel()],
+                     "shards": [full[start:stop].clone()]},
+        "rng": torch.tensor([1, 2], dtype=torch.uint8), "step": 10,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(("old", "new"), [(3, 2), (2, 3), (4, 1), (5, 4)])
+def test_zero_reshard_recuts_the_shards_and_the_optimizer_state(old: int, new: int) -> None:
+    """Every new rank gets exactly its balanced chunk of the whole (uneven: 7 elements),
+    of the parameters and of the elementwise optimizer state; the scalar step and the
+    replicated rest (the model entry) as the other data-parallel strategies keep them."""
+    full, momentum = torch.arange(7.0), torch.arange(7.0) * -2
+    olds = [_zero_worker(j, full, momentum, old) for j in range(old)]
+    for rank in range(new):
+        state = STRATEGIES["zero"].reshard(lambda j: olds[j], old, rank, new)
+        start, stop = chunk_bounds(7, new)[rank]
+        assert torch.equal(state["strategy"]["shards"][0], full[start:stop])
+        assert state["strategy"]["world_size"] == new
+        entry = state["optimizer"]["state"][0]
+        assert torch.equal(entry["momentum_buffer"], momentum[start:stop])
+        assert float(entry["step"]) == 7.0 and state["step"] == 10
+        assert torch.equal(state["model"]["b"], torch.full((2,), 1.0 + (old - 1) / 2))

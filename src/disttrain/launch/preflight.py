@@ -99,8 +99,9 @@ def preflight(cfg: Any) -> None:
     if tc.resume:
         from disttrain import checkpoint
 
-        # ours and complete; another number of workers only where the strategy reshards
-        checkpoint.load(tc.resume, 0, None)
+        # ours and complete, and of a layout the strategy can resume (its own check);
+        # another number of workers only where the strategy reshards
+        strategy.check_resume(cfg, model, checkpoint.load(tc.resume, 0, None))
         old = checkpoint.saved_world(tc.resume)
         if old != tc.world_size and not strategy.reshards:
             checkpoint.restore(tc.resume, 0, tc.world_size, None, f"--strategy {strategy.name}")

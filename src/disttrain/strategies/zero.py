@@ -18,6 +18,11 @@ momentum, adam): each element's update reads only its own gradient and state.
 ``--accumulate K`` runs K micro-batches with communication after the last only.
 Under fp16 the shard gradients are unscaled after the reduction and overflow is
 agreed over every worker (``communicates_during_backward``).
+
+The mechanics live in :class:`~disttrain.dataparallel.zero.ZeroEngine`, which
+``dt.ShardedOptimizer`` / ``dt.shard_model`` drive too. A checkpoint holds each
+rank's shards (stage 3: and only the model's buffers, its parameters being
+shards); :meth:`Zero.reshard` re-cuts them for another number of workers.
 """
 
 from __future__ import annotations
@@ -29,16 +34,20 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from disttrain import collectives, timeline
 from disttrain.comm.errors import UsageError
 from disttrain.config import RunConfig, opt, register_section
 from disttrain.dataparallel.accumulate import accumulated_forward_backward
 from disttrain.dataparallel.broadcast import broadcast_tensors
-from disttrain.dataparallel.fusion import MB, FlatBucket, assign_by_size
-from disttrain.dataparallel.gather import LayerGatherer, layer_groups
-from disttrain.dataparallel.sharding import ShardedReducer, ShardLayout, shard_optimizer
+from disttrain.dataparallel.fusion import MB, FlatBucket
+from disttrain.dataparallel.zero import (
+    ZeroEngine,
+    check_shard_state,
+    group_numels,
+    recut_optimizer_state,
+    recut_shard_state,
+)
 from disttrain.strategies.allreduce import DataParallelConfig
-from disttrain.strategies.base import Strategy, register
+from disttrain.strategies.base import Strategy, average_states, register
 
 __all__ = ["Zero", "ZeroConfig"]
 
@@ -71,113 +80,106 @@ class Zero(Strategy):
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         super().setup(model, optimizer)
-        n, group = self.world.world_size, self.worker_group
-        if n > 1:
-            broadcast_tensors(list(model.state_dict().values()), 0, group)
+        if self.world.world_size > 1:
+            broadcast_tensors(list(model.state_dict().values()), 0, self.worker_group)
         self.stage = self.config.section(ZeroConfig).zero_stage
         dp: DataParallelConfig = self.config.section(DataParallelConfig)
         self.accumulate = dp.accumulate
-        algorithm = self.config.train.algorithm
-        collectives.get(algorithm)  # an unknown name: the registry's usage error
-        self.algorithm = algorithm
         params = list({id(p): p for p in model.parameters() if p.requires_grad}.values())
-        if self.stage == 3:
-            groups = layer_groups(model)
-        else:  # fusion groups in the order backward makes gradients ready (last layer first)
-            ordered = list(reversed(params))
-            groups = [[ordered[i] for i in idx] for idx in assign_by_size(
-                ordered, int(dp.fusion_mb * MB))]  # fmt: skip
-        self.sharding = ShardLayout(groups, n, self.world.rank, own_shards=self.stage == 3)
-        shard_optimizer(optimizer, self.sharding.shards)
-        self.reducer = ShardedReducer(self.sharding, algorithm, dp.overlap, group,
-                                      keep_full=self.stage == 1)  # fmt: skip
-        self.gatherer: LayerGatherer | None = None
-        if self.stage == 3:
-            self.gatherer = LayerGatherer(model, self.sharding, algorithm, group)
-
-    @classmethod
-    def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
-        super().validate_config(config, model)
-        tc = config.train
-        if config.section(ZeroConfig).zero_stage == 3 and (tc.checkpoint_every or tc.resume):
-            raise UsageError(
-                "--zero-stage 3 does not checkpoint yet (its parameters exist only as shards "
-                "between steps): use --zero-stage 1 or 2 with --checkpoint-every/--resume"
-            )
+        self.engine = ZeroEngine.build(
+            model, params, self.stage, self.config.train.algorithm, dp.overlap,
+            self.worker_group, int(dp.fusion_mb * MB),
+        )  # fmt: skip
+        self.engine.point(optimizer)
+        # the names of the parameters that exist only as shards between steps (stage 3)
+        sharded = {id(p) for p in self.engine.params()} if self.stage == 3 else set()
+        self._sharded_names = {name for name, p in model.named_parameters() if id(p) in sharded}
 
     # --- the step -----------------------------------------------------------------------
-    def before_step(self, step: int) -> None:
-        if self.gatherer is not None:  # after evaluation every layer was held gathered
-            self.gatherer.release()
-
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        for p in self.model.parameters():  # the trainer zeroes the shards, not these
-            p.grad = None
+        self.engine.begin_step()  # the trainer zeroes the shards' gradients, not these
         if self.accumulate == 1:
             return super().forward_backward(x, y)
         return accumulated_forward_backward(
-            self.model, self.loss_fn, x, y, self.accumulate, self.reducer.no_sync
+            self.model, self.loss_fn, x, y, self.accumulate, self.engine.no_sync
         )
 
     def check_before_send(self, check: Callable[[FlatBucket], None]) -> bool:
-        self.reducer.before_send = check
+        self.engine.reducer.before_send = check
         return True
 
     def after_backward(self) -> None:
-        self.reducer.synchronize()
+        self.engine.synchronize()
 
     def after_step(self, step: int) -> None:
-        if self.gatherer is not None:  # the shards are the parameters: gathered when used
-            self.gatherer.release()
-            return
-        with timeline.span("all-gather parameters"):
-            algo = collectives.get(self.algorithm)
-            for group in self.sharding.groups:
-                algo.all_gather(group.flat, self.worker_group)
+        self.engine.finish_step()
 
     def finish(self) -> None:
-        self.reducer.close()
-        if self.gatherer is not None:
-            self.gatherer.close()
+        self.engine.close()
 
     def eval_model(self) -> nn.Module | None:
-        if self.gatherer is not None:
-            return self.gatherer.full_model(self.world.rank == 0)
-        return super().eval_model()
+        return self.engine.full_model(self.model, self.world.rank == 0)
 
     # --- reporting and state ---------------------------------------------------------------
     def memory(self) -> dict[str, int]:
-        counted = super().memory()
-        if self.gatherer is not None:
-            counted["gathered_peak"] = self.gatherer.peak_bytes
-        return counted
+        return {**super().memory(), "gathered_peak": self.engine.gathered_peak}
 
     def summary(self) -> dict[str, Any]:
         return {"zero": {"stage": self.stage, "accumulate": self.accumulate,
-                         **self.reducer.stats()}}  # fmt: skip
+                         **self.engine.reducer.stats()}}  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
-        # This rank's shard of the parameters and of the optimizer state (the trainer's
-        # optimizer entry holds the latter too; kept here so the strategy owns its shard).
-        return {
-            "stage": self.stage,
-            "world_size": self.sharding.n,
-            "shards": [g.shard.detach().clone() for g in self.sharding.groups],
-            "optimizer": self.optimizer.state_dict(),
-        }
+        # This rank's shards (the trainer's optimizer entry holds its optimizer shard).
+        return self.engine.shard_state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if not state:
+        try:
+            self.engine.load_shard_state(state)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+    def model_state_dict(self) -> dict[str, Any]:
+        """Stage 3: the model's buffers only (its parameters are the shards, in ``state_dict``)."""
+        whole = self.model.state_dict()
+        return {k: v for k, v in whole.items() if k not in self._sharded_names}
+
+    def load_model_state_dict(self, state: dict[str, Any]) -> None:
+        if not self._sharded_names:  # stages 1, 2: the full parameters, replicated
+            self.model.load_state_dict(state)
             return
-        if state["world_size"] != self.sharding.n or state["stage"] != self.stage:
+        result = self.model.load_state_dict(state, strict=False)
+        if result.unexpected_keys or set(result.missing_keys) != self._sharded_names:
             raise UsageError(
-                f"the checkpoint holds ZeRO stage {state['stage']} shards of "
-                f"{state['world_size']} workers; this run is stage {self.stage} on "
-                f"{self.sharding.n}: resume with the same --zero-stage and --workers"
+                "the checkpoint's model entry is not a ZeRO stage 3 one (buffers only): "
+                "resume with the --zero-stage it was written with"
             )
-        with torch.no_grad():
-            for group, saved in zip(self.sharding.groups, state["shards"], strict=True):
-                group.shard.copy_(saved)
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.stage != 3:  # the views were restored by the model's state; re-gather anyway
-            self.after_step(0)
+
+    @classmethod
+    def check_resume(cls, config: RunConfig, model: nn.Module, state: dict[str, Any]) -> None:
+        """The checkpoint must hold shards of this stage over the groups this run makes."""
+        stage = config.section(ZeroConfig).zero_stage
+        fusion = int(config.section(DataParallelConfig).fusion_mb * MB)
+        try:
+            check_shard_state(state.get("strategy") or {}, stage,
+                              group_numels(model, stage, fusion))  # fmt: skip
+        except ValueError as exc:
+            raise UsageError(f"--resume: {exc}") from None
+
+    reshards = True
+
+    @classmethod
+    def reshard(
+        cls, read: Callable[[int], dict[str, Any]], old_world: int, rank: int, world: int
+    ) -> dict[str, Any]:
+        """Rank ``rank`` of ``world`` from ``old_world`` ranks' shards: every group's shards
+        (and elementwise optimizer state) put end to end and cut again for ``world``
+        ranks (uneven chunks as ever); the replicated rest (the model entry: full
+        parameters in stages 1 and 2, buffers in stage 3; RNG; loss scale) is the
+        average of the old ranks' (:func:`average_states`: equal replicas kept exactly)."""
+        states = [read(j) for j in range(old_world)]
+        merged = average_states(
+            [{k: v for k, v in s.items() if k not in ("strategy", "optimizer")} for s in states]
+        )
+        merged["strategy"] = recut_shard_state([s["strategy"] for s in states], world, rank)
+        merged["optimizer"] = recut_optimizer_state([s["optimizer"] for s in states], world, rank)
+        return merged

@@ -104,7 +104,7 @@ def _rank_state(
     strategy: strategies.Strategy, optimizer: torch.optim.Optimizer, runner: StepRunner
 ) -> dict[str, Any]:
     return {
-        "model": strategy.model.state_dict(),
+        "model": strategy.model_state_dict(),
         "optimizer": optimizer.state_dict(),
         "strategy": strategy.state_dict(),
         "scaler": runner.scaler.state_dict() if runner.scaler else {},
@@ -194,7 +194,7 @@ def _resume(
     # the strategy first: it may refuse a checkpoint of another layout (pipeline stages)
     # with one line, before the model's load_state_dict fails on the mismatched keys
     strategy.load_state_dict(state["strategy"])
-    strategy.model.load_state_dict(state["model"])
+    strategy.load_model_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     if runner.scaler and state["scaler"]:
         runner.scaler.load_state_dict(state["scaler"])
