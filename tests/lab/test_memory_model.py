@@ -20,7 +20,8 @@ from disttrain import amp
 from disttrain.cli import main
 from disttrain.costing import CAST_BYTES, STATE_COPIES, Memory, Prediction, Workload
 from disttrain.lab import costmodel
-from disttrain.lab.advise import Row, fitting, parse_bytes, recommendation
+from disttrain.lab.advise import parse_bytes, recommendation
+from disttrain.lab.costmodel import Row, fitting
 from tests.harness import run_world
 
 #: (spec, train flags): the allreduce strategy and ZeRO stages 1-3

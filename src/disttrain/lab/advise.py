@@ -33,7 +33,7 @@ import json
 import math
 import os
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from typing import Any
 
 from disttrain.comm.errors import UsageError
@@ -43,10 +43,7 @@ from disttrain.lab import costmodel
 from disttrain.lab.calibration import DEFAULT_PATH, Calibration
 from disttrain.strategies.spec import RunSpec, parse_one, parse_specs
 
-__all__ = [
-    "Row", "add_arguments", "fitting", "parse_bytes", "parse_count", "parse_duration",
-    "recommendation", "run",
-]  # fmt: skip
+__all__ = ["add_arguments", "parse_bytes", "parse_count", "parse_duration", "recommendation", "run"]
 
 _COUNT = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)(?:e(\d+))?\s*([kmgbt]?)\s*$", re.I)
 _SCALE = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "b": 1e9, "t": 1e12}
@@ -238,50 +235,11 @@ def _inputs(args: argparse.Namespace) -> tuple[costmodel.Workload, int, list[Run
     return work, nodes, [parse_one(s, model=True) for s in names], model
 
 
-@dataclass(frozen=True)
-class Row:
-    """One spec's row: its step (None: not modelled), its memory per worker (None: it
-    cannot run so), why either is missing, and whether it fits (None: no limit given)."""
-
-    label: str
-    step: costmodel.Prediction | None
-    memory: costmodel.Memory | None
-    why: str = ""
-    fits: bool | None = None
-
-
-def _rows(specs: list[RunSpec], work: costmodel.Workload, nodes: int, net: costmodel.Network,
-          cal: Calibration, model: Any, limit: int | None) -> list[Row]:  # fmt: skip
-    """Every spec's row: the modelled ones fastest first, then those with memory alone."""
-    rows = []
-    for spec in specs:
-        why = ""
-        try:
-            step: costmodel.Prediction | None = costmodel.predict(spec, work, nodes, net, cal)
-        except costmodel.NotModelled:
-            step, why = None, "step not modelled (docs/lab.md)"
-        except ValueError as exc:
-            raise UsageError(f"--strategies: {exc}") from None
-        try:
-            mem: costmodel.Memory | None = costmodel.predict_memory(spec, work, nodes, model)
-        except ValueError as exc:
-            message = str(exc).removeprefix(f"{spec.label!r}: ")
-            mem, why = None, "; ".join(filter(None, [why, f"cannot run so: {message}"]))
-        fits = None if limit is None or mem is None else mem.total <= limit
-        rows.append(Row(spec.label, step, mem, why, False if mem is None and limit else fits))
-    return sorted(rows, key=lambda r: (r.step is None, r.step.step_seconds if r.step else 0.0))
-
-
-def fitting(rows: list[Row]) -> list[Row]:
-    """The rows a recommendation may pick: modelled, and fitting where a limit is given."""
-    return [r for r in rows if r.step is not None and r.fits is not False]
-
-
 #: advise's columns, the first dropped first when the terminal is too narrow for all
 _DROP_ORDER = ("compute ms", "samples/s", "MB/rank/step", "#", "efficiency", "why")
 
 
-def _table(rows: list[Row], title: str, caption: str) -> None:
+def _table(rows: list[costmodel.Row], title: str, caption: str) -> None:
     """The ranked rows, as wide as the terminal ($COLUMNS; 80 when not a terminal): figures
     never wrap; "why" wraps in what is left, and the least needed columns go first."""
     from rich.console import Console
@@ -332,12 +290,12 @@ def _table(rows: list[Row], title: str, caption: str) -> None:
     console.print(table)
 
 
-def recommendation(rows: list[Row], work: costmodel.Workload, net: costmodel.Network,
+def recommendation(rows: list[costmodel.Row], work: costmodel.Workload, net: costmodel.Network,
                    limit: int | None = None) -> str:  # fmt: skip
     """The closing line: the fastest row (among those that fit), why, and by how much it
     beats the next; or that none fits."""
     within = f" in {size(limit)} per worker" if limit is not None else ""
-    preds = [r.step for r in fitting(rows) if r.step is not None]
+    preds = [r.step for r in costmodel.fitting(rows) if r.step is not None]
     if not preds:
         fit = [r.label for r in rows if r.fits]
         if fit:  # memory alone fits
@@ -363,7 +321,7 @@ def recommendation(rows: list[Row], work: costmodel.Workload, net: costmodel.Net
     return line + f", because {best.reason}"
 
 
-def _json_row(r: Row) -> dict[str, Any]:
+def _json_row(r: costmodel.Row) -> dict[str, Any]:
     out: dict[str, Any] = asdict(r.step) if r.step is not None else {
         "strategy": r.label, "step_seconds": None, "reason": r.why}  # fmt: skip
     out["memory"] = None if r.memory is None else {**asdict(r.memory), "total": r.memory.total}
@@ -392,7 +350,10 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     net = _network(args, cal)
     if args.flops:
         cal = replace(cal, seconds_per_flop=1 / parse_count(args.flops, "--flops"))
-    rows = _rows(specs, work, nodes, net, cal, model, limit)
+    try:
+        rows = costmodel.assess(specs, work, nodes, net, cal, model, limit)
+    except ValueError as exc:
+        raise UsageError(f"--strategies: {exc}") from None
     title = (f"{work.params / 1e6:.4g}M parameters, {nodes} nodes, global batch "
              f"{work.batch_size}, α {net.alpha * 1e6:.3g} us, "
              f"{8 / net.beta / 1e9:.4g} Gbit/s, buckets {args.fusion_mb:g} MB, "

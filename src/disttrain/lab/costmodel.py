@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
@@ -64,13 +65,16 @@ __all__ = [
     "Network",
     "NotModelled",
     "Prediction",
+    "Row",
     "Workload",
     "allreduce_seconds",
+    "assess",
     "bucket_sizes",
     "compressed_bytes",
     "compute_seconds",
     "default_strategies",
     "equal_layers",
+    "fitting",
     "memory_strategies",
     "predict",
     "predict_memory",
@@ -156,3 +160,48 @@ def rank(
     """Every strategy's prediction, fastest step first."""
     preds = [predict(s, work, nodes, network, calibration) for s in strategies]
     return sorted(preds, key=lambda p: p.step_seconds)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One spec's row: its step (None: not modelled), its memory per worker (None: it
+    cannot run so), why either is missing, and whether it fits (None: no limit given)."""
+
+    label: str
+    step: Prediction | None
+    memory: Memory | None
+    why: str = ""
+    fits: bool | None = None
+
+
+def assess(
+    specs: Iterable[RunSpec],
+    work: Workload,
+    nodes: int,
+    network: Network,
+    calibration: Rates,
+    model: nn.Module,
+    limit: int | None = None,
+) -> list[Row]:
+    """Every spec's step and memory per worker (fitting in ``limit`` bytes, if given): the
+    modelled rows fastest first, then those with memory alone. ValueError for a bad spec."""
+    rows = []
+    for spec in specs:
+        why = ""
+        try:
+            step: Prediction | None = predict(spec, work, nodes, network, calibration)
+        except NotModelled:
+            step, why = None, "step not modelled (docs/lab.md)"
+        try:
+            mem: Memory | None = predict_memory(spec, work, nodes, model)
+        except ValueError as exc:  # it cannot run so: more stages than layers, ...
+            message = str(exc).removeprefix(f"{spec.label!r}: ")
+            mem, why = None, "; ".join(filter(None, [why, f"cannot run so: {message}"]))
+        fits = None if limit is None else mem is not None and mem.total <= limit
+        rows.append(Row(spec.label, step, mem, why, fits))
+    return sorted(rows, key=lambda r: (r.step is None, r.step.step_seconds if r.step else 0.0))
+
+
+def fitting(rows: list[Row]) -> list[Row]:
+    """The rows a recommendation may pick: modelled, and fitting where a limit is given."""
+    return [r for r in rows if r.step is not None and r.fits is not False]
