@@ -107,6 +107,14 @@ def test_uses_the_calibration_file(
         ["--params", "25M", "--calibration", "/no/such/file.json"],
         ["--nodes", "4"],
         ["--calibrate", "--workers", "1"],
+        ["--params", "25M", "--memory-per-worker", "2G"],
+        ["--params", "25M", "--memory-per-worker", "0GB"],
+        ["--params", "25M", "--model", "mlp"],
+        ["--model", "mlp", "--layers", "4"],
+        ["--params", "25M", "--layers", "0"],
+        ["--params", "25M", "--dataset", "digits"],
+        ["--model", "nope"],
+        ["--params", "25M", "--optimizer", "lamb"],
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
