@@ -175,9 +175,15 @@ class Memory:
         return self.held + self.gathered + self.cast_copies
 
 
-def worker_memory(work: Workload, params: float, grads: float | None = None,
-           state: float | None = None, gathered: float = 0.0, computed: float | None = None,
-           note: str = "") -> Memory:  # fmt: skip
+def worker_memory(
+    work: Workload,
+    params: float,
+    grads: float | None = None,
+    state: float | None = None,
+    gathered: float = 0.0,
+    computed: float | None = None,
+    note: str = "",
+) -> Memory:
     """Bytes of a worker holding ``params`` parameters, the gradients of ``grads`` and the
     optimizer state of ``state`` of them (each default: ``params``), ``gathered`` more
     parameters at once, and computing with the weights of ``computed`` (default ``params``)."""

@@ -85,7 +85,8 @@ class Strategy:
     layout: ClassVar[type[Layout]] = Layout
     #: The setting a spec's positional value sets (``localsgd:16`` -> period); None: none.
     main_setting: ClassVar[str | None] = None
-    #: The spec settings ``predict`` reads; any other in an ``advise`` spec is refused.
+    #: The spec settings ``predict`` and ``predict_memory`` read; any other in an ``advise``
+    #: spec is refused.
     cost_settings: ClassVar[tuple[str, ...]] = ()
     #: Cost-model-only spec keys (``advise``): name -> what it states.
     assumptions: ClassVar[dict[str, str]] = {}
