@@ -24,10 +24,12 @@ from disttrain.lab.advise import parse_bytes, recommendation
 from disttrain.lab.costmodel import Row, fitting
 from tests.harness import run_world
 
-#: (spec, train flags): the allreduce strategy and ZeRO stages 1-3
+#: (spec, train flags): the allreduce strategy, ZeRO stages 1-3, a pipeline, tensor slices
 RUNS = [
     ("allreduce", {}),
     *((f"zero:{s}", {"strategy": "zero", "zero_stage": s}) for s in (1, 2, 3)),
+    ("pipeline", {"strategy": "pipeline"}),
+    ("tensor", {"strategy": "tensor"}),
 ]
 
 
@@ -48,8 +50,8 @@ def _jobs(out: str) -> list[dict[str, Any]]:
 
 @pytest.mark.timeout(300)
 def test_predicted_memory_matches_real_runs(tmp_path: Path) -> None:
-    """2 workers, 2 steps of Adam on the 6.4M-parameter mlp: each counted term of every rank
-    within 5 % of the strategy's formula (stage 3's gathered layers included)."""
+    """2 workers, 2 steps of Adam on the 6.4M-parameter mlp: each counted term of the
+    fullest rank within 5 % of the strategy's formula (stage 3's gathered layers included)."""
     from disttrain.data import load_dataset
     from disttrain.models import build_model
 
@@ -65,12 +67,12 @@ def test_predicted_memory_matches_real_runs(tmp_path: Path) -> None:
                  "optimizer_state": want.optimizer_state,
                  "gathered_peak": want.gathered}  # fmt: skip
         for key, predicted in terms.items():
-            for rank, got in enumerate(counted[key]):
-                assert abs(got - predicted) <= 0.05 * predicted, (spec, key, rank, got, predicted)
+            got = max(counted[key])  # the fullest worker (a pipeline's stages differ)
+            assert abs(got - predicted) <= 0.05 * predicted, (spec, key, counted[key], predicted)
     # the ZeRO paper's totals, Ψ the parameters: 16Ψ, 8Ψ + 8Ψ/N, 4Ψ + 12Ψ/N, 16Ψ/N
     psi = summaries[0]["parameters"]
     held = [costmodel.predict_memory(s, Workload(psi, 32, optimizer="adam"), n, model).held
-            for s, _ in RUNS]  # fmt: skip
+            for s, _ in RUNS[:4]]  # fmt: skip
     assert held == pytest.approx([16 * psi, 8 * psi + 8 * psi / n, 4 * psi + 12 * psi / n,
                                   16 * psi / n])  # fmt: skip
 
