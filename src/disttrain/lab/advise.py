@@ -100,7 +100,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Rank the strategies for a model of --params parameters on --nodes nodes linked at "
         "--bandwidth, by the α-β cost model calibrated on this machine (--calibrate measures "
-        "it); ends with a one-line recommendation. See docs/lab.md."
+        "it), with the memory each holds per worker (--memory-per-worker: which fit); ends "
+        "with a one-line recommendation. See docs/lab.md."
     )
     parser.add_argument("--params", help="model parameters, e.g. 25M (required unless --model "
                         "or --calibrate)")  # fmt: skip
