@@ -24,8 +24,12 @@ from disttrain.collectives.costs import Path
 from disttrain.collectives.paths import critical_path
 
 __all__ = [
+    "CAST_BYTES",
+    "STATE_COPIES",
     "CriticalPath",
+    "Memory",
     "Network",
+    "NotModelled",
     "Prediction",
     "Rates",
     "Workload",
@@ -40,6 +44,7 @@ __all__ = [
     "finish",
     "gamma_of",
     "mb",
+    "worker_memory",
 ]
 
 
@@ -101,6 +106,8 @@ class Workload:
     overlap: bool = False
     servers: int = 1
     ranks_per_host: int = 1  # > 1: ranks share a host's cores (loopback runs)
+    optimizer: str = "momentum"  # the memory formulas: its state (STATE_COPIES)
+    precision: str = "fp32"  # the memory formulas: autocast's weight copies (CAST_BYTES)
 
     @property
     def gradient_bytes(self) -> int:
@@ -127,6 +134,66 @@ class Prediction:
     reason: str
     samples_per_second: float  # global batch / step
     note: str = ""
+
+
+class NotModelled(ValueError):
+    """A strategy without a step-time formula (its ``not_modelled`` says why)."""
+
+
+#: fp32 tensors of optimizer state per parameter: torch's SGD keeps none, momentum one
+#: buffer, Adam two moments (tests/lab/test_memory_model.py counts torch's own).
+STATE_COPIES = {"sgd": 0, "momentum": 1, "adam": 2}
+#: Bytes per weight of the copies autocast makes for bf16/fp16 matmuls. Parameters,
+#: gradients and optimizer state stay fp32 at every --precision (disttrain.amp: fp32
+#: master weights), but autograd keeps each cast weight for backward, so a worker holds
+#: 2 bytes per weight it computes with from its forward to its backward (tested).
+CAST_BYTES = {"fp32": 0, "bf16": 2, "fp16": 2}
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Predicted bytes one worker holds (the fullest one where they differ): the counted
+    figures of ``memory_per_rank`` (``parameters``, ``gradients``, ``optimizer_state``,
+    ``gathered``: ZeRO stage 3's gathered layers) plus autocast's weight copies."""
+
+    parameters: float
+    gradients: float
+    optimizer_state: float
+    gathered: float = 0.0
+    cast_copies: float = 0.0
+    note: str = ""
+
+    @property
+    def held(self) -> float:
+        """What stays between steps: parameters, gradients and optimizer state."""
+        return self.parameters + self.gradients + self.optimizer_state
+
+    @property
+    def total(self) -> float:
+        """The most at once within a step (activations aside): held + gathered + casts."""
+        return self.held + self.gathered + self.cast_copies
+
+
+def worker_memory(
+    work: Workload,
+    params: float,
+    grads: float | None = None,
+    state: float | None = None,
+    gathered: float = 0.0,
+    computed: float | None = None,
+    note: str = "",
+) -> Memory:
+    """Bytes of a worker holding ``params`` parameters, the gradients of ``grads`` and the
+    optimizer state of ``state`` of them (each default: ``params``), ``gathered`` more
+    parameters at once, and computing with the weights of ``computed`` (default ``params``)."""
+    grads = params if grads is None else grads
+    state = params if state is None else state
+    computed = params if computed is None else computed
+    return Memory(
+        FP32 * params, FP32 * grads, FP32 * STATE_COPIES[work.optimizer] * state,
+        FP32 * gathered, CAST_BYTES[work.precision] * computed, note,
+    )  # fmt: skip
 
 
 def bucket_sizes(total_bytes: int, bucket_bytes: int) -> list[int]:

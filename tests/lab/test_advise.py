@@ -49,9 +49,15 @@ def test_ranked_table_and_json(
     text = capsys.readouterr().out
     assert "allreduce:ring" in text and "built-in defaults" in text
     rows = json.loads(out.read_text())["rows"]
-    steps = [r["step_seconds"] for r in rows]
-    assert steps == sorted(steps)
+    steps = [r["step_seconds"] for r in rows if r["step_seconds"] is not None]
+    assert steps == sorted(steps) and len(steps) > 10
+    # then the rows of memory alone (pipeline, tensor: their step is not modelled)
+    assert {r["strategy"] for r in rows[len(steps) :]} == {"pipeline", "tensor"}
     assert all(r["reason"] for r in rows)
+    assert all(r["memory"]["total"] > 0 for r in rows[: len(steps)])
+    pipeline = rows[-2] if rows[-2]["strategy"] == "pipeline" else rows[-1]
+    assert pipeline["memory"] is None  # 256 stages of a 10-layer model
+    assert "cannot run so: 256 stages need as many layers" in pipeline["reason"]
     assert json.loads(out.read_text())["network"]["beta"] == pytest.approx(8 / 25e9)
 
 
@@ -101,6 +107,14 @@ def test_uses_the_calibration_file(
         ["--params", "25M", "--calibration", "/no/such/file.json"],
         ["--nodes", "4"],
         ["--calibrate", "--workers", "1"],
+        ["--params", "25M", "--memory-per-worker", "2G"],
+        ["--params", "25M", "--memory-per-worker", "0GB"],
+        ["--params", "25M", "--model", "mlp"],
+        ["--model", "mlp", "--layers", "4"],
+        ["--params", "25M", "--layers", "0"],
+        ["--params", "25M", "--dataset", "digits"],
+        ["--model", "nope"],
+        ["--params", "25M", "--optimizer", "lamb"],
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

@@ -10,6 +10,7 @@ import pytest
 
 from disttrain.cli import main
 from disttrain.comm.errors import UsageError
+from disttrain.lab.report import held_bytes
 from disttrain.strategies.spec import parse_one, parse_specs
 
 
@@ -108,7 +109,7 @@ def test_compare_two_strategies_end_to_end(
 ) -> None:
     out = os.path.join(str(tmp_path), "cmp")
     code = main(
-        ["compare", "--strategies", "allreduce:ring, localsgd:period=2", "--workers", "2",
+        ["compare", "--strategies", "allreduce:ring, localsgd:period=2, zero:3", "--workers", "2",
          "--max-steps", "4", "--batch-size", "32", "--target", "0.01", "--out", out,
          "--run-timeout", "300"]
     )  # fmt: skip
@@ -117,7 +118,7 @@ def test_compare_two_strategies_end_to_end(
         runs = json.load(fh)
     with open(os.path.join(out, "report.md")) as fh:
         report = fh.read()
-    assert [r["label"] for r in runs] == ["allreduce:ring", "localsgd:period=2"]
+    assert [r["label"] for r in runs] == ["allreduce:ring", "localsgd:period=2", "zero:3"]
     for run in runs:
         s = run["summary"]
         assert (
@@ -138,12 +139,21 @@ def test_compare_two_strategies_end_to_end(
             f"{evaluation['wall_seconds']:.1f} (epoch 1)",  # any accuracy reaches 0.01
             cells[8],  # the ratio: checked below
             "4",
+            f"{held_bytes(s) / 1e6:,.1f}",  # parameters + gradients + optimizer state
+            f"{max(s['memory_per_rank']['peak_rss']) / 1e6:,.1f}",
         ]
-    t0, t1 = (next(m for m in r["summary"]["metrics"] if "test_accuracy" in m) for r in runs)
+    # momentum: replicated 12 bytes a parameter; zero stage 3 on 2 workers about half of it
+    held = [held_bytes(r["summary"]) for r in runs]
+    psi = runs[0]["summary"]["parameters"]
+    for got, want in zip(held, (12 * psi, 12 * psi, 6 * psi), strict=True):
+        assert abs(got - want) <= 0.05 * want, (got, want)
+    assert runs[2]["summary"]["zero"]["stage"] == 3
+    t0, t1 = (next(m for m in r["summary"]["metrics"] if "test_accuracy" in m) for r in runs[:2])
     assert report.count(f"{t0['wall_seconds'] / t1['wall_seconds']:.2f}x") >= 1
     assert runs[0]["summary"]["config"]["algorithm"] == "ring"
     assert runs[1]["summary"]["config"]["period"] == 2
-    plots = ("loss_vs_epoch.png", "throughput.png", "train_loss_vs_step.png", "time_breakdown.png")
+    plots = ("loss_vs_epoch.png", "throughput.png", "train_loss_vs_step.png", "time_breakdown.png",
+             "memory.png")  # fmt: skip
     for name in ("report.html", *plots):
         assert os.path.getsize(os.path.join(out, name)) > 1000
     for i, run in enumerate(runs, 1):  # each run's folder is kept under the report's

@@ -58,6 +58,13 @@ def _run(
 
 
 DENSE = _run("allreduce:ring", [0.5, 0.85, 0.92, 0.95], 100.0, 40_000_000, sps=20.0)
+assert DENSE.summary is not None
+# rank 1 is the fullest (pipelines differ by rank); peak RSS is the largest of any rank
+DENSE.summary["memory_per_rank"] = {
+    "parameters": [4_000_000, 6_000_000], "gradients": [4_000_000, 6_000_000],
+    "optimizer_state": [8_000_000, 12_000_000], "gathered_peak": [0, 0],
+    "peak_rss": [310_000_000, 300_000_000],
+}  # fmt: skip
 ONEBIT = _run("decentralized:onebit", [0.4, 0.7, 0.88, 0.91], 10.0, 9_000, sps=200.0)
 NEVER = _run("localsgd:period=16", [0.3, 0.5, 0.6, 0.7], 20.0, 2_000_000)
 FAILED = RunResult("ps:async", {"strategy": "ps"}, None, "ps: rank 1 died")
@@ -82,6 +89,8 @@ def test_rows_and_ratios() -> None:
     assert rows[2]["time to 0.9 (s)"] == "not reached"
     assert rows[2]["speed-up to target vs first"] == "-"
     assert rows[3] == {"run": "ps:async", "status": "failed: ps: rank 1 died"}
+    assert rows[0]["memory/worker MB"] == "24.0" and rows[0]["peak RSS MB"] == "310.0"
+    assert rows[1]["memory/worker MB"] == rows[1]["peak RSS MB"] == "-"  # not counted
     lines = speedup_lines([DENSE, ONEBIT, NEVER, FAILED], 0.9)
     assert "7.50x sooner than allreduce:ring" in lines[1]
     assert lines[2] == "localsgd:period=16 did not reach 0.9 (best 0.7000)."
@@ -99,7 +108,8 @@ def test_write_report(tmp_path: Any) -> None:
     with open(paths["md"]) as fh:
         md = fh.read()
     assert "| allreduce:ring | ok | 0.9500 | 1.0500 | 400.5 | 20.0 | 160,000,000 | " in md
-    assert "| 300.0 (epoch 3) | 1.00x | 40 |" in md
+    assert "| 300.0 (epoch 3) | 1.00x | 40 | 24.0 | 310.0 |" in md
+    assert "memory.png" in PLOTS and "](memory.png)" in md
     assert "| localsgd:period=16 | ok |" in md and "not reached" in md
     assert "| ps:async | failed: ps: rank 1 died |" in md
     assert "| ring | 1572864 | 6 |" in md and "a note" in md and "- network: test" in md

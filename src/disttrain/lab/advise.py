@@ -17,6 +17,13 @@ else from built-in defaults (the table says which). Flags override the file:
 ``localsgd:8:algorithm=ring``, ``decentralized:topk:0.01``; a spec's settings
 override the flags for its row; one-bit's share of entries sent is stated
 (``decentralized:onebit:density=0.01``), since τ does not give it.
+
+Each row also gives the memory one worker holds (each strategy's ``predict_memory``:
+parameters, gradients, ``--optimizer`` state, ZeRO stage 3's gathered layers and
+``--precision``'s weight copies) for ``--params`` as ``--layers`` equal layers, or for
+``--model NAME``'s real layers; the rows of strategies whose step is not modelled
+(pipeline, tensor) follow, memory only. ``--memory-per-worker 2GB`` marks which fit,
+and the recommendation picks among those.
 """
 
 from __future__ import annotations
@@ -27,19 +34,24 @@ import math
 import os
 import re
 from dataclasses import asdict, replace
+from typing import Any
 
 from disttrain.comm.errors import UsageError
+from disttrain.config import TrainConfig
+from disttrain.costing import CAST_BYTES, STATE_COPIES
 from disttrain.lab import costmodel
 from disttrain.lab.calibration import DEFAULT_PATH, Calibration
 from disttrain.strategies.spec import RunSpec, parse_one, parse_specs
 
-__all__ = ["add_arguments", "parse_count", "parse_duration", "run"]
+__all__ = ["add_arguments", "parse_bytes", "parse_count", "parse_duration", "recommendation", "run"]
 
 _COUNT = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)(?:e(\d+))?\s*([kmgbt]?)\s*$", re.I)
 _SCALE = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "b": 1e9, "t": 1e12}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ns|us|µs|ms|s)\s*$", re.I)
 _SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
 _GRAD_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+_BYTES = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(i?)b\s*$", re.I)
+_POWER = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 
 
 def parse_count(text: str, flag: str) -> float:
@@ -64,13 +76,60 @@ def parse_duration(text: str, flag: str) -> float:
     return value
 
 
+def parse_bytes(text: str, flag: str) -> int:
+    """``2GB`` -> 2e9, ``2GiB`` -> 2·2^30 (B, KB, MB, GB, TB; KiB ... TiB); UsageError else."""
+    m = _BYTES.match(text)
+    if not m:
+        raise UsageError(f"{flag} {text!r} is not a size: write e.g. 2GB, 512MB, 1.5GiB")
+    base = 1024 if m.group(3) else 1000
+    value = float(m.group(1)) * base ** _POWER[m.group(2).lower()]
+    if value < 1:
+        raise UsageError(f"{flag} {text!r} must be above 0")
+    return int(value)
+
+
+def size(nbytes: float) -> str:
+    """``1.23 GB`` (decimal units, as --memory-per-worker reads them)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{nbytes:.0f} B"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Rank the strategies for a model of --params parameters on --nodes nodes linked at "
         "--bandwidth, by the α-β cost model calibrated on this machine (--calibrate measures "
-        "it); ends with a one-line recommendation. See docs/lab.md."
+        "it), with the memory each holds per worker (--memory-per-worker: which fit); ends "
+        "with a one-line recommendation. See docs/lab.md."
     )
-    parser.add_argument("--params", help="model parameters, e.g. 25M (required unless --calibrate)")
+    parser.add_argument("--params", help="model parameters, e.g. 25M (required unless --model "
+                        "or --calibrate)")  # fmt: skip
+    parser.add_argument("--model", help="instead of --params: a train --model (mlp, cnn, gpt, "
+                        "module:function), its real layers, shaped for --dataset")  # fmt: skip
+    parser.add_argument("--dataset", help="with --model: the data set it is shaped for "
+                        "(default digits)")  # fmt: skip
+    parser.add_argument(
+        "--layers",
+        type=int,
+        help="with --params: the model as this many "
+        "equal layers (default 10), for stage 3's gathers and stage splits",
+    )
+    parser.add_argument("--optimizer", default=TrainConfig.optimizer,
+                        choices=sorted(STATE_COPIES),
+                        help=f"its state counts in memory (default {TrainConfig.optimizer}, "
+                        "as train)")  # fmt: skip
+    parser.add_argument(
+        "--precision",
+        default="fp32",
+        choices=sorted(CAST_BYTES),
+        help="bf16/fp16 add autocast's weight copies (2 bytes each) to memory",
+    )
+    parser.add_argument(
+        "--memory-per-worker",
+        metavar="SIZE",
+        help="e.g. 2GB: mark the rows that fit; recommend only among them",
+    )
     parser.add_argument("--nodes", default="256", help="data-parallel ranks, 1 to 10,000")
     parser.add_argument("--bandwidth", help="each node's link, e.g. 25Gbit, 100mbit")
     parser.add_argument("--latency", help="per-message latency, e.g. 5us (default: 0 if only "
@@ -124,14 +183,39 @@ def _network(args: argparse.Namespace, cal: Calibration) -> costmodel.Network:
     return costmodel.Network(alpha, beta, name=name)
 
 
-def _inputs(args: argparse.Namespace) -> tuple[costmodel.Workload, int, list[RunSpec]]:
-    if args.params is None:
-        raise UsageError("--params is required (e.g. --params 25M), or use --calibrate")
-    params = int(parse_count(args.params, "--params"))
+def _model(args: argparse.Namespace, nodes: int) -> tuple[int, Any]:
+    """(Ψ, the model whose layers the memory formulas split): ``--model`` built on the meta
+    device (shapes only), or ``--params`` as ``--layers`` equal layers."""
+    if args.model is None:
+        if args.dataset is not None:
+            raise UsageError("--dataset shapes --model: give --model too, or leave it out")
+        if args.params is None:
+            raise UsageError("--params is required (e.g. --params 25M), or --model, or --calibrate")
+        layers = 10 if args.layers is None else args.layers
+        if not 1 <= layers <= 100_000:
+            raise UsageError(f"--layers {layers}: from 1 to 100,000")
+        params = int(parse_count(args.params, "--params"))
+        return params, costmodel.equal_layers(params, layers, nodes)
+    if args.params is not None or args.layers is not None:
+        given = "--params" if args.params is not None else "--layers"
+        raise UsageError(f"{given} and --model are alternatives: --model counts its own")
+    import torch
+
+    from disttrain.data import load_dataset
+    from disttrain.models import build_model
+
+    data = load_dataset(args.dataset or "digits")
+    with torch.device("meta"):
+        model = build_model(args.model, data)
+    return sum(p.numel() for p in model.parameters()), model
+
+
+def _inputs(args: argparse.Namespace) -> tuple[costmodel.Workload, int, list[RunSpec], Any]:
     nodes_f = parse_count(args.nodes, "--nodes")
     nodes = int(nodes_f)
     if nodes != nodes_f or not 1 <= nodes <= 10_000:
         raise UsageError(f"--nodes {args.nodes!r}: a whole number from 1 to 10,000")
+    params, model = _model(args, nodes)
     batch = int(parse_count(args.batch_size, "--batch-size")) if args.batch_size else 32 * nodes
     if batch < nodes:
         raise UsageError(f"--batch-size {batch} is smaller than --nodes {nodes}")
@@ -143,43 +227,57 @@ def _inputs(args: argparse.Namespace) -> tuple[costmodel.Workload, int, list[Run
     work = costmodel.Workload(
         params=params, batch_size=batch, bytes_per_param=_GRAD_BYTES[args.grad_dtype],
         flops_per_sample=flops, bucket_bytes=int(args.fusion_mb * (1 << 20)),
-        overlap=args.overlap, servers=args.servers,
+        overlap=args.overlap, servers=args.servers, optimizer=args.optimizer,
+        precision=args.precision,
     )  # fmt: skip
     if args.strategies.strip():
-        return work, nodes, parse_specs(args.strategies, model=True)
-    return work, nodes, [parse_one(s, model=True) for s in costmodel.default_strategies()]
+        return work, nodes, parse_specs(args.strategies, model=True), model
+    names = (*costmodel.default_strategies(), *costmodel.memory_strategies())
+    return work, nodes, [parse_one(s, model=True) for s in names], model
 
 
 #: advise's columns, the first dropped first when the terminal is too narrow for all
 _DROP_ORDER = ("compute ms", "samples/s", "MB/rank/step", "#", "efficiency", "why")
 
 
-def _table(preds: list[costmodel.Prediction], title: str, caption: str) -> None:
+def _table(rows: list[costmodel.Row], title: str, caption: str) -> None:
     """The ranked rows, as wide as the terminal ($COLUMNS; 80 when not a terminal): figures
     never wrap; "why" wraps in what is left, and the least needed columns go first."""
     from rich.console import Console
     from rich.table import Table
 
-    rows = [
-        {"#": str(i), "strategy": p.strategy, "step ms": f"{p.step_seconds * 1e3:.4g}",
-         "compute ms": f"{p.compute_seconds * 1e3:.4g}", "comm ms": f"{p.comm_seconds * 1e3:.4g}",
-         "MB/rank/step": f"{p.bytes_per_rank / 1e6:.4g}", "efficiency": f"{p.efficiency:.0%}",
-         "samples/s": f"{p.samples_per_second:.4g}",
-         "why": p.reason + (f" ({p.note})" if p.note else "")}
-        for i, p in enumerate(preds, 1)
-    ]  # fmt: skip
+    cells = []
+    for i, r in enumerate(rows, 1):
+        p, m = r.step, r.memory
+        cell = {"#": str(i), "strategy": r.label}
+        if p is not None:
+            cell.update({
+                "step ms": f"{p.step_seconds * 1e3:.4g}",
+                "compute ms": f"{p.compute_seconds * 1e3:.4g}",
+                "comm ms": f"{p.comm_seconds * 1e3:.4g}",
+                "MB/rank/step": f"{p.bytes_per_rank / 1e6:.4g}",
+                "efficiency": f"{p.efficiency:.0%}", "samples/s": f"{p.samples_per_second:.4g}",
+            })  # fmt: skip
+        cell["memory/worker"] = size(m.total) if m is not None else "-"
+        if r.fits is not None:
+            cell["fits"] = "yes" if r.fits else "no"
+        notes = [p.reason + (f" ({p.note})" if p.note else "")] if p is not None else []
+        cell["why"] = "; ".join(filter(None, [*notes, r.why, m.note if m else ""]))
+        cells.append(cell)
     console = Console()
-    cols = list(rows[0]) if rows else []
+    cols = list(dict.fromkeys(k for c in cells for k in c)) if cells else []
+    cols.sort(key=lambda c: c == "why")  # the reasons last
 
     def width(col: str) -> int:  # a cell's text, its padding and one border
         if col in ("why", "strategy"):
             return 24 if col == "why" else 33  # a long spec folds at 30
-        return max(len(col), *(len(r[col]) for r in rows)) + 3
+        return max(len(col), *(len(c.get(col, "-")) for c in cells)) + 3
 
     for drop in _DROP_ORDER:
         if sum(width(c) for c in cols) + 1 <= console.width:
             break
-        cols.remove(drop)
+        if drop in cols:
+            cols.remove(drop)
     table = Table(title=title, caption=caption)
     for col in cols:
         if col == "why":
@@ -188,25 +286,48 @@ def _table(preds: list[costmodel.Prediction], title: str, caption: str) -> None:
             table.add_column(col, max_width=30, overflow="fold")
         else:
             table.add_column(col, justify="right", no_wrap=True, min_width=len(col))
-    for r in rows:
-        table.add_row(*(r[c] for c in cols))
+    for c in cells:
+        table.add_row(*(c.get(col, "-") for col in cols))
     console.print(table)
 
 
-def recommendation(
-    preds: list[costmodel.Prediction], work: costmodel.Workload, net: costmodel.Network
-) -> str:
-    """The closing line: the fastest row, why, and by how much it beats the next one."""
+def recommendation(rows: list[costmodel.Row], work: costmodel.Workload, net: costmodel.Network,
+                   limit: int | None = None) -> str:  # fmt: skip
+    """The closing line: the fastest row (among those that fit), why, and by how much it
+    beats the next; or that none fits."""
+    within = f" in {size(limit)} per worker" if limit is not None else ""
+    preds = [r.step for r in costmodel.fitting(rows) if r.step is not None]
+    if not preds:
+        fit = [r.label for r in rows if r.fits]
+        if fit:  # memory alone fits
+            one = len(fit) == 1
+            return (f"recommendation: only {', '.join(fit)} {'fits' if one else 'fit'}{within}, "
+                    f"and {'its' if one else 'their'} step time is not modelled")  # fmt: skip
+        held = [r for r in rows if r.memory is not None]
+        if limit is None or not held:
+            return "recommendation: none of the strategies listed has a modelled step time"
+        least = min(held, key=lambda r: r.memory.total if r.memory else 0.0)
+        assert least.memory is not None
+        return (f"recommendation: none of the {len(rows)} strategies fits{within}; the "
+                f"least memory is {least.label}'s {size(least.memory.total)}")  # fmt: skip
     best = preds[0]
     line = (
         f"recommendation: for {work.params / 1e6:.4g}M parameters on {best.nodes} nodes at "
-        f"{8 / net.beta / 1e9:.4g} Gbit/s: {best.strategy} "
+        f"{8 / net.beta / 1e9:.4g} Gbit/s{within}: {best.strategy} "
         f"({best.step_seconds * 1e3:.4g} ms a step, {best.efficiency:.0%} efficiency)"
     )
     if len(preds) > 1 and preds[1].step_seconds > 0:
         ratio = preds[1].step_seconds / max(best.step_seconds, 1e-12)
         line += f", {ratio:.3g}x as fast as the next ({preds[1].strategy})"
     return line + f", because {best.reason}"
+
+
+def _json_row(r: costmodel.Row) -> dict[str, Any]:
+    out: dict[str, Any] = asdict(r.step) if r.step is not None else {
+        "strategy": r.label, "step_seconds": None, "reason": r.why}  # fmt: skip
+    out["memory"] = None if r.memory is None else {**asdict(r.memory), "total": r.memory.total}
+    out["fits"] = r.fits
+    return out
 
 
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
@@ -223,22 +344,26 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         print(f"saved to {path}")
         return 0
     cal = _calibration(args)
-    work, nodes, specs = _inputs(args)
+    limit = None
+    if args.memory_per_worker is not None:
+        limit = parse_bytes(args.memory_per_worker, "--memory-per-worker")
+    work, nodes, specs, model = _inputs(args)
     net = _network(args, cal)
     if args.flops:
         cal = replace(cal, seconds_per_flop=1 / parse_count(args.flops, "--flops"))
     try:
-        preds = costmodel.rank(specs, work, nodes, net, cal)
+        rows = costmodel.assess(specs, work, nodes, net, cal, model, limit)
     except ValueError as exc:
         raise UsageError(f"--strategies: {exc}") from None
     title = (f"{work.params / 1e6:.4g}M parameters, {nodes} nodes, global batch "
              f"{work.batch_size}, α {net.alpha * 1e6:.3g} us, "
-             f"{8 / net.beta / 1e9:.4g} Gbit/s, buckets {args.fusion_mb:g} MB")  # fmt: skip
-    _table(preds, title, f"constants: {cal.source}")
-    print(recommendation(preds, work, net))
+             f"{8 / net.beta / 1e9:.4g} Gbit/s, buckets {args.fusion_mb:g} MB, "
+             f"{work.optimizer}, {work.precision}")  # fmt: skip
+    _table(rows, title, f"constants: {cal.source}")
+    print(recommendation(rows, work, net, limit))
     if args.json_path:
         with open(args.json_path, "w") as fh:
             json.dump({"network": asdict(net), "workload": asdict(work), "nodes": nodes,
-                       "calibration": cal.source,
-                       "rows": [asdict(p) for p in preds]}, fh, indent=1)  # fmt: skip
+                       "calibration": cal.source, "memory_per_worker": limit,
+                       "rows": [_json_row(r) for r in rows]}, fh, indent=1)  # fmt: skip
     return 0

@@ -22,18 +22,32 @@ Strategies (``predict``'s first argument) are written in the one spec grammar of
 ``allreduce:ring``, ``ps:async:servers=4``, ``localsgd:8:algorithm=ring``,
 ``decentralized:topk:0.01`` (top-k at density 0.01), ``decentralized:onebit:density=0.01``
 (one-bit's share of entries sent is set by the gradients, not by τ: the spec states it).
-Only the settings a strategy's formula reads are accepted (its ``cost_settings``);
-pipelines, tensor parallelism and hybrids are not modelled (their errors say why).
+Only the settings a strategy's formulas read are accepted (its ``cost_settings``);
+the step of pipelines, tensor parallelism and hybrids is not modelled (their errors say
+why), their memory is.
+
+Memory per worker (``predict_memory``) is each strategy's own formula too
+(``Strategy.predict_memory``: a whole replica by default), on the model's layers: the
+real model, or :func:`equal_layers` built from a parameter count (on the meta device,
+so no memory is allocated)::
+
+    costmodel.predict_memory("zero:3", work, 8, costmodel.equal_layers(work.params, 10))
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
+
+from torch import nn
 
 from disttrain.comm.errors import UsageError
 from disttrain.costing import (
+    Memory,
     Network,
+    NotModelled,
     Prediction,
     Rates,
     Workload,
@@ -47,15 +61,23 @@ from disttrain.strategies.spec import RunSpec, parse_one
 
 __all__ = [
     "DEFAULT_STRATEGIES",  # noqa: F822  (computed when read: module __getattr__ below)
+    "Memory",
     "Network",
+    "NotModelled",
     "Prediction",
+    "Row",
     "Workload",
     "allreduce_seconds",
+    "assess",
     "bucket_sizes",
     "compressed_bytes",
     "compute_seconds",
     "default_strategies",
+    "equal_layers",
+    "fitting",
+    "memory_strategies",
     "predict",
+    "predict_memory",
     "rank",
 ]
 
@@ -63,6 +85,11 @@ __all__ = [
 def default_strategies() -> tuple[str, ...]:
     """The specs ``disttrain advise`` ranks when none are named: each strategy's own rows."""
     return tuple(spec for _, cls in STRATEGIES.items() for spec in cls.advise_specs())
+
+
+def memory_strategies() -> tuple[str, ...]:
+    """The specs ``disttrain advise`` lists for their memory alone (no step-time formula)."""
+    return tuple(spec for _, cls in STRATEGIES.items() for spec in cls.memory_specs())
 
 
 def __getattr__(name: str) -> Any:
@@ -85,9 +112,42 @@ def predict(
         spec = strategy if isinstance(strategy, RunSpec) else parse_one(strategy, model=True)
         return STRATEGIES.get(spec.strategy).predict(spec, work, nodes, network, calibration)
     except (UsageError, ValueError) as exc:
-        message = str(exc)  # one line naming the spec (the registry's names its strategy)
-        named = repr(label) in message or message.startswith("--strategy ")
-        raise ValueError(message if named else f"{label!r}: {message}") from None
+        raise _named(exc, label) from None
+
+
+def _named(exc: Exception, label: str) -> ValueError:
+    """``exc`` as one line naming the spec (the registry's names its strategy already);
+    a NotModelled stays one, so a caller can tell it from a bad spec."""
+    message = str(exc)
+    named = repr(label) in message or message.startswith("--strategy ")
+    kind = NotModelled if isinstance(exc, NotModelled) else ValueError
+    return kind(message if named else f"{label!r}: {message}")
+
+
+def predict_memory(strategy: str | RunSpec, work: Workload, nodes: int, model: nn.Module) -> Memory:
+    """The bytes one of ``nodes`` workers of ``strategy`` holds training ``model`` (the
+    fullest worker; ``work.params`` parameters, ``work.optimizer``, ``work.precision``);
+    ValueError naming the spec if it cannot run so (more stages than layers, ...)."""
+    if nodes < 1:
+        raise ValueError(f"nodes must be at least 1, got {nodes}")
+    label = strategy.label if isinstance(strategy, RunSpec) else strategy
+    try:
+        spec = strategy if isinstance(strategy, RunSpec) else parse_one(strategy, model=True)
+        return STRATEGIES.get(spec.strategy).predict_memory(spec, work, nodes, model)
+    except (UsageError, ValueError) as exc:
+        raise _named(exc, label) from None
+
+
+def equal_layers(params: int, layers: int, nodes: int = 1) -> nn.Sequential:
+    """A stand-in model of ``params`` parameters: ``layers`` equal square Linear layers with
+    a ReLU between, on the meta device (shapes only), their width a multiple of ``nodes``
+    (so tensor slicing splits them on any divisor of it). Each strategy's memory formula
+    scales its share of this model to ``params`` exactly."""
+    width = math.isqrt(max(params // max(layers, 1), 1)) // nodes * nodes or nodes
+    parts: list[nn.Module] = []
+    for i in range(layers):
+        parts += [nn.Linear(width, width, device="meta")] + ([nn.ReLU()] if i < layers - 1 else [])
+    return nn.Sequential(*parts)
 
 
 def rank(
@@ -100,3 +160,48 @@ def rank(
     """Every strategy's prediction, fastest step first."""
     preds = [predict(s, work, nodes, network, calibration) for s in strategies]
     return sorted(preds, key=lambda p: p.step_seconds)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One spec's row: its step (None: not modelled), its memory per worker (None: it
+    cannot run so), why either is missing, and whether it fits (None: no limit given)."""
+
+    label: str
+    step: Prediction | None
+    memory: Memory | None
+    why: str = ""
+    fits: bool | None = None
+
+
+def assess(
+    specs: Iterable[RunSpec],
+    work: Workload,
+    nodes: int,
+    network: Network,
+    calibration: Rates,
+    model: nn.Module,
+    limit: int | None = None,
+) -> list[Row]:
+    """Every spec's step and memory per worker (fitting in ``limit`` bytes, if given): the
+    modelled rows fastest first, then those with memory alone. ValueError for a bad spec."""
+    rows = []
+    for spec in specs:
+        why = ""
+        try:
+            step: Prediction | None = predict(spec, work, nodes, network, calibration)
+        except NotModelled:
+            step, why = None, "step not modelled (docs/lab.md)"
+        try:
+            mem: Memory | None = predict_memory(spec, work, nodes, model)
+        except ValueError as exc:  # it cannot run so: more stages than layers, ...
+            message = str(exc).removeprefix(f"{spec.label!r}: ")
+            mem, why = None, "; ".join(filter(None, [why, f"cannot run so: {message}"]))
+        fits = None if limit is None else mem is not None and mem.total <= limit
+        rows.append(Row(spec.label, step, mem, why, fits))
+    return sorted(rows, key=lambda r: (r.step is None, r.step.step_seconds if r.step else 0.0))
+
+
+def fitting(rows: list[Row]) -> list[Row]:
+    """The rows a recommendation may pick: modelled, and fitting where a limit is given."""
+    return [r for r in rows if r.step is not None and r.fits is not False]

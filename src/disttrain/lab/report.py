@@ -2,7 +2,9 @@
 
 Every figure comes from a run's own ``summary.json`` and ``metrics.jsonl``
 (as :func:`disttrain.lab.runs.train_run` returns them): final test accuracy
-and loss, ``wall_seconds``, ``samples_per_second``, ``bytes_sent_per_rank``.
+and loss, ``wall_seconds``, ``samples_per_second``, ``bytes_sent_per_rank``,
+``memory_per_rank`` (the fullest worker's parameters + gradients + optimizer state,
+and the largest peak RSS).
 Time to target is the ``wall_seconds`` of the first epoch-end evaluation whose
 test accuracy reaches the target (evaluations are per epoch, so it is
 measured at epoch granularity, evaluation time included, as for every run).
@@ -20,7 +22,17 @@ from typing import Any
 from disttrain.lab.report_plots import PLOTS, draw_plots
 from disttrain.lab.runs import RunResult  # re-exported: compare and the tests import it here
 
-__all__ = ["RunResult", "result_rows", "speedup_lines", "time_to_target", "write_report"]
+__all__ = [
+    "RunResult",
+    "held_bytes",
+    "result_rows",
+    "speedup_lines",
+    "time_to_target",
+    "write_report",
+]
+
+#: the counted terms of ``memory_per_rank`` a worker holds between steps
+HELD = ("parameters", "gradients", "optimizer_state")
 
 
 def time_to_target(run: RunResult, target: float) -> tuple[float, int] | None:
@@ -30,6 +42,18 @@ def time_to_target(run: RunResult, target: float) -> tuple[float, int] | None:
         if acc is not None and acc >= target:
             return float(m["wall_seconds"]), int(m["epoch"]) + 1
     return None
+
+
+def held_bytes(summary: dict[str, Any]) -> int | None:
+    """The fullest worker's parameters + gradients + optimizer state (None: not counted)."""
+    memory = summary.get("memory_per_rank") or {}
+    if not all(memory.get(k) for k in HELD):
+        return None
+    return max(sum(parts) for parts in zip(*(memory[k] for k in HELD), strict=True))
+
+
+def _mb(value: float | None) -> str:
+    return "-" if value is None else f"{value / 1e6:,.1f}"
 
 
 def _num(value: Any, fmt: str) -> str:
@@ -48,6 +72,7 @@ def result_rows(runs: list[RunResult], target: float) -> list[dict[str, str]]:
             rows.append({"run": run.label, "status": f"failed: {run.error}"})
             continue
         reached = time_to_target(run, target)
+        rss = (s.get("memory_per_rank") or {}).get("peak_rss") or []
         ratio = "-"
         if reached and anchor:
             ratio = f"{anchor[0] / reached[0]:.2f}x"
@@ -65,6 +90,8 @@ def result_rows(runs: list[RunResult], target: float) -> list[dict[str, str]]:
                 ),
                 "speed-up to target vs first": ratio,
                 "steps": str(s.get("steps", "-")),
+                "memory/worker MB": _mb(held_bytes(s)),
+                "peak RSS MB": _mb(max(rss, default=None)),
             }
         )
     return rows

@@ -19,7 +19,11 @@ PLOTS: dict[str, str] = {
     "throughput.png": "throughput (samples/s)",
     "train_loss_vs_step.png": "training loss per step (rank 0's batch, metrics.jsonl)",
     "time_breakdown.png": "where rank 0's time went (summary.json time_breakdown, seconds)",
+    "memory.png": "memory of the fullest worker (MB) and peak RSS",
 }
+
+#: memory_per_rank's counted parts, stacked in the memory plot's order
+MEMORY_PARTS = ("parameters", "gradients", "optimizer_state", "gathered_peak")
 
 #: time_breakdown phases in the chart's order (others follow, alphabetically)
 PHASES = ("compute", "communication", "wait", "data", "codec", "eval", "checkpoint")
@@ -96,7 +100,39 @@ def draw_plots(out_dir: str, runs: list[RunResult], target: float) -> dict[str, 
                     linewidth=1)  # fmt: skip
     save(fig, ax, "train_loss_vs_step.png", "step", "training loss")
     _breakdown(plt, done, save)
+    _memory(plt, done, save)
     return paths
+
+
+def _memory(plt: Any, done: list[RunResult], save: Any) -> None:
+    """Left: one stacked bar per run, the parts of its fullest worker (the rank whose
+    parameters + gradients + optimizer state + gathered peak are largest); right: the
+    largest peak RSS of its processes (interpreter and libraries included)."""
+    fig, (ax, rss) = plt.subplots(1, 2, figsize=(8.4, 4.2), width_ratios=(3, 2))
+    memories = [(r.summary or {}).get("memory_per_rank") or {} for r in done]
+    fullest = []
+    for memory in memories:
+        ranks = len(memory.get("parameters") or [])
+        totals = [
+            sum((memory.get(k) or [0] * ranks)[i] for k in MEMORY_PARTS) for i in range(ranks)
+        ]
+        fullest.append(max(range(ranks), key=totals.__getitem__) if ranks else None)
+    bottom = [0.0] * len(done)
+    for part in MEMORY_PARTS:
+        heights = [(m.get(part) or [])[i] / 1e6 if i is not None and m.get(part) else 0.0
+                   for m, i in zip(memories, fullest, strict=True)]  # fmt: skip
+        if any(heights):
+            ax.bar(range(len(done)), heights, bottom=bottom, label=part.replace("_", " "))
+            bottom = [a + b for a, b in zip(bottom, heights, strict=True)]
+    labels = [r.label for r in done]
+    ax.set_xticks(range(len(done)), labels, rotation=20, ha="right", fontsize="small")
+    peaks = [max(m.get("peak_rss") or [0]) / 1e6 for m in memories]
+    bars = rss.bar(range(len(done)), peaks, color="tab:grey")
+    rss.bar_label(bars, fmt="%.0f", fontsize="small")
+    rss.set_xticks(range(len(done)), labels, rotation=20, ha="right", fontsize="small")
+    rss.set_ylabel("peak RSS (MB)")
+    rss.grid(True, alpha=0.3)
+    save(fig, ax, "memory.png", "", "MB")
 
 
 def _breakdown(plt: Any, done: list[RunResult], save: Any) -> None:

@@ -27,6 +27,9 @@ Everything else about a strategy is declared on its class, in its own file:
 - ``predict``: its step time in the α–β cost model (:mod:`disttrain.costing`),
   ``cost_settings`` the spec settings that formula reads, ``advise_specs`` the rows
   ``disttrain advise`` ranks by default, ``assumptions`` the cost-model-only keys.
+- ``predict_memory``: the bytes a worker holds (the default: a whole replica), the
+  formula of what ``memory`` counts; ``memory_specs`` the rows ``advise`` lists for
+  their memory alone (strategies without a step-time formula: pipeline, tensor).
 
 A new strategy is one new file in this package (found by itself), or a plug-in
 module named in ``$DISTTRAIN_PLUGINS``, whose class is decorated with ``@register``.
@@ -45,7 +48,15 @@ from disttrain import collectives, timeline
 from disttrain.comm.errors import UsageError
 from disttrain.comm.world import World
 from disttrain.config import RunConfig, field_names
-from disttrain.costing import Network, Prediction, Rates, Workload
+from disttrain.costing import (
+    Memory,
+    Network,
+    NotModelled,
+    Prediction,
+    Rates,
+    Workload,
+    worker_memory,
+)
 from disttrain.dataparallel.fusion import FlatBucket
 from disttrain.registry import Registry
 from disttrain.strategies.layout import Layout
@@ -74,7 +85,8 @@ class Strategy:
     layout: ClassVar[type[Layout]] = Layout
     #: The setting a spec's positional value sets (``localsgd:16`` -> period); None: none.
     main_setting: ClassVar[str | None] = None
-    #: The spec settings ``predict`` reads; any other in an ``advise`` spec is refused.
+    #: The spec settings ``predict`` and ``predict_memory`` read; any other in an ``advise``
+    #: spec is refused.
     cost_settings: ClassVar[tuple[str, ...]] = ()
     #: Cost-model-only spec keys (``advise``): name -> what it states.
     assumptions: ClassVar[dict[str, str]] = {}
@@ -272,9 +284,23 @@ class Strategy:
     @classmethod
     def predict(cls, spec: RunSpec, work: Workload, nodes: int, network: Network,
                 calibration: Rates) -> Prediction:  # fmt: skip
-        """The predicted step of ``spec`` on ``nodes`` ranks; ValueError if not modelled."""
+        """The predicted step of ``spec`` on ``nodes`` ranks; NotModelled if not modelled."""
         del spec, work, nodes, network, calibration
-        raise ValueError(f"{cls.name} is not modelled: {cls.not_modelled}")
+        raise NotModelled(f"{cls.name} is not modelled: {cls.not_modelled}")
+
+    @classmethod
+    def memory_specs(cls) -> list[str]:
+        """Specs ``disttrain advise`` lists for their memory alone (no step-time formula)."""
+        return []
+
+    @classmethod
+    def predict_memory(cls, spec: RunSpec, work: Workload, nodes: int, model: nn.Module) -> Memory:
+        """The bytes the fullest of ``nodes`` workers holds training ``model`` (its layers;
+        ``work.params`` parameters in all), the figures :meth:`memory` counts; ValueError
+        if ``spec`` cannot run so. The default: every worker a whole replica, 4Ψ
+        parameters + 4Ψ gradients + the optimizer's state (Adam 8Ψ: 16Ψ in all)."""
+        del spec, nodes, model
+        return worker_memory(work, work.params)
 
 
 def storage_bytes(tensors: list[torch.Tensor]) -> int:

@@ -9,12 +9,12 @@ whole stage fused into one message). D·P (or D·T) must equal the worker count.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
-from disttrain import collectives, timeline
+from disttrain import collectives, costing, timeline
 from disttrain.comm import phases
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
@@ -26,6 +26,9 @@ from disttrain.parallel.settings import ParallelConfig
 from disttrain.strategies.base import LossFn, Strategy, register
 from disttrain.strategies.pipeline import Pipeline, check_pipeline, pipeline_settings_not_read
 from disttrain.strategies.tensor import TensorParallel, check_tensor
+
+if TYPE_CHECKING:
+    from disttrain.strategies.runspec import RunSpec
 
 __all__ = ["Hybrid", "mesh_shape"]
 
@@ -149,3 +152,19 @@ class Hybrid(Strategy):
 
     def summary(self) -> dict[str, Any]:
         return {"mesh": {"dp": self.dp, self.kind: self.mesh.inner}, **self.inner.summary()}
+
+    # --- memory (``disttrain advise``: name the mesh, e.g. hybrid:pp=4) ---------------------
+    cost_settings: ClassVar[tuple[str, ...]] = (
+        "dp", "pp", "tp", "schedule", "virtual_stages", "balance", "tensor_mode"
+    )  # fmt: skip
+
+    @classmethod
+    def predict_memory(
+        cls, spec: RunSpec, work: costing.Workload, nodes: int, model: nn.Module
+    ) -> costing.Memory:
+        """A replica's stage or slice: the pipeline's or tensor slicing's formula on the
+        mesh's inner ranks (every replica holds the same)."""
+        pc: ParallelConfig = spec.config().section(ParallelConfig)
+        _, inner, kind = mesh_shape(pc, nodes)
+        within = Pipeline if kind == "pp" else TensorParallel
+        return within.predict_memory(spec, work, inner, model)

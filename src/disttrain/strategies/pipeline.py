@@ -13,13 +13,14 @@ batch: stage 0 feeds the input, the last computes the loss against the labels.
 from __future__ import annotations
 
 import copy
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed import ProcessGroup
 
+from disttrain import costing
 from disttrain.comm import p2p, phases
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
@@ -30,6 +31,9 @@ from disttrain.parallel.pipeline import schedule
 from disttrain.parallel.pipeline.runner import PipelineRunner, recv_ahead_default
 from disttrain.parallel.settings import ParallelConfig
 from disttrain.strategies.base import LossFn, Strategy, register
+
+if TYPE_CHECKING:
+    from disttrain.strategies.runspec import RunSpec
 
 __all__ = ["Pipeline", "check_pipeline", "pipeline_settings_not_read"]
 
@@ -251,3 +255,38 @@ class Pipeline(Strategy):
                 f"{self.sizes} on {self.stages} x {self.chunks}: resume with the same "
                 "--schedule, --virtual-stages and --balance"
             )
+
+    # --- memory (``disttrain advise``) -----------------------------------------------------
+    cost_settings: ClassVar[tuple[str, ...]] = ("schedule", "virtual_stages", "balance")
+
+    @classmethod
+    def memory_specs(cls) -> list[str]:
+        return [cls.name]
+
+    @classmethod
+    def predict_memory(
+        cls, spec: RunSpec, work: costing.Workload, nodes: int, model: nn.Module
+    ) -> costing.Memory:
+        """One worker per stage (P = nodes; V chunks each where the schedule interleaves),
+        cut as training cuts them (``--balance``): the rank with the most parameters holds
+        them, their gradients and optimizer state (Adam: 16 bytes each). Activations, the
+        schedule's part, are not counted (``summary.json`` ``stage0_peak_activation_bytes``)."""
+        pc: ParallelConfig = spec.config().section(ParallelConfig)
+        layers = placement.check_sequential(model, cls.name)
+        cuts = nodes * pc.chunks
+        if cuts > len(layers):
+            raise ValueError(f"{cuts} stages need as many layers; the model has {len(layers)}")
+        balance = pc.balance_spec()
+        note = "--balance time: split as params (training measures the layers)"
+        if isinstance(balance, list):
+            if len(balance) != cuts or sum(balance) != len(layers):
+                raise ValueError(f"--balance {pc.balance} does not cut {len(layers)} layers "
+                                 f"into {cuts} stages")  # fmt: skip
+            sizes, note = balance, ""
+        else:
+            sizes = placement.partition(placement.param_costs(layers), cuts)
+            note = note if balance == "time" else ""
+        counts = [sum(p.numel() for layer in layers[a:b] for p in layer.parameters())
+                  for a, b in placement.stage_bounds(sizes)]  # fmt: skip
+        held = max(sum(counts[r::nodes]) for r in range(nodes))
+        return costing.worker_memory(work, work.params * held / max(sum(counts), 1), note=note)

@@ -379,3 +379,12 @@ class ParameterServer(Strategy):
         note = "stale gradients" if ps.ps_mode == "async" else ""
         return costing.finish(spec.label, n, compute, max(comm, 0.0), 2 * s, 2 * k, bound,
                               reason, work, cal, note)  # fmt: skip
+
+    @classmethod
+    def predict_memory(
+        cls, spec: RunSpec, work: costing.Workload, nodes: int, model: nn.Module
+    ) -> costing.Memory:
+        """A worker holds the parameters and, from its backward to its push, their
+        gradients; the optimizer state lives on the servers (each 1/K of it)."""
+        del spec, nodes, model
+        return costing.worker_memory(work, work.params, state=0)

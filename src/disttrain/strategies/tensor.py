@@ -8,18 +8,22 @@ loss and the replicated layers get the same gradients without any exchange.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 from torch.distributed import ProcessGroup
 
+from disttrain import costing
 from disttrain.comm.errors import UsageError
 from disttrain.comm.world import World
 from disttrain.config import RunConfig
 from disttrain.parallel import placement, tensor
 from disttrain.parallel.settings import ParallelConfig
 from disttrain.strategies.base import LossFn, Strategy, register
+
+if TYPE_CHECKING:
+    from disttrain.strategies.runspec import RunSpec
 
 __all__ = ["TensorParallel", "check_tensor"]
 
@@ -98,3 +102,30 @@ class TensorParallel(Strategy):
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return super().forward_backward(x, y)
+
+    # --- memory (``disttrain advise``) -----------------------------------------------------
+    cost_settings: ClassVar[tuple[str, ...]] = ("tensor_mode",)
+
+    @classmethod
+    def memory_specs(cls) -> list[str]:
+        return [cls.name]
+
+    @classmethod
+    def predict_memory(
+        cls, spec: RunSpec, work: costing.Workload, nodes: int, model: nn.Module
+    ) -> costing.Memory:
+        """Each of the T = nodes workers holds 1/T of every Linear layer ``tensor.plan``
+        splits (a row-parallel layer's bias whole) and all of every other layer, with their
+        gradients and optimizer state. Activations are not counted."""
+        pc: ParallelConfig = spec.config().section(ParallelConfig)
+        layers = placement.check_sequential(model, cls.name)
+        kinds = tensor.plan(layers, nodes, pc.tensor_mode)
+        if nodes > 1 and all(k == "rep" for k in kinds):
+            raise ValueError(f"no Linear layer of the model splits into {nodes} slices")
+        held = 0.0
+        for layer, kind in zip(layers, kinds, strict=True):
+            for name, p in layer.named_parameters():
+                whole = kind == "rep" or (kind == "row" and name == "bias")
+                held += p.numel() if whole else p.numel() / nodes
+        total = sum(p.numel() for layer in layers for p in layer.parameters())
+        return costing.worker_memory(work, work.params * held / max(total, 1))

@@ -27,18 +27,21 @@ shards); :meth:`Zero.reshard` re-cuts them for another number of workers.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
+from disttrain import costing
 from disttrain.comm.errors import UsageError
 from disttrain.config import RunConfig, opt, register_section
 from disttrain.dataparallel.accumulate import accumulated_forward_backward
 from disttrain.dataparallel.broadcast import broadcast_tensors
 from disttrain.dataparallel.fusion import MB, FlatBucket
+from disttrain.dataparallel.gather import layer_units
 from disttrain.dataparallel.zero import (
     ZeroEngine,
     check_shard_state,
@@ -46,8 +49,11 @@ from disttrain.dataparallel.zero import (
     recut_optimizer_state,
     recut_shard_state,
 )
-from disttrain.strategies.allreduce import DataParallelConfig
+from disttrain.strategies.allreduce import AllReduce, DataParallelConfig
 from disttrain.strategies.base import Strategy, average_states, register
+
+if TYPE_CHECKING:
+    from disttrain.strategies.runspec import RunSpec
 
 __all__ = ["Zero", "ZeroConfig"]
 
@@ -76,7 +82,6 @@ class Zero(Strategy):
     # them (and agrees on overflow) after after_backward, for every stage.
     communicates_during_backward = True
     main_setting: ClassVar[str | None] = "zero_stage"
-    not_modelled = "its cost formula is not written yet (bytes = the allreduce's)"
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         super().setup(model, optimizer)
@@ -183,3 +188,82 @@ class Zero(Strategy):
         merged["strategy"] = recut_shard_state([s["strategy"] for s in states], world, rank)
         merged["optimizer"] = recut_optimizer_state([s["optimizer"] for s in states], world, rank)
         return merged
+
+    # --- the cost model (``disttrain advise``): step time and memory ---------------------
+    cost_settings: ClassVar[tuple[str, ...]] = ("zero_stage", "algorithm", "fusion_mb", "overlap")
+
+    @classmethod
+    def advise_specs(cls) -> list[str]:
+        return [f"{cls.name}:{stage}" for stage in (1, 2, 3)]
+
+    @classmethod
+    def predict(
+        cls,
+        spec: RunSpec,
+        work: costing.Workload,
+        nodes: int,
+        network: costing.Network,
+        calibration: costing.Rates,
+    ) -> costing.Prediction:
+        """The allreduce strategy's buckets, each allreduce cut in its halves (a
+        reduce-scatter and an all-gather each cost half of it): stage 1 allreduces during
+        backward as the allreduce strategy does, then all-gathers the parameters after the
+        step (exposed); stage 2 reduce-scatters during backward, then all-gathers; stage 3
+        all-gathers every layer before its forward and again before its backward, with the
+        reduce-scatters behind backward (two thirds of compute). Forward's gathers are
+        counted exposed: measured, stage 3 is no faster than stage 2 (benchmarks/RESULTS.md,
+        ``bench zero``), the prefetch of one layer hiding little on shared cores."""
+        stage = spec.config().section(ZeroConfig).zero_stage
+        ar = AllReduce.predict(spec, work, nodes, network, calibration)
+        cfg = spec.config()
+        overlap = cfg.section(DataParallelConfig).overlap if "overlap" in spec.settings else (
+            work.overlap)  # fmt: skip
+        sizes = costing.bucket_sizes(work.gradient_bytes, work.bucket_bytes)
+        times = [costing.allreduce_seconds(cfg.train.algorithm, size, nodes, network,
+                                           calibration, work.bytes_per_param)[0]
+                 for size in sizes]  # fmt: skip
+        half, last = sum(times) / 2, (times[-1] / 2 if times else 0.0)
+        compute = ar.compute_seconds
+        backward = compute * 2 / 3 if overlap else 0.0
+
+        def hidden(total: float, window: float, tail: float) -> float:
+            return max(tail, total - window) if window else total
+
+        if stage == 1:
+            comm, scale = ar.comm_seconds + half, 1.5
+        elif stage == 2:
+            comm, scale = hidden(half, backward, last) + half, 1.0
+        else:
+            comm = half + hidden(2 * half, backward, last)
+            scale = 1.5
+        what = {
+            1: "allreduce + all-gather after the step",
+            2: "reduce-scatter + all-gather after the step",
+            3: "per layer: all-gather for forward and for backward + reduce-scatter",
+        }[stage]
+        reason = f"stage {stage}: {what}; {ar.reason}"
+        return costing.finish(spec.label, nodes, compute, comm, ar.bytes_per_rank * scale,
+                              ar.messages_per_rank * scale, ar.bound, reason, work,
+                              calibration)  # fmt: skip
+
+    @classmethod
+    def predict_memory(
+        cls, spec: RunSpec, work: costing.Workload, nodes: int, model: nn.Module
+    ) -> costing.Memory:
+        """The ZeRO paper's formulas (Rajbhandari et al. 2020), K the optimizer's state (Adam:
+        8Ψ): stage 1 shards the state (Adam: 8Ψ + 8Ψ/N), stage 2 also the gradients
+        (4Ψ + 12Ψ/N), stage 3 also the parameters (16Ψ/N), plus the layers gathered at once:
+        the largest two neighbours (one computing, the next prefetched). Autocast's weight
+        copies are of the whole model at every stage: a gathered layer's bf16 copy stays
+        saved for its backward."""
+        stage = spec.config().section(ZeroConfig).zero_stage
+        psi, shard = work.params, work.params / nodes
+        gathered = 0.0
+        if stage == 3:
+            sizes = [sum(p.numel() for p in params) for _, params in layer_units(model)]
+            pair = max((a + b for a, b in itertools.pairwise(sizes)), default=sum(sizes))
+            gathered = psi * pair / max(sum(sizes), 1)
+        return costing.worker_memory(
+            work, shard if stage == 3 else psi, shard if stage >= 2 else psi, shard, gathered,
+            computed=psi,
+        )  # fmt: skip
