@@ -37,11 +37,12 @@ from disttrain.comm.world import group_timeout
 from disttrain.compression.base import Compressor
 from disttrain.dataparallel.broadcast import broadcast_optimizer_state, broadcast_tensors
 from disttrain.dataparallel.reducer import Reducer
+from disttrain.dataparallel.wrapper import OptimizerWrapper
 
 __all__ = ["DistributedOptimizer"]
 
 
-class DistributedOptimizer(torch.optim.Optimizer):
+class DistributedOptimizer(OptimizerWrapper):
     """``optimizer`` whose ``step()`` applies gradients averaged over every rank."""
 
     def __init__(
@@ -86,28 +87,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
         self._flag_group = dist.new_group(ranks, timeout=group_timeout())
 
-    # --- the wrapped optimizer's own state ----------------------------------------------
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        return self.optimizer.param_groups
-
-    @property
-    def state(self) -> Any:  # type: ignore[override]
-        return self.optimizer.state
-
-    @property
-    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
-        return self.optimizer.defaults
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state_dict)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-
+    # --- the wrapped optimizer's own state (param_groups, state, ...): OptimizerWrapper
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         raise UsageError("add parameter groups before wrapping in DistributedOptimizer")
 

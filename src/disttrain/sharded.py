@@ -48,6 +48,7 @@ from disttrain import collectives
 from disttrain.comm.errors import UsageError
 from disttrain.dataparallel.broadcast import broadcast_tensors
 from disttrain.dataparallel.fusion import MB
+from disttrain.dataparallel.wrapper import OptimizerWrapper
 from disttrain.dataparallel.zero import ZeroEngine
 
 __all__ = ["ShardedModule", "ShardedOptimizer", "shard_model"]
@@ -131,7 +132,7 @@ def shard_model(
     return model
 
 
-class ShardedOptimizer(torch.optim.Optimizer):
+class ShardedOptimizer(OptimizerWrapper):
     """``optimizer_class`` over this rank's shard of ``params``: ZeRO stage 1, 2 or 3.
 
     Stage 3 when ``params`` are a :func:`shard_model` model's; otherwise ``stage``
@@ -180,27 +181,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if len(self.optimizer.param_groups) != 1:
             raise UsageError("ShardedOptimizer supports one parameter group")
 
-    # --- the wrapped optimizer's own state ----------------------------------------------
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        return self.optimizer.param_groups
-
-    @property
-    def state(self) -> Any:  # type: ignore[override]
-        return self.optimizer.state
-
-    @property
-    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
-        return self.optimizer.defaults
-
-    def state_dict(self) -> dict[str, Any]:
-        """This rank's shard of the optimizer state (for per-rank checkpoints)."""
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load what :meth:`state_dict` gave on this rank, with the same ranks."""
-        self.optimizer.load_state_dict(state_dict)
-
+    # --- the wrapped optimizer's own state (param_groups, state, ...): OptimizerWrapper
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         raise UsageError("ShardedOptimizer supports one parameter group")
 
