@@ -23,7 +23,7 @@ Strategies (``predict``'s first argument) are written in the one spec grammar of
 ``decentralized:topk:0.01`` (top-k at density 0.01), ``decentralized:onebit:density=0.01``
 (one-bit's share of entries sent is set by the gradients, not by τ: the spec states it).
 Only the settings a strategy's formula reads are accepted (its ``cost_settings``);
-pipelines, tensor parallelism and hybrids are not modelled (their errors say why).
+tensor parallelism and hybrids are not modelled (their errors say why).
 """
 
 from __future__ import annotations

@@ -13,13 +13,16 @@ batch: stage 0 feeds the input, the last computes the loss against the labels.
 from __future__ import annotations
 
 import copy
-from typing import Any, ClassVar
+import math
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed import ProcessGroup
 
+from disttrain import costing
 from disttrain.comm import p2p, phases
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
@@ -30,6 +33,9 @@ from disttrain.parallel.pipeline import schedule
 from disttrain.parallel.pipeline.runner import PipelineRunner, recv_ahead_default
 from disttrain.parallel.settings import ParallelConfig
 from disttrain.strategies.base import LossFn, Strategy, register
+
+if TYPE_CHECKING:
+    from disttrain.strategies.runspec import RunSpec
 
 __all__ = ["Pipeline", "check_pipeline", "pipeline_settings_not_read"]
 
@@ -91,10 +97,10 @@ class Pipeline(Strategy):
     name = "pipeline"
     shares_activations: ClassVar[bool] = True  # stages or slices exchange activations
     main_setting: ClassVar[str | None] = "schedule"
-    not_modelled: ClassVar[str] = (
-        "its step depends on per-layer activation sizes and the stage balance, which a "
-        "parameter count does not give (`disttrain bench pipeline` measures it)"
-    )
+    cost_settings: ClassVar[tuple[str, ...]] = ("schedule", "microbatches", "virtual_stages")
+    assumptions: ClassVar[dict[str, str]] = {
+        "activation_bytes": "bytes per sample crossing a stage boundary (else not counted)"
+    }
     reads_settings = (
         "stages", "microbatches", "schedule", "virtual_stages", "balance", "recompute"
     )  # fmt: skip
@@ -233,6 +239,75 @@ class Pipeline(Strategy):
                 "recompute": self.pc.recompute,
             }
         }
+
+    # --- the cost model (``disttrain advise``) ------------------------------------------
+    @classmethod
+    def advise_specs(cls) -> list[str]:
+        """One row per schedule family: 1F1B, interleaved (V = 2), ZB-H1, ZB-H2."""
+        return [f"{cls.name}:1f1b", f"{cls.name}:interleaved:virtual_stages=2",
+                f"{cls.name}:zb1", f"{cls.name}:zb2"]  # fmt: skip
+
+    @classmethod
+    def predict(
+        cls,
+        spec: RunSpec,
+        work: costing.Workload,
+        nodes: int,
+        network: costing.Network,
+        calibration: costing.Rates,
+    ) -> costing.Prediction:
+        """P = ``nodes`` equal stages, one per rank, each computing 1/P of the model.
+
+        The schedule's own terms (``ScheduleKind.bubble``, ``.held``) give the step: busy /
+        (1 - bubble), exact for equal stages with F:B:W = 1:1:1 (6·params flops: forward 2,
+        input gradient 2, weight gradient 2), and for the fused schedules at any F:B (their
+        idle time is (P-1)(F+B) per chunk). M is 4P unless the spec states it. The fill and
+        drain cross 2(PV-1) stage boundaries on the critical path, each an α and a
+        micro-batch's activations at β; the steady state's 2MV hand-offs are hidden behind
+        the compute unless the link needs longer. Activations: ``activation_bytes`` a sample,
+        else 4·sqrt(params) (fp32 values as wide as a one-layer square model: an upper bound
+        on a deeper dense model's width). Not modelled: stages of unequal cost, the split
+        backward's own overhead, a micro-batch too small to compute efficiently.
+        """
+        pc = spec.config().section(ParallelConfig)
+        kind = schedule.SCHEDULES.get(pc.schedule)
+        p, v = nodes, pc.chunks
+        m = pc.microbatches if "microbatches" in spec.settings else 4 * p
+        why = kind.check(m, p, v) if p > 1 else ""  # one stage: no pipeline to refuse
+        if why:
+            raise ValueError(why)
+        net, cal = network, calibration
+        bubble = kind.bubble(m, p, v)
+        busy = work.batch_size * work.flops * cal.seconds_per_flop / p
+        own = work.params / p * cal.seconds_per_param + cal.seconds_per_step
+        compute = (busy / (1 - bubble) + own) * cal.colocation_factor(work.ranks_per_host)
+        # unstated: the width of a model that is one square layer, sqrt(params) values, which
+        # bounds the width of any deeper dense model of as many parameters from above
+        stated = spec.assumptions.get("activation_bytes")
+        per_sample = stated if stated is not None else 4 * math.sqrt(work.params)
+        message = work.batch_size / m * per_sample  # one micro-batch's activations
+        hand_off = net.alpha + message * net.beta
+        sends = 2 * m * v if p > 1 else 0  # an activation on, a gradient back, per chunk action
+        # the fill and drain wait for their hand-offs; the steady state's overlap the compute
+        # unless the link needs longer than the compute for all of them
+        fill_drain = 2 * (p * v - 1) if p > 1 else 0  # stage boundaries between ranks
+        comm = fill_drain * hand_off + max(0.0, sends * hand_off - compute)
+        held = kind.held(m, p, v, 0)
+        reason = (
+            f"{pc.schedule}: bubble {bubble:.1%} of the step at M={m}, V={v}; "
+            f"stage 0 holds {held:g} micro-batches' activations (1F1B: {min(m, p)})"
+        )
+        note = "equal stages, F:B:W = 1:1:1"
+        if stated is None:
+            note += f"; assumes {per_sample:.3g} B of activations a sample (activation_bytes=)"
+        bound = "compute" if comm < 0.1 * compute else "latency"
+        if bound != "compute" and message * net.beta > net.alpha:
+            bound = "bandwidth"
+        pred = costing.finish(spec.label, p, compute, comm, sends * message, sends, bound,
+                              reason, work, cal, note)  # fmt: skip
+        # the step without the bubble and the hand-offs: each rank's share of the work
+        ideal = (busy + own) * cal.colocation_factor(work.ranks_per_host)
+        return replace(pred, efficiency=ideal / pred.step_seconds)
 
     # --- checkpoints: the layout of stages is part of the state ----------------------
     def stage_layout(self) -> dict[str, Any]:
