@@ -72,3 +72,17 @@ def test_sizes_a_schedule_refuses_and_settings_it_does_not_read() -> None:
         _predict("pipeline:zb2:microbatches=2")
     with pytest.raises(ValueError, match="does not read lr"):
         _predict("pipeline:zb1:lr=0.5")
+
+
+def test_compare_and_advise_read_the_same_schedule_specs() -> None:
+    from disttrain.strategies.spec import parse_specs
+
+    text = "pipeline:zb1:microbatches=8, pipeline:interleaved:virtual-stages=2"
+    runs = parse_specs(text)  # compare: train runs
+    assert [r.settings for r in runs] == [
+        {"schedule": "zb1", "microbatches": 8},
+        {"schedule": "interleaved", "virtual_stages": 2},
+    ]
+    modelled = parse_specs(text, model=True)  # advise: the same settings, predicted
+    assert [r.settings for r in modelled] == [r.settings for r in runs]
+    assert "M=8" in costmodel.predict(modelled[0], WORK, 4, NET, CAL).reason
