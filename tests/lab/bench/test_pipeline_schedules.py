@@ -17,6 +17,7 @@ from disttrain.parallel.pipeline import SCHEDULES, schedule
         (["--microbatches", "3"], "multiple of --stages 2"),
         (["--pairs", "zb1"], "write OURS/ANCHOR"),
         (["--pairs", "zb1/zigzag"], "unknown pipeline schedule"),
+        (["--pairs", "gpipe/torch"], "torch has no counterpart of gpipe"),
     ],
 )
 def test_bad_input_is_one_line(argv: list[str], match: str, capsys: pytest.CaptureFixture[str]):

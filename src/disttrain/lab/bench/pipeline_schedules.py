@@ -255,10 +255,15 @@ def _pairs(text: str, skip_torch: bool) -> list[tuple[str, str]]:
         ours, sep, theirs = item.strip().partition("/")
         if not sep:
             raise UsageError(f"--pairs {item!r}: write OURS/ANCHOR, e.g. zb1/1f1b or zb1/torch")
-        SCHEDULES.get(ours)
+        kind = SCHEDULES.get(ours)
         if theirs == "torch":
+            # torch's counterpart by what the schedule is: virtual stages, or a split backward
+            split = "zero-bubble" if kind.splits_backward else ""
+            anchor = "interleaved" if kind.virtual else split
+            if not anchor:
+                raise UsageError(f"--pairs {item!r}: torch has no counterpart of {ours} here")
             if not skip_torch:
-                out.append((ours, "interleaved" if SCHEDULES.get(ours).virtual else "zero-bubble"))
+                out.append((ours, anchor))
         else:
             SCHEDULES.get(theirs)
             out.append((ours, "our:" + theirs))
