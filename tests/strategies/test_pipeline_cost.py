@@ -21,7 +21,7 @@ def _predict(spec: str, nodes: int = 4) -> costmodel.Prediction:
 
 
 def test_each_schedule_adds_its_own_bubble_to_the_same_work() -> None:
-    p, m = 4, 16  # M = 4P unless stated
+    p, m = 4, 4  # train's default M
     busy = WORK.batch_size * WORK.flops * CAL.seconds_per_flop / p
     own = WORK.params / p * CAL.seconds_per_param + CAL.seconds_per_step
     for spec, name, v in [("pipeline:1f1b", "1f1b", 1), ("pipeline:gpipe", "gpipe", 1),
@@ -54,7 +54,7 @@ def test_advise_lists_the_schedules_with_different_times(capsys: pytest.CaptureF
 def test_activations_cost_the_hand_offs_and_one_stage_sends_none() -> None:
     small = _predict("pipeline:1f1b:activation_bytes=1000")
     big = _predict("pipeline:1f1b:activation_bytes=1e6")
-    m, p = 16, 4
+    m, p = 4, 4
     message = WORK.batch_size / m * 1000
     assert small.comm_seconds == pytest.approx(2 * (p - 1) * (NET.alpha + message * NET.beta))
     assert small.bytes_per_rank == pytest.approx(2 * m * message)
@@ -63,6 +63,13 @@ def test_activations_cost_the_hand_offs_and_one_stage_sends_none() -> None:
     assert f"{4 * math.sqrt(WORK.params):.3g} B" in unstated.note
     one = _predict("pipeline:interleaved:virtual_stages=2", nodes=1)
     assert one.comm_seconds == 0 and one.bytes_per_rank == 0
+
+
+def test_unstated_microbatches_rise_to_what_the_schedule_runs() -> None:
+    # train's default M = 4: interleaved on 8 ranks needs a multiple of 8, zb2 at least 8
+    assert "at M=8, V=2" in _predict("pipeline:interleaved:virtual_stages=2", nodes=8).reason
+    assert "at M=8, V=1" in _predict("pipeline:zb2", nodes=8).reason
+    assert "at M=4, V=1" in _predict("pipeline:1f1b", nodes=8).reason
 
 
 def test_sizes_a_schedule_refuses_and_settings_it_does_not_read() -> None:

@@ -261,7 +261,9 @@ class Pipeline(Strategy):
         The schedule's own terms (``ScheduleKind.bubble``, ``.held``) give the step: busy /
         (1 - bubble), exact for equal stages with F:B:W = 1:1:1 (6·params flops: forward 2,
         input gradient 2, weight gradient 2), and for the fused schedules at any F:B (their
-        idle time is (P-1)(F+B) per chunk). M is 4P unless the spec states it. The fill and
+        idle time is (P-1)(F+B) per chunk). M is the spec's (train's default 4 unless stated;
+        unstated, raised to the least count the schedule accepts, e.g. a multiple of P for
+        interleaved), as ``disttrain train``/``compare`` would run it. The fill and
         drain cross 2(PV-1) stage boundaries on the critical path, each an α and a
         micro-batch's activations at β; the steady state's 2MV hand-offs are hidden behind
         the compute unless the link needs longer. Activations: ``activation_bytes`` a sample,
@@ -272,10 +274,13 @@ class Pipeline(Strategy):
         pc = spec.config().section(ParallelConfig)
         kind = schedule.SCHEDULES.get(pc.schedule)
         p, v = nodes, pc.chunks
-        m = pc.microbatches if "microbatches" in spec.settings else 4 * p
+        m = pc.microbatches
         why = kind.check(m, p, v) if p > 1 else ""  # one stage: no pipeline to refuse
-        if why:
+        if why and "microbatches" in spec.settings:
             raise ValueError(why)
+        while why:  # unstated: the least count from train's default up that the schedule runs
+            m += 1
+            why = kind.check(m, p, v)
         net, cal = network, calibration
         bubble = kind.bubble(m, p, v)
         busy = work.batch_size * work.flops * cal.seconds_per_flop / p
