@@ -276,11 +276,13 @@ class Pipeline(Strategy):
         p, v = nodes, pc.chunks
         m = pc.microbatches
         why = kind.check(m, p, v) if p > 1 else ""  # one stage: no pipeline to refuse
-        if why and "microbatches" in spec.settings:
-            raise ValueError(why)
-        while why:  # unstated: the least count from train's default up that the schedule runs
-            m += 1
+        if why and "microbatches" not in spec.settings:
+            # unstated: the least count from train's default up that the schedule runs (a
+            # refusal that no count within 4PV more lifts is the spec's to fix)
+            m = next((n for n in range(m, m + 4 * p * v + 1) if not kind.check(n, p, v)), m)
             why = kind.check(m, p, v)
+        if why:
+            raise ValueError(why)
         net, cal = network, calibration
         bubble = kind.bubble(m, p, v)
         busy = work.batch_size * work.flops * cal.seconds_per_flop / p
