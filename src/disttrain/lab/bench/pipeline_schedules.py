@@ -227,6 +227,9 @@ def _paired(a: argparse.Namespace, ours: str, theirs: str, m: int) -> dict[str, 
     except Exception as exc:  # the anchor's own failure is the result to record
         return {"error": f"{type(exc).__name__}: {exc}"}
     o_t, t_t = [], []
+    # this rank's compute per step, (wall, CPU) seconds, of ours and of our anchor: on shared
+    # cores a smaller bubble lets the ranks compute at once, so they wait for cores instead
+    work: dict[str, list[tuple[float, float]]] = {"ours": [], "theirs": []}
     for i in range(a.repeats + 2):
         if i % 2 == 0:
             o, t = _timed(lambda: runner.run(x, y)), _timed(other)
@@ -235,8 +238,13 @@ def _paired(a: argparse.Namespace, ours: str, theirs: str, m: int) -> dict[str, 
         if i >= 2:
             o_t.append(o)
             t_t.append(t)
+            work["ours"].append((runner.times.compute, runner.times.compute_cpu))
+            if theirs.startswith("our:"):
+                work["theirs"].append((anchor.times.compute, anchor.times.compute_cpu))
     return {"ours": statistics.median(o_t), "theirs": statistics.median(t_t),
-            "paired": statistics.median(o / t for o, t in zip(o_t, t_t, strict=True))}  # fmt: skip
+            "paired": statistics.median(o / t for o, t in zip(o_t, t_t, strict=True)),
+            "compute": {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
+                        for k, v in work.items() if v}}  # fmt: skip
 
 
 def _spawn(fn: Callable[..., Any], size: int, args: tuple[Any, ...]) -> list[Any]:
@@ -308,11 +316,18 @@ def run(a: argparse.Namespace) -> int:
     m = max(ms)
     print(f"\nStep time at M={m}, paired rounds (ratio < 1: ours faster)")
     for ours, theirs in pairs:
-        r = _spawn(_paired, p, (a, ours, theirs, m))[0]
+        per_rank = _spawn(_paired, p, (a, ours, theirs, m))
+        r = per_rank[0]
         label = ANCHORS.get(theirs, theirs)
         if "error" in r:
             print(f"  {ours:<12} vs {label}: anchor failed: {r['error']}")
-        else:
-            print(f"  {ours:<12} vs {label}: ours {r['ours']:.4f} s, theirs {r['theirs']:.4f} s, "
-                  f"paired {r['paired']:.2f}")  # fmt: skip
+            continue
+        print(f"  {ours:<12} vs {label}: ours {r['ours']:.4f} s, theirs {r['theirs']:.4f} s, "
+              f"paired {r['paired']:.2f}")  # fmt: skip
+        for side in r["compute"]:  # each rank's compute a step: wall (CPU) ms
+            cells = ", ".join(
+                f"{q['compute'][side][0] * 1e3:.1f} ({q['compute'][side][1] * 1e3:.1f})"
+                for q in per_rank
+            )
+            print(f"    {side:<6} compute per rank, wall (CPU) ms: {cells}")
     return 0
