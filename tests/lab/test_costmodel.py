@@ -291,7 +291,7 @@ def test_one_grammar_with_compare() -> None:
     assert one.messages_per_rank * 4 == many.messages_per_rank  # 4 MB: one bucket vs four
     with pytest.raises(ValueError, match="does not read lr"):
         costmodel.predict("allreduce:ring:lr=0.5", work, 4, net, CAL)
-    for strategy in ("pipeline", "tensor", "hybrid"):
+    for strategy in ("tensor", "hybrid"):
         with pytest.raises(ValueError, match=f"{strategy} is not modelled: "):
             costmodel.predict(strategy, work, 4, net, CAL)
 
@@ -302,7 +302,13 @@ def test_default_rows_come_from_the_strategies() -> None:
     algorithms = [a for a, x in collectives.ALGORITHMS.items() if a != "native" and not x.one_host]
     assert [r for r in rows if r.startswith("allreduce:")] == [f"allreduce:{a}" for a in algorithms]
     assert {"ps:sync", "ps:async", "localsgd:8", "localsgd:32"} <= set(rows)
-    assert not [r for r in rows if r.split(":")[0] in ("pipeline", "tensor", "hybrid")]
+    assert not [r for r in rows if r.split(":")[0] in ("tensor", "hybrid")]
+    assert [r for r in rows if r.startswith("pipeline:")] == [
+        "pipeline:1f1b",
+        "pipeline:interleaved:virtual_stages=2",
+        "pipeline:zb1",
+        "pipeline:zb2",
+    ]
 
 
 def test_per_step_framework_work_is_added_to_every_step_and_old_files_load(

@@ -23,8 +23,8 @@ Strategies (``predict``'s first argument) are written in the one spec grammar of
 ``decentralized:topk:0.01`` (top-k at density 0.01), ``decentralized:onebit:density=0.01``
 (one-bit's share of entries sent is set by the gradients, not by τ: the spec states it).
 Only the settings a strategy's formulas read are accepted (its ``cost_settings``);
-the step of pipelines, tensor parallelism and hybrids is not modelled (their errors say
-why), their memory is.
+the step of tensor parallelism and hybrids is not modelled (their errors say why),
+their memory is.
 
 Memory per worker (``predict_memory``) is each strategy's own formula too
 (``Strategy.predict_memory``: a whole replica by default), on the model's layers: the
@@ -196,7 +196,8 @@ def assess(
             mem: Memory | None = predict_memory(spec, work, nodes, model)
         except ValueError as exc:  # it cannot run so: more stages than layers, ...
             message = str(exc).removeprefix(f"{spec.label!r}: ")
-            mem, why = None, "; ".join(filter(None, [why, f"cannot run so: {message}"]))
+            # and so it has no step either (a pipeline's time assumes the stages exist)
+            mem, step, why = None, None, f"cannot run so: {message}"
         fits = None if limit is None else mem is not None and mem.total <= limit
         rows.append(Row(spec.label, step, mem, why, fits))
     return sorted(rows, key=lambda r: (r.step is None, r.step.step_seconds if r.step else 0.0))

@@ -13,6 +13,8 @@ batch: stage 0 feeds the input, the last computes the loss against the labels.
 from __future__ import annotations
 
 import copy
+import math
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -95,10 +97,12 @@ class Pipeline(Strategy):
     name = "pipeline"
     shares_activations: ClassVar[bool] = True  # stages or slices exchange activations
     main_setting: ClassVar[str | None] = "schedule"
-    not_modelled: ClassVar[str] = (
-        "its step depends on per-layer activation sizes and the stage balance, which a "
-        "parameter count does not give (`disttrain bench pipeline` measures it)"
-    )
+    cost_settings: ClassVar[tuple[str, ...]] = (
+        "schedule", "microbatches", "virtual_stages", "balance"  # balance: memory only
+    )  # fmt: skip
+    assumptions: ClassVar[dict[str, str]] = {
+        "activation_bytes": "bytes per sample crossing a stage boundary (else not counted)"
+    }
     reads_settings = (
         "stages", "microbatches", "schedule", "virtual_stages", "balance", "recompute"
     )  # fmt: skip
@@ -238,6 +242,82 @@ class Pipeline(Strategy):
             }
         }
 
+    # --- the cost model (``disttrain advise``) ------------------------------------------
+    @classmethod
+    def advise_specs(cls) -> list[str]:
+        """One row per schedule family: 1F1B, interleaved (V = 2), ZB-H1, ZB-H2."""
+        return [f"{cls.name}:1f1b", f"{cls.name}:interleaved:virtual_stages=2",
+                f"{cls.name}:zb1", f"{cls.name}:zb2"]  # fmt: skip
+
+    @classmethod
+    def predict(
+        cls,
+        spec: RunSpec,
+        work: costing.Workload,
+        nodes: int,
+        network: costing.Network,
+        calibration: costing.Rates,
+    ) -> costing.Prediction:
+        """P = ``nodes`` equal stages, one per rank, each computing 1/P of the model.
+
+        The schedule's own terms (``ScheduleKind.bubble``, ``.held``) give the step: busy /
+        (1 - bubble), exact for equal stages with F:B:W = 1:1:1 (6·params flops: forward 2,
+        input gradient 2, weight gradient 2), and for the fused schedules at any F:B (their
+        idle time is (P-1)(F+B) per chunk). M is the spec's (train's default 4 unless stated;
+        unstated, raised to the least count the schedule accepts, e.g. a multiple of P for
+        interleaved), as ``disttrain train``/``compare`` would run it. The fill and
+        drain cross 2(PV-1) stage boundaries on the critical path, each an α and a
+        micro-batch's activations at β; the steady state's 2MV hand-offs are hidden behind
+        the compute unless the link needs longer. Activations: ``activation_bytes`` a sample,
+        else 4·sqrt(params) (fp32 values as wide as a one-layer square model: an upper bound
+        on a deeper dense model's width). Not modelled: stages of unequal cost, the split
+        backward's own overhead, a micro-batch too small to compute efficiently.
+        """
+        pc = spec.config().section(ParallelConfig)
+        kind = schedule.SCHEDULES.get(pc.schedule)
+        p, v = nodes, pc.chunks
+        m = pc.microbatches
+        why = kind.check(m, p, v) if p > 1 else ""  # one stage: no pipeline to refuse
+        if why and "microbatches" not in spec.settings:
+            # unstated: the least count from train's default up that the schedule runs (a
+            # refusal that no count within 4PV more lifts is the spec's to fix)
+            m = next((n for n in range(m, m + 4 * p * v + 1) if not kind.check(n, p, v)), m)
+            why = kind.check(m, p, v)
+        if why:
+            raise ValueError(why)
+        net, cal = network, calibration
+        bubble = kind.bubble(m, p, v)
+        busy = work.batch_size * work.flops * cal.seconds_per_flop / p
+        own = work.params / p * cal.seconds_per_param + cal.seconds_per_step
+        compute = (busy / (1 - bubble) + own) * cal.colocation_factor(work.ranks_per_host)
+        # unstated: the width of a model that is one square layer, sqrt(params) values, which
+        # bounds the width of any deeper dense model of as many parameters from above
+        stated = spec.assumptions.get("activation_bytes")
+        per_sample = stated if stated is not None else 4 * math.sqrt(work.params)
+        message = work.batch_size / m * per_sample  # one micro-batch's activations
+        hand_off = net.alpha + message * net.beta
+        sends = 2 * m * v if p > 1 else 0  # an activation on, a gradient back, per chunk action
+        # the fill and drain wait for their hand-offs; the steady state's overlap the compute
+        # unless the link needs longer than the compute for all of them
+        fill_drain = 2 * (p * v - 1) if p > 1 else 0  # stage boundaries between ranks
+        comm = fill_drain * hand_off + max(0.0, sends * hand_off - compute)
+        held = kind.held(m, p, v, 0)
+        reason = (
+            f"{pc.schedule}: bubble {bubble:.1%} of the step at M={m}, V={v}; "
+            f"stage 0 holds {held:g} micro-batches' activations (1F1B: {min(m, p)})"
+        )
+        note = "equal stages, F:B:W = 1:1:1"
+        if stated is None:
+            note += f"; assumes {per_sample:.3g} B of activations a sample (activation_bytes=)"
+        bound = "compute" if comm < 0.1 * compute else "latency"
+        if bound != "compute" and message * net.beta > net.alpha:
+            bound = "bandwidth"
+        pred = costing.finish(spec.label, p, compute, comm, sends * message, sends, bound,
+                              reason, work, cal, note)  # fmt: skip
+        # the step without the bubble and the hand-offs: each rank's share of the work
+        ideal = (busy + own) * cal.colocation_factor(work.ranks_per_host)
+        return replace(pred, efficiency=ideal / pred.step_seconds)
+
     # --- checkpoints: the layout of stages is part of the state ----------------------
     def stage_layout(self) -> dict[str, Any]:
         """Which layers this rank holds: the schedule's chunks and the layers per stage."""
@@ -256,13 +336,7 @@ class Pipeline(Strategy):
                 "--schedule, --virtual-stages and --balance"
             )
 
-    # --- memory (``disttrain advise``) -----------------------------------------------------
-    cost_settings: ClassVar[tuple[str, ...]] = ("schedule", "virtual_stages", "balance")
-
-    @classmethod
-    def memory_specs(cls) -> list[str]:
-        return [cls.name]
-
+    # --- memory (``disttrain advise``: the rows of advise_specs above) ---------------------
     @classmethod
     def predict_memory(
         cls, spec: RunSpec, work: costing.Workload, nodes: int, model: nn.Module

@@ -92,6 +92,6 @@ def test_show_schedule_draws_the_new_schedules_with_their_theory(
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "interleaved  M=4 P=2 V=2  bubble 0.111 (theory 0.111)" in out
-    assert "zb1  M=4 P=2  bubble 0.143 (theory 0.143)  activations held per rank 2, 1" in out
-    assert "stage 1  F1 F2  . B1 W1 F3 B2 W2 F4 B3 W3  . B4 W4" in out
+    assert "zb1  M=4 P=2  bubble 0.077 (theory 0.077)  activations held per rank 2, 2" in out
+    assert "stage 2   . F1 B1 F2 B2 W1 F3 B3 W2 F4 B4 W3 W4" in out
     assert main([*argv[:4], "interleaved", "--stages", "2", "--microbatches", "3"]) == 2

@@ -188,12 +188,16 @@ def test_each_schedule_holds_what_its_memory_formula_says(name: str, m: int, p: 
     assert [in_flight(grid, r) for r in range(p)] == [kind.held(m, p, v, r) for r in range(p)]
 
 
-def test_zb1_holds_what_1f1b_holds_and_zb2_and_interleaved_more() -> None:
+def test_zb1_peak_is_1f1bs_and_zb2_and_interleaved_hold_more() -> None:
     for m, p in NEW_SIZES:
         o, z1, z2 = (build(n, m, p) for n in ("1f1b", "zb1", "zb2"))
         inter = build("interleaved", m, p, 2)
-        assert [in_flight(z1, r) for r in range(p)] == [in_flight(o, r) for r in range(p)]
-        assert in_flight(z2, 0) == min(m, 2 * p - 1) >= in_flight(o, 0)
+        # ZB-H1: stage 0, the pipeline's peak, holds what 1F1B's holds (P); the later
+        # stages hold P too (1F1B: P-s): the price of delaying their Ws
+        assert in_flight(z1, 0) == in_flight(o, 0) == min(m, p)
+        assert max(in_flight(z1, r) for r in range(p)) == max(in_flight(o, r) for r in range(p))
+        if m >= 2 * p - 2:
+            assert in_flight(z2, 0) == min(m, 2 * p - 1) >= in_flight(o, 0)
         assert in_flight(inter, 0) >= in_flight(o, 0)
 
 
@@ -216,13 +220,50 @@ def test_replay_of_equal_durations_is_each_schedules_theoretical_bubble(
 
 
 def test_bubbles_shrink_as_the_papers_say() -> None:
-    # in one F's time units: 1F1B idles 3(P-1) (B+W fused = 2), zb1 2(P-1), zb2 P-1,
-    # interleaved (P-1)(F+B)/V
+    # in one F's time units (F = B = W): 1F1B idles 3(P-1) (its fused backward is B + W),
+    # zb1 and zb2 P-1 (ZB-H1: (P-1)(F+B-W), a third of 1F1B's), interleaved (P-1)(F+B)/V
     m, p = 8, 4
     idle = {n: SCHEDULES.get(n).bubble(m, p, 2) for n in ("1f1b", "interleaved", "zb1", "zb2")}
-    assert idle["zb2"] < idle["zb1"] < idle["1f1b"]
+    ticks = {n: len(build(n, m, p, 2)) for n in ("1f1b", "zb1", "zb2")}
+    assert ticks["1f1b"] * 3 // 2 - 3 * m == 3 * (p - 1)  # a 1F1B tick is F or B+W: 1.5 F's
+    assert ticks["zb1"] - 3 * m == ticks["zb2"] - 3 * m == p - 1
+    assert idle["zb2"] == idle["zb1"] < idle["1f1b"]
     assert idle["interleaved"] < idle["1f1b"]
     assert idle["interleaved"] == pytest.approx((p - 1) / (m * 2 + p - 1))
+
+
+def _replayed_idle(name: str, m: int, p: int, v: int, d: dict[str, float]) -> float:
+    """Idle seconds per rank of ``name``'s grid, every action of a kind taking ``d[kind]``."""
+    grid = build(name, m, p, v)
+    orders = [
+        [(replay_kind(a, p), a.microbatch, d[a.kind]) for _, a in stage_actions(grid, r)]
+        for r in range(p)
+    ]
+    window, busy = replay(orders, virtual=v)
+    return window - busy[0]
+
+
+# (F, B, W) seconds: equal, the paper's usual W < B, a heavy forward, all in the regime
+# W <= B <= F + W, W <= F where the closed forms below hold exactly
+RATIOS = [(1.0, 1.0, 1.0), (1.0, 1.5, 0.6), (1.0, 1.2, 0.8), (2.0, 1.0, 1.0), (1.3, 1.9, 0.7)]
+
+
+@pytest.mark.parametrize(("f", "b", "w"), RATIOS)
+@pytest.mark.parametrize(("m", "p"), [(p * k, p) for p in (2, 3, 4, 5) for k in (2, 3, 4)])
+def test_replay_at_other_durations_gives_the_papers_formulas(
+    f: float, b: float, w: float, m: int, p: int
+) -> None:
+    d = {"F": f, "B": b, "W": w}
+    # ZB-H1 (Qi et al. 2024, table 3): (P-1)(T_F + T_B - T_W)
+    assert _replayed_idle("zb1", m, p, 1, d) == pytest.approx((p - 1) * (f + b - w))
+    # ZB-H2 in a synchronous step: (P-1)(T_F + max(0, T_B - 2 T_W)) (paper: no max, no T_F
+    # once the optimizer step is not waited for); M >= 2P-1
+    assert _replayed_idle("zb2", m, p, 1, d) == pytest.approx((p - 1) * (f + max(0, b - 2 * w)))
+    # 1F1B with the fused backward B + W; interleaved with chunk actions: (P-1)(F+B) each
+    fused = {"F": f, "B": b + w}
+    assert _replayed_idle("1f1b", m, p, 1, fused) == pytest.approx((p - 1) * (f + b + w))
+    chunk = {"F": f / 2, "B": (b + w) / 2}
+    assert _replayed_idle("interleaved", m, p, 2, chunk) == pytest.approx((p - 1) * (f + b + w) / 2)
 
 
 def test_interleaved_and_zb_refuse_what_they_cannot_run() -> None:

@@ -6,14 +6,15 @@ Part 1, the bubble: each schedule (``--schedules``) runs on P local processes
 (gloo, one thread each); every rank records each action's measured seconds,
 by default its CPU time (``time.thread_time``: on a loaded machine an action's
 wall time also holds the spans in which the OS ran another process).
-:func:`schedule.replay` lays those durations out with instant hand-offs: its
-idle share is the schedule's bubble at the measured durations, free of the
-machine's noise (on 2 shared cores the wall-clock bubble mostly measures the
-scheduler). ``replay``: each action's median duration over the timed steps,
-replayed once; ``per step``: each step's own durations replayed, median over
-steps (one step's jitter included); ``at means``: every action of a kind given
-the kind's mean duration (the schedule's bubble at this machine's F:B:W
-ratio); ``theory``: the formula (every action one tick, F = B = W).
+:func:`schedule.replay` lays durations out with instant hand-offs, four ways
+(:func:`_bubble_rows`): ``theory`` every action one tick; ``@means`` every
+action of a kind at the kind's mean measured duration, the schedule's own
+bubble at this machine's F:B:W, which is what the measurement is compared
+with (zb1's bubble is (P-1)(F+B-W), not the F = B = W figure); ``stages``
+each rank's own mean per kind (adds the stages' unequal compute); ``replay``
+each action's median over the timed steps (adds the actions' spread, the
+machine's noise). ``rel.err`` = replay / @means - 1; the two columns after it
+split replay - @means into the stages' share and the jitter's.
 
 Part 2, step time: ours and torch.distributed.pipelining's anchors on the same
 model, split the same way, in the same processes, one step of each per round
@@ -56,6 +57,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=64, help="batch size per step")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps (rounds)")
     parser.add_argument("--skip-torch", action="store_true", help="leave out the torch anchors")
+    parser.add_argument(
+        "--pairs", default="interleaved/torch,zb1/torch,zb1/1f1b,zb2/1f1b",
+        help="paired step times OURS/ANCHOR (ANCHOR: one of ours, or torch), comma-separated; "
+        "'none' for none",
+    )  # fmt: skip
     parser.add_argument(
         "--wall", dest="cpu", action="store_false",
         help="replay each action's wall time (default: its CPU time, free of preemptions)",
@@ -118,47 +124,61 @@ def _replays(a: argparse.Namespace, names: list[str], m: int) -> dict[str, Any]:
     return out
 
 
+Orders = list[list[tuple[str, int, float]]]
+
+
+def _idle(orders: Orders, virtual: int) -> float:
+    """The mean idle share of the ranks when ``orders`` are replayed with instant hand-offs."""
+    window, busy = schedule.replay(orders, virtual=virtual)
+    return statistics.mean(1 - b / window for b in busy)
+
+
 def _bubble_rows(
     per_rank: list[dict[str, Any]], names: list[str], m: int, p: int, v: int
 ) -> list[dict[str, Any]]:
+    """The bubble of each schedule, from its theory to the measured actions, in four steps:
+
+    ``theory``: every action one tick (F = B = W). ``at_means``: every action of a kind
+    given the kind's mean measured duration: the schedule's own bubble at this machine's
+    F:B:W (the theory to compare with; zb1's and zb2's depend on the ratio). ``stages``:
+    each rank's mean duration of each kind: adds the stages' unequal compute (the last
+    computes the loss, the first no input gradient). ``replay``: each action's own median
+    over the timed steps: adds the actions' spread within a rank and kind (the machine's
+    noise). ``per step``: each step replayed alone, median over steps (its jitter too).
+    """
     rows = []
     for name in names:
         kind = SCHEDULES.get(name)
         vv = v if kind.virtual else 1
-        idles, means = [], []
-        for step in zip(*(r[name]["actions"] for r in per_rank), strict=True):
-            window, busy = schedule.replay([list(s) for s in step], virtual=vv)
-            idles.append(statistics.mean(1 - b / window for b in busy))
-            means.append(_kind_means(step))
-        mean = {k: statistics.median(d[k] for d in means) for k in means[0]}
-        # each action's median over the steps (per rank, per position): one step's jitter out,
-        # the stages' and actions' own differences kept
-        medians = [
-            [(k, mb, statistics.median(st[i][2] for st in r[name]["actions"]))
-             for i, (k, mb, _) in enumerate(r[name]["actions"][0])]
-            for r in per_rank
+        steps = [r[name]["actions"] for r in per_rank]
+        per_step = [_idle([list(s) for s in step], vv) for step in zip(*steps, strict=True)]
+        # each action's median over the timed steps (per rank, per position)
+        medians: Orders = [
+            [(k, mb, statistics.median(st[i][2] for st in acts))
+             for i, (k, mb, _) in enumerate(acts[0])]
+            for acts in steps
         ]  # fmt: skip
-        window, busy = schedule.replay(medians, virtual=vv)
-        per_action = statistics.mean(1 - b / window for b in busy)
-        step0 = [list(r[name]["actions"][0]) for r in per_rank]
-        window, busy = schedule.replay(
-            [[(k, mb, mean[k[0]]) for k, mb, _ in s] for s in step0], virtual=vv
-        )
-        at_means = statistics.mean(1 - b / window for b in busy)
+        means = _kind_means(medians)
+        at_means = [[(k, mb, means[k[0]]) for k, mb, _ in acts] for acts in medians]
+        stage_means = [_kind_means([acts]) for acts in medians]
+        at_stages = [
+            [(k, mb, sm[k[0]]) for k, mb, _ in acts]
+            for acts, sm in zip(medians, stage_means, strict=True)
+        ]
         rows.append({
             "schedule": name, "m": m, "theory": kind.bubble(m, p, vv),
-            "replay_means": at_means, "replay_per_step": statistics.median(idles),
-            "replay_measured": per_action,
-            "durations": mean, "step": per_rank[0][name]["step"],
+            "at_means": _idle(at_means, vv), "stages": _idle(at_stages, vv),
+            "replay": _idle(medians, vv), "per_step": statistics.median(per_step),
+            "durations": means, "step": per_rank[0][name]["step"],
             "peak_activation_bytes": [r[name]["peak"] for r in per_rank],
         })  # fmt: skip
     return rows
 
 
-def _kind_means(step: tuple[list[tuple[str, int, float]], ...]) -> dict[str, float]:
-    """Mean seconds of each action kind (F, B, W) over all ranks of one step."""
+def _kind_means(orders: Orders) -> dict[str, float]:
+    """Mean seconds of each action kind (F, B, W; chunks together) over ``orders``' actions."""
     by: dict[str, list[float]] = {}
-    for acts in step:
+    for acts in orders:
         for k, _, sec in acts:
             by.setdefault(k[0], []).append(sec)
     return {k: statistics.mean(v) for k, v in by.items()}
@@ -207,6 +227,9 @@ def _paired(a: argparse.Namespace, ours: str, theirs: str, m: int) -> dict[str, 
     except Exception as exc:  # the anchor's own failure is the result to record
         return {"error": f"{type(exc).__name__}: {exc}"}
     o_t, t_t = [], []
+    # this rank's compute per step, (wall, CPU) seconds, of ours and of our anchor: on shared
+    # cores a smaller bubble lets the ranks compute at once, so they wait for cores instead
+    work: dict[str, list[tuple[float, float]]] = {"ours": [], "theirs": []}
     for i in range(a.repeats + 2):
         if i % 2 == 0:
             o, t = _timed(lambda: runner.run(x, y)), _timed(other)
@@ -215,14 +238,44 @@ def _paired(a: argparse.Namespace, ours: str, theirs: str, m: int) -> dict[str, 
         if i >= 2:
             o_t.append(o)
             t_t.append(t)
+            work["ours"].append((runner.times.compute, runner.times.compute_cpu))
+            if theirs.startswith("our:"):
+                work["theirs"].append((anchor.times.compute, anchor.times.compute_cpu))
     return {"ours": statistics.median(o_t), "theirs": statistics.median(t_t),
-            "paired": statistics.median(o / t for o, t in zip(o_t, t_t, strict=True))}  # fmt: skip
+            "paired": statistics.median(o / t for o, t in zip(o_t, t_t, strict=True)),
+            "compute": {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
+                        for k, v in work.items() if v}}  # fmt: skip
 
 
 def _spawn(fn: Callable[..., Any], size: int, args: tuple[Any, ...]) -> list[Any]:
     from disttrain.launch.spawn import run_world
 
     return run_world(fn, size, args, timeout=600, collective_timeout=120)
+
+
+def _pairs(text: str, skip_torch: bool) -> list[tuple[str, str]]:
+    """``zb1/1f1b,interleaved/torch`` -> [(ours, anchor)]; an anchor is ``our:NAME`` or a key
+    of ``ANCHORS`` (torch's schedule for ours: interleaved or zero-bubble)."""
+    if text.strip() == "none":
+        return []
+    out = []
+    for item in text.split(","):
+        ours, sep, theirs = item.strip().partition("/")
+        if not sep:
+            raise UsageError(f"--pairs {item!r}: write OURS/ANCHOR, e.g. zb1/1f1b or zb1/torch")
+        kind = SCHEDULES.get(ours)
+        if theirs == "torch":
+            # torch's counterpart by what the schedule is: virtual stages, or a split backward
+            split = "zero-bubble" if kind.splits_backward else ""
+            anchor = "interleaved" if kind.virtual else split
+            if not anchor:
+                raise UsageError(f"--pairs {item!r}: torch has no counterpart of {ours} here")
+            if not skip_torch:
+                out.append((ours, anchor))
+        else:
+            SCHEDULES.get(theirs)
+            out.append((ours, "our:" + theirs))
+    return out
 
 
 def run(a: argparse.Namespace) -> int:
@@ -233,6 +286,7 @@ def run(a: argparse.Namespace) -> int:
     names = a.schedules.split(",")
     for name in names:
         SCHEDULES.get(name)  # an unknown name: one line
+    pairs = _pairs(a.pairs, a.skip_torch)
     p, v = a.stages, a.virtual_stages
     if not 2 <= p <= 4:
         raise UsageError(f"--stages {p}: this benchmark starts P local processes, use 2 to 4")
@@ -243,32 +297,37 @@ def run(a: argparse.Namespace) -> int:
         )
     print(f"P={p}, V={v}, {a.layers} x Linear({a.width})+ReLU, batch {a.batch}, "
           f"median of {a.repeats} steps")  # fmt: skip
-    print(f"{'schedule':<12}{'M':>3} {'theory':>7} {'replay':>7} {'rel.err':>8} "
-          f"{'per step':>9} {'at means':>9}  F/B/W ms{'':<14}{'step s':>7}  "
+    print(f"{'schedule':<12}{'M':>3} {'theory':>7} {'@means':>7} {'replay':>7} {'rel.err':>8} "
+          f"{'stages':>7} {'jitter':>7} {'per step':>9}  F/B/W ms{'':<14}{'step s':>7}  "
           "peak activations")  # fmt: skip
     for m in ms:
         per_rank = _spawn(_replays, p, (a, names, m))
         for row in _bubble_rows(per_rank, names, m, p, v):
-            err = (row["replay_measured"] - row["theory"]) / row["theory"]
+            err = (row["replay"] - row["at_means"]) / row["at_means"]
             dur = "/".join(
                 f"{row['durations'][k] * 1e3:.2f}" for k in "FBW" if k in row["durations"]
             )
-            print(f"{row['schedule']:<12}{m:>3} {row['theory']:>7.3f} "
-                  f"{row['replay_measured']:>7.3f} {err:>+8.1%} {row['replay_per_step']:>9.3f} "
-                  f"{row['replay_means']:>9.3f}  "
+            print(f"{row['schedule']:<12}{m:>3} {row['theory']:>7.3f} {row['at_means']:>7.3f} "
+                  f"{row['replay']:>7.3f} {err:>+8.1%} {row['stages'] - row['at_means']:>+7.3f} "
+                  f"{row['replay'] - row['stages']:>+7.3f} {row['per_step']:>9.3f}  "
                   f"{dur:<22}{row['step']:>7.4f}  {row['peak_activation_bytes']}")  # fmt: skip
-    if a.skip_torch:
+    if not pairs:
         return 0
     m = max(ms)
     print(f"\nStep time at M={m}, paired rounds (ratio < 1: ours faster)")
-    pairs = [("interleaved", "interleaved"), ("zb1", "zero-bubble"), ("zb1", "our:1f1b"),
-             ("zb2", "our:1f1b")]  # fmt: skip
     for ours, theirs in pairs:
-        r = _spawn(_paired, p, (a, ours, theirs, m))[0]
+        per_rank = _spawn(_paired, p, (a, ours, theirs, m))
+        r = per_rank[0]
         label = ANCHORS.get(theirs, theirs)
         if "error" in r:
             print(f"  {ours:<12} vs {label}: anchor failed: {r['error']}")
-        else:
-            print(f"  {ours:<12} vs {label}: ours {r['ours']:.4f} s, theirs {r['theirs']:.4f} s, "
-                  f"paired {r['paired']:.2f}")  # fmt: skip
+            continue
+        print(f"  {ours:<12} vs {label}: ours {r['ours']:.4f} s, theirs {r['theirs']:.4f} s, "
+              f"paired {r['paired']:.2f}")  # fmt: skip
+        for side in r["compute"]:  # each rank's compute a step: wall (CPU) ms
+            cells = ", ".join(
+                f"{q['compute'][side][0] * 1e3:.1f} ({q['compute'][side][1] * 1e3:.1f})"
+                for q in per_rank
+            )
+            print(f"    {side:<6} compute per rank, wall (CPU) ms: {cells}")
     return 0

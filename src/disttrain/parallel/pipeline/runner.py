@@ -10,7 +10,7 @@ when the action starts (GPipe), or when the action needs it (1F1B, where the
 early post was measured slower: :func:`recv_ahead_default`). A stage
 receives only activations from s-1 (in the forward order of s-1) and
 gradients from s+1 (in its backward order), each a FIFO stream between one
-pair of ranks, so both sides agree on what each message is without any
+pair of ranks (``inbox.Inbox``), so both sides agree on what each message is without any
 header: the order of each stream is read off the sender's column of the grid,
 and activations and gradients travel under two tags (with P = 2 or V > 1 both
 come from one neighbour). Under a schedule with W actions, B computes only the
@@ -39,6 +39,7 @@ from torch.utils.checkpoint import checkpoint
 from disttrain import timeline
 from disttrain.comm import p2p, phases
 from disttrain.parallel.pipeline import split
+from disttrain.parallel.pipeline.inbox import Inbox
 from disttrain.parallel.pipeline.schedule import SCHEDULES, Action, Grid, replay_kind
 
 __all__ = ["ActivationMeter", "PipelineRunner", "StepTimes", "recv_ahead_default"]
@@ -235,11 +236,11 @@ class PipelineRunner:
         actions = [a for a in (row[r] for row in self.grid) if a is not None]
         mine = lambda s: 0 <= s <= last and self._rank_of(s) == r  # noqa: E731
         prev, nxt = (r - 1) % p, (r + 1) % p
-        acts = _Inbox(
+        acts = Inbox(
             [(k, shapes[k[1] - 1]) for k in self._stream(prev, "F", mine)],
             self.ranks[prev], device, self.group, ACT, requires_grad=True, ahead=self.recv_ahead,
         )  # fmt: skip
-        grads_in = _Inbox(
+        grads_in = Inbox(
             [(k, shapes[k[1]]) for k in self._stream(nxt, "B", mine)],
             self.ranks[nxt], device, self.group, GRAD, ahead=self.recv_ahead,
         )  # fmt: skip
@@ -384,63 +385,3 @@ class _StepState:
         self.layers: dict[tuple[int, int], list[tuple[torch.Tensor, list[nn.Parameter]]]] = {}
         self.pending: dict[tuple[int, int], split.PendingW] = {}  # B done, W not yet
         self.rng: dict[tuple[int, int], torch.Tensor] = {}  # RNG state at F (recompute)
-
-
-class _Inbox:
-    """The tensors one neighbour sends, in a known order, each receive posted one ahead.
-
-    Holding one receive in flight beyond the tensor being used keeps the
-    transfer off the critical path without holding more than one extra buffer
-    (1F1B's activation bound is kept). With ``ahead=False`` each receive is
-    posted only when its tensor is needed: gloo moves a message's bytes only
-    once its receive is posted, so an early post makes this process's gloo
-    thread read them while the stage computes, on a core the compute (and the
-    peer) also needs; when the sender's action runs just before the one that
-    needs it (1F1B's steady state), the early post overlaps nothing.
-    """
-
-    def __init__(
-        self,
-        order: list[tuple[tuple[int, int], tuple[torch.Size, torch.dtype]]],
-        src: int,
-        device: torch.device,
-        group: ProcessGroup | None,
-        tag: int,
-        requires_grad: bool = False,
-        ahead: bool = True,
-    ) -> None:
-        self.ahead = ahead
-        self.order = order  # ((micro-batch, stage), buffer shape) in the sender's order
-        self.src = src
-        self.tag = tag
-        self.device = device
-        self.group = group
-        self.requires_grad = requires_grad
-        self.next = 0
-        self.posted: tuple[tuple[int, int], Any, torch.Tensor] | None = None
-        if ahead:
-            self._post()
-
-    def _post(self) -> None:
-        if self.next >= len(self.order):
-            self.posted = None
-            return
-        key, (shape, dtype) = self.order[self.next]
-        buf = torch.empty(shape, dtype=dtype, device=self.device)
-        self.posted = (key, p2p.irecv(buf, self.src, self.group, tag=self.tag), buf)
-        self.next += 1
-
-    def take(self, m: tuple[int, int]) -> torch.Tensor:
-        """Wait for (micro-batch, stage) ``m``'s tensor (the next in order); post the next."""
-        if not self.ahead:
-            self._post()  # the receive for m, now
-        assert self.posted is not None and self.posted[0] == m, (m, self.posted)
-        _, work, buf = self.posted
-        work.wait()
-        if self.ahead:
-            self._post()
-        else:
-            self.posted = None
-        if self.requires_grad and buf.is_floating_point():
-            buf.requires_grad_(True)
-        return buf

@@ -43,13 +43,17 @@ class Recorder:
             m for m in module.modules() if any(p.requires_grad for p in m.parameters(recurse=False))
         ]
         self._out: list[tuple[torch.Tensor, list[nn.Parameter]]] | None = None
+        # each layer's trainable parameters, listed once: the hook runs at every forward, and
+        # walking ``parameters()`` there cost as much as a small layer's compute (measured)
+        self._params = {
+            id(m): [p for p in m.parameters(recurse=False) if p.requires_grad] for m in self.layers
+        }
         for layer in self.layers:
             layer.register_forward_hook(self._hook)
 
     def _hook(self, layer: nn.Module, args: object, out: object) -> None:
         if self._out is not None and isinstance(out, torch.Tensor) and out.requires_grad:
-            params = [p for p in layer.parameters(recurse=False) if p.requires_grad]
-            self._out.append((out, params))
+            self._out.append((out, self._params[id(layer)]))
 
     @contextmanager
     def recording(self) -> Iterator[list[tuple[torch.Tensor, list[nn.Parameter]]]]:
