@@ -44,7 +44,7 @@ _OWNED_BY: list[tuple[str, set[str]]] = [
         {"decentralized"},
     ),
     (
-        "servers ps_mode staleness_bound softsync staleness_lr momentum_compensation straggler "
+        "servers ps_mode staleness_bound softsync staleness_lr push_lr_share straggler "
         "ps_address ps_heartbeat ps_worker_timeout ps_curve_key",
         {"ps"},
     ),
@@ -90,7 +90,7 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "staleness_bound": {"ps_mode": "ssp"},
     "softsync": {"ps_mode": "softsync"},
     "staleness_lr": {"ps_mode": "async"},
-    "momentum_compensation": {"ps_mode": "async"},
+    "push_lr_share": {"ps_mode": "async"},
     "tensor_mode": {"tp": 2},
     **{n: {"pp": 2} for n in ("microbatches", "schedule", "balance", "recompute")},
     "virtual_stages": {"pp": 2, "schedule": "interleaved"},

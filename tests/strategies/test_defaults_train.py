@@ -51,15 +51,14 @@ ROWS: dict[str, list[tuple[str, list[str]]]] = {
 #: Not run (run=False): each would cost a run to confirm a known failure.
 KNOWN_BAD: dict[str, str] = {}
 #: Rows whose runs differ from one to the next (gradients applied in arrival order): on
-#: 2 loaded cores the same command gave 0.931 and 0.886. One more run when the first is
-#: below the band; a default that does not train fails both (main's: 0.914, 0.883).
+#: 2 loaded cores the same command gave 0.931 and 0.886 (before push_lr_share). One more
+#: run when the first is below the band; a default that does not train fails both.
 NONDETERMINISTIC = {"ps async", "ps ssp", "ps softsync"}
-#: Rows that passed and failed the same command in CI rehearsals (issue 23 stays open for
-#: them): async arrival order moves the result by several points. Run, not enforced.
-UNSTABLE = {
-    "ps async": "0.956 in one run, 0.900 and 0.903 in the 2026-11-24 CI rehearsal (vs 0.958)",
-    "ps ssp": "0.947 in one run, 0.922 and 0.883 in the 2026-11-24 CI rehearsal (vs 0.958)",
-}
+#: Rows that passed and failed the same command in CI rehearsals: run, not enforced.
+#: Empty since each async/ssp push is applied at lr/N (ps/config.py push_lr_share):
+#: async 5 of 5 and ssp 4 of 5 single runs in the band (2026-11-25), both with the
+#: second run above.
+UNSTABLE: dict[str, str] = {}
 CASES = [
     pytest.param(
         name, label, flags, id=label,

@@ -77,6 +77,7 @@ class ShardServer:
         sock: zmq.Socket[Any],
         *,
         staleness_lr: bool = False,
+        lr_share: float = 1.0,
         worker_timeout: float = 10.0,
         rank: int = -1,
     ) -> None:
@@ -87,6 +88,7 @@ class ShardServer:
         self.cons = consistency
         self.sock = sock
         self.staleness_lr = staleness_lr
+        self.lr_share = lr_share  # async/ssp: each push's share of the global batch (1/N)
         self.worker_timeout = worker_timeout
         self.fail_on_loss = consistency.mode == "sync"  # a sync round needs every worker
         self.rank = rank
@@ -136,6 +138,7 @@ class ShardServer:
     def _apply(self, batch: Batch) -> None:
         grads, rates = zip(*(self.grads.pop(e.token) for e in batch.entries), strict=True)
         scale = staleness_lr_scale(batch.staleness) if self.staleness_lr else 1.0
+        scale *= self.lr_share
         asked = [r for r in rates if r > 0]  # the workers' scheduled rates (warm-up, decay)
         for group, lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
             group["lr"] = (sum(asked) / len(asked) if asked else lr) * scale

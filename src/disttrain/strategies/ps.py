@@ -38,7 +38,7 @@ from disttrain.comm.errors import UsageError
 from disttrain.comm.world import group_timeout
 from disttrain.config import RunConfig
 from disttrain.ps.client import PSClient
-from disttrain.ps.config import ASYNCHRONOUS, PSConfig, parse_straggler, server_momentum
+from disttrain.ps.config import ASYNCHRONOUS, PSConfig, parse_straggler, push_lr_share
 from disttrain.ps.consistency import Consistency
 from disttrain.ps.server import ShardServer, bind_router
 from disttrain.ps.sharding import flatten, shard_bounds, unflatten_into
@@ -120,7 +120,7 @@ class ParameterServer(Strategy):
         if mode == "sync":
             unread["staleness_lr"] = "with --ps-mode sync (no update is stale)"
         if mode not in ASYNCHRONOUS:
-            unread["momentum_compensation"] = f"with --ps-mode {mode} (only async and ssp)"
+            unread["push_lr_share"] = f"with --ps-mode {mode} (only async and ssp)"
         return unread
 
     def __init__(self, config: RunConfig, world: Any, loss_fn: Any) -> None:
@@ -138,13 +138,9 @@ class ParameterServer(Strategy):
         self._step = 0  # this worker's step (before_step); 0: the client counts pushes
 
     @property
-    def server_momentum(self) -> float | None:
-        """The momentum the servers' optimizer applies (None: the optimizer has none)."""
-        if "momentum" not in self.optimizer.defaults:
-            return None
-        momentum = float(self.optimizer.defaults["momentum"])
-        compensate = self.ps.momentum_compensation
-        return server_momentum(momentum, self.ps.ps_mode, self.n_workers, compensate)
+    def lr_share(self) -> float:
+        """The factor on the lr of each update the servers apply (async, ssp: 1/workers)."""
+        return push_lr_share(self.ps.ps_mode, self.n_workers, self.ps.push_lr_share)
 
     # --- config and data sharding ---------------------------------------------------
     @classmethod
@@ -197,14 +193,12 @@ class ParameterServer(Strategy):
         port = endpoint.rsplit(":", 1)[1]
         store.set(_KEY.format(k), f"tcp://{host}:{port}" if ":" not in host else endpoint)
         defaults = dict(optimizer.defaults)
-        if "momentum" in defaults:  # asynchrony already acts as momentum: ps/config.py
-            defaults["momentum"] = self.server_momentum
         cons = Consistency(
             self.ps.ps_mode, tuple(range(self.n_workers)), self.ps.staleness_bound, self.ps.softsync
         )
         self.server = ShardServer(
             k, flatten(self.params, self.params)[lo:hi], lambda ps: type(optimizer)(ps, **defaults),
-            cons, sock, staleness_lr=self.ps.staleness_lr,
+            cons, sock, staleness_lr=self.ps.staleness_lr, lr_share=self.lr_share,
             worker_timeout=self.ps.ps_worker_timeout,
             rank=self.world.rank,
         )  # fmt: skip
@@ -319,7 +313,7 @@ class ParameterServer(Strategy):
             "steps": steps,
             "ps_mode": self.ps.ps_mode,
             "servers": self.n_servers,
-            "server_momentum": self.server_momentum,
+            "push_lr_share": self.lr_share,
             "staleness_lr": self.ps.staleness_lr,
             "straggler": self.ps.straggler,
             "staleness_mean": sum(k * v for k, v in staleness.items()) / max(applied, 1),
