@@ -228,6 +228,16 @@ class Strategy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         del state
 
+    #: True if the survivors of a lost worker go on without it (``--min-workers``, live
+    #: shrink: :mod:`disttrain.train.shrink`): the strategy then implements ``regroup``.
+    shrinks: ClassVar[bool] = False
+
+    def regroup(self, world: World) -> None:
+        """The job lost workers during a step: rebuild what depends on the process group
+        for ``world`` (the survivors' new group). Called between steps on every survivor,
+        before the interrupted step is run again; only when ``shrinks`` is True."""
+        raise NotImplementedError(f"{self.name} does not go on without a lost worker")
+
     #: True if a checkpoint written by N workers resumes on M (through ``reshard``);
     #: False: pre-flight refuses another worker count (exit 2), as for a model split
     #: into stages or shards whose layout depends on the number of ranks.

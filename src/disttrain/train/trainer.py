@@ -33,6 +33,7 @@ from disttrain.train.metrics import MetricsWriter, Throughput, Timers, write_sum
 from disttrain.train.optimizers import make_optimizer
 from disttrain.train.progress import ProgressBar
 from disttrain.train.schedules import LRSchedule
+from disttrain.train.shrink import Shrink
 from disttrain.train.step import StepRunner
 from disttrain.train.trackers import Tracker, trackers_for
 
@@ -262,14 +263,17 @@ def train(cfg: RunConfig, trackers: Sequence[Tracker] = ()) -> dict[str, Any]:
         tc.base_batch_size, tc.warmup_epochs, tc.lr_schedule, tc.lr_gamma, tc.lr_step_epochs,
     )  # fmt: skip
     saver = _Checkpoints(out_dir, strategy, tc.async_checkpoint)
+    shrink = Shrink(tc, world) if tc.live_shrink else None  # --min-workers
     try:
         resumed = _resume(tc, strategy, optimizer, runner)
         if resumed and main:  # a --resume, or an elastic restart from the last checkpoint
             print(f"disttrain: resumed from step {resumed} of run {run_id}", file=sys.stderr)
         step = resumed
         throughput.resumed_at(resumed)  # restored steps ran in another process's time
-        for epoch in range(resumed // sampler.steps_per_epoch, epoch_limit):
+        epoch = resumed // sampler.steps_per_epoch
+        while epoch < epoch_limit:
             skip = step - epoch * sampler.steps_per_epoch  # batches done before a resume
+            change: dict[str, Any] | None = None
             loader = BatchLoader(
                 data.x_train, data.y_train, sampler.epoch(epoch)[skip : skip + step_limit - step],
                 world.device, tc.prefetch, delay_seconds=tc.loader_delay_ms / 1000,
@@ -281,8 +285,16 @@ def train(cfg: RunConfig, trackers: Sequence[Tracker] = ()) -> dict[str, Any]:
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 step += 1
-                with timeline.span("step", step=step):
-                    loss_value, skipped = runner.run(step, x, y)
+                began = time.perf_counter()
+                try:
+                    with timeline.span("step", step=step):
+                        loss_value, skipped = runner.run(step, x, y)
+                except Exception as exc:  # a lost peer: the survivors regroup (train/shrink.py)
+                    change = shrink.recover(exc, step, strategy, began) if shrink else None
+                    if change is None:
+                        raise
+                    step -= 1  # run again by the survivors, on their new shards
+                    break
                 elapsed = time.perf_counter() - start
                 sps = throughput.samples_per_second(step, elapsed)
                 if main and step % tc.log_every == 0:
@@ -303,6 +315,16 @@ def train(cfg: RunConfig, trackers: Sequence[Tracker] = ()) -> dict[str, Any]:
                     for tracker in tracking:
                         tracker.checkpoint(step, checkpoint.step_dir(out_dir, step))
             timers.seconds["data"] += loader.wait_seconds
+            if change is not None:  # the sampler re-cut for the survivors; the step again
+                world = strategy.world
+                sampler = GlobalBatchSampler(len(data.x_train), tc.batch_size, strategy.data_rank,
+                                             strategy.data_world_size, tc.seed)  # fmt: skip
+                if world.is_main and not main:  # rank 0 was lost: its successor writes
+                    main = True
+                    metrics = MetricsWriter(os.path.join(out_dir, "metrics.jsonl")
+                                            if out_dir else None, append=True)  # fmt: skip
+                metrics.write(event="membership", **change)
+                continue
             epochs_done = epoch + 1
             last = step >= step_limit or epoch == epoch_limit - 1 or roles.should_stop()
             memory = strategy.memory()  # what this worker holds at the end of a step
@@ -322,6 +344,7 @@ def train(cfg: RunConfig, trackers: Sequence[Tracker] = ()) -> dict[str, Any]:
                     tracker.scalars(step, record)
             if last:
                 break
+            epoch += 1
     except BaseException:
         for tracker in tracking:
             tracker.close()
@@ -373,6 +396,8 @@ def train(cfg: RunConfig, trackers: Sequence[Tracker] = ()) -> dict[str, Any]:
         "config": cfg.to_dict(),
         **strategy.summary(),
     }
+    if shrink is not None:  # every membership change, in order (docs/reliability.md)
+        summary["membership"] = shrink.changes
     if main and out_dir:
         if whole is not None:
             torch.save(whole.state_dict(), os.path.join(out_dir, "model.pt"))
