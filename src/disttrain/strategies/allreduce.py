@@ -152,6 +152,10 @@ class AllReduce(Strategy):
             compression=self.config.section(CompressionConfig).compression,
         )
 
+    def abandon_step(self) -> None:
+        if self.compressor is None:
+            self.reducer.abandon()
+
     def regroup(self, world: World) -> None:
         """Replicas are equal: only the reducer's buckets (scaled by 1/n), hooks and groups
         are remade for the survivors; the check before sending carries over."""

@@ -232,6 +232,10 @@ class Strategy:
     #: shrink: :mod:`disttrain.train.shrink`): the strategy then implements ``regroup``.
     shrinks: ClassVar[bool] = False
 
+    def abandon_step(self) -> None:
+        """A peer failed during a step: stop this step's communication (threads, queued
+        sends) before the process group is dropped (``shrinks`` strategies only)."""
+
     def regroup(self, world: World) -> None:
         """The job lost workers during a step: rebuild what depends on the process group
         for ``world`` (the survivors' new group). Called between steps on every survivor,

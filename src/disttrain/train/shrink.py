@@ -91,6 +91,7 @@ class Shrink:
             return None
         why = gist(exc)
         before = self.membership.members
+        strategy.abandon_step()  # nothing of the step may still use the group it drops
         while True:
             world_mod.leave_group()
             change = self.membership.agree()
