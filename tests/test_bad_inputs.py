@@ -150,6 +150,10 @@ def _flags(*argv: str) -> Argv:
     return lambda tmp: list(argv)
 
 
+#: three workers that may shrink to two (a batch both counts split)
+SHRINK3 = ("--workers", "3", "--batch-size", "60", "--min-workers", "2")
+
+
 # --- the matrix -------------------------------------------------------------------------
 CASES: list[tuple[str, Argv, str]] = [
     # command line
@@ -439,7 +443,7 @@ CASES: list[tuple[str, Argv, str]] = [
     ("min-workers-negative", _flags("--min-workers", "-1"), "between 1 and the 2 workers"),
     (
         "min-workers-strategy",
-        _flags("--strategy", "zero", "--workers", "3", "--batch-size", "60", "--min-workers", "2"),
+        _flags("--strategy", "zero", *SHRINK3),
         "only --strategy allreduce goes on without a lost worker (this run: --strategy zero)",
     ),
     (
@@ -449,19 +453,17 @@ CASES: list[tuple[str, Argv, str]] = [
     ),
     (
         "min-workers-restarts",
-        _flags("--workers", "3", "--batch-size", "60", "--min-workers", "2", "--max-restarts",
-               "1", "--checkpoint-every", "2"),
+        _flags(*SHRINK3, "--max-restarts", "1", "--checkpoint-every", "2"),
         "--min-workers 2 with --max-restarts: choose one",
-    ),  # fmt: skip
+    ),
     (
         "min-workers-sparse",
-        _flags("--workers", "3", "--batch-size", "60", "--min-workers", "2", "--compression",
-               "topk:0.1"),
+        _flags(*SHRINK3, "--compression", "topk:0.1"),
         "--min-workers with --compression topk:0.1: a failed step's error feedback",
-    ),  # fmt: skip
+    ),
     (
         "min-workers-launcher",
-        _flags("--launcher", "slurm", "--workers", "3", "--batch-size", "60", "--min-workers", "2"),
+        _flags("--launcher", "slurm", *SHRINK3),
         "--min-workers 2 needs a single-host job (--launcher local, --nnodes 1)",
     ),
 ]

@@ -51,7 +51,8 @@ class CommThread:
                 # A collective failed (a peer is gone): the next one's messages would meet
                 # the peers' unfinished one on the same pairs (gloo aborts the process on
                 # a size mismatch), so nothing more is sent on this group.
-                fut.set_exception(RuntimeError(f"not run: an earlier collective failed ({failed})"))
+                gone = RuntimeError(f"not run: an earlier collective failed ({failed})")
+                fut.set_exception(gone)  # type: ignore[arg-type]
                 continue
             try:
                 result = fn()

@@ -2,7 +2,9 @@
 
 Exit codes: 0 done; 1 this worker failed (its line names the rank and the error);
 ``PEER_EXIT_CODE`` (3) this worker stopped because a *peer* failed, after answering
-the roll call that lets the launcher name a peer that hung.
+the roll call that lets the launcher name a peer that hung. Under live shrink
+(``--min-workers``) a survivor left with too few workers exits 3 too, leaving its line
+(naming the lost ranks) as the job's cause; one the others agreed to go on without exits 0.
 """
 
 from __future__ import annotations
