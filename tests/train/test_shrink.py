@@ -137,3 +137,34 @@ def test_survivors_agree_and_a_late_answer_is_left_out() -> None:
     assert results[0] == ([1], 2.0)  # rank 0 of two, and the sum over two workers
     assert results[2] == ([1], 12.0)  # launch rank 2 is rank 1 of the new group
     assert isinstance(results[1], str) and "left out of the job" in results[1]
+
+
+def _two_changes(window: float) -> tuple[list[int], list[int], float] | None:
+    """Launch rank 3 never answers; launch rank 1 answers the first change, not the second."""
+    import torch.distributed as dist
+
+    from disttrain.comm import world
+    from disttrain.comm.membership import Membership
+
+    me = world.rank()
+    members = Membership(world.job_store(), me, world.size(), window)
+    world.leave_group()
+    if me == 3:
+        return None
+    first = members.agree()
+    world.rejoin(members.rank, len(first.members), members.group_prefix())
+    if me == 1:
+        return None
+    world.leave_group()
+    second = members.agree()
+    new = world.rejoin(members.rank, len(second.members), members.group_prefix())
+    one = torch.ones(1) * (me + 1)  # launch ranks 0 and 2: 1 + 3
+    dist.all_reduce(one)
+    return first.lost, second.lost, float(one) + 10 * new.rank
+
+
+@pytest.mark.timeout(120)
+def test_a_second_change_builds_on_the_first() -> None:
+    results = run_world(_two_changes, 4, args=(1.0,), timeout=90)
+    assert results[0] == ([3], [1], 4.0)
+    assert results[2] == ([3], [1], 14.0)  # rank 1 of the second group
