@@ -74,7 +74,9 @@ def test_a_killed_worker_is_left_behind_and_training_matches_one_process(
     code, _ = job.wait(limit=240)
     assert code == 0, job.stderr
     assert "rank(s) 2 lost at step 3" in job.stderr and "2 of 3 workers go on" in job.stderr
-    _check_run(out, reference, lost=[2])
+    change = _check_run(out, reference, lost=[2])
+    # the killed process is seen gone: the survivors do not wait out the answer window
+    assert change["seconds_lost"] < answer_window(TIMEOUT), change
     _nothing_left(job, out)
 
 

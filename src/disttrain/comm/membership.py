@@ -8,18 +8,20 @@ job's store (``world.job_store``: the file store of a single-host job, torchrun'
 TCPStore otherwise; plain text values, no pickle):
 
 1. sets ``.../member-<g+1>/alive/<launch rank>``;
-2. waits until every member of generation g has done so, or ``window`` seconds: a dead
-   or hung worker never answers, and the survivors fail within about one step of each
-   other (each one's collective ends at the closed connection, or at ``--timeout``);
+2. waits until every member of generation g has done so or is known dead (its process,
+   on this host, is gone), or ``window`` seconds: a hung worker never answers, and the
+   survivors fail within about one step of each other (each one's collective ends at the
+   closed connection, or at ``--timeout``);
 3. proposes the members it saw, comma-separated, with one ``compare_set`` on
    ``.../member-<g+1>/members``: the first proposal is the decision, every survivor
    reads it back, so all agree. One that answered too late is not in it: it raises
    :class:`~disttrain.comm.errors.LeftOut` and stops, lost like the others;
 4. the members form the new group under ``.../member-<g+1>/group`` (``world.rejoin``).
 
-Each worker also leaves ``pid/<launch rank>`` = ``HOST PID`` at the start, so that the
-new rank 0 can end a lost worker that still runs on its host (one that hung: it would
-otherwise keep the job from ending).
+Each worker also leaves ``pid/<launch rank>`` = ``HOST PID`` at the start: a survivor
+need not wait the window for a worker whose process is gone, and the new rank 0 can end
+a lost worker that still runs on its host (one that hung: it would otherwise keep the job
+from ending).
 """
 
 from __future__ import annotations
@@ -93,7 +95,8 @@ class Membership:
         deadline = time.monotonic() + self.window
         while True:
             seen = [r for r in self.members if self.store.check([f"{alive}/{r}"])]
-            if len(seen) == len(self.members) or time.monotonic() >= deadline:
+            waiting = [r for r in self.members if r not in seen and not self._ended(r)]
+            if not waiting or time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
         proposal = ",".join(str(r) for r in seen)
@@ -108,17 +111,39 @@ class Membership:
         self.members, self.generation = members, gen
         return change
 
+    def _local_pid(self, r: int) -> int | None:
+        """The process id of launch rank ``r`` if it ran on this host (None: unknown)."""
+        key = self._key(f"pid/{r}")
+        if not self.store.check([key]):
+            return None
+        host, _, pid = self.store.get(key).decode().partition(" ")
+        return int(pid) if host == socket.gethostname() and pid.isdigit() else None
+
+    def _ended(self, r: int) -> bool:
+        """True if launch rank ``r``'s process ran on this host and is gone (or a zombie)."""
+        pid = self._local_pid(r)
+        if pid is None:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        try:  # killed but not yet reaped by its supervisor: a zombie ("Z")
+            with open(f"/proc/{pid}/stat") as fh:
+                return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except (OSError, IndexError):
+            return False
+
     def end_lost(self, lost: list[int]) -> list[int]:
         """SIGKILL the lost workers that still run on this host (a hung one); those ended."""
         ended = []
         for r in lost:
-            key = self._key(f"pid/{r}")
-            if not self.store.check([key]):
-                continue
-            host, _, pid = self.store.get(key).decode().partition(" ")
-            if host != socket.gethostname() or not pid.isdigit():
+            pid = self._local_pid(r)
+            if pid is None:
                 continue
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(pid), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
                 ended.append(r)
         return ended
