@@ -7,12 +7,14 @@ each survivor drops its group (``world.leave_group``) and, for generation g + 1,
 job's store (``world.job_store``: the file store of a single-host job, torchrun's
 TCPStore otherwise; plain text values, no pickle):
 
-1. sets ``.../member-<g+1>/alive/<launch rank>``;
+1. sets ``.../member-<g+1>/alive/<launch rank>`` to the number of steps it completed (a
+   peer may fail after some survivors finished the step's collectives and others did
+   not: the trainer then gives everyone the state of the one furthest on);
 2. waits until every member of generation g has done so or is known dead (its process,
    on this host, is gone), or ``window`` seconds: a hung worker never answers, and the
    survivors fail within about one step of each other (each one's collective ends at the
    closed connection, or at ``--timeout``);
-3. proposes the members it saw, comma-separated, with one ``compare_set`` on
+3. proposes the members it saw with their steps (``0:2,1:2``), with one ``compare_set`` on
    ``.../member-<g+1>/members``: the first proposal is the decision, every survivor
    reads it back, so all agree. One that answered too late is not in it: it raises
    :class:`~disttrain.comm.errors.LeftOut` and stops, lost like the others;
@@ -31,7 +33,7 @@ import os
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
@@ -48,11 +50,13 @@ def answer_window(timeout: float) -> float:
 
 @dataclass(frozen=True)
 class Change:
-    """One membership change: the members before and after, by launch rank."""
+    """One membership change: the members before and after, by launch rank, and the steps
+    each member had completed."""
 
     generation: int
     before: tuple[int, ...]
     members: tuple[int, ...]
+    done: dict[int, int] = field(default_factory=dict)
 
     @property
     def lost(self) -> list[int]:
@@ -87,11 +91,12 @@ class Membership:
         """Leave ``HOST PID`` of this process, for :meth:`end_lost`."""
         self.store.set(self._key(f"pid/{self.me}"), f"{socket.gethostname()} {os.getpid()}")
 
-    def agree(self) -> Change:
-        """The next generation's members, as every survivor sees them (module docstring)."""
+    def agree(self, done: int = 0) -> Change:
+        """The next generation's members, as every survivor sees them (module docstring);
+        ``done``: the steps this worker completed."""
         gen = self.generation + 1
         alive = self._key(f"member-{gen}/alive")
-        self.store.set(f"{alive}/{self.me}", "1")
+        self.store.set(f"{alive}/{self.me}", str(done))
         deadline = time.monotonic() + self.window
         while True:
             seen = [r for r in self.members if self.store.check([f"{alive}/{r}"])]
@@ -99,10 +104,14 @@ class Membership:
             if not waiting or time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
-        proposal = ",".join(str(r) for r in seen)
+        proposal = ",".join(f"{r}:{int(self.store.get(f'{alive}/{r}'))}" for r in seen)
         decided = self.store.compare_set(self._key(f"member-{gen}/members"), "", proposal)
-        members = tuple(int(r) for r in decided.decode().split(","))
-        change = Change(gen, self.members, members)
+        steps: dict[int, int] = {}
+        for item in decided.decode().split(","):
+            r, _, d = item.partition(":")
+            steps[int(r)] = int(d)
+        members = tuple(sorted(steps))
+        change = Change(gen, self.members, members, steps)
         if self.me not in members:
             raise LeftOut(
                 f"left out of the job: the other workers agreed on {list(members)} before "

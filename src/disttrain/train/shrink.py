@@ -16,7 +16,10 @@ closed) or hung (no answer within ``--timeout``), every survivor, in :meth:`Shri
 Why the step can be run again from memory: in synchronous data parallelism every replica
 holds the same parameters and optimizer state, and all of a step's collectives come before
 its optimizer step, so a failed step changed nothing but the gradients, which the second
-run computes anew on the survivors' shards of the same global batch. ``--batch-size``
+run computes anew on the survivors' shards of the same global batch. A peer that dies
+while the step's last allreduce is on the wire may let some survivors finish it (their sum
+had every contribution) and not others: the survivors then take the state of one that
+got furthest (:func:`even_out`) and go on from its step. ``--batch-size``
 stays the global batch (each of n workers takes B/n), so the steps after a change are
 those of the same run on fewer workers: pre-flight (:func:`check`) asks that B split
 evenly over every count from K to the launch count. A loss that shows up outside a step
@@ -30,13 +33,22 @@ import sys
 import time
 from typing import Any
 
+import torch
+from torch import nn
+
 from disttrain import strategies
+from disttrain.amp import LossScaler
 from disttrain.comm import world as world_mod
 from disttrain.comm.errors import TooFewWorkers, UsageError, gist, is_peer_error
-from disttrain.comm.membership import Membership, answer_window
+from disttrain.comm.membership import Change, Membership, answer_window
 from disttrain.config import RunConfig, TrainConfig
+from disttrain.dataparallel.broadcast import (
+    broadcast_json,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
 
-__all__ = ["Shrink", "check"]
+__all__ = ["Shrink", "check", "even_out"]
 
 
 def check(cfg: RunConfig) -> None:
@@ -68,6 +80,24 @@ def check(cfg: RunConfig) -> None:
         )
 
 
+def even_out(
+    change: Change, members: Membership, model: nn.Module, optimizer: torch.optim.Optimizer,
+    scaler: LossScaler | None,
+) -> int:  # fmt: skip
+    """The steps every survivor has completed once each holds the state of the lowest launch
+    rank among those that completed the most (broadcast in the new group when they differ:
+    model, optimizer, fp16 loss scaler)."""
+    target = max(change.done.values())
+    if all(d == target for d in change.done.values()):
+        return target
+    source = members.members.index(min(r for r, d in change.done.items() if d == target))
+    broadcast_parameters(model.state_dict(), source)
+    broadcast_optimizer_state(optimizer, source)
+    if scaler is not None:
+        scaler.load_state_dict(broadcast_json(scaler.state_dict(), source))
+    return target
+
+
 class Shrink:
     """One worker's side of live shrink: its membership, and the changes it went through."""
 
@@ -83,10 +113,12 @@ class Shrink:
         self.changes: list[dict[str, Any]] = []
 
     def recover(
-        self, exc: BaseException, step: int, strategy: strategies.Strategy, began: float
-    ) -> dict[str, Any] | None:
-        """After ``exc`` in step ``step`` (begun at ``began``, perf_counter): the change, once
-        the survivors have regrouped (run the step again); None if ``exc`` is no peer's."""
+        self, exc: BaseException, step: int, strategy: strategies.Strategy, began: float,
+        scaler: LossScaler | None = None,
+    ) -> dict[str, Any] | None:  # fmt: skip
+        """After ``exc`` in step ``step`` (begun at ``began``, perf_counter): the change once
+        the survivors have regrouped, its ``step`` the one to run next (``step`` again, or
+        the next if another survivor had finished it); None if ``exc`` is no peer's."""
         if not is_peer_error(exc):
             return None
         why = gist(exc)
@@ -94,7 +126,7 @@ class Shrink:
         strategy.abandon_step()  # nothing of the step may still use the group it drops
         while True:
             world_mod.leave_group()
-            change = self.membership.agree()
+            change = self.membership.agree(done=step - 1)
             lost = [r for r in before if r not in change.members]
             left = len(change.members)
             if left < self.min_workers:
@@ -111,15 +143,17 @@ class Shrink:
                     raise
                 why = gist(again)
         strategy.regroup(world)
+        go_on = even_out(change, self.membership, strategy.model, strategy.optimizer, scaler) + 1
         if world.rank == 0:
             self.membership.end_lost(lost)  # a hung one would keep the job from ending
+            how = f"run step {step} again" if go_on == step else f"go on from step {go_on}"
             sys.stderr.write(
                 f"disttrain: rank(s) {', '.join(map(str, lost)) or 'none'} lost at step {step} "
-                f"({why}): {left} of {len(before)} workers go on and run step {step} again "
+                f"({why}): {left} of {len(before)} workers {how} "
                 f"(--min-workers {self.min_workers})\n"
             )
             sys.stderr.flush()
-        record = {"step": step, "workers": left, "before": len(before), "lost": lost,
+        record = {"step": go_on, "workers": left, "before": len(before), "lost": lost,
                   "seconds_lost": round(time.perf_counter() - began, 3)}  # fmt: skip
         self.changes.append(record)
         return record

@@ -290,10 +290,11 @@ def train(cfg: RunConfig, trackers: Sequence[Tracker] = ()) -> dict[str, Any]:
                     with timeline.span("step", step=step):
                         loss_value, skipped = runner.run(step, x, y)
                 except Exception as exc:  # a lost peer: the survivors regroup (train/shrink.py)
-                    change = shrink.recover(exc, step, strategy, began) if shrink else None
+                    change = shrink.recover(exc, step, strategy, began, runner.scaler) if (
+                        shrink) else None  # fmt: skip
                     if change is None:
                         raise
-                    step -= 1  # run again by the survivors, on their new shards
+                    step = change["step"] - 1  # the survivors go on from there, new shards
                     break
                 elapsed = time.perf_counter() - start
                 sps = throughput.samples_per_second(step, elapsed)
