@@ -69,8 +69,9 @@ def test_a_killed_worker_is_left_behind_and_training_matches_one_process(
     algorithm: str, tmp_path: Path, reference: dict[str, torch.Tensor]
 ) -> None:
     out = tmp_path / algorithm
+    trace = tmp_path / f"{algorithm}.json"
     job = _Job([*SHRINK, "--algorithm", algorithm, "--inject-fault", "kill:rank=2:step=3",
-                "--out", str(out)])  # fmt: skip
+                "--out", str(out), "--timeline", str(trace)])  # fmt: skip
     code, _ = job.wait(limit=240)
     assert code == 0, job.stderr
     assert "rank(s) 2 lost at step 3" in job.stderr, job.stderr
@@ -78,6 +79,9 @@ def test_a_killed_worker_is_left_behind_and_training_matches_one_process(
     change = _check_run(out, reference, lost=[2])
     # the killed process is seen gone: the survivors do not wait out the answer window
     assert change["seconds_lost"] < answer_window(TIMEOUT), change
+    events = json.loads(trace.read_text())["traceEvents"]
+    marks = [e["args"] for e in events if e.get("name") == "membership change"]
+    assert marks and all(m["lost"] == [2] for m in marks), marks  # each survivor's moment
     _nothing_left(job, out)
 
 

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from disttrain import strategies
+from disttrain import strategies, timeline
 from disttrain.amp import LossScaler
 from disttrain.comm import world as world_mod
 from disttrain.comm.errors import TooFewWorkers, UsageError, gist, is_peer_error
@@ -155,5 +155,6 @@ class Shrink:
             sys.stderr.flush()
         record = {"step": go_on, "workers": left, "before": len(before), "lost": lost,
                   "seconds_lost": round(time.perf_counter() - began, 3)}  # fmt: skip
+        timeline.instant("membership change", lane="comm", **record)  # --timeline shows it
         self.changes.append(record)
         return record
