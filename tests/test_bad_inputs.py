@@ -154,6 +154,10 @@ def _flags(*argv: str) -> Argv:
     return lambda tmp: list(argv)
 
 
+#: three workers that may shrink to two (a batch both counts split)
+SHRINK3 = ("--workers", "3", "--batch-size", "60", "--min-workers", "2")
+
+
 # --- the matrix -------------------------------------------------------------------------
 CASES: list[tuple[str, Argv, str]] = [
     # command line
@@ -439,6 +443,34 @@ CASES: list[tuple[str, Argv, str]] = [
     ("fault-rank-outside", _flags("--inject-fault", "kill:rank=9:step=2"), "names rank 9"),
     ("fault-no-rank", _flags("--inject-fault", "kill:step=2"), "name the rank"),
     ("fault-slow-factor", _flags("--inject-fault", "slow:0.5:rank=0"), "FACTOR must be >= 1"),
+    # live shrink (--min-workers, docs/reliability.md)
+    ("min-workers-above", _flags("--min-workers", "3"), "between 1 and the 2 workers, got 3"),
+    ("min-workers-negative", _flags("--min-workers", "-1"), "between 1 and the 2 workers"),
+    (
+        "min-workers-strategy",
+        _flags("--strategy", "zero", *SHRINK3),
+        "only --strategy allreduce goes on without a lost worker (this run: --strategy zero)",
+    ),
+    (
+        "min-workers-batch",
+        _flags("--workers", "3", "--batch-size", "63", "--min-workers", "2"),
+        "--batch-size 63 must split evenly over every worker count from --min-workers 2 to 3",
+    ),
+    (
+        "min-workers-restarts",
+        _flags(*SHRINK3, "--max-restarts", "1", "--checkpoint-every", "2"),
+        "--min-workers 2 with --max-restarts: choose one",
+    ),
+    (
+        "min-workers-sparse",
+        _flags(*SHRINK3, "--compression", "topk:0.1"),
+        "--min-workers with --compression topk:0.1: a failed step's error feedback",
+    ),
+    (
+        "min-workers-launcher",
+        _flags("--launcher", "slurm", *SHRINK3),
+        "--min-workers 2 needs a single-host job (--launcher local, --nnodes 1)",
+    ),
 ]
 
 

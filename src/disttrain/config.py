@@ -74,7 +74,7 @@ class TrainConfig:
         ),
         "reliability: faults, checks, checkpoints, restarts": (
             "timeout", "check_collectives", "inject_fault", "check_finite", "checkpoint_every",
-            "resume", "max_restarts", "overwrite",
+            "resume", "max_restarts", "overwrite", "min_workers",
         ),
         "data loading": ("prefetch", "loader_delay_ms"),
         "multi-node (torchrun's meaning)": ("nnodes", "node_rank", "rdzv_endpoint", "rdzv_id"),
@@ -148,6 +148,11 @@ class TrainConfig:
     overwrite: bool = opt(
         False, "delete the checkpoints another run left in --out instead of refusing to start"
     )
+    min_workers: int = opt(
+        0,
+        "live shrink: the survivors of a lost worker go on while at least this many are left "
+        "(0, the default: every worker, so a loss ends the job; docs/reliability.md)",
+    )
     # multi-node pass-through (torchrun's meaning)
     nnodes: int = opt(1, "number of nodes (multi-node runs)")
     # Not sent to torch's c10d rendezvous: it reads no rank and numbers the nodes by
@@ -190,6 +195,11 @@ class TrainConfig:
             raise UsageError("--max-restarts needs --checkpoint-every N to restart from")
         if self.async_checkpoint and not self.checkpoint_every:
             raise UsageError("--async-checkpoint needs --checkpoint-every N")
+        if not 0 <= self.min_workers <= self.world_size:
+            raise UsageError(
+                f"--min-workers must be between 1 and the {self.world_size} workers, "
+                f"got {self.min_workers}"
+            )
         if self.max_steps < 0:
             raise UsageError(f"--max-steps must be >= 0, got {self.max_steps}")
         if self.lr <= 0:
@@ -209,6 +219,11 @@ class TrainConfig:
     @property
     def world_size(self) -> int:
         return self.workers * self.nnodes
+
+    @property
+    def live_shrink(self) -> bool:
+        """True if the job goes on after losing workers (``--min-workers`` below the count)."""
+        return 0 < self.min_workers < self.world_size
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,11 @@ is pinned to the loopback interface. Nothing then listens beyond 127.0.0.1.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 import torch
@@ -45,9 +46,12 @@ __all__ = [
     "group_timeout",
     "init",
     "is_initialized",
+    "job_store",
+    "leave_group",
     "local_rank",
     "local_size",
     "rank",
+    "rejoin",
     "shutdown",
     "size",
 ]
@@ -77,6 +81,8 @@ class World:
 
 
 _world: World | None = None
+#: The store the job's first group met on, kept for live membership changes (job_store)
+_store: dist.Store | None = None
 
 
 def _env_int(name: str, default: int) -> int:
@@ -92,7 +98,7 @@ def init(device: str = "cpu", timeout: float = 60.0, threads: int | None = 1) ->
     intra-op threads (one by default, so that N workers share N cores fairly);
     ``None`` leaves torch's choice.
     """
-    global _world
+    global _world, _store
     if _world is not None:
         return _world
     if threads is not None:
@@ -135,7 +141,7 @@ def init(device: str = "cpu", timeout: float = 60.0, threads: int | None = 1) ->
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         # an elastic restart forms a new group: a fresh store, free of the last round's keys
         store_file += f".{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-        store = dist.FileStore(store_file, world_size)
+        store = _store = dist.FileStore(store_file, world_size)
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world_size, timeout=pg_timeout
         )
@@ -244,8 +250,45 @@ def cross_size() -> int:
 
 def shutdown() -> None:
     """Leave the process group (idempotent); a group an engine formed is left to it."""
-    global _world
+    global _world, _store
     owns = _world is None or _world.owns_group
     if owns and dist.is_initialized():
         dist.destroy_process_group()
-    _world = None
+    _world = _store = None
+
+
+def job_store() -> dist.Store:
+    """The store under the job's process group (its prefixes removed): the file store of a
+    single-host job, torchrun's TCPStore otherwise. It outlives a group (:func:`rejoin`)."""
+    global _store
+    if _store is None:
+        if current().owns_group is False:
+            raise UsageError("the process group belongs to an engine: its members are its own")
+        store = dist.distributed_c10d._get_default_store()
+        while isinstance(store, dist.PrefixStore):
+            store = store.underlying_store
+        _store = store
+    return _store
+
+
+def leave_group() -> None:
+    """Drop the process group after a peer failed (its pending work ends with it); the
+    store stays (:func:`job_store`), for the survivors to meet on."""
+    job_store()  # kept before the group that holds it goes
+    if dist.is_initialized():
+        with contextlib.suppress(Exception):  # a group broken by a lost peer may fail to close
+            dist.destroy_process_group()
+
+
+def rejoin(rank: int, world_size: int, prefix: str) -> World:
+    """Form a new process group of ``world_size`` ranks, this one ``rank``, meeting under
+    ``prefix`` of the job's store (live shrink: ``disttrain.comm.membership``)."""
+    global _world
+    old = current()
+    store = dist.PrefixStore(prefix, job_store())
+    dist.init_process_group(old.backend, store=store, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=old.timeout))  # fmt: skip
+    # one host: every rank is local; the local rank (its CPU, its GPU) stays the process's
+    local = world_size if old.nodes == 1 else old.local_size
+    _world = replace(old, rank=rank, world_size=world_size, local_size=local)
+    return _world

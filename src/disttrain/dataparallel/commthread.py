@@ -40,18 +40,40 @@ class CommThread:
         return fut
 
     def _loop(self) -> None:
+        failed: BaseException | None = None
         while True:
             item = self._queue.get()
             if item is _STOP:
                 return
             fn: Callable[[], torch.Tensor] = item[0]
             fut: torch.futures.Future[torch.Tensor] = item[1]
+            if failed is not None:
+                # A collective failed (a peer is gone): the next one's messages would meet
+                # the peers' unfinished one on the same pairs (gloo aborts the process on
+                # a size mismatch), so nothing more is sent on this group.
+                gone = RuntimeError(f"not run: an earlier collective failed ({failed})")
+                fut.set_exception(gone)  # type: ignore[arg-type]
+                continue
             try:
                 result = fn()
             except BaseException as exc:  # the waiting thread re-raises it
+                failed = exc
                 fut.set_exception(exc)  # type: ignore[arg-type]
             else:
                 fut.set_result(result)
+
+    def cancel(self, timeout: float) -> None:
+        """Drop the work not started yet (its Futures fail) and stop, waiting up to
+        ``timeout`` seconds for the running one: a peer failed and the group is about to be
+        dropped, which must not happen under a send or receive of this thread."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not _STOP:
+                item[1].set_exception(RuntimeError("cancelled: a peer failed"))
+        self.close(timeout)
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop after the work already queued (idempotent)."""

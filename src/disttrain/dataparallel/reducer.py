@@ -224,6 +224,14 @@ class Reducer:
             self._reset()
             self.wait_seconds += time.perf_counter() - start
 
+    def abandon(self) -> None:
+        """A peer failed mid-step: stop this step's communication before the group goes
+        (the buckets not sent are dropped; the one on the wire ends by ``--timeout``)."""
+        if self._thread is not None:
+            timeout = group_timeout()
+            self._thread.cancel(1.0 + (timeout.total_seconds() if timeout else 30.0))
+            self._thread = None
+
     def close(self) -> None:
         """Remove the hooks and stop the communication thread."""
         for handle in self._hooks:

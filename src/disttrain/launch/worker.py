@@ -2,13 +2,14 @@
 
 Exit codes: 0 done; 1 this worker failed (its line names the rank and the error);
 ``PEER_EXIT_CODE`` (3) this worker stopped because a *peer* failed, after answering
-the roll call that lets the launcher name a peer that hung.
+the roll call that lets the launcher name a peer that hung. Under live shrink
+(``--min-workers``) a survivor left with too few workers exits 3 too, leaving its line
+(naming the lost ranks) as the job's cause; one the others agreed to go on without exits 0.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 from typing import Any
@@ -45,30 +46,21 @@ def torchrun_default_out(strategy: str) -> str:
     return os.path.join("runs", f"torchrun-{run_id}-{strategy}")
 
 
-# gloo's words for a peer that died or stopped answering
-_PEER_ERROR = re.compile(r"peer|timed out|timeout|connection (reset|closed|refused)", re.I)
-
-
-def _one_line(exc: BaseException) -> str:
-    """The gist of an error: its first line, without gloo's source path and advice."""
-    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    text = re.sub(r"^\[[^\]]*\]\s*", "", text)  # "[.../pair.cc:537] "
-    return text.split(". This is typically")[0]
-
-
 def run_worker(cfg: Any, launched_by_us: bool) -> int:
     from disttrain import strategies
     from disttrain.launch.supervise import run_supervised
 
     rank = int(os.environ.get("RANK", "0"))
-    if strategies.get(cfg.train.strategy).layout.survives_loss_of(cfg, rank):
+    # live shrink (--min-workers): a lost worker's process must not end the survivors
+    layout = strategies.get(cfg.train.strategy).layout
+    if layout.survives_loss_of(cfg, rank) or cfg.train.live_shrink:
         return run_supervised(lambda: _train_worker(cfg, launched_by_us), rank)
     return _train_worker(cfg, launched_by_us)
 
 
 def _train_worker(cfg: Any, launched_by_us: bool) -> int:
     from disttrain.comm import world
-    from disttrain.comm.errors import PeerFailure
+    from disttrain.comm.errors import LeftOut, PeerFailure, TooFewWorkers, gist, is_peer_error
     from disttrain.launch import rollcall
     from disttrain.launch.local import PEER_EXIT_CODE, write_cause
     from disttrain.train.progress import print_summary
@@ -77,13 +69,18 @@ def _train_worker(cfg: Any, launched_by_us: bool) -> int:
     try:
         summary = train(cfg)
     except Exception as exc:
-        import torch.distributed as dist
-
         if os.environ.get("DISTTRAIN_DEBUG"):
             raise
         rank = os.environ.get("RANK", "0")
-        text = _one_line(exc)
-        if isinstance(exc, (dist.DistError, PeerFailure)) or _PEER_ERROR.search(text):
+        text = gist(exc)
+        if isinstance(exc, LeftOut):  # live shrink went on without this worker: it is lost
+            sys.stderr.write(f"disttrain: rank {rank}: {text}\n")
+            return 0
+        if isinstance(exc, TooFewWorkers):  # the survivors know who is lost: no roll call
+            sys.stderr.write(f"disttrain: rank {rank}: {text}\n")
+            write_cause(int(rank), f"rank {rank}: {text}")
+            return PEER_EXIT_CODE  # passed on by the supervisor: the job ends
+        if is_peer_error(exc):
             sys.stderr.write(f"disttrain: rank {rank} stopped: a peer failed ({text})\n")
             # answer the launcher's roll call, so that a peer that hung can be named
             named = exc.rank if isinstance(exc, PeerFailure) else None

@@ -28,6 +28,7 @@ from torch import nn
 
 from disttrain import collectives, costing, timeline
 from disttrain.comm.errors import UsageError
+from disttrain.comm.world import World
 from disttrain.compression.casts import cast_dtype
 from disttrain.compression.config import CompressionConfig
 from disttrain.compression.error_feedback import ErrorFeedback
@@ -104,6 +105,19 @@ class AllReduce(Strategy):
             unread["algorithm"] = why
         return unread
 
+    # Live shrink (--min-workers): the survivors regroup and redo the step (``regroup``)
+    shrinks = True
+
+    @classmethod
+    def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
+        super().validate_config(config, model)
+        spec = config.section(CompressionConfig).compression
+        if config.train.live_shrink and cast_dtype(parse(spec)) is None:
+            raise UsageError(
+                f"--min-workers with --compression {spec}: a failed step's error feedback "
+                "cannot be rolled back; use --compression none, fp16 or bf16"
+            )
+
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         super().setup(model, optimizer)
         if self.world.world_size > 1:
@@ -122,17 +136,34 @@ class AllReduce(Strategy):
             # only summable payloads ride an allreduce; the others go to every peer
             self.algorithm = self.config.train.algorithm if self.compressor.summable else ""
             return
+        self.accumulate = self.config.section(DataParallelConfig).accumulate
+        self.reducer = self._reducer()
+
+    def _reducer(self) -> Reducer:
         dp: DataParallelConfig = self.config.section(DataParallelConfig)
-        self.accumulate = dp.accumulate
-        self.reducer = Reducer(
-            list(model.parameters()),
+        return Reducer(
+            list(self.model.parameters()),
             algorithm=self.config.train.algorithm,
             fusion_mb=dp.fusion_mb,
             overlap=dp.overlap,
             group=self.worker_group,
             world_size=self.world.world_size,
-            compression=compressor,  # a cast: the buckets travel in its type
+            # a cast: the buckets travel in its type
+            compression=self.config.section(CompressionConfig).compression,
         )
+
+    def abandon_step(self) -> None:
+        if self.compressor is None:
+            self.reducer.abandon()
+
+    def regroup(self, world: World) -> None:
+        """Replicas are equal: only the reducer's buckets (scaled by 1/n), hooks and groups
+        are remade for the survivors; the check before sending carries over."""
+        self.world = world
+        check = self.reducer.before_send
+        self.reducer.close()
+        self.reducer = self._reducer()
+        self.reducer.before_send = check
 
     def no_sync(self) -> Any:
         """Backward passes inside accumulate locally; the next one outside communicates."""

@@ -255,6 +255,20 @@ class Strategy:
         run of ``config`` (pre-flight, before any process starts); by default any can."""
         del config, model, state
 
+    #: True if the survivors of a lost worker go on without it (``--min-workers``, live
+    #: shrink: :mod:`disttrain.train.shrink`): the strategy then implements ``regroup``.
+    shrinks: ClassVar[bool] = False
+
+    def abandon_step(self) -> None:
+        """A peer failed during a step: stop this step's communication (threads, queued
+        sends) before the process group is dropped (``shrinks`` strategies only)."""
+
+    def regroup(self, world: World) -> None:
+        """The job lost workers during a step: rebuild what depends on the process group
+        for ``world`` (the survivors' new group). Called between steps on every survivor,
+        before the interrupted step is run again; only when ``shrinks`` is True."""
+        raise NotImplementedError(f"{self.name} does not go on without a lost worker")
+
     #: True if a checkpoint written by N workers resumes on M (through ``reshard``);
     #: False: pre-flight refuses another worker count (exit 2), as for a model split
     #: into stages or shards whose layout depends on the number of ranks.

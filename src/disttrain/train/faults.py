@@ -6,7 +6,8 @@ forever), ``slow:FACTOR`` (sleep FACTOR-1 times the step's compute time),
 step T on, so the NaN flows through backward into the gradients as a real fault's
 does), ``inf`` (one gradient element becomes +Inf, at step T only: an fp16
 overflow on one rank). The fault fires on rank R at step T (from 1) and says so
-on stderr (tests time the job's end from that line).
+on stderr (tests time the job's end from that line); ``rank=1+2`` names several ranks,
+each of which fires at step T (two workers lost at once, for ``--min-workers``).
 
 ``--check-finite`` stops a worker whose *own* contribution holds NaN or Inf,
 naming its rank, before that contribution leaves it (else the NaN reaches every
@@ -166,18 +167,23 @@ KINDS = ("kill", "raise", "hang", "slow", "nan", "inf")
 
 @dataclass
 class Fault:
-    """One injected fault: what, on which rank, from which step."""
+    """One injected fault: what, on which ranks, from which step."""
 
     kind: str
-    rank: int
+    ranks: tuple[int, ...]
     step: int
     factor: float = 1.0
     # run-time state beside the spec: whether the nan hook poisons this forward
     _armed: bool = field(default=False, init=False, compare=False, repr=False)
 
+    @property
+    def rank(self) -> int:
+        """The highest rank named (pre-flight checks that it exists)."""
+        return max(self.ranks)
+
     def fires(self, rank: int, step: int) -> bool:
         # only in the first round: a job restarted by --max-restarts should recover
-        if rank != self.rank or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        if rank not in self.ranks or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
             return False
         # slow and nan persist from their step on; the others fire once
         return step >= self.step if self.kind in ("slow", "nan") else step == self.step
@@ -240,7 +246,8 @@ class Fault:
 
 
 def parse_fault(spec: str) -> Fault | None:
-    """Parse ``kill:rank=1:step=5`` or ``slow:4:rank=3:step=1``; empty means none."""
+    """Parse ``kill:rank=1:step=5``, ``kill:rank=1+2:step=5`` or ``slow:4:rank=3:step=1``;
+    empty means none."""
     if not spec:
         return None
     parts = spec.split(":")
@@ -255,12 +262,13 @@ def parse_fault(spec: str) -> Fault | None:
             raise UsageError(f"--inject-fault {spec!r}: use slow:FACTOR:rank=R:step=T") from None
         if factor < 1.0:
             raise UsageError(f"--inject-fault {spec!r}: FACTOR must be >= 1")
-    fields: dict[str, int] = {}
+    fields: dict[str, tuple[int, ...]] = {}
     for item in rest:
         key, _, value = item.partition("=")
-        if key not in ("rank", "step") or not value.isdigit():
+        numbers = value.split("+") if key == "rank" else [value]
+        if key not in ("rank", "step") or not all(n.isdigit() for n in numbers):
             raise UsageError(f"--inject-fault {spec!r}: expected rank=R and step=T, got {item!r}")
-        fields[key] = int(value)
+        fields[key] = tuple(int(n) for n in numbers)
     if "rank" not in fields:
         raise UsageError(f"--inject-fault {spec!r}: name the rank with rank=R")
-    return Fault(kind, fields["rank"], max(1, fields.get("step", 1)), factor)
+    return Fault(kind, fields["rank"], max(1, fields.get("step", (1,))[0]), factor)

@@ -32,7 +32,9 @@ from disttrain.train.faults import parse_fault
 from disttrain.train.metrics import MetricsWriter, Throughput, Timers, write_summary
 from disttrain.train.optimizers import make_optimizer
 from disttrain.train.progress import ProgressBar
+from disttrain.train.saver import Checkpoints
 from disttrain.train.schedules import LRSchedule
+from disttrain.train.shrink import Shrink
 from disttrain.train.step import StepRunner
 from disttrain.train.trackers import Tracker, trackers_for
 
@@ -98,57 +100,6 @@ def _epoch_end(
     if model is None:
         return None, float("nan"), None
     return model, *evaluate(model, data, device)
-
-
-def _rank_state(
-    strategy: strategies.Strategy, optimizer: torch.optim.Optimizer, runner: StepRunner
-) -> dict[str, Any]:
-    return {
-        "model": strategy.model_state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "strategy": strategy.state_dict(),
-        "scaler": runner.scaler.state_dict() if runner.scaler else {},
-        "rng": torch.get_rng_state(),
-    }
-
-
-class _Checkpoints:
-    """Every worker saves its state; rank 0 commits once all have (a barrier between).
-
-    Blocking: the save, the barrier and the commit happen at the step. With
-    ``--async-checkpoint`` the save copies the state and writes it in DCP's background
-    thread; the step's barrier and commit wait until the next checkpoint (or the end
-    of training), when every worker's write has finished, so a crash before that
-    leaves the previous committed step, as a crash mid-save does.
-    """
-
-    def __init__(self, out_dir: str, strategy: strategies.Strategy, background: bool) -> None:
-        self.out_dir, self.strategy, self.background = out_dir, strategy, background
-        self.pending: tuple[int, Any] | None = None  # (step, wait for this worker's write)
-
-    def save(self, step: int, optimizer: torch.optim.Optimizer, runner: StepRunner) -> None:
-        self.finish()
-        s = self.strategy
-        n = dist.get_world_size(s.worker_group)
-        state = _rank_state(s, optimizer, runner)
-        wait = checkpoint.save(
-            self.out_dir, step, s.world.rank, n, state, background=self.background
-        )
-        self.pending = (step, wait)
-        if not self.background:
-            self.finish()
-
-    def finish(self) -> None:
-        """Commit the pending step once every worker's write is on disk."""
-        if self.pending is None:
-            return
-        (step, wait), self.pending = self.pending, None
-        wait()
-        n = dist.get_world_size(self.strategy.worker_group)
-        if n > 1:
-            dist.barrier(group=self.strategy.worker_group)
-        if self.strategy.world.rank == 0:
-            checkpoint.commit(self.out_dir, step, world_size=n)
 
 
 def _agree_run(tc: Any, world: world_mod.World) -> str:
@@ -261,15 +212,18 @@ def train(cfg: RunConfig, trackers: Sequence[Tracker] = ()) -> dict[str, Any]:
         tc.lr, tc.batch_size, total_steps, sampler.steps_per_epoch, tc.lr_scaling,
         tc.base_batch_size, tc.warmup_epochs, tc.lr_schedule, tc.lr_gamma, tc.lr_step_epochs,
     )  # fmt: skip
-    saver = _Checkpoints(out_dir, strategy, tc.async_checkpoint)
+    saver = Checkpoints(out_dir, strategy, tc.async_checkpoint)
+    shrink = Shrink(tc, world) if tc.live_shrink else None  # --min-workers
     try:
         resumed = _resume(tc, strategy, optimizer, runner)
         if resumed and main:  # a --resume, or an elastic restart from the last checkpoint
             print(f"disttrain: resumed from step {resumed} of run {run_id}", file=sys.stderr)
         step = resumed
         throughput.resumed_at(resumed)  # restored steps ran in another process's time
-        for epoch in range(resumed // sampler.steps_per_epoch, epoch_limit):
+        epoch = resumed // sampler.steps_per_epoch
+        while epoch < epoch_limit:
             skip = step - epoch * sampler.steps_per_epoch  # batches done before a resume
+            change: dict[str, Any] | None = None
             loader = BatchLoader(
                 data.x_train, data.y_train, sampler.epoch(epoch)[skip : skip + step_limit - step],
                 world.device, tc.prefetch, delay_seconds=tc.loader_delay_ms / 1000,
@@ -281,8 +235,17 @@ def train(cfg: RunConfig, trackers: Sequence[Tracker] = ()) -> dict[str, Any]:
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 step += 1
-                with timeline.span("step", step=step):
-                    loss_value, skipped = runner.run(step, x, y)
+                began = time.perf_counter()
+                try:
+                    with timeline.span("step", step=step):
+                        loss_value, skipped = runner.run(step, x, y)
+                except Exception as exc:  # a lost peer: the survivors regroup (train/shrink.py)
+                    change = shrink.recover(exc, step, strategy, began, runner.scaler) if (
+                        shrink) else None  # fmt: skip
+                    if change is None:
+                        raise
+                    step = change["step"] - 1  # the survivors go on from there, new shards
+                    break
                 elapsed = time.perf_counter() - start
                 sps = throughput.samples_per_second(step, elapsed)
                 if main and step % tc.log_every == 0:
@@ -303,6 +266,17 @@ def train(cfg: RunConfig, trackers: Sequence[Tracker] = ()) -> dict[str, Any]:
                     for tracker in tracking:
                         tracker.checkpoint(step, checkpoint.step_dir(out_dir, step))
             timers.seconds["data"] += loader.wait_seconds
+            if change is not None:  # the sampler re-cut for the survivors; the step again
+                world = strategy.world
+                sampler = GlobalBatchSampler(len(data.x_train), tc.batch_size, strategy.data_rank,
+                                             strategy.data_world_size, tc.seed)  # fmt: skip
+                if world.is_main and not main:  # rank 0 was lost: its successor writes
+                    main = True
+                    metrics = MetricsWriter(os.path.join(out_dir, "metrics.jsonl")
+                                            if out_dir else None, append=True)  # fmt: skip
+                metrics.write(event="membership", **change)
+                saver.drop()
+                continue
             epochs_done = epoch + 1
             last = step >= step_limit or epoch == epoch_limit - 1 or roles.should_stop()
             memory = strategy.memory()  # what this worker holds at the end of a step
@@ -322,6 +296,7 @@ def train(cfg: RunConfig, trackers: Sequence[Tracker] = ()) -> dict[str, Any]:
                     tracker.scalars(step, record)
             if last:
                 break
+            epoch += 1
     except BaseException:
         for tracker in tracking:
             tracker.close()
@@ -373,6 +348,8 @@ def train(cfg: RunConfig, trackers: Sequence[Tracker] = ()) -> dict[str, Any]:
         "config": cfg.to_dict(),
         **strategy.summary(),
     }
+    if shrink is not None:  # every membership change, in order (docs/reliability.md)
+        summary["membership"] = shrink.changes
     if main and out_dir:
         if whole is not None:
             torch.save(whole.state_dict(), os.path.join(out_dir, "model.pt"))

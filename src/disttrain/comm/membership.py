@@ -1,0 +1,158 @@
+"""Live membership of a synchronous job: the survivors of a lost worker agree on who goes on.
+
+Workers are named by their *launch rank* (the rank they started with, stable for the
+whole job); after a change each member's rank in the new group is its position in the
+sorted list of members. Generation 0 is the job as launched. When a collective fails,
+each survivor drops its group (``world.leave_group``) and, for generation g + 1, in the
+job's store (``world.job_store``: the file store of a single-host job, torchrun's
+TCPStore otherwise; plain text values, no pickle):
+
+1. sets ``.../member-<g+1>/alive/<launch rank>`` to the number of steps it completed (a
+   peer may fail after some survivors finished the step's collectives and others did
+   not: the trainer then gives everyone the state of the one furthest on);
+2. waits until every member of generation g has done so or is known dead (its process,
+   on this host, is gone), or ``window`` seconds: a hung worker never answers, and the
+   survivors fail within about one step of each other (each one's collective ends at the
+   closed connection, or at ``--timeout``);
+3. proposes the members it saw with their steps (``0:2,1:2``), with one ``compare_set`` on
+   ``.../member-<g+1>/members``: the first proposal is the decision, every survivor
+   reads it back, so all agree. One that answered too late is not in it: it raises
+   :class:`~disttrain.comm.errors.LeftOut` and stops, lost like the others;
+4. the members form the new group under ``.../member-<g+1>/group`` (``world.rejoin``).
+
+Each worker also leaves ``pid/<launch rank>`` = ``HOST PID`` at the start: a survivor
+need not wait the window for a worker whose process is gone, and the new rank 0 can end
+a lost worker that still runs on its host (one that hung: it would otherwise keep the job
+from ending).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+from disttrain.comm.errors import LeftOut
+
+__all__ = ["Change", "Membership", "answer_window"]
+
+
+def answer_window(timeout: float) -> float:
+    """Seconds the survivors wait for each other's answers: the spread of their failures
+    (about one step; 5 s cover a loaded host), at most ``--timeout``."""
+    return min(max(timeout, 1.0), 5.0)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One membership change: the members before and after, by launch rank, and the steps
+    each member had completed."""
+
+    generation: int
+    before: tuple[int, ...]
+    members: tuple[int, ...]
+    done: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def lost(self) -> list[int]:
+        return [r for r in self.before if r not in self.members]
+
+
+class Membership:
+    """This worker's view of who trains: launch ranks, the generation, the agreement."""
+
+    def __init__(self, store: dist.Store, launch_rank: int, world_size: int, window: float):
+        self.store = store
+        self.me = launch_rank
+        self.members: tuple[int, ...] = tuple(range(world_size))
+        self.generation = 0
+        self.window = window
+        # an elastic restart round (--max-restarts, torchrun) starts its own generations
+        self._root = f"disttrain/round-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+    def _key(self, name: str) -> str:
+        return f"{self._root}/{name}"
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank in the current group."""
+        return self.members.index(self.me)
+
+    def group_prefix(self) -> str:
+        """Where the current generation's process group meets in the store."""
+        return self._key(f"member-{self.generation}/group")
+
+    def publish_pid(self) -> None:
+        """Leave ``HOST PID`` of this process, for :meth:`end_lost`."""
+        self.store.set(self._key(f"pid/{self.me}"), f"{socket.gethostname()} {os.getpid()}")
+
+    def agree(self, done: int = 0) -> Change:
+        """The next generation's members, as every survivor sees them (module docstring);
+        ``done``: the steps this worker completed."""
+        gen = self.generation + 1
+        alive = self._key(f"member-{gen}/alive")
+        self.store.set(f"{alive}/{self.me}", str(done))
+        deadline = time.monotonic() + self.window
+        while True:
+            seen = [r for r in self.members if self.store.check([f"{alive}/{r}"])]
+            waiting = [r for r in self.members if r not in seen and not self._ended(r)]
+            if not waiting or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        proposal = ",".join(f"{r}:{int(self.store.get(f'{alive}/{r}'))}" for r in seen)
+        decided = self.store.compare_set(self._key(f"member-{gen}/members"), "", proposal)
+        steps: dict[int, int] = {}
+        for item in decided.decode().split(","):
+            r, _, d = item.partition(":")
+            steps[int(r)] = int(d)
+        members = tuple(sorted(steps))
+        change = Change(gen, self.members, members, steps)
+        if self.me not in members:
+            raise LeftOut(
+                f"left out of the job: the other workers agreed on {list(members)} before "
+                f"this one answered (generation {gen})"
+            )
+        self.members, self.generation = members, gen
+        return change
+
+    def _local_pid(self, r: int) -> int | None:
+        """The process id of launch rank ``r`` if it ran on this host (None: unknown)."""
+        key = self._key(f"pid/{r}")
+        if not self.store.check([key]):
+            return None
+        host, _, pid = self.store.get(key).decode().partition(" ")
+        return int(pid) if host == socket.gethostname() and pid.isdigit() else None
+
+    def _ended(self, r: int) -> bool:
+        """True if launch rank ``r``'s process ran on this host and is gone (or a zombie)."""
+        pid = self._local_pid(r)
+        if pid is None:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        try:  # killed but not yet reaped by its supervisor: a zombie ("Z")
+            with open(f"/proc/{pid}/stat") as fh:
+                return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except (OSError, IndexError):
+            return False
+
+    def end_lost(self, lost: list[int]) -> list[int]:
+        """SIGKILL the lost workers that still run on this host (a hung one); those ended."""
+        ended = []
+        for r in lost:
+            pid = self._local_pid(r)
+            if pid is None:
+                continue
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                ended.append(r)
+        return ended

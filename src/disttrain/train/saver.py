@@ -1,0 +1,72 @@
+"""The trainer's checkpoints: what one worker saves, and when a step is committed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from disttrain import checkpoint, strategies
+from disttrain.train.step import StepRunner
+
+__all__ = ["Checkpoints", "rank_state"]
+
+
+def rank_state(
+    strategy: strategies.Strategy, optimizer: torch.optim.Optimizer, runner: StepRunner
+) -> dict[str, Any]:
+    """This worker's part of a checkpoint (the trainer's per-worker dict, ``step`` aside)."""
+    return {
+        "model": strategy.model_state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "strategy": strategy.state_dict(),
+        "scaler": runner.scaler.state_dict() if runner.scaler else {},
+        "rng": torch.get_rng_state(),
+    }
+
+
+class Checkpoints:
+    """Every worker saves its state; rank 0 commits once all have (a barrier between).
+
+    Blocking: the save, the barrier and the commit happen at the step. With
+    ``--async-checkpoint`` the save copies the state and writes it in DCP's background
+    thread; the step's barrier and commit wait until the next checkpoint (or the end
+    of training), when every worker's write has finished, so a crash before that
+    leaves the previous committed step, as a crash mid-save does.
+    """
+
+    def __init__(self, out_dir: str, strategy: strategies.Strategy, background: bool) -> None:
+        self.out_dir, self.strategy, self.background = out_dir, strategy, background
+        self.pending: tuple[int, Any] | None = None  # (step, wait for this worker's write)
+
+    def save(self, step: int, optimizer: torch.optim.Optimizer, runner: StepRunner) -> None:
+        self.finish()
+        s = self.strategy
+        n = dist.get_world_size(s.worker_group)
+        state = rank_state(s, optimizer, runner)
+        wait = checkpoint.save(
+            self.out_dir, step, s.world.rank, n, state, background=self.background
+        )
+        self.pending = (step, wait)
+        if not self.background:
+            self.finish()
+
+    def drop(self) -> None:
+        """The workers changed (live shrink): a pending step is never committed, since a lost
+        worker's part may be missing; this worker's write ends first. The last commit stays."""
+        if self.pending is not None:
+            (_, wait), self.pending = self.pending, None
+            wait()
+
+    def finish(self) -> None:
+        """Commit the pending step once every worker's write is on disk."""
+        if self.pending is None:
+            return
+        (step, wait), self.pending = self.pending, None
+        wait()
+        n = dist.get_world_size(self.strategy.worker_group)
+        if n > 1:
+            dist.barrier(group=self.strategy.worker_group)
+        if self.strategy.world.rank == 0:
+            checkpoint.commit(self.out_dir, step, world_size=n)

@@ -1,0 +1,160 @@
+"""Live shrink (``--min-workers K``): the survivors of a lost worker go on, without a restart.
+
+When a collective of a training step fails because a peer died (gloo: the connection
+closed) or hung (no answer within ``--timeout``), every survivor, in :meth:`Shrink.recover`:
+
+1. drops its process group (``comm.world.leave_group``);
+2. agrees with the others on who is left, through the job's store
+   (:mod:`disttrain.comm.membership`);
+3. with fewer than K left, raises :class:`~disttrain.comm.errors.TooFewWorkers` naming the
+   lost ranks: the job ends, exit code 1, as it would without ``--min-workers``;
+4. otherwise forms the new group (ranks renumbered in launch order), lets the strategy
+   rebuild what depends on the group (``Strategy.regroup``: the reducer's buckets), ends a
+   lost worker still running on this host (one that hung), and the trainer re-cuts the
+   sampler for the new count and runs the interrupted step again.
+
+Why the step can be run again from memory: in synchronous data parallelism every replica
+holds the same parameters and optimizer state, and all of a step's collectives come before
+its optimizer step, so a failed step changed nothing but the gradients, which the second
+run computes anew on the survivors' shards of the same global batch. A peer that dies
+while the step's last allreduce is on the wire may let some survivors finish it (their sum
+had every contribution) and not others: the survivors then take the state of one that
+got furthest (:func:`even_out`) and go on from its step. ``--batch-size``
+stays the global batch (each of n workers takes B/n), so the steps after a change are
+those of the same run on fewer workers: pre-flight (:func:`check`) asks that B split
+evenly over every count from K to the launch count. A loss that shows up outside a step
+(at a checkpoint's barrier, in the gathers after the last step) ends the job as before.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from disttrain import strategies, timeline
+from disttrain.amp import LossScaler
+from disttrain.comm import world as world_mod
+from disttrain.comm.errors import TooFewWorkers, UsageError, gist, is_peer_error
+from disttrain.comm.membership import Change, Membership, answer_window
+from disttrain.config import RunConfig, TrainConfig
+from disttrain.dataparallel.broadcast import (
+    broadcast_json,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
+
+__all__ = ["Shrink", "check", "even_out"]
+
+
+def check(cfg: RunConfig) -> None:
+    """Pre-flight: refuse ``--min-workers`` where live shrink cannot run (exit 2)."""
+    tc = cfg.train
+    if not tc.live_shrink:
+        return
+    given = f"--min-workers {tc.min_workers}"
+    if not strategies.get(tc.strategy).shrinks:
+        able = sorted(name for name, cls in strategies.STRATEGIES.items() if cls.shrinks)
+        raise UsageError(
+            f"{given}: only --strategy {' or '.join(able)} goes on without a lost worker "
+            f"(this run: --strategy {tc.strategy})"
+        )
+    if tc.max_restarts:
+        raise UsageError(f"{given} with --max-restarts: choose one (not combined yet)")
+    if tc.nnodes > 1 or tc.launcher != "local":
+        raise UsageError(
+            f"{given} needs a single-host job (--launcher local, --nnodes 1): the survivors "
+            "end a hung worker by its process id"
+        )
+    uneven = [n for n in range(tc.min_workers, tc.world_size + 1) if tc.batch_size % n]
+    if uneven:
+        multiple = math.lcm(*range(tc.min_workers, tc.world_size + 1))
+        raise UsageError(
+            f"--batch-size {tc.batch_size} must split evenly over every worker count from "
+            f"{given} to {tc.world_size} (not over {', '.join(map(str, uneven))}): use a "
+            f"multiple of {multiple}"
+        )
+
+
+def even_out(
+    change: Change, members: Membership, model: nn.Module, optimizer: torch.optim.Optimizer,
+    scaler: LossScaler | None,
+) -> int:  # fmt: skip
+    """The steps every survivor has completed once each holds the state of the lowest launch
+    rank among those that completed the most (broadcast in the new group when they differ:
+    model, optimizer, fp16 loss scaler)."""
+    target = max(change.done.values())
+    if all(d == target for d in change.done.values()):
+        return target
+    source = members.members.index(min(r for r, d in change.done.items() if d == target))
+    broadcast_parameters(model.state_dict(), source)
+    broadcast_optimizer_state(optimizer, source)
+    if scaler is not None:
+        scaler.load_state_dict(broadcast_json(scaler.state_dict(), source))
+    return target
+
+
+class Shrink:
+    """One worker's side of live shrink: its membership, and the changes it went through."""
+
+    def __init__(self, tc: TrainConfig, world: world_mod.World) -> None:
+        if world.nodes > 1:  # torchrun across hosts: pre-flight did not see the job
+            raise UsageError(f"--min-workers {tc.min_workers} needs a single-host job")
+        self.min_workers = tc.min_workers
+        self.membership = Membership(
+            world_mod.job_store(), world.rank, world.world_size, answer_window(tc.timeout)
+        )
+        self.membership.publish_pid()
+        #: summary.json's ``membership``: one entry per change
+        self.changes: list[dict[str, Any]] = []
+
+    def recover(
+        self, exc: BaseException, step: int, strategy: strategies.Strategy, began: float,
+        scaler: LossScaler | None = None,
+    ) -> dict[str, Any] | None:  # fmt: skip
+        """After ``exc`` in step ``step`` (begun at ``began``, perf_counter): the change once
+        the survivors have regrouped, its ``step`` the one to run next (``step`` again, or
+        the next if another survivor had finished it); None if ``exc`` is no peer's."""
+        if not is_peer_error(exc):
+            return None
+        why = gist(exc)
+        before = self.membership.members
+        strategy.abandon_step()  # nothing of the step may still use the group it drops
+        while True:
+            world_mod.leave_group()
+            change = self.membership.agree(done=step - 1)
+            lost = [r for r in before if r not in change.members]
+            left = len(change.members)
+            if left < self.min_workers:
+                raise TooFewWorkers(
+                    f"lost rank(s) {', '.join(map(str, lost))} at step {step} ({why}): "
+                    f"{left} worker(s) left, fewer than --min-workers {self.min_workers}",
+                    lost,
+                )
+            try:
+                world = world_mod.rejoin(self.membership.rank, left, self.membership.group_prefix())
+                break
+            except Exception as again:  # another worker lost while forming the group
+                if not is_peer_error(again):
+                    raise
+                why = gist(again)
+        strategy.regroup(world)
+        go_on = even_out(change, self.membership, strategy.model, strategy.optimizer, scaler) + 1
+        if world.rank == 0:
+            self.membership.end_lost(lost)  # a hung one would keep the job from ending
+            how = f"run step {step} again" if go_on == step else f"go on from step {go_on}"
+            sys.stderr.write(
+                f"disttrain: rank(s) {', '.join(map(str, lost)) or 'none'} lost at step {step} "
+                f"({why}): {left} of {len(before)} workers {how} "
+                f"(--min-workers {self.min_workers})\n"
+            )
+            sys.stderr.flush()
+        record = {"step": go_on, "workers": left, "before": len(before), "lost": lost,
+                  "seconds_lost": round(time.perf_counter() - began, 3)}  # fmt: skip
+        timeline.instant("membership change", lane="comm", **record)  # --timeline shows it
+        self.changes.append(record)
+        return record

@@ -1,0 +1,216 @@
+"""Live shrink (``--min-workers``) through the real command, and the survivors' agreement.
+
+The equivalence behind the parameter checks: synchronous data parallelism at global batch
+B takes the steps one process takes at batch B (tests/train/test_equivalence.py), whatever
+the worker count, and a step the survivors run again starts from the state every replica
+held before it. So 3 workers that lose one at step 3 of 8 and go on with 2 must end where
+one process trained on the same 8 global batches ends. Tolerance: max |difference| <=
+1e-5 over all parameters (only the order of float sums differs; one step's update is
+~1e-3 here, so a step lost or run twice would be seen).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from disttrain.comm.membership import answer_window
+from tests.harness import run_world
+from tests.train.test_faults import REPO, _alive, _Job, _with_arg
+
+TIMEOUT = 5
+SHRINK = ("--workers", "3", "--min-workers", "2", "--batch-size", "24", "--max-steps", "8",
+          "--seed", "3", "--no-progress", "--timeout", str(TIMEOUT))  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    """One process on the same 8 global batches."""
+    out = tmp_path_factory.mktemp("one")
+    subprocess.run(
+        [sys.executable, "-m", "disttrain", "train", "--workers", "1", "--batch-size", "24",
+         "--max-steps", "8", "--seed", "3", "--no-progress", "--out", str(out)],
+        cwd=REPO, check=True, timeout=240, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    return torch.load(out / "model.pt", weights_only=True)  # type: ignore[no-any-return]
+
+
+def _check_run(out: Path, reference: dict[str, torch.Tensor], lost: list[int]) -> dict:  # type: ignore[type-arg]
+    summary = json.loads((out / "summary.json").read_text())
+    (change,) = summary["membership"]
+    assert {k: change[k] for k in ("step", "workers", "before", "lost")} == {
+        "step": 3, "workers": 2, "before": 3, "lost": lost,
+    }  # fmt: skip
+    assert summary["workers"] == 2 and summary["steps"] == 8
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "loss" in r] == list(range(1, 9))  # each step once
+    assert [r["lost"] for r in lines if r.get("event") == "membership"] == [lost]
+    params = torch.load(out / "model.pt", weights_only=True)
+    worst = max(float((params[k] - reference[k]).abs().max()) for k in reference)
+    assert worst <= 1e-5, f"differs from one process by {worst:.2e}"
+    return change  # type: ignore[no-any-return]
+
+
+def _nothing_left(job: _Job, out: Path) -> None:
+    time.sleep(0.5)  # let the kernel reap what ended
+    left = [p for p in job.pids if _alive(p)] + _with_arg(str(out))
+    assert not left, f"processes left behind: {left}"
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("algorithm", ["native", "ring"])
+def test_a_killed_worker_is_left_behind_and_training_matches_one_process(
+    algorithm: str, tmp_path: Path, reference: dict[str, torch.Tensor]
+) -> None:
+    out = tmp_path / algorithm
+    trace = tmp_path / f"{algorithm}.json"
+    job = _Job([*SHRINK, "--algorithm", algorithm, "--inject-fault", "kill:rank=2:step=3",
+                "--out", str(out), "--timeline", str(trace)])  # fmt: skip
+    code, _ = job.wait(limit=240)
+    assert code == 0, job.stderr
+    assert "rank(s) 2 lost at step 3" in job.stderr, job.stderr
+    assert "2 of 3 workers run step 3 again" in job.stderr, job.stderr
+    change = _check_run(out, reference, lost=[2])
+    # the killed process is seen gone: the survivors do not wait out the answer window
+    assert change["seconds_lost"] < answer_window(TIMEOUT), change
+    events = json.loads(trace.read_text())["traceEvents"]
+    marks = [e["args"] for e in events if e.get("name") == "membership change"]
+    assert marks and all(m["lost"] == [2] for m in marks), marks  # each survivor's moment
+    _nothing_left(job, out)
+
+
+@pytest.mark.timeout(420)
+def test_a_hung_worker_is_left_behind_after_the_timeout_and_ended(
+    tmp_path: Path, reference: dict[str, torch.Tensor]
+) -> None:
+    out = tmp_path / "hang"
+    job = _Job([*SHRINK, "--inject-fault", "hang:rank=1:step=3", "--out", str(out)])
+    code, _ = job.wait(limit=240)
+    assert code == 0, job.stderr
+    assert "rank(s) 1 lost at step 3" in job.stderr, job.stderr
+    change = _check_run(out, reference, lost=[1])
+    # the step's collective waits --timeout, the survivors then wait for each other's answers
+    assert change["seconds_lost"] <= TIMEOUT + answer_window(TIMEOUT) + 5, change
+    _nothing_left(job, out)  # the hung process was ended by the survivors
+
+
+@pytest.mark.timeout(420)
+def test_below_min_workers_the_job_ends_naming_the_lost_ranks(tmp_path: Path) -> None:
+    out = tmp_path / "below"
+    job = _Job([*SHRINK, "--inject-fault", "kill:rank=1+2:step=3", "--out", str(out)])
+    code, _ = job.wait(limit=240)
+    assert code == 1, job.stderr
+    last = job.stderr.strip().splitlines()[-1]
+    assert "lost rank(s) 1, 2 at step 3" in last, job.stderr
+    assert "1 worker(s) left, fewer than --min-workers 2" in last, job.stderr
+    _nothing_left(job, out)
+
+
+def _agree(late: int, window: float) -> tuple[list[int], float] | str:
+    """Every rank but ``late`` answers at once; ``late`` answers after the window."""
+    import torch.distributed as dist
+
+    from disttrain.comm import world
+    from disttrain.comm.errors import LeftOut
+    from disttrain.comm.membership import Membership
+
+    me = world.rank()
+    members = Membership(world.job_store(), me, world.size(), window)
+    # every rank done connecting first: gloo fails a peer still meshing with a closed one
+    torch.distributed.barrier()
+    world.leave_group()
+    if me == late:
+        time.sleep(window + 1.0)
+        try:
+            members.agree()
+        except LeftOut as exc:
+            return str(exc)
+        return "not left out"
+    change = members.agree()
+    # the survivors form their group on the agreed prefix and sum over it
+    new = world.rejoin(members.rank, len(change.members), members.group_prefix())
+    one = torch.ones(1)
+    dist.all_reduce(one)
+    return change.lost, float(one) + 10 * new.rank
+
+
+@pytest.mark.timeout(120)
+def test_survivors_agree_and_a_late_answer_is_left_out() -> None:
+    results = run_world(_agree, 3, args=(1, 1.0), timeout=90)
+    assert results[0] == ([1], 2.0)  # rank 0 of two, and the sum over two workers
+    assert results[2] == ([1], 12.0)  # launch rank 2 is rank 1 of the new group
+    assert isinstance(results[1], str) and "left out of the job" in results[1]
+
+
+def _two_changes(window: float) -> tuple[list[int], list[int], float] | None:
+    """Launch rank 3 never answers; launch rank 1 answers the first change, not the second."""
+    import torch.distributed as dist
+
+    from disttrain.comm import world
+    from disttrain.comm.membership import Membership
+
+    me = world.rank()
+    members = Membership(world.job_store(), me, world.size(), window)
+    # every rank done connecting first: gloo fails a peer still meshing with a closed one
+    torch.distributed.barrier()
+    world.leave_group()
+    if me == 3:
+        return None
+    first = members.agree()
+    world.rejoin(members.rank, len(first.members), members.group_prefix())
+    if me == 1:
+        return None
+    world.leave_group()
+    second = members.agree()
+    new = world.rejoin(members.rank, len(second.members), members.group_prefix())
+    one = torch.ones(1) * (me + 1)  # launch ranks 0 and 2: 1 + 3
+    dist.all_reduce(one)
+    return first.lost, second.lost, float(one) + 10 * new.rank
+
+
+@pytest.mark.timeout(120)
+def test_a_second_change_builds_on_the_first() -> None:
+    results = run_world(_two_changes, 4, args=(1.0,), timeout=90)
+    assert results[0] == ([3], [1], 4.0)
+    assert results[2] == ([3], [1], 14.0)  # rank 1 of the second group
+
+
+def _uneven(window: float) -> list[torch.Tensor] | None:
+    """Launch rank 1 completed one step more than rank 0 when rank 2 was lost."""
+    from disttrain.comm import world
+    from disttrain.comm.membership import Membership
+    from disttrain.train.shrink import even_out
+
+    me = world.rank()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    done = 2 + (me == 1)
+    for i in range(done):
+        opt.zero_grad()
+        model(torch.full((3, 4), float(i + 1))).pow(2).sum().backward()
+        opt.step()
+    members = Membership(world.job_store(), me, world.size(), window)
+    # every rank done connecting first: gloo fails a peer still meshing with a closed one
+    torch.distributed.barrier()
+    world.leave_group()
+    if me == 2:
+        return None
+    change = members.agree(done=done)
+    world.rejoin(members.rank, len(change.members), members.group_prefix())
+    assert even_out(change, members, model, opt, None) == 3
+    buffers = [opt.state[p]["momentum_buffer"] for p in model.parameters()]
+    return [t.detach().clone() for t in [*model.parameters(), *buffers]]
+
+
+@pytest.mark.timeout(120)
+def test_survivors_at_different_steps_take_the_state_of_the_one_furthest_on() -> None:
+    first, second, _ = run_world(_uneven, 3, args=(1.0,), timeout=90)
+    assert first is not None and second is not None
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))  # bit for bit
