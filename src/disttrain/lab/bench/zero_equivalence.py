@@ -64,6 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=24, help="GLOBAL batch size")
     parser.add_argument("--algorithm", default="native", help="collective algorithm")
     parser.add_argument("--tolerance", type=float, default=1e-5, help="largest |Δ| accepted")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"),
+                        help="of the models, data and sums (float64: rounding ~1e-16)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per world")
     parser.add_argument("--json", default="", help="write every cell to this JSON file")
 
@@ -80,12 +82,18 @@ def _model(name: str, data: Any) -> Any:
 
 
 def _data(model: str) -> Any:
+    """The model's data set; features in the default dtype (``--dtype``)."""
+    import dataclasses
+
+    import torch
+
     from disttrain.config import DataConfig
     from disttrain.data import load_dataset
 
     if model == "gpt":
         return load_dataset(DataConfig(dataset="pycode", pycode_chars=20_000, seq_len=SEQ_LEN))
-    return load_dataset("digits")
+    data = load_dataset("digits")
+    return dataclasses.replace(data, x_train=data.x_train.to(torch.get_default_dtype()))
 
 
 def _train(name: str, model_name: str, optimizer: str, args: argparse.Namespace, data: Any,
@@ -179,6 +187,7 @@ def _rank_main(args: argparse.Namespace) -> list[dict[str, Any]] | None:
     import torch
     import torch.distributed as dist
 
+    torch.set_default_dtype(getattr(torch, args.dtype))  # models built after this take it
     rows: list[dict[str, Any]] = []
     for model_name in args.models:
         data = _data(model_name)
@@ -230,8 +239,8 @@ def run(args: argparse.Namespace) -> int:
             return 1
         rows += got or []
     print(f"bench zero-equivalence: {args.steps} steps, global batch {args.batch_size}, "
-          f"algorithm={args.algorithm}, lr {LR}; max |Δ| of any parameter, tolerance "
-          f"{args.tolerance:g}")  # fmt: skip
+          f"{args.dtype}, algorithm={args.algorithm}, lr {LR}; max |Δ| of any parameter, "
+          f"tolerance {args.tolerance:g}")  # fmt: skip
     head = "".join(f"{s + ' vs ar':>15}{s + ' vs 1p':>15}" for s in STRATEGIES[1:])
     print(
         f"{'model':<6}{'opt':<10}{'N':>2}{'params':>9}{'ar vs 1p':>12}{head}"
