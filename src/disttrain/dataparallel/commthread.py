@@ -52,6 +52,7 @@ class CommThread:
                 fut.set_exception(exc)  # type: ignore[arg-type]
             else:
                 fut.set_result(result)
+            del item, fn, fut  # what the job held (a bucket) is not kept until the next one
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop after the work already queued (idempotent)."""
