@@ -41,7 +41,10 @@ SEQ_LEN = 16
 
 
 def _ints(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v]
+    try:
+        return [int(v) for v in text.split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give world sizes like 1,2,3,4") from None
 
 
 def _names(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
