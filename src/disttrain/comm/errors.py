@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["CollectiveMismatch", "DisttrainError", "PeerFailure", "UsageError"]
+__all__ = ["CollectiveMismatch", "DisttrainError", "OutOfMemory", "PeerFailure", "UsageError"]
 
 
 class DisttrainError(RuntimeError):
@@ -23,3 +23,7 @@ class PeerFailure(DisttrainError):
 
 class CollectiveMismatch(DisttrainError):
     """Ranks entered different collectives, or the same one with different sizes."""
+
+
+class OutOfMemory(DisttrainError):
+    """This process could not allocate a tensor: its memory or its limit is used up."""
