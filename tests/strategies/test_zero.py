@@ -2,8 +2,9 @@
 memory the ZeRO paper's formulas give within 5 %, and an exact resume.
 
 Each world runs its jobs one after another in the same processes (one spawn per
-world size). The reference is the allreduce strategy with the same optimizer on
-the same workers (itself tested against one process in test_trainer_equivalence).
+world size: 1, 2, 3 and 4). The reference is the allreduce strategy with the same
+model, data and optimizer on the same workers (itself tested against one process
+in test_trainer_equivalence).
 Tolerance 1e-5: the sums differ only in their order (reduce-scatter vs allreduce).
 """
 
@@ -38,8 +39,25 @@ def _jobs(jobs: list[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
     return summaries
 
 
-#: per world size: (flags of each ZeRO job); each is compared with allreduce + its optimizer
+#: the registered cnn (0.17M parameters; buckets of 100 kB keep its collectives few) and
+#: the registered gpt's blocks at a small size, on 16-character windows of Python source
+CNN: dict[str, Any] = {"model": "cnn", "fusion_mb": 0.1}
+GPT: dict[str, Any] = {"model": "tests.strategies.models:small_gpt", "dataset": "pycode",
+                       "pycode_chars": 20_000, "seq_len": 16}  # fmt: skip
+#: flags of a ZeRO job its allreduce reference does not take (it keeps the defaults)
+VARIANT = ("zero_stage", "algorithm", "accumulate", "overlap")
+
+#: per world size: (flags of each ZeRO job); each is compared with the allreduce strategy
+#: on the same model, data, optimizer and precision. Every stage meets cnn and gpt at
+#: least once (the full matrix: ``disttrain bench zero-equivalence``). gpt runs sgd and
+#: momentum only: its key bias has a gradient that is zero in exact arithmetic, and Adam
+#: turns its rounding noise into updates of about lr in any two summation orders
+#: (the allreduce strategy's and one process's too; benchmarks/RESULTS.md).
 CASES: dict[int, list[dict[str, Any]]] = {
+    1: [
+        {"zero_stage": 3, "optimizer": "adam", **CNN},
+        {"zero_stage": 2, "optimizer": "momentum", **GPT},
+    ],
     2: [
         {"zero_stage": 1, "optimizer": "adam"},
         {"zero_stage": 2, "optimizer": "adam", "algorithm": "ring"},
@@ -52,22 +70,31 @@ CASES: dict[int, list[dict[str, Any]]] = {
         {"zero_stage": 1, "optimizer": "momentum", "algorithm": "ring"},
         {"zero_stage": 2, "optimizer": "sgd"},
         {"zero_stage": 3, "optimizer": "adam", "accumulate": 3},
+        {"zero_stage": 1, "optimizer": "sgd", **GPT},
+    ],
+    4: [
+        {"zero_stage": 1, "optimizer": "momentum", **CNN},
+        {"zero_stage": 2, "optimizer": "momentum", "algorithm": "ring", **CNN},
+        {"zero_stage": 3, "optimizer": "momentum", **GPT},
     ],
 }
+
+
+def _reference(case: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """The allreduce job a ZeRO case is compared with: its flags less :data:`VARIANT`."""
+    return tuple(sorted((k, v) for k, v in case.items() if k not in VARIANT))
 
 
 @pytest.mark.timeout(500)
 @pytest.mark.parametrize("n", sorted(CASES))
 def test_zero_stages_equal_allreduce(n: int, tmp_path: Path) -> None:
-    refs = sorted({(c["optimizer"], c.get("precision", "fp32")) for c in CASES[n]})
-    jobs = [({"workers": n, "optimizer": o, "precision": p}, str(tmp_path / f"ref-{o}-{p}"))
-            for o, p in refs]  # fmt: skip
+    refs = sorted({_reference(c) for c in CASES[n]}, key=str)
+    jobs = [({"workers": n, **dict(r)}, str(tmp_path / f"ref{i}")) for i, r in enumerate(refs)]
     jobs += [({"workers": n, "strategy": "zero", **c}, str(tmp_path / f"zero{i}"))
              for i, c in enumerate(CASES[n])]  # fmt: skip
     summaries = run_world(_jobs, n, args=(jobs,), timeout=450)[0]
     for i, case in enumerate(CASES[n]):
-        ref = f"ref-{case['optimizer']}-{case.get('precision', 'fp32')}"
-        want = torch.load(tmp_path / ref / "model.pt")
+        want = torch.load(tmp_path / f"ref{refs.index(_reference(case))}" / "model.pt")
         got = torch.load(tmp_path / f"zero{i}" / "model.pt")
         assert want.keys() == got.keys()
         for k in want:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 __all__ = [
-    "CollectiveMismatch", "DisttrainError", "LeftOut", "PeerFailure", "TooFewWorkers",
+    "CollectiveMismatch", "DisttrainError", "LeftOut", "OutOfMemory", "PeerFailure",
+    "TooFewWorkers",
     "UsageError", "gist", "is_peer_error",
 ]  # fmt: skip
 
@@ -62,3 +63,7 @@ def is_peer_error(exc: BaseException) -> bool:
     if isinstance(exc, (dist.DistError, PeerFailure)):
         return True
     return bool(_PEER_ERROR.search(gist(exc)))
+
+
+class OutOfMemory(DisttrainError):
+    """This process could not allocate a tensor: its memory or its limit is used up."""

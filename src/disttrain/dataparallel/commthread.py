@@ -61,6 +61,7 @@ class CommThread:
                 fut.set_exception(exc)  # type: ignore[arg-type]
             else:
                 fut.set_result(result)
+            del item, fn, fut  # what the job held (a bucket) is not kept until the next one
 
     def cancel(self, timeout: float) -> None:
         """Drop the work not started yet (its Futures fail) and stop, waiting up to

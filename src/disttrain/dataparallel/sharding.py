@@ -39,7 +39,10 @@ from disttrain.comm.world import group_timeout
 from disttrain.dataparallel.commthread import CommThread
 from disttrain.dataparallel.fusion import FlatBucket
 
-__all__ = ["ShardGroup", "ShardLayout", "ShardedReducer", "shard_optimizer"]
+__all__ = ["MAX_INFLIGHT", "ShardGroup", "ShardLayout", "ShardedReducer", "shard_optimizer"]
+
+#: reduce-scatters of stages 2 and 3 queued or running at once (a third group fills meanwhile)
+MAX_INFLIGHT = 2
 
 
 @dataclass
@@ -221,16 +224,39 @@ class ShardedReducer:
         if self.before_send is not None:
             views = [buf[o : o + p.numel()].view_as(p) for p, o in group.offsets()]
             self.before_send(FlatBucket(index, list(group.params), buf, views))
-        op = self.algo.all_reduce if self.keep_full else self.algo.reduce_scatter
         comm = self._comm_group
         assert self._thread is not None
-        work = self._thread.submit(lambda: op(buf, comm))
-        name = "allreduce" if self.keep_full else "reduce-scatter"
         nbytes = buf.numel() * buf.element_size()
+        if self.keep_full:
+            work = self._thread.submit(lambda: self.algo.all_reduce(buf, comm))
+        else:
+            # The job keeps this rank's chunk and lets the group's buffer go as soon as it
+            # has run: a step never holds more than the groups in flight (not 4Ψ bytes).
+            at, (start, stop) = self._own_at[index], (group.start, group.stop)
+            own = self.own[at : at + stop - start]
+            scatter = self.algo.reduce_scatter
+
+            def job() -> torch.Tensor:
+                scatter(buf, comm)
+                return own.copy_(buf[start:stop])
+
+            self._bound_inflight()
+            work = self._thread.submit(job)
+            self._buffers[index] = None
+        name = "allreduce" if self.keep_full else "reduce-scatter"
         timeline.track(work, f"{name} group {index}", in_order=True, bucket=index,
                        bytes=nbytes, algorithm=self.algorithm)  # fmt: skip
         self.launched_total += 1
         self._pending.append((index, work))
+
+    def _bound_inflight(self) -> None:
+        """Wait while :data:`MAX_INFLIGHT` reduce-scatters are queued or running: each holds
+        its group's whole gradient (and the collective's copy of it), so without a bound a
+        backward faster than the network would hold all of them, 4Ψ bytes or more, at once."""
+        waiting = [w for _, w in self._pending if not w.done()]
+        if len(waiting) >= MAX_INFLIGHT:
+            with timeline.span("wait in-flight reduce-scatter"):
+                waiting[-MAX_INFLIGHT].wait()
 
     def synchronize(self) -> None:
         """Finish this step's reductions; afterwards every shard's ``.grad`` is its average."""
@@ -245,15 +271,10 @@ class ShardedReducer:
                 with timeline.span("wait", bucket=index):
                     work.wait()
                 group = self.layout.groups[index]
-                buf = self._buffers[index]
-                assert buf is not None
                 if self.keep_full:
-                    group.shard.grad = buf[group.start : group.stop]
-                else:
-                    at = self._own_at[index]
-                    own = self.own[at : at + group.stop - group.start]
-                    own.copy_(buf[group.start : group.stop])
-                    group.shard.grad = own
+                    group.shard.grad = self.full[index][group.start : group.stop]
+                else:  # the job copied this rank's chunk into its place in self.own
+                    group.shard.grad = work.value()
         finally:
             self._reset()  # drops the transient buffers of stages 2 and 3
             self.wait_seconds += time.perf_counter() - start

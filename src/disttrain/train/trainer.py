@@ -30,6 +30,7 @@ from disttrain.data.loader import BatchLoader
 from disttrain.models import build_model
 from disttrain.train.faults import parse_fault
 from disttrain.train.metrics import MetricsWriter, Throughput, Timers, write_summary
+from disttrain.train.oom import as_out_of_memory
 from disttrain.train.optimizers import make_optimizer
 from disttrain.train.progress import ProgressBar
 from disttrain.train.saver import Checkpoints
@@ -158,7 +159,20 @@ def train(cfg: RunConfig, trackers: Sequence[Tracker] = ()) -> dict[str, Any]:
 
     Rank 0's summary is the job's. ``trackers`` are told the run's figures and
     checkpoints (:mod:`disttrain.train.trackers`) besides those ``cfg`` asks for.
+    A failed allocation is raised as :class:`~disttrain.comm.errors.OutOfMemory`
+    naming the rank, the bytes and the process's limit (:mod:`disttrain.train.oom`).
     """
+    try:
+        return _train(cfg, trackers)
+    except RuntimeError as exc:
+        rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+        oom = as_out_of_memory(exc, rank)
+        if oom is None:
+            raise
+        raise oom from exc
+
+
+def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
     tc = cfg.train
     world = world_mod.init(device=tc.device, timeout=tc.timeout, threads=tc.threads)
     run_id = _agree_run(tc, world)

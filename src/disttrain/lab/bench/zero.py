@@ -120,8 +120,8 @@ def _full_params(name: str, strategy: Any, model: Any) -> list[Any]:
 
     if name == "fsdp2":
         return [p.full_tensor().detach().clone() for p in model.parameters()]
-    if strategy is not None and getattr(strategy, "gatherer", None) is not None:
-        strategy.eval_model()  # gathers every layer on every rank
+    if strategy is not None:  # collective; stage 3 gathers every layer on every rank
+        strategy.eval_model()
     return [p.detach().clone() for p in model.parameters() if torch.is_tensor(p)]
 
 
