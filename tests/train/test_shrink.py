@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from disttrain.comm.membership import answer_window
 from tests.harness import run_world
 from tests.train.test_faults import REPO, _alive, _Job, _with_arg
 
@@ -78,7 +77,7 @@ def test_a_killed_worker_is_left_behind_and_training_matches_one_process(
     assert "2 of 3 workers run step 3 again" in job.stderr, job.stderr
     change = _check_run(out, reference, lost=[2])
     # the killed process is seen gone: the survivors do not wait out the answer window
-    assert change["seconds_lost"] < answer_window(TIMEOUT), change
+    assert change["waited_out_window"] is False, change
     events = json.loads(trace.read_text())["traceEvents"]
     marks = [e["args"] for e in events if e.get("name") == "membership change"]
     assert marks and all(m["lost"] == [2] for m in marks), marks  # each survivor's moment
@@ -95,8 +94,9 @@ def test_a_hung_worker_is_left_behind_after_the_timeout_and_ended(
     assert code == 0, job.stderr
     assert "rank(s) 1 lost at step 3" in job.stderr, job.stderr
     change = _check_run(out, reference, lost=[1])
-    # the step's collective waits --timeout, the survivors then wait for each other's answers
-    assert change["seconds_lost"] <= TIMEOUT + answer_window(TIMEOUT) + 5, change
+    # the step's collective waits --timeout; the hung process is alive and might still
+    # answer, so the survivors wait out the answer window for it (the time: docs)
+    assert change["waited_out_window"] is True, change
     _nothing_left(job, out)  # the hung process was ended by the survivors
 
 

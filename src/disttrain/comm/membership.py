@@ -57,6 +57,9 @@ class Change:
     before: tuple[int, ...]
     members: tuple[int, ...]
     done: dict[int, int] = field(default_factory=dict)
+    #: this worker waited out the answer window for some worker (one neither answering
+    #: nor seen gone from this host: a hung one, or one on another host)
+    waited: bool = False
 
     @property
     def lost(self) -> list[int]:
@@ -104,6 +107,7 @@ class Membership:
             if not waiting or time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
+        waited = bool(waiting)
         proposal = ",".join(f"{r}:{int(self.store.get(f'{alive}/{r}'))}" for r in seen)
         decided = self.store.compare_set(self._key(f"member-{gen}/members"), "", proposal)
         steps: dict[int, int] = {}
@@ -111,7 +115,7 @@ class Membership:
             r, _, d = item.partition(":")
             steps[int(r)] = int(d)
         members = tuple(sorted(steps))
-        change = Change(gen, self.members, members, steps)
+        change = Change(gen, self.members, members, steps, waited)
         if self.me not in members:
             raise LeftOut(
                 f"left out of the job: the other workers agreed on {list(members)} before "

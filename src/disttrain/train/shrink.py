@@ -154,7 +154,8 @@ class Shrink:
             )
             sys.stderr.flush()
         record = {"step": go_on, "workers": left, "before": len(before), "lost": lost,
-                  "seconds_lost": round(time.perf_counter() - began, 3)}  # fmt: skip
+                  "seconds_lost": round(time.perf_counter() - began, 3),
+                  "waited_out_window": change.waited}  # fmt: skip
         timeline.instant("membership change", lane="comm", **record)  # --timeline shows it
         self.changes.append(record)
         return record
