@@ -327,3 +327,40 @@ def test_per_step_framework_work_is_added_to_every_step_and_old_files_load(
     with open(path, "w") as fh:
         fh.write('{"alpha": 1e-5}')  # written before the term existed
     assert Calibration.load(path).seconds_per_step == 0.0
+
+
+@pytest.mark.parametrize("strategy", ["allreduce:ring", "zero:1", "zero:2", "zero:3"])
+def test_a_synchronous_steps_wait_is_charged_once_per_step_at_its_rank_count(
+    strategy: str,
+) -> None:
+    work = costmodel.Workload(params=100_000, batch_size=64, ranks_per_host=3)
+    net = costmodel.Network(alpha=1e-5, beta=1e-9, shared_host=True)
+    base = Calibration(cores=2)
+    synced = Calibration(cores=2, sync={"2": 0.004, "4": 0.009})
+    for n, wait in [(2, 0.004), (3, 0.004), (4, 0.009), (8, 0.009)]:  # the closest measured
+        plain = costmodel.predict(strategy, work, n, net, base)
+        waits = costmodel.predict(strategy, work, n, net, synced)
+        assert waits.step_seconds == pytest.approx(plain.step_seconds + wait, rel=1e-12)
+        assert waits.compute_seconds == plain.compute_seconds
+    one = costmodel.predict(strategy, work, 1, net, synced)
+    assert one.step_seconds == costmodel.predict(strategy, work, 1, net, base).step_seconds
+
+
+def test_the_sync_fit_is_the_measured_step_beyond_the_prediction() -> None:
+    from dataclasses import replace
+
+    from disttrain.lab import calibrate
+
+    cal = Calibration(cores=2, colocation={"2": 1.2}, loopback={"2": [2e-5, 5e-5, 2e-10]})
+    params, _ = calibrate.mlp_params()
+    work = costmodel.Workload(params=params, batch_size=calibrate.CAL_BATCH * 2, ranks_per_host=2,
+                              buckets=calibrate.mlp_buckets(4.0))  # fmt: skip
+    predicted = costmodel.predict("allreduce:native", work, 2,
+                                  calibrate.loopback_network(cal, 2), cal).step_seconds  # fmt: skip
+    fitted = calibrate.fit_sync(cal, {2: predicted + 0.006})
+    assert fitted["2"] == pytest.approx(0.006, rel=1e-9)
+    # with it, the same configuration is predicted as measured; a faster step fits 0
+    again = costmodel.predict("allreduce:native", work, 2, calibrate.loopback_network(cal, 2),
+                              replace(cal, sync=fitted)).step_seconds  # fmt: skip
+    assert again == pytest.approx(predicted + 0.006, rel=1e-9)
+    assert calibrate.fit_sync(cal, {2: predicted / 2})["2"] == 0.0

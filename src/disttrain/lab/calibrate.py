@@ -11,7 +11,9 @@ What is measured, and how each constant is fitted (:mod:`disttrain.lab.calibrati
   per-parameter seconds of a step (``plain`` rows); the trainer's fixed work per step
   (``disttrain-1``'s step time minus the same compute: data, zero_grad, hooks, meters; left
   out, every data-parallel step was under-predicted by 9-26 %); with n ranks at the same
-  per-rank batch: how much slower compute runs when n ranks share this host's cores.
+  per-rank batch: how much slower compute runs when n ranks share this host's cores, and
+  what the step takes beyond that compute and its predicted allreduces (the slowest rank's
+  lateness, bucket copies, cold caches: ``Calibration.sync``).
 - one-bit compression of 1M entries at 1 % density: encode and decode seconds per entry.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -26,10 +29,13 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disttrain.collectives.paths import critical_path
 from disttrain.lab.calibration import Calibration, fit_compute, nonneg_relative_lstsq
+
+if TYPE_CHECKING:
+    from disttrain.lab import costmodel
 
 __all__ = [
     "SHARED_MEMORY_SIZES",
@@ -40,6 +46,9 @@ __all__ = [
     "describe",
     "fit_shared_link",
     "fit_shm_link",
+    "fit_sync",
+    "loopback_network",
+    "mlp_buckets",
     "mlp_params",
     "shared_memory_algorithms",
 ]
@@ -254,11 +263,13 @@ def calibrate(
     s_step = max(0.0, statistics.median(overheads))
     base = points[0][1]
     colocation: dict[str, float] = {}
+    steps: dict[int, float] = {}
     for n in range(2, workers + 1):
         say(f"bench dp, {n} ranks at {CAL_BATCH} samples each")
         row = bench_dp_rows(n, CAL_BATCH * n)["dp fusion=4 no-overlap"]
         colocation[str(n)] = max(1.0, _compute_seconds(row) / base)
-    return Calibration(
+        steps[n] = CAL_BATCH * n / row["samples_per_second"]
+    cal = Calibration(
         alpha=alpha, beta=beta, gamma=gamma, mu=mu, seconds_per_flop=s_flop,
         seconds_per_param=s_param, seconds_per_step=s_step,
         seconds_per_encode=enc, seconds_per_decode=dec, seconds_per_encode_sent=enc_sent,
@@ -267,8 +278,45 @@ def calibrate(
         source=f"calibrated on {os.uname().nodename} at {time.strftime('%Y-%m-%d %H:%M:%S')}",
         meta={"loadavg_before": load_before, "loadavg_after": os.getloadavg(),
               "compute_points": points, "step_overheads": overheads, "params": params,
-              "stat": STAT, "rows": raw},
+              "stat": STAT, "rows": raw, "dp_step_seconds": steps},
     )  # fmt: skip
+    return dataclasses.replace(cal, sync=fit_sync(cal, steps))
+
+
+def loopback_network(cal: Calibration, n: int) -> costmodel.Network:
+    """The link of ``n`` ranks sharing this host, as the calibration fitted it."""
+    from disttrain.lab import costmodel
+
+    a, d, b = cal.loopback_link(n)
+    return costmodel.Network(alpha=a, beta=b, delta=d, shared_host=True, name=f"loopback {n}")
+
+
+def mlp_buckets(fusion_mb: float) -> tuple[int, ...]:
+    """The bench mlp's fusion buckets in bytes: gradients in reverse registration order,
+    filled up to the cap, as the reducer does."""
+    import torch
+
+    from disttrain.dataparallel.fusion import MB, assign_by_size
+
+    sizes = mlp_params()[1][::-1]
+    groups = assign_by_size([torch.empty(s // 4) for s in sizes], int(fusion_mb * MB))
+    return tuple(sum(sizes[i] for i in g) for g in groups)
+
+
+def fit_sync(cal: Calibration, steps: dict[int, float]) -> dict[str, float]:
+    """Per rank count, the measured data-parallel step (``bench dp``, fusion 4 MB, no
+    overlap, CAL_BATCH samples a rank) minus what the model predicts for it without this
+    term: the wait of a synchronous step beyond its compute and its collective."""
+    from disttrain.lab import costmodel
+
+    params, _ = mlp_params()
+    out = {}
+    for n, measured in steps.items():
+        work = costmodel.Workload(params=params, batch_size=CAL_BATCH * n, ranks_per_host=n,
+                                  buckets=mlp_buckets(4.0))  # fmt: skip
+        p = costmodel.predict("allreduce:native", work, n, loopback_network(cal, n), cal)
+        out[str(n)] = max(0.0, measured - p.step_seconds)
+    return out
 
 
 def describe(cal: Calibration) -> str:
@@ -292,7 +340,8 @@ def describe(cal: Calibration) -> str:
         lines.append(
             f"loopback, {n} ranks sharing {cal.cores} cores: α {a * 1e6:.1f} us/step, "
             f"δ {d * 1e6:.1f} us/message, 1/β {rate:.3g} GB/s over all ranks; "
-            f"compute ×{cal.colocation.get(n, 1.0):.2f}"
+            f"compute ×{cal.colocation.get(n, 1.0):.2f}, a step's wait beyond its allreduce "
+            f"{cal.sync.get(n, 0.0) * 1e3:.3g} ms"
         )
     for n, (a, m) in sorted(cal.shared_memory.items()):
         rate = 1 / m / 1e9 if m else float("inf")

@@ -39,7 +39,6 @@ import tempfile
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from disttrain.lab import costmodel
     from disttrain.lab.calibration import Calibration
 
 __all__ = ["add_arguments", "report", "run"]
@@ -50,24 +49,6 @@ DP_BATCH = 96
 
 def _uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-
-
-def _loopback(cal: Calibration, n: int) -> costmodel.Network:
-    from disttrain.lab import costmodel
-
-    a, d, b = cal.loopback_link(n)
-    return costmodel.Network(alpha=a, beta=b, delta=d, shared_host=True, name=f"loopback {n}")
-
-
-def _buckets(sizes: list[int], fusion_mb: float) -> tuple[int, ...]:
-    """The reducer's buckets: gradients in reverse registration order, filled up to the cap."""
-    import torch
-
-    from disttrain.dataparallel.fusion import MB, assign_by_size
-
-    grads = [torch.empty(s // 4) for s in reversed(sizes)]
-    groups = assign_by_size(grads, int(fusion_mb * MB))
-    return tuple(sum(sizes[::-1][i] for i in g) for g in groups)
 
 
 def _row(kind: str, config: str, measured: float, predicted: float, held_out: bool) -> dict:
@@ -90,7 +71,7 @@ def _allreduce(cal: Calibration, workers: int) -> list[dict[str, Any]]:
     for n in range(2, workers + 1):
         print(f"validate: bench allreduce on {n} ranks, all algorithms", flush=True)
         rows = calibrate.bench_allreduce_rows(n, VAL_SIZES, list(collectives.ALGORITHMS))
-        net = _loopback(cal, n)
+        net = calibrate.loopback_network(cal, n)
         for r in rows:
             pred, _ = costmodel.allreduce_seconds(r["algorithm"], r["size"], n, net, cal)
             seen = r["size"] in fitted_sizes.get(r["algorithm"], ())
@@ -99,7 +80,7 @@ def _allreduce(cal: Calibration, workers: int) -> list[dict[str, Any]]:
     return out
 
 
-def _dp(cal: Calibration, workers: int, params: int, sizes: list[int]) -> list[dict[str, Any]]:
+def _dp(cal: Calibration, workers: int, params: int) -> list[dict[str, Any]]:
     from disttrain.lab import calibrate, costmodel
 
     out = []
@@ -109,8 +90,9 @@ def _dp(cal: Calibration, workers: int, params: int, sizes: list[int]) -> list[d
         for fusion in (4.0, 0.0):
             measured = DP_BATCH / rows[f"dp fusion={fusion:g} no-overlap"]["samples_per_second"]
             work = costmodel.Workload(params=params, batch_size=DP_BATCH, ranks_per_host=n,
-                                      buckets=_buckets(sizes, fusion))  # fmt: skip
-            p = costmodel.predict("allreduce:native", work, n, _loopback(cal, n), cal)
+                                      buckets=calibrate.mlp_buckets(fusion))  # fmt: skip
+            net = calibrate.loopback_network(cal, n)
+            p = costmodel.predict("allreduce:native", work, n, net, cal)
             out.append(_row("dp", f"n={n} mlp batch {DP_BATCH} fusion {fusion:g}MB", measured,
                             p.step_seconds, True))  # fmt: skip
     return out
@@ -123,12 +105,12 @@ def _step_seconds(out: str) -> float:
     return statistics.median(b - a for a, b in itertools.pairwise(walls[3:]))
 
 
-def _cluster(cal: Calibration, rates: list[str], params: int, sizes: list[int],
+def _cluster(cal: Calibration, rates: list[str], params: int,
              steps: int) -> list[dict[str, Any]]:  # fmt: skip
     from disttrain.cluster import hosts as cluster
     from disttrain.cluster import linkprobe, netns
     from disttrain.comm.errors import UsageError
-    from disttrain.lab import costmodel
+    from disttrain.lab import calibrate, costmodel
 
     try:
         netns.check_tools()
@@ -158,7 +140,7 @@ def _cluster(cal: Calibration, rates: list[str], params: int, sizes: list[int],
             cluster.down(name)
         net = costmodel.Network(alpha=cal.alpha, beta=8 / link.bits_per_s, name=rate)
         work = costmodel.Workload(params=params, batch_size=64, ranks_per_host=hosts,
-                                  buckets=_buckets(sizes, 4.0))  # fmt: skip
+                                  buckets=calibrate.mlp_buckets(4.0))  # fmt: skip
         p = costmodel.predict("allreduce:native", work, hosts, net, cal)
         out.append(_row("cluster", f"{hosts} hosts {rate} (goodput "
                         f"{link.bits_per_s / 1e6:.0f} Mbit/s) mlp batch 64", measured,
@@ -224,11 +206,11 @@ def run(args: argparse.Namespace) -> int:
     if args.calibration_out:
         cal.save(args.calibration_out)
     print(calibrate.describe(cal), flush=True)
-    params, sizes = calibrate.mlp_params()
+    params, _ = calibrate.mlp_params()
     rows = _allreduce(cal, args.workers)
-    rows += _dp(cal, args.workers, params, sizes)
+    rows += _dp(cal, args.workers, params)
     rates = [r for r in args.rates.split(",") if r]
-    rows += _cluster(cal, rates, params, sizes, args.cluster_steps)
+    rows += _cluster(cal, rates, params, args.cluster_steps)
     up_after = _uptime()
     summary = report(rows)
     print(f"uptime before: {up_before}\nuptime after:  {up_after}")
