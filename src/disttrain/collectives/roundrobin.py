@@ -57,9 +57,10 @@ class RoundRobin(AllReduceAlgorithm):
         def post(k: int, send: torch.Tensor, recv: torch.Tensor) -> Any:
             """Post round k: ``send`` to rank r+k, ``recv`` from r-k; the receive's work."""
             to, frm = (r + k) % n, (r - k) % n
+            work = irecv(recv, frm, group) if recv.numel() else None  # first (see ring.py)
             if send.numel():
                 sends.append(isend(send, to, group))
-            return irecv(recv, frm, group) if recv.numel() else None
+            return work
 
         # Reduce-scatter: round k receives into scratch[k % depth]; round k+depth reuses
         # that buffer, and it is posted only after round k's sum.

@@ -11,7 +11,8 @@ barrier and timed as the slowest rank's wall time. Reported: median time and its
 definitions), the bytes one rank sent in one call as the meter counted them and
 as the algorithm's cost states (the most of any rank), busbw as a ratio
 of ``native``'s measured in the same run, and "paired": the median over rounds
-of the call's time over native's in the same round. Bytes copied through shared
+of the call's time over native's in the same round. Every timed call's result is checked
+(n ones summed must give n everywhere): a wrong sum ends the run naming the algorithm. Bytes copied through shared
 memory (``shm``) are counted apart from bytes sent, measured and stated.
 
 The physical limits are measured in the same run, by rank 0 while the others wait
@@ -30,7 +31,15 @@ from typing import Any
 
 from disttrain.comm.errors import UsageError
 
-__all__ = ["add_arguments", "measure", "parse_size", "run"]
+__all__ = [
+    "add_arguments",
+    "measure",
+    "measure_in_world",
+    "parse_size",
+    "print_rows",
+    "run",
+    "validate",
+]
 
 _UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
 _DTYPES = ("float32", "float64", "bfloat16", "float16", "int64")
@@ -87,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _validate(args: argparse.Namespace) -> tuple[list[int], list[str]]:
+def validate(args: argparse.Namespace) -> tuple[list[int], list[str]]:
     from disttrain import collectives
 
     if not 1 <= args.workers <= 64:
@@ -117,8 +126,11 @@ def _validate(args: argparse.Namespace) -> tuple[list[int], list[str]]:
     return sizes, names
 
 
-def _measure(sizes: list[int], names: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Run on every rank; rank 0 returns the rows."""
+def measure_in_world(
+    sizes: list[int], names: list[str], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """Run on every rank of a formed group (spawned here, or a cluster's torchrun); rank 0
+    returns the rows."""
     import torch
     import torch.distributed as dist
 
@@ -207,6 +219,9 @@ def _measure_size(
             algos[k].all_reduce(x)
             times[k, i] = time.perf_counter() - start
             sent[k] = torch.tensor([meter.bytes_sent, meter.messages_sent, meter.bytes_copied])
+            if not bool((x == n).all()):  # n ones summed: exact in every dtype offered
+                raise RuntimeError(f"{names[k]} gave a wrong sum on rank {rank} "
+                                   f"({_label(numel * itemsize)})")  # fmt: skip
         if progress is not None:
             progress.advance(task)
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
@@ -264,18 +279,17 @@ def _spawn(sizes: list[int], names: list[str], args: argparse.Namespace) -> list
 
     # no limit on the whole run (it grows with sizes, algorithms and iterations); a hung
     # call still ends at --timeout, the collectives' own limit
-    per_rank = run_world(
-        _measure, args.workers, (sizes, names, args), timeout=None, collective_timeout=args.timeout
-    )
+    per_rank = run_world(measure_in_world, args.workers, (sizes, names, args), timeout=None,
+                         collective_timeout=args.timeout)  # fmt: skip
     return [row for rows in per_rank for row in rows]  # rank 0's rows; the others return none
 
 
-def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+def print_rows(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(
-        title=f"allreduce on {args.workers} ranks, {args.dtype}, gloo over loopback, "
+        title=f"allreduce on {args.workers} ranks, {args.dtype}, gloo over {getattr(args, 'link', 'loopback')}, "
         f"{args.iters} iters after {args.warmup} warm-ups, length check "
         f"{'on' if args.length_check else 'off'}"
     )
@@ -328,13 +342,13 @@ def _print(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
 
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Check ``args`` (the flags of :func:`add_arguments`), spawn the ranks, return the rows."""
-    sizes, names = _validate(args)
+    sizes, names = validate(args)
     return _spawn(sizes, names, args)
 
 
 def run(args: argparse.Namespace) -> int:
     rows = measure(args)
-    _print(rows, args)
+    print_rows(rows, args)
     if args.json_path:
         with open(args.json_path, "w") as fh:
             json.dump(
