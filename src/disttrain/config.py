@@ -204,9 +204,9 @@ class TrainConfig:
                 f"--min-workers must be between 1 and the {self.world_size} workers, "
                 f"got {self.min_workers}"
             )
-        if self.max_workers and self.max_workers <= self.world_size:
-            raise UsageError(f"--max-workers must exceed the {self.world_size} workers, "
-                             f"got {self.max_workers}")  # fmt: skip
+        if self.max_workers and not self.live_grow:  # == W: joiners replace lost workers
+            raise UsageError(f"--max-workers must exceed the {self.world_size} workers (or equal "
+                             f"them with --min-workers), got {self.max_workers}")  # fmt: skip
         if self.max_steps < 0:
             raise UsageError(f"--max-steps must be >= 0, got {self.max_steps}")
         if self.lr <= 0:
@@ -235,7 +235,9 @@ class TrainConfig:
     @property
     def live_grow(self) -> bool:
         """True if the job admits workers that ``--join`` it (``--max-workers``)."""
-        return self.max_workers > self.world_size
+        return self.max_workers > self.world_size or (
+            self.max_workers == self.world_size and self.live_shrink
+        )
 
 
 @dataclass(frozen=True)

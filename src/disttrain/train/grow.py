@@ -55,8 +55,8 @@ JOIN_POINT = "join.json"
 #: Debugging (and the tests): each worker writes the sha256 of its model and optimizer
 #: state right after a grow's broadcast to ``$DISTTRAIN_JOIN_DUMP/<launch rank>``.
 DUMP_ENV = "DISTTRAIN_JOIN_DUMP"
-#: Tests: rank 0 waits, at this many steps done, for a joiner to be ready (at most
-#: ``--timeout``), so that the grow happens at a known step.
+#: Tests: rank 0 admits no joiner before this many steps done, and there waits for one to
+#: be ready (at most ``--timeout``), so that the grow happens at a known step.
 AWAIT_ENV = "DISTTRAIN_AWAIT_JOIN"
 
 
@@ -162,7 +162,8 @@ class Grow:
         m = self.membership
         if self.pending is None:
             room = self.max_workers - len(m.members)
-            if m.rank == 0 and room > 0 and done + 1 < step_limit:
+            # (tests: none admitted before hold_at steps, and there the wait for one)
+            if m.rank == 0 and room > 0 and done + 1 < step_limit and done >= self.hold_at:
                 if done == self.hold_at:
                     self._await_joiner()
                 joiners = m.ready_joiners(self.launch_workers, room)
