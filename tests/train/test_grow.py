@@ -99,7 +99,7 @@ def test_a_third_worker_joins_with_the_same_bits_and_no_step_is_lost(tmp_path: P
 def test_a_worker_joins_after_another_was_lost(tmp_path: Path) -> None:
     args = ["--workers", "3", "--min-workers", "2", "--max-workers", "3",
             "--inject-fault", "kill:rank=2:step=3"]  # fmt: skip
-    summary, lines, dumps = _grow(tmp_path, args, 6, 10)
+    summary, _, dumps = _grow(tmp_path, args, 6, 10)
     left, joined = summary["membership"]
     assert (left["step"], left["lost"], left["workers"]) == (3, [2], 2)
     # the joiner's launch rank follows the job's launch ranks: 3, not the lost 2
@@ -123,7 +123,8 @@ def _one_line(err: str, expect: str) -> None:
          "--max-workers 3: only --strategy allreduce admits a joining worker"),
         (["--workers", "2", "--batch-size", "64", "--max-workers", "3"],
          "--batch-size 64 must split evenly over every worker count from 2 to --max-workers 3"),
-        (["--workers", "2", "--max-workers", "2"], "--max-workers must exceed the 2 workers (or equal them with --min-workers), got 2"),
+        (["--workers", "2", "--max-workers", "2"],
+         "--max-workers must exceed the 2 workers (or equal them with --min-workers), got 2"),
         (["--workers", "2", "--batch-size", "60", "--max-workers", "3", "--max-restarts", "1",
           "--checkpoint-every", "2"], "--max-workers 3 with --max-restarts: choose one"),
     ],
@@ -140,7 +141,7 @@ def test_join_without_a_job_is_refused(tmp_path: Path, capsys: pytest.CaptureFix
     assert cli.main(["train", "--join", str(tmp_path)]) == 2
     _one_line(capsys.readouterr().err, f"--join {tmp_path}: no job there admits workers")
     assert cli.main(["train", "--join", str(tmp_path), "--strategy", "zero"]) == 2
-    _one_line(capsys.readouterr().err, "takes the job's settings from its join.json: drop --strategy")
+    _one_line(capsys.readouterr().err, "the job's settings from its join.json: drop --strategy")
     point = {"store": str(tmp_path / "gone.store"), "run": "r", "workers": 2, "settings": {}}
     (tmp_path / "join.json").write_text(json.dumps(point))
     assert cli.main(["train", "--join", str(tmp_path)]) == 2
