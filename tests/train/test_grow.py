@@ -38,7 +38,7 @@ def _reference(out: Path, steps: int) -> dict[str, torch.Tensor]:
     return torch.load(out / "model.pt", weights_only=True)  # type: ignore[no-any-return]
 
 
-def _join(out: Path) -> subprocess.CompletedProcess[str]:
+def _join(out: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``disttrain train --join OUT`` once the job has left its join point."""
     deadline = time.monotonic() + 120
     while not (out / "join.json").exists():
@@ -46,8 +46,8 @@ def _join(out: Path) -> subprocess.CompletedProcess[str]:
         time.sleep(0.1)
     return subprocess.run(
         [sys.executable, "-m", "disttrain", "train", "--join", str(out)], cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO / "src")}, capture_output=True, text=True,
-        timeout=240,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})}, capture_output=True,
+        text=True, timeout=240,
     )  # fmt: skip
 
 
@@ -109,6 +109,27 @@ def test_a_worker_joins_after_another_was_lost(tmp_path: Path) -> None:
     reference = _reference(tmp_path / "one", 10)
     worst = max(float((params[k] - reference[k]).abs().max()) for k in reference)
     assert worst <= 1e-5, f"differs from one process by {worst:.2e}"
+
+
+@pytest.mark.timeout(600)
+def test_a_joiner_gone_after_its_admission_leaves_the_job_as_it_was(tmp_path: Path) -> None:
+    """The members wait --timeout for it in the new group, then go on in one without it."""
+    out = tmp_path / "out"
+    os.environ["DISTTRAIN_AWAIT_JOIN"] = "4"
+    try:
+        job = _Job(["--workers", "2", "--max-workers", "3", *COMMON[:-1], "20", "--max-steps",
+                    "8", "--out", str(out)])  # fmt: skip
+        joiner = _join(out, {"DISTTRAIN_JOIN_FAIL": "1"})
+        code = job.proc.wait(timeout=240)
+    finally:
+        del os.environ["DISTTRAIN_AWAIT_JOIN"]
+    job._reader.join(timeout=5)
+    assert joiner.returncode == 1 and code == 0, job.stderr
+    assert "rank(s) 2 admitted after step 5 did not join" in job.stderr, job.stderr
+    (change,) = json.loads((out / "summary.json").read_text())["membership"]
+    assert (change["joined"], change["not_joined"], change["workers"]) == ([], [2], 2)
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "loss" in r] == list(range(1, 9))  # each once
 
 
 def _one_line(err: str, expect: str) -> None:

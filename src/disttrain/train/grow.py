@@ -38,7 +38,7 @@ import torch.distributed as dist
 from disttrain import strategies, timeline
 from disttrain.amp import LossScaler
 from disttrain.comm import world as world_mod
-from disttrain.comm.errors import DisttrainError, UsageError
+from disttrain.comm.errors import DisttrainError, PeerFailure, UsageError, gist, is_peer_error
 from disttrain.comm.membership import Membership, answer_window
 from disttrain.config import RunConfig, TrainConfig
 from disttrain.dataparallel.broadcast import (
@@ -58,6 +58,9 @@ DUMP_ENV = "DISTTRAIN_JOIN_DUMP"
 #: Tests: rank 0 admits no joiner before this many steps done, and there waits for one to
 #: be ready (at most ``--timeout``), so that the grow happens at a known step.
 AWAIT_ENV = "DISTTRAIN_AWAIT_JOIN"
+
+#: Tests: a joiner that exits at once after its admission (the members go on without it).
+FAIL_ENV = "DISTTRAIN_JOIN_FAIL"
 
 
 class JoinFailed(DisttrainError):
@@ -187,16 +190,43 @@ class Grow:
         m, before = self.membership, self.membership.members
         world_mod.leave_group()
         m.adopt(m.generation + 1, members)
-        world = world_mod.rejoin(m.rank, len(members), m.grow_prefix())
+        try:
+            world = world_mod.rejoin(m.rank, len(members), m.grow_prefix())
+        except Exception as exc:  # a joiner gone between its admission and the group
+            if not is_peer_error(exc):
+                raise
+            world = self._without_joiners(before, done, gist(exc))
         strategy.regroup(world)
         share_state(strategy, scaler, done, m.me)
-        joined = [r for r in members if r not in before]
-        if world.rank == 0:
+        joined = [r for r in m.members if r not in before]
+        if world.rank == 0 and joined:
             sys.stderr.write(
                 f"disttrain: rank(s) {', '.join(map(str, joined))} joined after step {done}: "
-                f"{len(members)} workers go on (--max-workers {self.max_workers})\n"
+                f"{len(m.members)} workers go on (--max-workers {self.max_workers})\n"
             )
-        return self.record(done, len(before), joined, time.perf_counter() - began)
+        record = self.record(done, len(before), joined, time.perf_counter() - began)
+        if not joined:  # the admitted joiners never came
+            record["not_joined"] = [r for r in members if r not in before]
+        return record
+
+    def _without_joiners(self, before: tuple[int, ...], done: int, why: str) -> world_mod.World:
+        """The members go on as they were, in a group of the next generation (shrink's
+        agreement: a joiner that is gone is not waited for, one that hangs the window)."""
+        m = self.membership
+        world_mod.leave_group()
+        change = m.agree(done)
+        if set(change.members) != set(before):
+            raise PeerFailure(
+                f"the workers changed while admitting rank(s) {', '.join(map(str, change.lost))}"
+                f" after step {done} ({why}): now {list(change.members)}"
+            )
+        world = world_mod.rejoin(m.rank, len(change.members), m.group_prefix())
+        if world.rank == 0:
+            sys.stderr.write(
+                f"disttrain: rank(s) {', '.join(map(str, change.lost))} admitted after step "
+                f"{done} did not join ({why}): {len(before)} workers go on\n"
+            )
+        return world
 
     def record(self, done: int, before: int, joined: list[int], seconds: float) -> (
         dict[str, Any]
@@ -239,6 +269,8 @@ class Joiner:
             time.sleep(0.05)
         began = time.perf_counter()
         generation, at, members = admitted
+        if os.environ.get(FAIL_ENV):  # tests: gone between admission and the group
+            os._exit(1)
         world_mod.leave_group()  # its group of one
         world_mod.adopt_store(self.store)
         m.adopt(generation, members)
