@@ -148,8 +148,13 @@ def _one_line(err: str, expect: str) -> None:
          "--max-workers must exceed the 2 workers (or equal them with --min-workers), got 2"),
         (["--workers", "2", "--batch-size", "60", "--max-workers", "3", "--max-restarts", "1",
           "--checkpoint-every", "2"], "--max-workers 3 with --max-restarts: choose one"),
+        (["--workers", "2", "--batch-size", "60", "--max-workers", "3", "--compression",
+          "topk:0.1"], "--max-workers with --compression topk:0.1: a joiner has no error feedback"),
+        (["--launcher", "slurm", "--workers", "2", "--batch-size", "60", "--max-workers", "3"],
+         "--max-workers 3 needs a single-host job (--launcher local, --nnodes 1)"),
     ],
-    ids=["max-workers-strategy", "max-workers-batch", "max-workers-count", "max-workers-restarts"],
+    ids=["max-workers-strategy", "max-workers-batch", "max-workers-count", "max-workers-restarts",
+         "max-workers-sparse", "max-workers-launcher"],
 )  # fmt: skip
 def test_a_job_that_cannot_grow_is_refused(
     argv: list[str], expect: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
