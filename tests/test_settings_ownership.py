@@ -73,6 +73,8 @@ VALUES: dict[str, Any] = {
     "ps_address": "127.0.0.2",
     "tensorboard": "tb-logs",
     "ray_address": "127.0.0.1:6379",
+    "max_workers": 3,  # above the 2 workers (live grow)
+    "join": "runs/x",
 }
 
 #: Settings a conditional field needs before anything reads it.

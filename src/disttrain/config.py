@@ -74,7 +74,7 @@ class TrainConfig:
         ),
         "reliability: faults, checks, checkpoints, restarts": (
             "timeout", "check_collectives", "inject_fault", "check_finite", "checkpoint_every",
-            "resume", "max_restarts", "overwrite", "min_workers",
+            "resume", "max_restarts", "overwrite", "min_workers", "max_workers", "join",
         ),
         "data loading": ("prefetch", "loader_delay_ms"),
         "multi-node (torchrun's meaning)": ("nnodes", "node_rank", "rdzv_endpoint", "rdzv_id"),
@@ -153,6 +153,10 @@ class TrainConfig:
         "live shrink: the survivors of a lost worker go on while at least this many are left "
         "(0, the default: every worker, so a loss ends the job; docs/reliability.md)",
     )
+    max_workers: int = opt(
+        0, "live grow: admit workers started with `train --join OUT` up to this many (0: none)"
+    )
+    join: str = opt("", "join the running job of this --out (it runs with --max-workers)")
     # multi-node pass-through (torchrun's meaning)
     nnodes: int = opt(1, "number of nodes (multi-node runs)")
     # Not sent to torch's c10d rendezvous: it reads no rank and numbers the nodes by
@@ -200,6 +204,9 @@ class TrainConfig:
                 f"--min-workers must be between 1 and the {self.world_size} workers, "
                 f"got {self.min_workers}"
             )
+        if self.max_workers and not self.live_grow:  # == W: joiners replace lost workers
+            raise UsageError(f"--max-workers must exceed the {self.world_size} workers (or equal "
+                             f"them with --min-workers), got {self.max_workers}")  # fmt: skip
         if self.max_steps < 0:
             raise UsageError(f"--max-steps must be >= 0, got {self.max_steps}")
         if self.lr <= 0:
@@ -224,6 +231,13 @@ class TrainConfig:
     def live_shrink(self) -> bool:
         """True if the job goes on after losing workers (``--min-workers`` below the count)."""
         return 0 < self.min_workers < self.world_size
+
+    @property
+    def live_grow(self) -> bool:
+        """True if the job admits workers that ``--join`` it (``--max-workers``)."""
+        return self.max_workers > self.world_size or (
+            self.max_workers == self.world_size and self.live_shrink
+        )
 
 
 @dataclass(frozen=True)

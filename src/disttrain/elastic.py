@@ -24,8 +24,9 @@ The machinery: when a worker dies, torch's elastic agent restarts every worker o
 job, and each resumes from the last commit; the worker count may differ after the
 restart (the replicas of data parallelism are equal: rank 0's part is every rank's).
 Workers leaving or joining *without* a restart, as Horovod's survivors roll back in
-memory, need live membership changes: ``disttrain train --min-workers`` has them (live
-shrink, :mod:`disttrain.train.shrink`), this API not yet (issue 20).
+memory, need live membership changes: ``disttrain train --min-workers`` and
+``--max-workers``/``--join`` have them (live shrink and grow, :mod:`disttrain.train.shrink`,
+:mod:`disttrain.train.grow`), this API not yet (issue 20).
 
 Checkpoints belong to one run: a fresh job refuses a ``root`` that holds commits; the
 run's id is kept in the job's store (torchrun's, which outlives restart rounds), so a

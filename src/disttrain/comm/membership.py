@@ -20,6 +20,14 @@ TCPStore otherwise; plain text values, no pickle):
    :class:`~disttrain.comm.errors.LeftOut` and stops, lost like the others;
 4. the members form the new group under ``.../member-<g+1>/group`` (``world.rejoin``).
 
+Live grow (``--max-workers``, :mod:`disttrain.train.grow`) changes the generation the other
+way: a joiner takes a number ``join/tickets`` (its launch rank: the launch count + number
+- 1) and, once built, sets ``join/ready/<launch rank>``; the group's rank 0, at a step
+boundary, writes ``member-<g+1>/grow`` = ``AT|MEMBERS`` (compare_set: one decision) and
+``join/admit/<launch rank>`` for each joiner; at AT steps done every member and the joiners
+form the group under ``member-<g+1>/grown`` (its own prefix: a shrink of generation g+1
+meanwhile meets under ``.../group``, and the joiner's wait then ends at ``--timeout``).
+
 Each worker also leaves ``pid/<launch rank>`` = ``HOST PID`` at the start: a survivor
 need not wait the window for a worker whose process is gone, and the new rank 0 can end
 a lost worker that still runs on its host (one that hung: it would otherwise keep the job
@@ -43,9 +51,11 @@ __all__ = ["Change", "Membership", "answer_window"]
 
 
 def answer_window(timeout: float) -> float:
-    """Seconds the survivors wait for each other's answers: the spread of their failures
-    (about one step; 5 s cover a loaded host), at most ``--timeout``."""
-    return min(max(timeout, 1.0), 5.0)
+    """Seconds the survivors wait for each other's answers: the spread of their failures,
+    at most ``--timeout``. Survivors leave each step's last collective together and wait
+    on the same peer, so they fail within one step of each other; 3 s cover a loaded host
+    and keep a hang's cost (``--timeout`` + window + regroup) under ``--timeout`` + 5."""
+    return min(max(timeout, 1.0), 3.0)
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,8 @@ class Membership:
         self.members: tuple[int, ...] = tuple(range(world_size))
         self.generation = 0
         self.window = window
+        #: the highest launch rank any decision named (live grow: tickets above are new)
+        self.highest = world_size - 1
         # an elastic restart round (--max-restarts, torchrun) starts its own generations
         self._root = f"disttrain/round-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
@@ -160,3 +172,68 @@ class Membership:
                 os.kill(pid, signal.SIGKILL)
                 ended.append(r)
         return ended
+
+    # --- live grow (train/grow.py) ------------------------------------------------------
+
+    def take_ticket(self, launch_workers: int) -> int:
+        """A joiner's launch rank: the job's launch count + its number among joiners - 1."""
+        return launch_workers + int(self.store.add(self._key("join/tickets"), 1)) - 1
+
+    def set_ready(self) -> None:
+        """A joiner is built and waits to be admitted."""
+        self.store.set(self._key(f"join/ready/{self.me}"), "1")
+
+    def ready_joiners(self, launch_workers: int, room: int) -> list[int]:
+        """Rank 0: launch ranks of joiners ready and not yet named (at most ``room``, in
+        ticket order; one not yet ready holds those behind it)."""
+        issued = launch_workers + int(self.store.add(self._key("join/tickets"), 0))
+        ready: list[int] = []
+        for r in range(self.highest + 1, issued):
+            if len(ready) == room or not self.store.check([self._key(f"join/ready/{r}")]):
+                break
+            ready.append(r)
+        return ready
+
+    def propose_grow(self, at: int, joiners: list[int]) -> None:
+        """Rank 0: the members after ``at`` steps are these and ``joiners``; tell each."""
+        gen = self.generation + 1
+        value = f"{at}|{','.join(map(str, sorted((*self.members, *joiners))))}"
+        decided = self.store.compare_set(self._key(f"member-{gen}/grow"), "", value).decode()
+        for r in joiners:
+            if f",{r}," in f",{decided.partition('|')[2]},":
+                self.store.set(self._key(f"join/admit/{r}"), f"{gen}|{decided}")
+
+    def grow_decision(self) -> tuple[int, tuple[int, ...]] | None:
+        """(steps done at the grow, the members after it) if rank 0 decided one."""
+        key = self._key(f"member-{self.generation + 1}/grow")
+        if not self.store.check([key]):
+            return None
+        at, _, csv = self.store.get(key).decode().partition("|")
+        members = tuple(int(r) for r in csv.split(","))
+        self.highest = max(self.highest, *members)  # named: never admitted again
+        return int(at), members
+
+    def admission(self) -> tuple[int, int, tuple[int, ...]] | None:
+        """A joiner: (generation, steps done at the grow, members) once admitted."""
+        key = self._key(f"join/admit/{self.me}")
+        if not self.store.check([key]):
+            return None
+        gen, at, csv = self.store.get(key).decode().split("|")
+        return int(gen), int(at), tuple(int(r) for r in csv.split(","))
+
+    def adopt(self, generation: int, members: tuple[int, ...]) -> None:
+        """Go to ``generation`` with ``members`` (a grow every member saw decided)."""
+        self.generation, self.members = generation, members
+        self.highest = max(self.highest, *members)
+
+    def grow_prefix(self) -> str:
+        """Where a grown generation's group meets (not shrink's ``group``: module docstring)."""
+        return self._key(f"member-{self.generation}/grown")
+
+    def close(self, why: str) -> None:
+        """Rank 0 at the end: joiners still waiting stop with ``why``."""
+        self.store.set(self._key("join/closed"), why)
+
+    def closed(self) -> str | None:
+        key = self._key("join/closed")
+        return self.store.get(key).decode() if self.store.check([key]) else None

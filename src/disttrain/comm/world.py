@@ -40,6 +40,7 @@ from disttrain.comm.errors import UsageError
 __all__ = [
     "STORE_FILE_ENV",
     "World",
+    "adopt_store",
     "cross_rank",
     "cross_size",
     "current",
@@ -47,6 +48,7 @@ __all__ = [
     "init",
     "is_initialized",
     "job_store",
+    "job_store_path",
     "leave_group",
     "local_rank",
     "local_size",
@@ -83,6 +85,8 @@ class World:
 _world: World | None = None
 #: The store the job's first group met on, kept for live membership changes (job_store)
 _store: dist.Store | None = None
+#: The file of that store when it is a file store (a single-host job's): a joiner opens it
+_store_path: str | None = None
 
 
 def _env_int(name: str, default: int) -> int:
@@ -98,7 +102,7 @@ def init(device: str = "cpu", timeout: float = 60.0, threads: int | None = 1) ->
     intra-op threads (one by default, so that N workers share N cores fairly);
     ``None`` leaves torch's choice.
     """
-    global _world, _store
+    global _world, _store, _store_path
     if _world is not None:
         return _world
     if threads is not None:
@@ -142,6 +146,7 @@ def init(device: str = "cpu", timeout: float = 60.0, threads: int | None = 1) ->
         # an elastic restart forms a new group: a fresh store, free of the last round's keys
         store_file += f".{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
         store = _store = dist.FileStore(store_file, world_size)
+        _store_path = store_file
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world_size, timeout=pg_timeout
         )
@@ -250,11 +255,11 @@ def cross_size() -> int:
 
 def shutdown() -> None:
     """Leave the process group (idempotent); a group an engine formed is left to it."""
-    global _world, _store
+    global _world, _store, _store_path
     owns = _world is None or _world.owns_group
     if owns and dist.is_initialized():
         dist.destroy_process_group()
-    _world = _store = None
+    _world = _store = _store_path = None
 
 
 def job_store() -> dist.Store:
@@ -269,6 +274,18 @@ def job_store() -> dist.Store:
             store = store.underlying_store
         _store = store
     return _store
+
+
+def job_store_path() -> str | None:
+    """The file of the job's store (single-host jobs), None for a TCPStore."""
+    return _store_path
+
+
+def adopt_store(store: dist.Store) -> None:
+    """Take ``store`` as the job's store: a worker joining a running job (live grow) opens
+    the job's file store and meets the others there after leaving its own group of one."""
+    global _store
+    _store = store
 
 
 def leave_group() -> None:

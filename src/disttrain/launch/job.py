@@ -20,6 +20,7 @@ from disttrain.launch.worker import (
     CLAIMED_RUN_ENV,
     default_out,
     is_worker,
+    run_joiner,
     run_worker,
     torchrun_default_out,
 )
@@ -130,6 +131,8 @@ def run_job(cfg: Any, argv: list[str]) -> int:
     from disttrain.train.progress import print_summary
 
     """Run ``disttrain train`` with the loaded config ``cfg``; ``argv`` is passed to workers."""
+    if cfg.train.join:  # one worker joining a running job (live grow)
+        return run_joiner(cfg)
     if is_worker():
         launched_by_us = os.environ.get("DISTTRAIN_WORKER") == "1"
         if not cfg.train.out and not launched_by_us:  # torchrun, and no --out

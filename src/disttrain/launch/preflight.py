@@ -56,7 +56,7 @@ def preflight(cfg: Any) -> None:
     from disttrain import collectives, strategies
     from disttrain.data import load_dataset
     from disttrain.models import build_model
-    from disttrain.train import shrink
+    from disttrain.train import grow, shrink
     from disttrain.train.faults import parse_fault
 
     tc = cfg.train
@@ -96,6 +96,7 @@ def preflight(cfg: Any) -> None:
     # Strategies check what needs the whole config (pipeline stages, mesh, ps modes) here.
     strategy.validate_config(cfg, model)
     shrink.check(cfg)  # --min-workers: a strategy that goes on, one host, the batch splits
+    grow.check(cfg)  # --max-workers: the same for a job that admits joiners
     # After the strategy's own checks, which name impossible values more precisely.
     check_settings_read(cfg)
     if tc.resume:

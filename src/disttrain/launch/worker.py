@@ -14,7 +14,10 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["CLAIMED_RUN_ENV", "default_out", "is_worker", "run_worker", "torchrun_default_out"]
+__all__ = [
+    "CLAIMED_RUN_ENV", "default_out", "is_worker", "run_joiner", "run_worker",
+    "torchrun_default_out",
+]  # fmt: skip
 
 #: Set by ``--launcher slurm`` for the agents it starts: the run it already claimed.
 CLAIMED_RUN_ENV = "DISTTRAIN_CLAIMED_RUN"
@@ -93,4 +96,39 @@ def _train_worker(cfg: Any, launched_by_us: bool) -> int:
         world.shutdown()
     if not launched_by_us and summary and int(os.environ.get("RANK", "0")) == 0:
         print_summary(summary, cfg.train.out)
+    return 0
+
+
+def run_joiner(cfg: Any) -> int:
+    """``disttrain train --join OUT``: one worker that joins the job running in OUT (live grow,
+    :mod:`disttrain.train.grow`), with the job's settings; 0 once the job's training ends."""
+    from disttrain import config
+    from disttrain.checkpoint import RUN_ENV
+    from disttrain.comm import world
+    from disttrain.comm.errors import UsageError, gist
+    from disttrain.train.grow import JOIN_POINT, JoinFailed, read_point
+    from disttrain.train.trainer import train
+
+    out = cfg.train.join
+    given = [name for name in config.changed_settings(cfg) if name != "join"]
+    if given:
+        raise UsageError(
+            f"--join {out} takes the job's settings from its {JOIN_POINT}: drop "
+            f"{config.flag(given[0])}"
+        )
+    point = read_point(out)
+    cfg = config.load({**point["settings"], "join": out})
+    os.environ[RUN_ENV] = point["run"]
+    try:
+        train(cfg)
+    except JoinFailed as exc:
+        sys.stderr.write(f"disttrain: error: {exc}\n")
+        return 1
+    except Exception as exc:
+        if os.environ.get("DISTTRAIN_DEBUG"):
+            raise
+        sys.stderr.write(f"disttrain: joiner: {type(exc).__name__}: {gist(exc)}\n")
+        return 1
+    finally:
+        world.shutdown()
     return 0

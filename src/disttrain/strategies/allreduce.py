@@ -107,6 +107,8 @@ class AllReduce(Strategy):
 
     # Live shrink (--min-workers): the survivors regroup and redo the step (``regroup``)
     shrinks = True
+    # Live grow (--max-workers): a joiner gets rank 0's replica over the new group
+    grows = True
 
     @classmethod
     def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
@@ -116,6 +118,11 @@ class AllReduce(Strategy):
             raise UsageError(
                 f"--min-workers with --compression {spec}: a failed step's error feedback "
                 "cannot be rolled back; use --compression none, fp16 or bf16"
+            )
+        if config.train.live_grow and cast_dtype(parse(spec)) is None:
+            raise UsageError(
+                f"--max-workers with --compression {spec}: a joiner has no error feedback "
+                "of its own to go on from; use --compression none, fp16 or bf16"
             )
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -258,6 +258,9 @@ class Strategy:
     #: True if the survivors of a lost worker go on without it (``--min-workers``, live
     #: shrink: :mod:`disttrain.train.shrink`): the strategy then implements ``regroup``.
     shrinks: ClassVar[bool] = False
+    #: True if a worker may join the running job (``--max-workers``, live grow:
+    #: :mod:`disttrain.train.grow`): ``regroup`` then also takes a group of more workers.
+    grows: ClassVar[bool] = False
 
     def abandon_step(self) -> None:
         """A peer failed during a step: stop this step's communication (threads, queued

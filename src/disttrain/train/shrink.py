@@ -48,7 +48,7 @@ from disttrain.dataparallel.broadcast import (
     broadcast_parameters,
 )
 
-__all__ = ["Shrink", "check", "even_out"]
+__all__ = ["Shrink", "check", "even_out", "membership_for"]
 
 
 def check(cfg: RunConfig) -> None:
@@ -98,19 +98,28 @@ def even_out(
     return target
 
 
+def membership_for(tc: TrainConfig, world: world_mod.World) -> Membership | None:
+    """This worker's membership when the job may change (``--min-workers``, ``--max-workers``:
+    live shrink and grow share it), else None."""
+    if not (tc.live_shrink or tc.live_grow):
+        return None
+    if world.nodes > 1:  # torchrun across hosts: pre-flight did not see the job
+        raise UsageError("--min-workers and --max-workers need a single-host job")
+    members = Membership(
+        world_mod.job_store(), world.rank, world.world_size, answer_window(tc.timeout)
+    )
+    members.publish_pid()
+    return members
+
+
 class Shrink:
     """One worker's side of live shrink: its membership, and the changes it went through."""
 
-    def __init__(self, tc: TrainConfig, world: world_mod.World) -> None:
-        if world.nodes > 1:  # torchrun across hosts: pre-flight did not see the job
-            raise UsageError(f"--min-workers {tc.min_workers} needs a single-host job")
+    def __init__(self, tc: TrainConfig, membership: Membership, changes: list[Any]) -> None:
         self.min_workers = tc.min_workers
-        self.membership = Membership(
-            world_mod.job_store(), world.rank, world.world_size, answer_window(tc.timeout)
-        )
-        self.membership.publish_pid()
-        #: summary.json's ``membership``: one entry per change
-        self.changes: list[dict[str, Any]] = []
+        self.membership = membership
+        #: summary.json's ``membership``: one entry per change (shared with live grow)
+        self.changes: list[dict[str, Any]] = changes
 
     def recover(
         self, exc: BaseException, step: int, strategy: strategies.Strategy, began: float,

@@ -29,13 +29,14 @@ from disttrain.data import Dataset, GlobalBatchSampler, load_dataset
 from disttrain.data.loader import BatchLoader
 from disttrain.models import build_model
 from disttrain.train.faults import parse_fault
+from disttrain.train.grow import Grow, Joiner, read_point
 from disttrain.train.metrics import MetricsWriter, Throughput, Timers, write_summary
 from disttrain.train.oom import as_out_of_memory
 from disttrain.train.optimizers import make_optimizer
 from disttrain.train.progress import ProgressBar
 from disttrain.train.saver import Checkpoints
 from disttrain.train.schedules import LRSchedule
-from disttrain.train.shrink import Shrink
+from disttrain.train.shrink import Shrink, membership_for
 from disttrain.train.step import StepRunner
 from disttrain.train.trackers import Tracker, trackers_for
 
@@ -175,14 +176,17 @@ def train(cfg: RunConfig, trackers: Sequence[Tracker] = ()) -> dict[str, Any]:
 def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
     tc = cfg.train
     world = world_mod.init(device=tc.device, timeout=tc.timeout, threads=tc.threads)
-    run_id = _agree_run(tc, world)
-    recorder = timeline.start(world.rank) if tc.timeline else None
+    # --join: this process builds in a group of its own, then joins the job (train/grow.py)
+    joiner = Joiner(tc, read_point(tc.join)) if tc.join else None
+    run_id = os.environ.get(checkpoint.RUN_ENV, "") if joiner else _agree_run(tc, world)
+    recorder = timeline.start(joiner.launch_rank if joiner else world.rank) if (
+        tc.timeline) else None  # fmt: skip
     collectives.set_length_check(tc.check_collectives)
     collectives.set_inter_algorithm(tc.inter_algorithm)
     checks.set_checks_everywhere(tc.check_collectives)
     if tc.pin_cpus:
         pin_to_cpu(world.local_rank)
-    fault = parse_fault(tc.inject_fault)
+    fault = None if joiner else parse_fault(tc.inject_fault)  # the job's ranks' faults
     data = load_dataset(cfg.data)
     torch.manual_seed(tc.seed)  # every rank builds the same initial model
     strategy = strategies.get(tc.strategy)(cfg, world, loss_fn)
@@ -202,7 +206,7 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
         total_steps = min(total_steps, tc.max_steps)
     # asynchronous strategies let fast workers run more steps, until the shared budget is spent
     epoch_limit, step_limit = roles.limits(tc.epochs, total_steps)
-    main = world.is_main
+    main = world.is_main and joiner is None
     out_dir = tc.out
     if main and out_dir:
         os.makedirs(out_dir, exist_ok=True)
@@ -227,9 +231,20 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
         tc.base_batch_size, tc.warmup_epochs, tc.lr_schedule, tc.lr_gamma, tc.lr_step_epochs,
     )  # fmt: skip
     saver = Checkpoints(out_dir, strategy, tc.async_checkpoint)
-    shrink = Shrink(tc, world) if tc.live_shrink else None  # --min-workers
+    membership = joiner.membership if joiner else membership_for(tc, world)
+    changes: list[dict[str, Any]] = []  # summary.json's membership (shrink and grow)
+    shrink = Shrink(tc, membership, changes) if membership and tc.live_shrink else None
+    grow = Grow(tc, membership, changes) if membership and tc.live_grow else None
+    if grow and main:
+        grow.open(cfg, run_id)  # OUT/join.json: where a --join finds the job
     try:
-        resumed = _resume(tc, strategy, optimizer, runner)
+        if joiner and grow:  # admitted at a step boundary, with rank 0's state
+            resumed = joiner.join(grow, strategy, runner.scaler)
+            world = strategy.world
+            sampler = GlobalBatchSampler(len(data.x_train), tc.batch_size, strategy.data_rank,
+                                         strategy.data_world_size, tc.seed)  # fmt: skip
+        else:
+            resumed = _resume(tc, strategy, optimizer, runner)
         if resumed and main:  # a --resume, or an elastic restart from the last checkpoint
             print(f"disttrain: resumed from step {resumed} of run {run_id}", file=sys.stderr)
         step = resumed
@@ -244,6 +259,10 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
             )  # fmt: skip
             for x, y in timeline.iterate(loader, "data"):
                 if roles.should_stop():
+                    break
+                if grow and grow.due(step, step_limit):  # joiners come in: a new group
+                    saver.finish()
+                    change = grow.admit(step, strategy, runner.scaler)
                     break
                 lr = schedule(step)
                 for group in optimizer.param_groups:
@@ -316,6 +335,8 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
             tracker.close()
         raise
     finally:
+        if grow and main:
+            grow.close(step)
         bar.close()
         metrics.close()
         if recorder is not None:  # written even after a failure: the launcher merges what is
@@ -362,8 +383,8 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
         "config": cfg.to_dict(),
         **strategy.summary(),
     }
-    if shrink is not None:  # every membership change, in order (docs/reliability.md)
-        summary["membership"] = shrink.changes
+    if membership is not None:  # every membership change, in order (docs/reliability.md)
+        summary["membership"] = changes
     if main and out_dir:
         if whole is not None:
             torch.save(whole.state_dict(), os.path.join(out_dir, "model.pt"))
