@@ -238,6 +238,7 @@ class Pipeline(Strategy):
                 "stage0_idle_share": self.runner.times.idle,
                 "stage0_peak_activation_bytes": self.runner.activations.peak,
                 "stage0_peak_pending_weight_grad_bytes": self.runner.pending_w_peak,
+                "stage0_peak_activation_and_weight_grad_bytes": self.runner.activations.peak_total,
                 "recompute": self.pc.recompute,
             }
         }
