@@ -7,14 +7,18 @@ Part 1, the bubble: each schedule (``--schedules``) runs on P local processes
 by default its CPU time (``time.thread_time``: on a loaded machine an action's
 wall time also holds the spans in which the OS ran another process).
 :func:`schedule.replay` lays durations out with instant hand-offs, four ways
-(:func:`_bubble_rows`): ``theory`` every action one tick; ``@means`` every
-action of a kind at the kind's mean measured duration, the schedule's own
-bubble at this machine's F:B:W, which is what the measurement is compared
-with (zb1's bubble is (P-1)(F+B-W), not the F = B = W figure); ``stages``
-each rank's own mean per kind (adds the stages' unequal compute); ``replay``
-each action's median over the timed steps (adds the actions' spread, the
-machine's noise). ``rel.err`` = replay / @means - 1; the two columns after it
-split replay - @means into the stages' share and the jitter's.
+(:func:`_bubble_rows`): ``theory`` every action one tick (equal stages, F = B =
+W); ``@means`` every action of a kind at the kind's mean measured duration
+(equal stages at this machine's F:B:W: zb1's bubble is (P-1)(F+B-W), not the
+F = B = W figure); ``@stages`` each rank's own mean per kind: the schedule's
+bubble on the stages as measured (the last computes the loss, the first no
+input gradient), the theory to compare with; ``replay`` each action's median
+over the timed steps. ``rel.err`` = replay / @stages - 1 is the spread of the
+actions within a rank and kind (the machine's noise in compute, e.g. a step's
+first forward running on cold caches). ``wall``: the measured wall-clock
+bubble (one host clock for every rank: 1 - compute / the pipeline's window);
+``machine`` = wall minus the replay of the same steps' wall durations: what
+hand-offs and waits for a core add (on shared cores, most of the wall bubble).
 
 Part 2, step time: ours and torch.distributed.pipelining's anchors on the same
 model, split the same way, in the same processes, one step of each per round
