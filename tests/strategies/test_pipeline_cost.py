@@ -115,7 +115,20 @@ def test_an_uneven_balance_is_paced_by_its_slowest_stage() -> None:
     own = WORK.params * 2 / 3 * CAL.seconds_per_param + CAL.seconds_per_step
     assert two.compute_seconds == pytest.approx(whole * 2 / 3 + whole / 3 / m + own)
     assert uneven.step_seconds > even.step_seconds
-    assert "stages of 2/1/1/1 equal layers" in uneven.note
+    assert "stages of 2/1/1/1 layers" in uneven.note
     assert "equal stages assumed" in _predict("pipeline:1f1b:balance=time").note
     with pytest.raises(ValueError, match="lists 3 stages, not 4"):
         _predict("pipeline:1f1b:balance=1/1/1")
+
+
+def test_advise_cuts_the_work_by_its_models_parameters() -> None:
+    # advise's stand-in: 10 Linear layers with a ReLU between (19 layers); 7/4/4/4 puts 4
+    # Linears on stage 0 and 2 on each other: the shares of 2/1/1/1 equal layers
+    from disttrain.strategies.spec import parse_specs
+
+    model = costmodel.equal_layers(WORK.params, 10)
+    specs = parse_specs("pipeline:1f1b:balance=7/4/4/4", model=True)
+    (row,) = costmodel.assess(specs, WORK, 4, NET, CAL, model)
+    assert row.step is not None and row.memory is not None
+    want = _predict("pipeline:1f1b:balance=2/1/1/1")  # no model known: shares of the layers
+    assert row.step.compute_seconds == pytest.approx(want.compute_seconds)

@@ -90,15 +90,21 @@ def check_pipeline(
         )
 
 
-def _stage_shares(pc: ParallelConfig, ranks: int, chunks: int) -> list[float] | None:
-    """Each model stage's share of the work under a ``--balance`` list (layers of equal
-    cost); None for the equal cut (``params``, and ``time``, which only training measures)."""
+def _stage_shares(
+    pc: ParallelConfig, ranks: int, chunks: int, layer_params: tuple[int, ...] | None
+) -> list[float] | None:
+    """Each model stage's share of the work under a ``--balance`` list: its layers' share of
+    the parameters where the model is known (``layer_params``: dense layers compute in
+    proportion), else its share of the layers; None for the equal cut (``params``, and
+    ``time``, which only training measures)."""
     spec = pc.balance_spec()
     if not isinstance(spec, list):
         return None
     if len(spec) != ranks * chunks:
         raise ValueError(f"--balance {pc.balance} lists {len(spec)} stages, not {ranks * chunks}")
-    return [n / sum(spec) for n in spec]
+    if layer_params is None or len(layer_params) != sum(spec) or not sum(layer_params):
+        return [n / sum(spec) for n in spec]  # unknown model (or not this cut: no memory row)
+    return [sum(layer_params[a:b]) / sum(layer_params) for a, b in placement.stage_bounds(spec)]
 
 
 def _rank_share(shares: list[float] | None, ranks: int) -> float:
@@ -305,8 +311,9 @@ class Pipeline(Strategy):
         the compute unless the link needs longer. Activations: ``activation_bytes`` a sample,
         else 4·sqrt(params) (fp32 values as wide as a one-layer square model: an upper bound
         on a deeper dense model's width). ``balance`` as a list of layer counts (``3/2/3``)
-        cuts the work unequally, each layer costing the same (advise's model of equal layers):
-        the step is then the schedule's grid replayed with each stage's F, B, W at its share
+        cuts the work unequally, each stage's share its layers' share of the parameters
+        (``work.layer_params``, which advise sets from its model; else of the layers): the
+        step is then the schedule's grid replayed with each stage's F, B, W at its share
         (``schedule.replay``: the slowest stage sets the pace), and its rank's parameters at
         its share. ``balance=params`` is the equal cut; ``balance=time`` is measured in
         training and modelled as equal (said in the note). Not modelled: the split backward's
@@ -327,7 +334,7 @@ class Pipeline(Strategy):
         net, cal = network, calibration
         bubble = kind.bubble(m, p, v)
         busy = work.batch_size * work.flops * cal.seconds_per_flop / p
-        shares = _stage_shares(pc, p, v)
+        shares = _stage_shares(pc, p, v, work.layer_params)
         own = work.params * _rank_share(shares, p) * cal.seconds_per_param + cal.seconds_per_step
         if shares is None or p == 1:  # equal stages (or one): the schedule's closed form
             pipelined = busy / (1 - bubble)
@@ -351,7 +358,7 @@ class Pipeline(Strategy):
             f"{pc.schedule}: bubble {bubble:.1%} of the step at M={m}, V={v}; "
             f"stage 0 holds {held:g} micro-batches' activations (1F1B: {min(m, p)})"
         )
-        note = "equal stages" if shares is None else f"stages of {pc.balance} equal layers"
+        note = "equal stages" if shares is None else f"stages of {pc.balance} layers"
         note += ", F:B:W = 1:1:1"
         if pc.balance == "time":
             note += "; balance=time is measured in training: equal stages assumed"
