@@ -110,6 +110,8 @@ class Workload:
     ranks_per_host: int = 1  # > 1: ranks share a host's cores (loopback runs)
     optimizer: str = "momentum"  # the memory formulas: its state (STATE_COPIES)
     precision: str = "fp32"  # the memory formulas: autocast's weight copies (CAST_BYTES)
+    #: each layer's parameter count, when the model is known (a pipeline's --balance list)
+    layer_params: tuple[int, ...] | None = None
 
     @property
     def gradient_bytes(self) -> int:

@@ -61,6 +61,7 @@ def test_time_costs_measure_every_layer() -> None:
 
 def test_parse_balance_and_sequential_check() -> None:
     assert parse_balance("params") == "params"
+    assert parse_balance("2/3/3") == parse_balance("2,3,3") == [2, 3, 3]  # a spec writes /
     assert parse_balance("2, 3,3") == [2, 3, 3]
     with pytest.raises(UsageError, match="at least one layer"):
         parse_balance("2,0")

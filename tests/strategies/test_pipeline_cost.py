@@ -93,3 +93,42 @@ def test_compare_and_advise_read_the_same_schedule_specs() -> None:
     modelled = parse_specs(text, model=True)  # advise: the same settings, predicted
     assert [r.settings for r in modelled] == [r.settings for r in runs]
     assert "M=8" in costmodel.predict(modelled[0], WORK, 4, NET, CAL).reason
+
+
+def test_an_uneven_balance_is_paced_by_its_slowest_stage() -> None:
+    # four stages of 2/1/1/1 equal layers: stage 0 does 2/5 of the work, not 1/4; an even
+    # list is the closed form exactly; balance=time is said to be modelled as equal
+    m = 4
+    even = _predict("pipeline:1f1b")
+    assert _predict("pipeline:1f1b:balance=1/1/1/1").compute_seconds == pytest.approx(
+        even.compute_seconds
+    )
+    assert _predict("pipeline:zb1:balance=3/3/3/3").step_seconds == pytest.approx(
+        _predict("pipeline:zb1").step_seconds
+    )
+    uneven = _predict("pipeline:1f1b:balance=2/1/1/1")
+    # two stages of 1/2 layers: the last does 2/3 of the work and never waits once its
+    # first input is there, so the step is its work plus the first stage's F and B of one
+    # micro-batch ((1/3)·whole/M) before and after it
+    whole = WORK.batch_size * WORK.flops * CAL.seconds_per_flop  # all the work on one rank
+    two = _predict("pipeline:1f1b:balance=1/2", nodes=2)
+    own = WORK.params * 2 / 3 * CAL.seconds_per_param + CAL.seconds_per_step
+    assert two.compute_seconds == pytest.approx(whole * 2 / 3 + whole / 3 / m + own)
+    assert uneven.step_seconds > even.step_seconds
+    assert "stages of 2/1/1/1 layers" in uneven.note
+    assert "equal stages assumed" in _predict("pipeline:1f1b:balance=time").note
+    with pytest.raises(ValueError, match="lists 3 stages, not 4"):
+        _predict("pipeline:1f1b:balance=1/1/1")
+
+
+def test_advise_cuts_the_work_by_its_models_parameters() -> None:
+    # advise's stand-in: 10 Linear layers with a ReLU between (19 layers); 7/4/4/4 puts 4
+    # Linears on stage 0 and 2 on each other: the shares of 2/1/1/1 equal layers
+    from disttrain.strategies.spec import parse_specs
+
+    model = costmodel.equal_layers(WORK.params, 10)
+    specs = parse_specs("pipeline:1f1b:balance=7/4/4/4", model=True)
+    (row,) = costmodel.assess(specs, WORK, 4, NET, CAL, model)
+    assert row.step is not None and row.memory is not None
+    want = _predict("pipeline:1f1b:balance=2/1/1/1")  # no model known: shares of the layers
+    assert row.step.compute_seconds == pytest.approx(want.compute_seconds)

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torch import nn
@@ -186,6 +186,9 @@ def assess(
     """Every spec's step and memory per worker (fitting in ``limit`` bytes, if given): the
     modelled rows fastest first, then those with memory alone. ValueError for a bad spec."""
     rows = []
+    # the layers' sizes: what a pipeline's --balance list cuts (dense layers: work ∝ params)
+    sizes = tuple(sum(p.numel() for p in layer.parameters()) for layer in model.children())
+    work = replace(work, layer_params=sizes)
     for spec in specs:
         why = ""
         try:

@@ -37,12 +37,13 @@ Balance = str | list[int]  # "params", "time", or layers per stage
 
 
 def parse_balance(text: str) -> Balance:
-    """``params``, ``time`` or a comma-separated list of positive layer counts."""
+    """``params``, ``time`` or a list of positive layer counts, comma-separated (``2,3,3``;
+    ``2/3/3`` in a compare/advise spec, whose settings are comma-separated already)."""
     text = text.strip()
     if text in ("params", "time"):
         return text
     try:
-        sizes = [int(part) for part in text.split(",")]
+        sizes = [int(part) for part in text.replace("/", ",").split(",")]
     except ValueError:
         raise UsageError(
             f"--balance {text!r}: use params, time, or layers per stage such as 2,3,3"

@@ -90,6 +90,45 @@ def check_pipeline(
         )
 
 
+def _stage_shares(
+    pc: ParallelConfig, ranks: int, chunks: int, layer_params: tuple[int, ...] | None
+) -> list[float] | None:
+    """Each model stage's share of the work under a ``--balance`` list: its layers' share of
+    the parameters where the model is known (``layer_params``: dense layers compute in
+    proportion), else its share of the layers; None for the equal cut (``params``, and
+    ``time``, which only training measures)."""
+    spec = pc.balance_spec()
+    if not isinstance(spec, list):
+        return None
+    if len(spec) != ranks * chunks:
+        raise ValueError(f"--balance {pc.balance} lists {len(spec)} stages, not {ranks * chunks}")
+    if layer_params is None or len(layer_params) != sum(spec) or not sum(layer_params):
+        return [n / sum(spec) for n in spec]  # unknown model (or not this cut: no memory row)
+    return [sum(layer_params[a:b]) / sum(layer_params) for a, b in placement.stage_bounds(spec)]
+
+
+def _rank_share(shares: list[float] | None, ranks: int) -> float:
+    """The largest share of the parameters one rank holds (its stages r, r+P, ...)."""
+    return 1 / ranks if shares is None else max(sum(shares[r::ranks]) for r in range(ranks))
+
+
+def _replayed_step(
+    name: str, m: int, ranks: int, chunks: int, shares: list[float], seconds: float
+) -> float:
+    """The schedule's step when stage s takes ``shares[s]`` of ``seconds`` (the whole batch's
+    compute on one rank), F:B:W = 1:1:1 (a fused B is B + W), hand-offs instant."""
+    grid = schedule.build(name, m, ranks, chunks)
+    micro = 1 + max(a.microbatch for row in grid for a in row if a is not None)
+    split = any(a is not None and a.kind == "W" for row in grid for a in row)
+    part = {"F": 1 / 3, "B": 1 / 3 if split else 2 / 3, "W": 1 / 3}
+    orders = [
+        [(schedule.replay_kind(a, ranks), a.microbatch, seconds / micro * shares[a.stage]
+          * part[a.kind]) for _, a in schedule.stage_actions(grid, r)]
+        for r in range(ranks)
+    ]  # fmt: skip
+    return schedule.replay(orders, virtual=chunks)[0]
+
+
 @register
 class Pipeline(Strategy):
     """Stage ``s`` of ``P`` on rank ``s``; micro-batches flow through by ``--schedule``."""
@@ -98,7 +137,7 @@ class Pipeline(Strategy):
     shares_activations: ClassVar[bool] = True  # stages or slices exchange activations
     main_setting: ClassVar[str | None] = "schedule"
     cost_settings: ClassVar[tuple[str, ...]] = (
-        "schedule", "microbatches", "virtual_stages", "balance"  # balance: memory only
+        "schedule", "microbatches", "virtual_stages", "balance"
     )  # fmt: skip
     assumptions: ClassVar[dict[str, str]] = {
         "activation_bytes": "bytes per sample crossing a stage boundary (else not counted)"
@@ -238,6 +277,7 @@ class Pipeline(Strategy):
                 "stage0_idle_share": self.runner.times.idle,
                 "stage0_peak_activation_bytes": self.runner.activations.peak,
                 "stage0_peak_pending_weight_grad_bytes": self.runner.pending_w_peak,
+                "stage0_peak_activation_and_weight_grad_bytes": self.runner.activations.peak_total,
                 "recompute": self.pc.recompute,
             }
         }
@@ -270,8 +310,14 @@ class Pipeline(Strategy):
         micro-batch's activations at β; the steady state's 2MV hand-offs are hidden behind
         the compute unless the link needs longer. Activations: ``activation_bytes`` a sample,
         else 4·sqrt(params) (fp32 values as wide as a one-layer square model: an upper bound
-        on a deeper dense model's width). Not modelled: stages of unequal cost, the split
-        backward's own overhead, a micro-batch too small to compute efficiently.
+        on a deeper dense model's width). ``balance`` as a list of layer counts (``3/2/3``)
+        cuts the work unequally, each stage's share its layers' share of the parameters
+        (``work.layer_params``, which advise sets from its model; else of the layers): the
+        step is then the schedule's grid replayed with each stage's F, B, W at its share
+        (``schedule.replay``: the slowest stage sets the pace), and its rank's parameters at
+        its share. ``balance=params`` is the equal cut; ``balance=time`` is measured in
+        training and modelled as equal (said in the note). Not modelled: the split backward's
+        own overhead, a micro-batch too small to compute efficiently.
         """
         pc = spec.config().section(ParallelConfig)
         kind = schedule.SCHEDULES.get(pc.schedule)
@@ -288,8 +334,14 @@ class Pipeline(Strategy):
         net, cal = network, calibration
         bubble = kind.bubble(m, p, v)
         busy = work.batch_size * work.flops * cal.seconds_per_flop / p
-        own = work.params / p * cal.seconds_per_param + cal.seconds_per_step
-        compute = (busy / (1 - bubble) + own) * cal.colocation_factor(work.ranks_per_host)
+        shares = _stage_shares(pc, p, v, work.layer_params)
+        own = work.params * _rank_share(shares, p) * cal.seconds_per_param + cal.seconds_per_step
+        if shares is None or p == 1:  # equal stages (or one): the schedule's closed form
+            pipelined = busy / (1 - bubble)
+        else:
+            pipelined = _replayed_step(pc.schedule, m, p, v, shares, busy * p)
+            bubble = 1 - busy / pipelined
+        compute = (pipelined + own) * cal.colocation_factor(work.ranks_per_host)
         # unstated: the width of a model that is one square layer, sqrt(params) values, which
         # bounds the width of any deeper dense model of as many parameters from above
         stated = spec.assumptions.get("activation_bytes")
@@ -306,7 +358,10 @@ class Pipeline(Strategy):
             f"{pc.schedule}: bubble {bubble:.1%} of the step at M={m}, V={v}; "
             f"stage 0 holds {held:g} micro-batches' activations (1F1B: {min(m, p)})"
         )
-        note = "equal stages, F:B:W = 1:1:1"
+        note = "equal stages" if shares is None else f"stages of {pc.balance} layers"
+        note += ", F:B:W = 1:1:1"
+        if pc.balance == "time":
+            note += "; balance=time is measured in training: equal stages assumed"
         if stated is None:
             note += f"; assumes {per_sample:.3g} B of activations a sample (activation_bytes=)"
         bound = "compute" if comm < 0.1 * compute else "latency"
@@ -314,7 +369,8 @@ class Pipeline(Strategy):
             bound = "bandwidth"
         pred = costing.finish(spec.label, p, compute, comm, sends * message, sends, bound,
                               reason, work, cal, note)  # fmt: skip
-        # the step without the bubble and the hand-offs: each rank's share of the work
+        # the step without the bubble and the hand-offs: each rank's share of the work (an
+        # equal one: what an uneven cut loses counts against the efficiency)
         ideal = (busy + own) * cal.colocation_factor(work.ranks_per_host)
         return replace(pred, efficiency=ideal / pred.step_seconds)
 

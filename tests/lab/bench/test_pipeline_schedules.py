@@ -78,3 +78,15 @@ def test_unequal_stages_and_jitter_are_told_apart() -> None:
     (row,) = bench._bubble_rows(_measured("1f1b", m, p, 1, jitter), ["1f1b"], m, p, 1)
     assert row["stages"] == pytest.approx(row["at_means"], rel=0.05)
     assert row["replay"] > row["stages"]
+
+
+def test_the_wall_bubble_is_measured_on_one_time_line_and_set_against_its_replay() -> None:
+    # two ranks, one step: rank 0 computes F (1 s) from t=0, waits, B (1 s) ending at t=4.5;
+    # rank 1 computes F and B (1 s each) from t=1.5 to t=3.5 (each hand-off 0.5 s late)
+    wall = [[(0.0, 4.5, 2.0, [("F", 0, 1.0), ("B", 0, 1.0)])],
+            [(1.5, 3.5, 2.0, [("F", 0, 1.0), ("B", 0, 1.0)])]]  # fmt: skip
+    per_rank = [{"1f1b": {"wall": w}} for w in wall]
+    out = bench._wall(per_rank, "1f1b", 1)
+    assert out["wall"] == pytest.approx(1 - 2 / 4.5)  # each rank computes 2 s of 4.5
+    # with instant hand-offs: F0 0-1, F1 1-2, B1 2-3, B0 3-4: the late hand-offs are the rest
+    assert out["wall_replay"] == pytest.approx(0.5)

@@ -56,3 +56,26 @@ def test_b_alone_leaves_the_weights_without_gradients() -> None:
     assert pending.nbytes == 4 * (32 + 16) * 4  # the two Linear outputs' gradients, fp32
     split.backward_weight(pending)
     assert all(p.grad is not None for p in stage.parameters())
+
+
+def test_after_b_only_what_w_reads_stays_saved() -> None:
+    # Linear(12,32) ReLU Linear(32,16) Tanh on 4 samples: F saves x (12), the ReLU's output
+    # (32, also the second Linear's input: counted once) and Tanh's output (16); W reads the
+    # Linears' inputs only (12 + 32), so B lets the Tanh's go
+    from disttrain.parallel.pipeline.runner import ActivationMeter
+
+    stage = _stages()[0]
+    recorder = split.Recorder(stage)
+    meter = ActivationMeter([p.detach() for p in stage.parameters()])
+    x = torch.randn(4, 12, requires_grad=True)
+    with meter.recording(recorder.inside) as saves, recorder.recording() as layers:
+        out = stage(x)
+    assert meter.live == 4 * (12 + 32 + 16) * 4
+    _, pending = split.backward_input(out, torch.ones_like(out), x, layers)
+    del out
+    meter.release([t for t in saves if not t.for_w])
+    assert meter.live == 4 * (12 + 32) * 4
+    split.backward_weight(pending)  # reads only what stayed
+    assert all(p.grad is not None and p.grad.grad_fn is None for p in stage.parameters())
+    del pending, saves, layers
+    assert meter.live == 0 and meter.peak == 4 * (12 + 32 + 16) * 4

@@ -7,14 +7,18 @@ Part 1, the bubble: each schedule (``--schedules``) runs on P local processes
 by default its CPU time (``time.thread_time``: on a loaded machine an action's
 wall time also holds the spans in which the OS ran another process).
 :func:`schedule.replay` lays durations out with instant hand-offs, four ways
-(:func:`_bubble_rows`): ``theory`` every action one tick; ``@means`` every
-action of a kind at the kind's mean measured duration, the schedule's own
-bubble at this machine's F:B:W, which is what the measurement is compared
-with (zb1's bubble is (P-1)(F+B-W), not the F = B = W figure); ``stages``
-each rank's own mean per kind (adds the stages' unequal compute); ``replay``
-each action's median over the timed steps (adds the actions' spread, the
-machine's noise). ``rel.err`` = replay / @means - 1; the two columns after it
-split replay - @means into the stages' share and the jitter's.
+(:func:`_bubble_rows`): ``theory`` every action one tick (equal stages, F = B =
+W); ``@means`` every action of a kind at the kind's mean measured duration
+(equal stages at this machine's F:B:W: zb1's bubble is (P-1)(F+B-W), not the
+F = B = W figure); ``@stages`` each rank's own mean per kind: the schedule's
+bubble on the stages as measured (the last computes the loss, the first no
+input gradient), the theory to compare with; ``replay`` each action's median
+over the timed steps. ``rel.err`` = replay / @stages - 1 is the spread of the
+actions within a rank and kind (the machine's noise in compute, e.g. a step's
+first forward running on cold caches). ``wall``: the measured wall-clock
+bubble (one host clock for every rank: 1 - compute / the pipeline's window);
+``machine`` = wall minus the replay of the same steps' wall durations: what
+hand-offs and waits for a core add (on shared cores, most of the wall bubble).
 
 Part 2, step time: ours and torch.distributed.pipelining's anchors on the same
 model, split the same way, in the same processes, one step of each per round
@@ -113,14 +117,18 @@ def _replays(a: argparse.Namespace, names: list[str], m: int) -> dict[str, Any]:
     x, y = torch.randn(a.batch, a.width), torch.randn(a.batch, a.width)
     for name in names:
         runner = _runner(a, name, m)
-        steps, times = [], []
+        steps, times, wall = [], [], []
         for i in range(a.repeats + 2):
             t = _timed(lambda: runner.run(x, y))  # noqa: B023 (called at once)
             if i >= 2:
-                steps.append(list(runner.times.actions_cpu if a.cpu else runner.times.actions))
+                rt = runner.times
+                steps.append(list(rt.actions_cpu if a.cpu else rt.actions))
                 times.append(t)
-        out[name] = {"actions": steps, "step": statistics.median(times),
-                     "peak": runner.activations.peak}  # fmt: skip
+                # one clock for the host's processes: the ranks' steps lie on one time line
+                wall.append((rt.start, rt.end, rt.compute, list(rt.actions)))
+        out[name] = {"actions": steps, "step": statistics.median(times), "wall": wall,
+                     "peak": runner.activations.peak,
+                     "peak_total": runner.activations.peak_total}  # fmt: skip
     return out
 
 
@@ -171,8 +179,29 @@ def _bubble_rows(
             "replay": _idle(medians, vv), "per_step": statistics.median(per_step),
             "durations": means, "step": per_rank[0][name]["step"],
             "peak_activation_bytes": [r[name]["peak"] for r in per_rank],
+            "peak_with_w_grads": [r[name].get("peak_total", r[name]["peak"]) for r in per_rank],
+            **_wall(per_rank, name, vv),
         })  # fmt: skip
     return rows
+
+
+def _wall(per_rank: list[dict[str, Any]], name: str, virtual: int) -> dict[str, float]:
+    """The measured wall-clock bubble and the replay of the same steps' wall durations.
+
+    ``wall``: per step, the pipeline's window (the first rank's start to the last rank's
+    end, one host clock) and each rank's idle share 1 - compute / window, averaged over the
+    ranks; median over steps. ``wall_replay``: the same steps' actions at their wall
+    durations with instant hand-offs. ``wall - wall_replay`` is what the machine adds to
+    the schedule's bubble: hand-offs, and waits for a core (on shared cores, most of it).
+    """
+    if any("wall" not in r[name] for r in per_rank):
+        return {}
+    idle, replayed = [], []
+    for step in zip(*(r[name]["wall"] for r in per_rank), strict=True):
+        window = max(end for _, end, _, _ in step) - min(start for start, _, _, _ in step)
+        idle.append(statistics.mean(1 - compute / window for _, _, compute, _ in step))
+        replayed.append(_idle([list(acts) for *_, acts in step], virtual))
+    return {"wall": statistics.median(idle), "wall_replay": statistics.median(replayed)}
 
 
 def _kind_means(orders: Orders) -> dict[str, float]:
@@ -297,20 +326,21 @@ def run(a: argparse.Namespace) -> int:
         )
     print(f"P={p}, V={v}, {a.layers} x Linear({a.width})+ReLU, batch {a.batch}, "
           f"median of {a.repeats} steps")  # fmt: skip
-    print(f"{'schedule':<12}{'M':>3} {'theory':>7} {'@means':>7} {'replay':>7} {'rel.err':>8} "
-          f"{'stages':>7} {'jitter':>7} {'per step':>9}  F/B/W ms{'':<14}{'step s':>7}  "
-          "peak activations")  # fmt: skip
+    print(f"{'schedule':<12}{'M':>3} {'theory':>7} {'@means':>7} {'@stages':>8} {'replay':>7} "
+          f"{'rel.err':>8} {'per step':>9} {'wall':>6} {'machine':>8}  F/B/W ms{'':<14}"
+          f"{'step s':>7}  peak activations (with W's gradients)")  # fmt: skip
     for m in ms:
         per_rank = _spawn(_replays, p, (a, names, m))
         for row in _bubble_rows(per_rank, names, m, p, v):
-            err = (row["replay"] - row["at_means"]) / row["at_means"]
+            err = (row["replay"] - row["stages"]) / row["stages"]
             dur = "/".join(
                 f"{row['durations'][k] * 1e3:.2f}" for k in "FBW" if k in row["durations"]
             )
             print(f"{row['schedule']:<12}{m:>3} {row['theory']:>7.3f} {row['at_means']:>7.3f} "
-                  f"{row['replay']:>7.3f} {err:>+8.1%} {row['stages'] - row['at_means']:>+7.3f} "
-                  f"{row['replay'] - row['stages']:>+7.3f} {row['per_step']:>9.3f}  "
-                  f"{dur:<22}{row['step']:>7.4f}  {row['peak_activation_bytes']}")  # fmt: skip
+                  f"{row['stages']:>8.3f} {row['replay']:>7.3f} {err:>+8.1%} "
+                  f"{row['per_step']:>9.3f} {row['wall']:>6.3f} "
+                  f"{row['wall'] - row['wall_replay']:>+8.3f}  {dur:<22}{row['step']:>7.4f}  "
+                  f"{row['peak_activation_bytes']} ({row['peak_with_w_grads']})")  # fmt: skip
     if not pairs:
         return 0
     m = max(ms)

@@ -52,48 +52,97 @@ class ActivationMeter:
     """Bytes of tensors saved for backward that are alive now, and their peak.
 
     Parameters (and views of them) saved by layers are left out: they are not
-    activations. A saved tensor is counted from its pack until autograd frees
-    the graph that holds it.
+    activations. A tensor saved twice (a ReLU's output is also the next Linear's
+    input) is counted once. A saved tensor is counted from its pack until autograd
+    frees the graph that holds it, or until :meth:`release` lets it go early (after
+    B, what W does not need). ``grads`` are W's output gradients held from B to W
+    (split schedules); ``peak_total`` is the peak of the two together.
     """
 
     def __init__(self, params: list[torch.Tensor]) -> None:
         self.live = 0
         self.peak = 0
+        self.grads = 0
+        self.peak_total = 0
         self._param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+        self._refs: dict[tuple[int, int], int] = {}  # (address, bytes) -> saves holding it
 
     def reset_peak(self) -> None:
         self.peak = self.live
+        self.peak_total = self.live + self.grads
+
+    def _count(self, key: tuple[int, int], step: int) -> None:
+        """One more (``step`` 1) or one fewer (-1) save of the tensor at ``key``."""
+        n = self._refs.pop(key, 0) + step
+        if n:
+            self._refs[key] = n
+        if step > 0 and n == 1:  # a new tensor
+            self.live += key[1]
+            self.peak = max(self.peak, self.live)
+            self.peak_total = max(self.peak_total, self.live + self.grads)
+        elif not n:  # its last save went
+            self.live -= key[1]
+
+    def hold_grads(self, nbytes: int) -> None:
+        """W's output gradients, held from B until W (``nbytes`` < 0: W consumed them)."""
+        self.grads += nbytes
+        self.peak_total = max(self.peak_total, self.live + self.grads)
+
+    @staticmethod
+    def release(saved: list[_Saved]) -> None:
+        """Let go of these saved tensors now (B has run; W does not read them)."""
+        for s in saved:
+            s.release()
 
     @contextmanager
-    def recording(self) -> Iterator[None]:
+    def recording(self, for_w: Callable[[], bool] | None = None) -> Iterator[list[_Saved]]:
+        """Count what the forwards inside save; yield the list of those saves. ``for_w()``,
+        asked at each save, marks the ones a split backward's W will read."""
+        saves: list[_Saved] = []
+
         def pack(t: torch.Tensor) -> Any:
             if t.device.type == "meta" or t.untyped_storage().data_ptr() in self._param_ptrs:
                 return t
             # detached: a saved *output* held with its grad_fn would form a cycle through
             # C++ (node -> _Saved -> tensor -> node) that outlives a retained graph (B/W split)
-            return _Saved(t.detach(), self)
+            saved = _Saved(t.detach(), self, for_w is not None and for_w())
+            saves.append(saved)
+            return saved
 
         def unpack(saved: Any) -> torch.Tensor:
-            return saved.tensor if isinstance(saved, _Saved) else saved
+            return saved.get() if isinstance(saved, _Saved) else saved
 
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-            yield
+            yield saves
 
 
 class _Saved:
-    """A saved activation that uncounts itself when autograd lets it go."""
+    """A saved activation that uncounts itself when autograd (or :meth:`release`) lets it go."""
 
-    __slots__ = ("meter", "nbytes", "tensor")
+    __slots__ = ("for_w", "key", "meter", "tensor")
 
-    def __init__(self, tensor: torch.Tensor, meter: ActivationMeter) -> None:
-        self.tensor = tensor
+    def __init__(self, tensor: torch.Tensor, meter: ActivationMeter, for_w: bool) -> None:
+        self.tensor: torch.Tensor | None = tensor
         self.meter = meter
-        self.nbytes = tensor.numel() * tensor.element_size()
-        meter.live += self.nbytes
-        meter.peak = max(meter.peak, meter.live)
+        self.for_w = for_w
+        self.key = (tensor.data_ptr(), tensor.numel() * tensor.element_size())
+        meter._count(self.key, +1)
+
+    def get(self) -> torch.Tensor:
+        if self.tensor is None:
+            raise RuntimeError(
+                "pipeline W read a tensor released after B: a parameter's gradient depends on "
+                "an operation outside the modules that own parameters (tied weights?)"
+            )
+        return self.tensor
+
+    def release(self) -> None:
+        if self.tensor is not None:
+            self.tensor = None
+            self.meter._count(self.key, -1)
 
     def __del__(self) -> None:
-        self.meter.live -= self.nbytes
+        self.release()
 
 
 class StepTimes:
@@ -229,7 +278,6 @@ class PipelineRunner:
         loss_sum = torch.zeros((), device=device)
         times = self.times = StepTimes()
         self.activations.reset_peak()
-        self._pending_live = 0
         self.pending_w_peak = 0
         times.start = time.monotonic()
         step_start = time.perf_counter()
@@ -273,9 +321,8 @@ class PipelineRunner:
                 with timeline.span("backward weight", microbatch=m, stage=s):
                     pending = st.pending.pop(key)
                     split.backward_weight(pending)
-                    self._pending_live -= pending.nbytes
+                    self.activations.hold_grads(-pending.nbytes)
                     del pending  # the graph goes with it, and its saved activations
-                    st.outputs.pop(key, None)
             t2 = time.perf_counter()
             times.compute += t2 - t1
             cpu = time.thread_time() - cpu1
@@ -315,11 +362,12 @@ class PipelineRunner:
                 st.outputs[key] = self.loss_fn(out, st.ys[m]).detach() / m_count
                 return None
             return out.detach()
-        with self.activations.recording():
-            if self.split:
-                with self.recorders[s // self.pipeline].recording() as layers:
+        rec = self.recorders[s // self.pipeline] if self.split else None
+        with self.activations.recording(rec.inside if rec else None) as saves:
+            if rec is not None:
+                with rec.recording() as layers:
                     out = self._forward(chunk, inp)
-                st.layers[key] = layers
+                st.layers[key], st.saves[key] = layers, saves
             else:
                 out = self._forward(chunk, inp)
             if s == self.stages - 1:
@@ -334,17 +382,18 @@ class PipelineRunner:
         key = (m, s)
         chunk = self.chunks[s // self.pipeline]
         inp = st.xs[m] if s == 0 else st.inputs[key]
+        rec = self.recorders[s // self.pipeline]
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(st.rng.pop(key))
             with (
-                self.activations.recording(),
-                self.recorders[s // self.pipeline].recording() as layers,
+                self.activations.recording(rec.inside) as saves,
+                rec.recording() as layers,
             ):
                 out = chunk(inp)
                 if s == self.stages - 1:
                     out = self.loss_fn(out, st.ys[m]) / self.microbatches
         st.outputs[key] = out
-        st.layers[key] = layers
+        st.layers[key], st.saves[key] = layers, saves
 
     def _do_backward(self, a: Action, st: _StepState) -> torch.Tensor | None:
         m, s = a.microbatch, a.stage
@@ -355,11 +404,14 @@ class PipelineRunner:
                 self._recompute(a, st)
             inp = st.inputs.pop(key) if s > 0 else None
             grad_in, pending = split.backward_input(
-                st.outputs[key], None if last else st.grads.pop(key), inp, st.layers.pop(key)
+                st.outputs.pop(key), None if last else st.grads.pop(key), inp, st.layers.pop(key)
             )
+            # W reads only what the parameter-owning layers saved: the rest goes now, and
+            # with the output dropped, the graph's nodes after the last such layer too
+            self.activations.release([t for t in st.saves.pop(key) if not t.for_w])
             st.pending[key] = pending
-            self._pending_live += pending.nbytes
-            self.pending_w_peak = max(self.pending_w_peak, self._pending_live)
+            self.activations.hold_grads(pending.nbytes)
+            self.pending_w_peak = max(self.pending_w_peak, self.activations.grads)
             return grad_in
         out = st.outputs.pop(key)
         grad = None if last else st.grads.pop(key)
@@ -382,6 +434,7 @@ class _StepState:
         self.inputs: dict[tuple[int, int], torch.Tensor] = {}  # stage input (for its .grad)
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}  # stage output, or scaled loss
         self.grads: dict[tuple[int, int], torch.Tensor] = {}  # gradient of the output, from s+1
-        self.layers: dict[tuple[int, int], list[tuple[torch.Tensor, list[nn.Parameter]]]] = {}
+        self.layers: dict[tuple[int, int], split.Layers] = {}  # where W starts, per layer
+        self.saves: dict[tuple[int, int], list[_Saved]] = {}  # what F saved (split schedules)
         self.pending: dict[tuple[int, int], split.PendingW] = {}  # B done, W not yet
         self.rng: dict[tuple[int, int], torch.Tensor] = {}  # RNG state at F (recompute)

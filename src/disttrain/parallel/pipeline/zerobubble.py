@@ -11,8 +11,8 @@ then holds ``warmup + 1 + delay`` micro-batches between F and W.
 
 ``zb1`` (ZB-H1): warm-up P-1-s, delay s. Every stage holds min(M, P)
 micro-batches, stage 0 exactly 1F1B's P, so the pipeline's peak is 1F1B's
-(stage s > 0 holds more than 1F1B's P-s; the paper lets a micro-batch waiting
-for W count for less, here it keeps all its saved tensors). The step is
+(stage s > 0 holds more than 1F1B's P-s, s of them only waiting for W: of
+those the runner keeps only what W reads, the paper's M_W < M_B, ``split.py``). The step is
 3M + P - 1 ticks for M >= P (3M busy), the paper's (P-1)(T_F + T_B - T_W)
 idle at T_F = T_B = T_W: a third of 1F1B's 3(P-1). For M < P it is
 2M + 2P - 1 (the last micro-batch's way there and back bounds it). With other
