@@ -100,11 +100,6 @@ def test_outer_nesterov_matches_hand_written_reference() -> None:
 
 
 @pytest.mark.timeout(600)  # two short runs
-@pytest.mark.xfail(
-    strict=False,
-    reason="a race: under load the CI rehearsal counted 3*30368 != 4*28920 outer bytes "
-    "(a fragment sync in flight at the end); passes alone. Open in issue 18.",
-)
 def test_streaming_fragments_cut_peak_bytes_and_end_with_equal_replicas(tmp_path: Any) -> None:
     base = {"strategy": "diloco", "period": 4, "max_steps": 12}
     whole, _ = run(str(tmp_path), "whole", **base)
@@ -114,6 +109,8 @@ def test_streaming_fragments_cut_peak_bytes_and_end_with_equal_replicas(tmp_path
     # the tiny model's fragments are its 4 tensors, the biggest 85 % of it: a strict cut only
     assert streamed["peak_bytes_per_step"] < whole["peak_bytes_per_step"]
     # every byte is counted, the thread's too: 3 rounds of every fragment + the final sync
-    # of all four, against 3 whole syncs (2 ranks: native's cost is exactly the bytes)
+    # of all four, against 3 whole syncs (2 ranks: native's cost is exactly the bytes). Each
+    # sync counts its own tally: a fragment in flight across the end or an evaluation (a
+    # paused meter) was once lost under load (3*30368 != 4*28920)
     assert 3 * streamed["outer_bytes_per_rank"] == 4 * whole["outer_bytes_per_rank"]
     assert torch.isfinite(params(out)).all()

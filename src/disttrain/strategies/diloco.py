@@ -21,6 +21,7 @@ with a blocking outer step of every fragment (α = 0): equal replicas.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -128,9 +129,10 @@ class DiLoCo(LocalSGD):
             for part in self.parts
         ]  # fmt: skip
         self.outer_steps = [0] * f
-        self.outer_bytes = 0
-        self.peak_step_bytes = 0
-        self._bytes_at_step: int | None = None  # the trainer resets the meter after setup
+        self.outer_bytes = 0  # every sync's own tally, the final one included
+        self.peak_step_bytes = 0  # the most the syncs started in one step sent
+        self._step_bytes: dict[int, int] = {}  # step -> bytes of the syncs it started
+        self._book_lock = threading.Lock()  # the thread books while the trainer reads
         self._pending: tuple[int, Any, torch.Tensor, int] | None = None  # (f, work, flat, due)
         self._thread: CommThread | None = None
         self._group = None
@@ -140,17 +142,39 @@ class DiLoCo(LocalSGD):
             self._thread = CommThread("disttrain-diloco")
 
     # --- one fragment's outer step ------------------------------------------------------------
-    def _start(self, f: int) -> tuple[Any, torch.Tensor]:
-        """Launch the sum of fragment ``f``'s outer gradients (on the thread when streaming)."""
+    def _start(self, f: int, step: int) -> tuple[Any, torch.Tensor]:
+        """Launch the sum of fragment ``f``'s outer gradients (on the thread when streaming).
+
+        Its bytes are this sync's own tally (``meter.counting``), booked to ``step``: exact
+        whatever the training thread does meanwhile (an evaluation pauses the meter; a meter
+        delta read across steps booked a sync still in flight to no step at the end)."""
         idx = self.parts[f]
         deltas = [(self.anchor[i] - self.params[i].detach()).to(self.dtype) for i in idx]
         flat = _flatten_dense_tensors(deltas)
         alg, group = self.algorithm, self._group
-        if self._thread is None or self.size == 1:
-            if self.size > 1:
-                collectives.all_reduce(flat, alg, None)
+
+        def send() -> torch.Tensor:
+            with meter.counting() as tally:
+                collectives.all_reduce(flat, alg, group)
+            self._book(step, tally.bytes_sent)
+            return flat
+
+        if self.size == 1:
             return None, flat
-        return self._thread.submit(lambda: collectives.all_reduce(flat, alg, group)), flat
+        if self._thread is None:
+            send()
+            return None, flat
+        return self._thread.submit(send), flat
+
+    def _book(self, step: int, nbytes: int) -> None:
+        """Count one sync's bytes (``step`` 0: the final sync, left out of the step peak)."""
+        with self._book_lock:
+            self.outer_bytes += nbytes
+            if step:
+                self._step_bytes[step] = self._step_bytes.get(step, 0) + nbytes
+                self.peak_step_bytes = max(self.peak_step_bytes, self._step_bytes[step])
+                for old in [s for s in self._step_bytes if s < step - self.settings.period]:
+                    del self._step_bytes[old]  # no sync of a step that old is still running
 
     def _land(self, f: int, work: Any, flat: torch.Tensor, mix: float) -> None:
         """The summed outer gradient of fragment ``f`` has arrived: outer step, then mix."""
@@ -172,8 +196,8 @@ class DiLoCo(LocalSGD):
                     self.params[i].copy_(self.anchor[i])
         self.outer_steps[f] += 1
 
-    def _sync_now(self, f: int, mix: float = 0.0) -> None:
-        work, flat = self._start(f)
+    def _sync_now(self, f: int, step: int, mix: float = 0.0) -> None:
+        work, flat = self._start(f, step)
         self._land(f, work, flat, mix)
 
     def _finish_pending(self) -> None:
@@ -182,16 +206,13 @@ class DiLoCo(LocalSGD):
             self._pending = None
             self._land(f, work, flat, self.outer_cfg.fragment_mix)
 
-    def before_step(self, step: int) -> None:
-        if self._bytes_at_step is None:
-            self._bytes_at_step = meter.bytes_sent
-
     # --- LocalSGD's hooks -------------------------------------------------------------------
-    def _average(self) -> None:
-        """The period ended (F = 1) or training did: an outer step of every fragment."""
+    def _average(self, step: int = 0) -> None:
+        """The period ended at ``step`` (F = 1) or training did (0): an outer step of every
+        fragment."""
         self._finish_pending()
         for f in range(len(self.parts)):
-            self._sync_now(f)
+            self._sync_now(f, step)
         self.averaging_rounds += 1
         self._last_average = self.steps_done
 
@@ -202,21 +223,14 @@ class DiLoCo(LocalSGD):
             self.anchor_from_params()
         elif local > 0 and len(self.parts) == 1:
             if local % self.settings.period == 0:
-                self._average()
+                self._average(step)
         elif local > 0:
             if self._pending is not None and self._pending[3] <= step:
                 self._finish_pending()  # its allreduce ran during this step's compute
             for f, off in enumerate(self.offsets):
                 if (local - off) % self.settings.period == 0:
-                    work, flat = self._start(f)
+                    work, flat = self._start(f, step)
                     self._pending = (f, work, flat, step + 1)
-        # What the meter saw since the last step (the thread's sends included): after the
-        # warm-up nothing but outer gradients is sent.
-        sent = meter.bytes_sent - (self._bytes_at_step or 0)
-        self.peak_step_bytes = max(self.peak_step_bytes, sent)
-        self._bytes_at_step = meter.bytes_sent
-        if local > 0:
-            self.outer_bytes += sent
 
     def anchor_from_params(self) -> None:
         with torch.no_grad():
@@ -224,12 +238,10 @@ class DiLoCo(LocalSGD):
                 a.copy_(p)
 
     def finish(self) -> None:
-        before = meter.bytes_sent
         if len(self.parts) == 1:
             super().finish()
         elif self.steps_done > self.settings.warmup_sync_steps:
             self._average()  # land what is in flight, then every fragment at once: equal replicas
-        self.outer_bytes += meter.bytes_sent - before  # the last sync (not in the step peak)
         if self._thread is not None:
             self._thread.close()
             self._thread = None
@@ -260,7 +272,8 @@ class DiLoCo(LocalSGD):
         return {
             **out, "anchor": [a.clone() for a in self.anchor],
             "outer": [o.state_dict() for o in self.outer], "outer_steps": list(self.outer_steps),
-            "outer_bytes": self.outer_bytes, "pending": pending,
+            "outer_bytes": self.outer_bytes, "peak_step_bytes": self.peak_step_bytes,
+            "pending": pending,
         }  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -272,6 +285,7 @@ class DiLoCo(LocalSGD):
             o.load_state_dict(saved)
         self.outer_steps = list(state["outer_steps"])
         self.outer_bytes = int(state["outer_bytes"])
+        self.peak_step_bytes = int(state.get("peak_step_bytes", 0))
         p = state.get("pending")
         self._pending = None if p is None else (int(p["fragment"]), None, p["flat"], int(p["due"]))
 
