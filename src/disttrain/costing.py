@@ -108,6 +108,9 @@ class Workload:
     ranks_per_host: int = 1  # > 1: ranks share a host's cores (loopback runs)
     optimizer: str = "momentum"  # the memory formulas: its state (STATE_COPIES)
     precision: str = "fp32"  # the memory formulas: autocast's weight copies (CAST_BYTES)
+    # the parameter tensors' shapes, when the model is known: what a per-layer compressor
+    # (PowerSGD's rank-r factors) sends depends on them, not on the count alone
+    shapes: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def gradient_bytes(self) -> int:
