@@ -6,7 +6,9 @@ workload). Then its outer gradient is the way it moved,
 ``Δ_w = θ_last_sync - θ_w``; the workers average it (``--algorithm``, in
 ``--outer-dtype``) and every replica takes the same outer step from the last
 synced weights: SGD with Nesterov momentum (``--outer-lr 0.7``,
-``--outer-momentum 0.9``: the paper's values). With H = 1, outer lr 1 and no
+``--outer-momentum 0.9``: the paper's values; ``--outer-dtype int4``: 4-bit codes
+per block of 64, gathered and decoded, :mod:`disttrain.compression.blockquant`,
+where they save bytes and where not). With H = 1, outer lr 1 and no
 momentum the outer step lands on the mean of the replicas: local SGD (tested).
 
 Streaming DiLoCo (Douillard et al. 2025), ``--fragments F``: the parameters are
@@ -34,6 +36,7 @@ from disttrain import collectives, costing, timeline
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
 from disttrain.comm.world import group_timeout
+from disttrain.compression import blockquant
 from disttrain.config import RunConfig, opt, register_section
 from disttrain.dataparallel.commthread import CommThread
 from disttrain.strategies.base import register
@@ -45,6 +48,8 @@ if TYPE_CHECKING:
 __all__ = ["DiLoCo", "DiLoCoConfig", "fragments"]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: the casts are summed by the allreduce; int4 codes are gathered (compression/blockquant.py)
+OUTER_DTYPES = (*DTYPES, "int4")
 
 
 @register_section
@@ -54,7 +59,10 @@ class DiLoCoConfig:
 
     outer_lr: float = opt(0.7, "diloco: outer SGD learning rate")
     outer_momentum: float = opt(0.9, "diloco: outer Nesterov momentum (0: plain outer SGD)")
-    outer_dtype: str = opt("fp32", "diloco: type the outer gradients travel in", tuple(DTYPES))
+    outer_dtype: str = opt(
+        "fp32", "diloco: type the outer gradients travel in (int4: gathered, not summed)",
+        OUTER_DTYPES,
+    )  # fmt: skip
     fragments: int = opt(1, "diloco: streaming DiLoCo, F fragments synced at staggered steps")
     fragment_mix: float = opt(0.5, "diloco: weight of the local weights when an update lands")
 
@@ -115,7 +123,8 @@ class DiLoCo(LocalSGD):
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         super().setup(model, optimizer)  # replicas made equal
         self.outer_cfg: DiLoCoConfig = self.config.section(DiLoCoConfig)
-        self.dtype = DTYPES[self.outer_cfg.outer_dtype]
+        self.int4 = self.outer_cfg.outer_dtype == "int4"
+        self.dtype = DTYPES.get(self.outer_cfg.outer_dtype, torch.float32)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.parts = fragments([p.numel() for p in self.params], self.outer_cfg.fragments)
         h, f = self.settings.period, self.outer_cfg.fragments
@@ -155,7 +164,10 @@ class DiLoCo(LocalSGD):
 
         def send() -> torch.Tensor:
             with meter.counting() as tally:
-                collectives.all_reduce(flat, alg, group)
+                if self.int4:
+                    flat.copy_(self._gathered_int4_sum(flat, alg, group))
+                else:
+                    collectives.all_reduce(flat, alg, group)
             self._book(step, tally.bytes_sent)
             return flat
 
@@ -165,6 +177,19 @@ class DiLoCo(LocalSGD):
             send()
             return None, flat
         return self._thread.submit(send), flat
+
+    def _gathered_int4_sum(self, flat: torch.Tensor, alg: str, group: Any) -> torch.Tensor:
+        """Every rank's 4-bit payload gathered, decoded and added in rank order: the same
+        sum on every rank (its own decode included, not its exact values)."""
+        mine = blockquant.encode(flat)
+        size, rank, n = mine.numel(), dist.get_rank(group), self.size
+        everyone = torch.zeros(n * size, dtype=torch.uint8)
+        everyone[rank * size : (rank + 1) * size] = mine
+        collectives.all_gather(everyone, alg, group)  # rank r's chunk is r·size..(r+1)·size
+        total = torch.zeros(flat.numel())
+        for r in range(n):
+            total += blockquant.decode(everyone[r * size : (r + 1) * size], flat.numel())
+        return total
 
     def _book(self, step: int, nbytes: int) -> None:
         """Count one sync's bytes (``step`` 0: the final sync, left out of the step peak)."""
@@ -309,6 +334,11 @@ class DiLoCo(LocalSGD):
         cfg = spec.config()
         dc: DiLoCoConfig = cfg.section(DiLoCoConfig)
         h, f = cfg.section(LocalSGDConfig).period, dc.fragments
+        if dc.outer_dtype not in DTYPES:
+            raise costing.NotModelled(
+                f"--outer-dtype {dc.outer_dtype} is gathered, not summed: an all-gather of "
+                "every worker's codes, not modelled (compression/blockquant.py gives its bytes)"
+            )
         sent = replace(work, bytes_per_param=DTYPES[dc.outer_dtype].itemsize)
         pred = super().predict(spec, sent, nodes, network, calibration)
         reason = f"outer gradients in {dc.outer_dtype}; {pred.reason}"
