@@ -115,8 +115,9 @@ class DiLoCo(LocalSGD):
     def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
         super().validate_config(config, model)
         f, h = config.section(DiLoCoConfig).fragments, config.section(LocalSGDConfig).period
-        if h % f:
-            raise UsageError(f"--fragments {f} must divide --period {h} (f syncs at f·H/F)")
+        if f > h:  # fragment i syncs at ⌊i·H/F⌋ (mod H): F distinct steps need F <= H
+            raise UsageError(f"--fragments {f} is more than --period {h}: each fragment "
+                             "needs a step of its own")  # fmt: skip
         if f > len([p for p in model.parameters() if p.requires_grad]):
             raise UsageError(f"--fragments {f}: the model has fewer parameter tensors than that")
 

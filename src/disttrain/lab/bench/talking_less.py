@@ -193,6 +193,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="more text, more steps per epoch (default: the workload's own)",
     )  # fmt: skip
     parser.add_argument("--plot", default="", help="write the loss curves to this .png")
+    parser.add_argument("--keep", default="", help="keep each run's --out under this folder")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -205,7 +206,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--only: unknown labels {sorted(unknown)}; choose from {labels}")
         labels = [labels[0], *[lb for lb in labels[1:] if lb in wanted]]
     rows: dict[str, list[dict[str, Any]]] = {lb: [] for lb in labels}
-    with tempfile.TemporaryDirectory(prefix="talking-less-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="talking-less-") as scratch:
+        tmp = args.keep or scratch
         for rep in range(args.repeats):
             for i, label in enumerate(labels):
                 out = os.path.join(tmp, f"{rep}-{i}")
