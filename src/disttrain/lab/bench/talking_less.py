@@ -194,6 +194,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--plot", default="", help="write the loss curves to this .png")
     parser.add_argument("--keep", default="", help="keep each run's --out under this folder")
+    parser.add_argument(
+        "--lr", type=float, default=None, help="every row's --lr (default: the workload's)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -212,6 +215,8 @@ def run(args: argparse.Namespace) -> int:
             for i, label in enumerate(labels):
                 out = os.path.join(tmp, f"{rep}-{i}")
                 flags = base_flags(args.workload, args.pycode_chars) + configs[label]
+                if args.lr is not None:  # the last --lr given wins: one value for every row
+                    flags += ["--lr", str(args.lr)]
                 s = run_one(flags, out, args.timeout)
                 rows[label].append(s)
                 print(f"# done {label} (repeat {rep + 1}): test loss {s['final_test_loss']:.4f}, "
