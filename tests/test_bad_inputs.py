@@ -409,8 +409,8 @@ CASES: list[tuple[str, Argv, str]] = [
     ),
     (
         "diloco-fragments-period",
-        _flags("--strategy", "diloco", "--period", "6", "--fragments", "4"),
-        "--fragments 4 must divide --period 6",
+        _flags("--strategy", "diloco", "--period", "6", "--fragments", "8"),
+        "--fragments 8 is more than --period 6",
     ),
     (
         "diloco-fragment-mix-unstreamed",

@@ -112,6 +112,9 @@ class Workload:
     precision: str = "fp32"  # the memory formulas: autocast's weight copies (CAST_BYTES)
     #: each layer's parameter count, when the model is known (a pipeline's --balance list)
     layer_params: tuple[int, ...] | None = None
+    # the parameter tensors' shapes, when the model is known: what a per-layer compressor
+    # (PowerSGD's rank-r factors) sends depends on them, not on the count alone
+    shapes: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def gradient_bytes(self) -> int:

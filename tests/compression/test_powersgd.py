@@ -4,6 +4,7 @@ and it agrees with torch's own ``powerSGD_hook`` on the same gradients (same Q s
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -141,3 +142,54 @@ def test_agrees_with_torch_powersgd_hook() -> None:
     # arithmetic order: float32 rounding apart (Gram-Schmidt on P, matmuls), equal to 1e-5.
     for worst in run_world(_against_torch_hook, 2, timeout=120):
         assert worst < 1e-5, worst
+
+
+@pytest.mark.timeout(300)
+def test_predicted_bytes_are_the_metered_bytes_of_a_run(tmp_path: Any) -> None:
+    # The cost model's bytes (the compressor's own rounds, each a ring allreduce of fp32
+    # sums) against the meter of a real 2-worker run of the same model: equal, per step.
+    from disttrain.lab import costmodel
+    from disttrain.lab.calibration import Calibration
+    from tests.strategies.test_localsgd import run as run_local
+    from tests.strategies.test_localsgd import tiny_mlp
+
+    steps, spec = 4, "allreduce:ring:compression=powersgd:2"
+    summary, _ = run_local(str(tmp_path), "psgd", strategy="allreduce", algorithm="ring",
+                           compression="powersgd:2", max_steps=steps)  # fmt: skip
+    model = tiny_mlp()
+    shapes = tuple(tuple(p.shape) for p in model.parameters())
+    work = costmodel.Workload(params=sum(p.numel() for p in model.parameters()),
+                              batch_size=32, shapes=shapes)  # fmt: skip
+    net = costmodel.Network(alpha=5e-6, beta=8 / 10e9)
+    pred = costmodel.predict(spec, work, 2, net, Calibration.defaults())
+    assert summary["steps"] == steps
+    metered = summary["bytes_sent_per_rank"]  # the mean over ranks (both send the same)
+    assert metered == steps * pred.bytes_per_rank, (metered, pred.bytes_per_rank)
+    # and it is what PowerSGD says it sends: (vectors, P, Q) instead of every entry
+    dense = costmodel.predict("allreduce:ring", work, 2, net, Calibration.defaults())
+    assert pred.bytes_per_rank < dense.bytes_per_rank
+    assert pred.comm_seconds > 0 and "powersgd:2" in pred.reason
+
+
+def test_cost_model_refuses_what_it_cannot_know() -> None:
+    from disttrain.lab import costmodel
+    from disttrain.lab.calibration import Calibration
+
+    net, cal = costmodel.Network(alpha=5e-6, beta=8 / 10e9), Calibration.defaults()
+    work = costmodel.Workload(params=10_000, batch_size=32)  # no shapes: P, Q unknown
+    with pytest.raises(ValueError, match="layer shapes"):
+        costmodel.predict("allreduce:ring:compression=powersgd:2", work, 4, net, cal)
+    with pytest.raises(costmodel.NotModelled, match="decentralized:topk"):
+        costmodel.predict("allreduce:ring:compression=topk:0.01", work, 4, net, cal)
+    # a cast: the same buckets in 16 bits, half the bytes
+    half = costmodel.predict("allreduce:ring:compression=fp16", work, 4, net, cal)
+    full = costmodel.predict("allreduce:ring", work, 4, net, cal)
+    assert 2 * half.bytes_per_rank == full.bytes_per_rank
+
+
+def test_codec_flops_count_the_three_matmuls_and_stop_during_the_warm_up() -> None:
+    c = PowerSGD(2, start_step=1)
+    c.bind_shapes([torch.Size([32, 64]), torch.Size([32])])
+    assert c.codec_flops(32 * 64 + 32) == 0.0  # dense warm-up step: no codec
+    c.calls = 1
+    assert c.codec_flops(32 * 64 + 32) == 6 * 32 * 64 * 2 + 4 * (32 + 64) * 4

@@ -169,6 +169,12 @@ class CollectiveCompressor(Compressor):
     def fixed_wire_numel(self, numel: int) -> int | None:
         return sum(self.round_numels(numel))
 
+    def codec_flops(self, numel: int) -> float:
+        """Floating-point operations one step's encoding and decoding take for a flat input
+        of ``numel`` (the cost model's codec term: PowerSGD's low-rank matmuls)."""
+        del numel
+        return 0.0
+
 
 #: Defaults of the sparse compressors (topk, onebit): plain SGD at the momentum default's
 #: effective step, lr / (1 - momentum) = 0.05 / 0.1. A sparse code holds most coordinates

@@ -160,6 +160,15 @@ class PowerSGD(CollectiveCompressor):
             return [numel]
         return [k for k in (plan.uncompressed, plan.p_numel, plan.q_numel) if k]
 
+    def codec_flops(self, numel: int) -> float:
+        """Per compressed n x m matrix at rank r: P = M Q, Q = M^T P and M_hat = P Q^T, 2nmr
+        flops each, and the orthogonalization of P and Q (Gram-Schmidt: ~4r² per row);
+        nothing during the dense warm-up. Error feedback and the division are elementwise."""
+        if self.calls < self.start_step:
+            return 0.0
+        return float(sum(6 * n * m * r + 4 * (n + m) * r * r
+                         for _, n, m, r in self.plan(numel).matrices))  # fmt: skip
+
     # --- the exchange ---------------------------------------------------------------------
     def reduce(
         self, acc: torch.Tensor, sum_: Callable[[torch.Tensor], object], size: int

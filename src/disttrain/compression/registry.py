@@ -13,7 +13,9 @@ from disttrain.compression.base import COMPRESSORS, Compressor, CompressorKind
 from disttrain.registry import import_submodules
 
 #: Modules of this package that hold no compressor (the rest register one each).
-HELPERS = ("base", "config", "error_feedback", "exchange", "index_coding", "registry")
+HELPERS = (
+    "base", "blockquant", "config", "error_feedback", "exchange", "index_coding", "registry",
+)  # fmt: skip
 
 import_submodules("disttrain.compression", skip=HELPERS)
 

@@ -229,6 +229,7 @@ def _inputs(args: argparse.Namespace) -> tuple[costmodel.Workload, int, list[Run
         flops_per_sample=flops, bucket_bytes=int(args.fusion_mb * (1 << 20)),
         overlap=args.overlap, servers=args.servers, optimizer=args.optimizer,
         precision=args.precision,
+        shapes=tuple(tuple(p.shape) for p in model.parameters() if p.requires_grad),
     )  # fmt: skip
     if args.strategies.strip():
         return work, nodes, parse_specs(args.strategies, model=True), model
@@ -264,7 +265,7 @@ def _table(rows: list[costmodel.Row], title: str, caption: str) -> None:
         notes = [p.reason + (f" ({p.note})" if p.note else "")] if p is not None else []
         cell["why"] = "; ".join(filter(None, [*notes, r.why, m.note if m else ""]))
         cells.append(cell)
-    console = Console()
+    console = Console(emoji=False)  # a label like allreduce:ring:... is not :ring: (an emoji)
     cols = list(dict.fromkeys(k for c in cells for k in c)) if cells else []
     cols.sort(key=lambda c: c == "why")  # the reasons last
 

@@ -6,7 +6,9 @@ workload). Then its outer gradient is the way it moved,
 ``Δ_w = θ_last_sync - θ_w``; the workers average it (``--algorithm``, in
 ``--outer-dtype``) and every replica takes the same outer step from the last
 synced weights: SGD with Nesterov momentum (``--outer-lr 0.7``,
-``--outer-momentum 0.9``: the paper's values). With H = 1, outer lr 1 and no
+``--outer-momentum 0.9``: the paper's values; ``--outer-dtype int4``: 4-bit codes
+per block of 64, gathered and decoded, :mod:`disttrain.compression.blockquant`,
+where they save bytes and where not). With H = 1, outer lr 1 and no
 momentum the outer step lands on the mean of the replicas: local SGD (tested).
 
 Streaming DiLoCo (Douillard et al. 2025), ``--fragments F``: the parameters are
@@ -21,6 +23,7 @@ with a blocking outer step of every fragment (α = 0): equal replicas.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -33,6 +36,7 @@ from disttrain import collectives, costing, timeline
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
 from disttrain.comm.world import group_timeout
+from disttrain.compression import blockquant
 from disttrain.config import RunConfig, opt, register_section
 from disttrain.dataparallel.commthread import CommThread
 from disttrain.strategies.base import register
@@ -44,6 +48,8 @@ if TYPE_CHECKING:
 __all__ = ["DiLoCo", "DiLoCoConfig", "fragments"]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: the casts are summed by the allreduce; int4 codes are gathered (compression/blockquant.py)
+OUTER_DTYPES = (*DTYPES, "int4")
 
 
 @register_section
@@ -53,7 +59,10 @@ class DiLoCoConfig:
 
     outer_lr: float = opt(0.7, "diloco: outer SGD learning rate")
     outer_momentum: float = opt(0.9, "diloco: outer Nesterov momentum (0: plain outer SGD)")
-    outer_dtype: str = opt("fp32", "diloco: type the outer gradients travel in", tuple(DTYPES))
+    outer_dtype: str = opt(
+        "fp32", "diloco: type the outer gradients travel in (int4: gathered, not summed)",
+        OUTER_DTYPES,
+    )  # fmt: skip
     fragments: int = opt(1, "diloco: streaming DiLoCo, F fragments synced at staggered steps")
     fragment_mix: float = opt(0.5, "diloco: weight of the local weights when an update lands")
 
@@ -106,15 +115,17 @@ class DiLoCo(LocalSGD):
     def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
         super().validate_config(config, model)
         f, h = config.section(DiLoCoConfig).fragments, config.section(LocalSGDConfig).period
-        if h % f:
-            raise UsageError(f"--fragments {f} must divide --period {h} (f syncs at f·H/F)")
+        if f > h:  # fragment i syncs at ⌊i·H/F⌋ (mod H): F distinct steps need F <= H
+            raise UsageError(f"--fragments {f} is more than --period {h}: each fragment "
+                             "needs a step of its own")  # fmt: skip
         if f > len([p for p in model.parameters() if p.requires_grad]):
             raise UsageError(f"--fragments {f}: the model has fewer parameter tensors than that")
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         super().setup(model, optimizer)  # replicas made equal
         self.outer_cfg: DiLoCoConfig = self.config.section(DiLoCoConfig)
-        self.dtype = DTYPES[self.outer_cfg.outer_dtype]
+        self.int4 = self.outer_cfg.outer_dtype == "int4"
+        self.dtype = DTYPES.get(self.outer_cfg.outer_dtype, torch.float32)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.parts = fragments([p.numel() for p in self.params], self.outer_cfg.fragments)
         h, f = self.settings.period, self.outer_cfg.fragments
@@ -128,9 +139,10 @@ class DiLoCo(LocalSGD):
             for part in self.parts
         ]  # fmt: skip
         self.outer_steps = [0] * f
-        self.outer_bytes = 0
-        self.peak_step_bytes = 0
-        self._bytes_at_step: int | None = None  # the trainer resets the meter after setup
+        self.outer_bytes = 0  # every sync's own tally, the final one included
+        self.peak_step_bytes = 0  # the most the syncs started in one step sent
+        self._step_bytes: dict[int, int] = {}  # step -> bytes of the syncs it started
+        self._book_lock = threading.Lock()  # the thread books while the trainer reads
         self._pending: tuple[int, Any, torch.Tensor, int] | None = None  # (f, work, flat, due)
         self._thread: CommThread | None = None
         self._group = None
@@ -140,17 +152,55 @@ class DiLoCo(LocalSGD):
             self._thread = CommThread("disttrain-diloco")
 
     # --- one fragment's outer step ------------------------------------------------------------
-    def _start(self, f: int) -> tuple[Any, torch.Tensor]:
-        """Launch the sum of fragment ``f``'s outer gradients (on the thread when streaming)."""
+    def _start(self, f: int, step: int) -> tuple[Any, torch.Tensor]:
+        """Launch the sum of fragment ``f``'s outer gradients (on the thread when streaming).
+
+        Its bytes are this sync's own tally (``meter.counting``), booked to ``step``: exact
+        whatever the training thread does meanwhile (an evaluation pauses the meter; a meter
+        delta read across steps booked a sync still in flight to no step at the end)."""
         idx = self.parts[f]
         deltas = [(self.anchor[i] - self.params[i].detach()).to(self.dtype) for i in idx]
         flat = _flatten_dense_tensors(deltas)
         alg, group = self.algorithm, self._group
-        if self._thread is None or self.size == 1:
-            if self.size > 1:
-                collectives.all_reduce(flat, alg, None)
+
+        def send() -> torch.Tensor:
+            with meter.counting() as tally:
+                if self.int4:
+                    flat.copy_(self._gathered_int4_sum(flat, alg, group))
+                else:
+                    collectives.all_reduce(flat, alg, group)
+            self._book(step, tally.bytes_sent)
+            return flat
+
+        if self.size == 1:
             return None, flat
-        return self._thread.submit(lambda: collectives.all_reduce(flat, alg, group)), flat
+        if self._thread is None:
+            send()
+            return None, flat
+        return self._thread.submit(send), flat
+
+    def _gathered_int4_sum(self, flat: torch.Tensor, alg: str, group: Any) -> torch.Tensor:
+        """Every rank's 4-bit payload gathered, decoded and added in rank order: the same
+        sum on every rank (its own decode included, not its exact values)."""
+        mine = blockquant.encode(flat)
+        size, rank, n = mine.numel(), dist.get_rank(group), self.size
+        everyone = torch.zeros(n * size, dtype=torch.uint8)
+        everyone[rank * size : (rank + 1) * size] = mine
+        collectives.all_gather(everyone, alg, group)  # rank r's chunk is r·size..(r+1)·size
+        total = torch.zeros(flat.numel())
+        for r in range(n):
+            total += blockquant.decode(everyone[r * size : (r + 1) * size], flat.numel())
+        return total
+
+    def _book(self, step: int, nbytes: int) -> None:
+        """Count one sync's bytes (``step`` 0: the final sync, left out of the step peak)."""
+        with self._book_lock:
+            self.outer_bytes += nbytes
+            if step:
+                self._step_bytes[step] = self._step_bytes.get(step, 0) + nbytes
+                self.peak_step_bytes = max(self.peak_step_bytes, self._step_bytes[step])
+                for old in [s for s in self._step_bytes if s < step - self.settings.period]:
+                    del self._step_bytes[old]  # no sync of a step that old is still running
 
     def _land(self, f: int, work: Any, flat: torch.Tensor, mix: float) -> None:
         """The summed outer gradient of fragment ``f`` has arrived: outer step, then mix."""
@@ -172,8 +222,8 @@ class DiLoCo(LocalSGD):
                     self.params[i].copy_(self.anchor[i])
         self.outer_steps[f] += 1
 
-    def _sync_now(self, f: int, mix: float = 0.0) -> None:
-        work, flat = self._start(f)
+    def _sync_now(self, f: int, step: int, mix: float = 0.0) -> None:
+        work, flat = self._start(f, step)
         self._land(f, work, flat, mix)
 
     def _finish_pending(self) -> None:
@@ -182,16 +232,13 @@ class DiLoCo(LocalSGD):
             self._pending = None
             self._land(f, work, flat, self.outer_cfg.fragment_mix)
 
-    def before_step(self, step: int) -> None:
-        if self._bytes_at_step is None:
-            self._bytes_at_step = meter.bytes_sent
-
     # --- LocalSGD's hooks -------------------------------------------------------------------
-    def _average(self) -> None:
-        """The period ended (F = 1) or training did: an outer step of every fragment."""
+    def _average(self, step: int = 0) -> None:
+        """The period ended at ``step`` (F = 1) or training did (0): an outer step of every
+        fragment."""
         self._finish_pending()
         for f in range(len(self.parts)):
-            self._sync_now(f)
+            self._sync_now(f, step)
         self.averaging_rounds += 1
         self._last_average = self.steps_done
 
@@ -202,21 +249,14 @@ class DiLoCo(LocalSGD):
             self.anchor_from_params()
         elif local > 0 and len(self.parts) == 1:
             if local % self.settings.period == 0:
-                self._average()
+                self._average(step)
         elif local > 0:
             if self._pending is not None and self._pending[3] <= step:
                 self._finish_pending()  # its allreduce ran during this step's compute
             for f, off in enumerate(self.offsets):
                 if (local - off) % self.settings.period == 0:
-                    work, flat = self._start(f)
+                    work, flat = self._start(f, step)
                     self._pending = (f, work, flat, step + 1)
-        # What the meter saw since the last step (the thread's sends included): after the
-        # warm-up nothing but outer gradients is sent.
-        sent = meter.bytes_sent - (self._bytes_at_step or 0)
-        self.peak_step_bytes = max(self.peak_step_bytes, sent)
-        self._bytes_at_step = meter.bytes_sent
-        if local > 0:
-            self.outer_bytes += sent
 
     def anchor_from_params(self) -> None:
         with torch.no_grad():
@@ -224,12 +264,10 @@ class DiLoCo(LocalSGD):
                 a.copy_(p)
 
     def finish(self) -> None:
-        before = meter.bytes_sent
         if len(self.parts) == 1:
             super().finish()
         elif self.steps_done > self.settings.warmup_sync_steps:
             self._average()  # land what is in flight, then every fragment at once: equal replicas
-        self.outer_bytes += meter.bytes_sent - before  # the last sync (not in the step peak)
         if self._thread is not None:
             self._thread.close()
             self._thread = None
@@ -260,7 +298,8 @@ class DiLoCo(LocalSGD):
         return {
             **out, "anchor": [a.clone() for a in self.anchor],
             "outer": [o.state_dict() for o in self.outer], "outer_steps": list(self.outer_steps),
-            "outer_bytes": self.outer_bytes, "pending": pending,
+            "outer_bytes": self.outer_bytes, "peak_step_bytes": self.peak_step_bytes,
+            "pending": pending,
         }  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -272,6 +311,7 @@ class DiLoCo(LocalSGD):
             o.load_state_dict(saved)
         self.outer_steps = list(state["outer_steps"])
         self.outer_bytes = int(state["outer_bytes"])
+        self.peak_step_bytes = int(state.get("peak_step_bytes", 0))
         p = state.get("pending")
         self._pending = None if p is None else (int(p["fragment"]), None, p["flat"], int(p["due"]))
 
@@ -295,6 +335,11 @@ class DiLoCo(LocalSGD):
         cfg = spec.config()
         dc: DiLoCoConfig = cfg.section(DiLoCoConfig)
         h, f = cfg.section(LocalSGDConfig).period, dc.fragments
+        if dc.outer_dtype not in DTYPES:
+            raise costing.NotModelled(
+                f"--outer-dtype {dc.outer_dtype} is gathered, not summed: an all-gather of "
+                "every worker's codes, not modelled (compression/blockquant.py gives its bytes)"
+            )
         sent = replace(work, bytes_per_param=DTYPES[dc.outer_dtype].itemsize)
         pred = super().predict(spec, sent, nodes, network, calibration)
         reason = f"outer gradients in {dc.outer_dtype}; {pred.reason}"

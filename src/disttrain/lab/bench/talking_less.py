@@ -4,12 +4,20 @@
     disttrain bench talking-less --workload pycode --repeats 1
     disttrain bench talking-less --workload pycode --pycode-chars 200000 \
         --only "localsgd H=16;decentralized onebit:0.03;..."
+    disttrain bench talking-less --workload diloco --plot benchmarks/results/diloco_curves.png
 
 Each configuration runs ``disttrain train`` as a subprocess (4 workers, the
 same seed, epochs and global batch), then reads its summary.json. Bytes are
 per rank per step from the meter; the anchor is dense fp32 allreduce measured
 in the same invocation, and every ratio is against it. With --repeats > 1 the
 median of each figure is printed (the machine is shared: samples/s is noisy).
+
+The ``diloco`` workload is the issue's DiLoCo comparison: the default gpt
+(0.87M parameters) on 2M characters of pycode, the same 1,600 steps of global
+batch 32 for every row (8 outer steps at H = 200), Adam at 0.002 with a
+0.1-epoch warm-up and cosine decay, chosen once for every row; DiLoCo keeps
+the paper's outer step (lr 0.7, Nesterov 0.9). ``--plot`` draws rank 0's
+training loss (a 50-step moving mean) of every row against the samples seen.
 """
 
 from __future__ import annotations
@@ -96,6 +104,19 @@ CONFIGS: dict[str, dict[str, list[str]]] = {
             "--momentum-correction",
         ],
     },
+    "diloco": {
+        "allreduce, adam (anchor)": ["--strategy", "allreduce"],
+        **{
+            label: flags
+            for h in ("50", "200")
+            for label, flags in (
+                (f"localsgd H={h}", ["--strategy", "localsgd", "--period", h]),
+                (f"diloco H={h}", ["--strategy", "diloco", "--period", h]),
+                (f"streaming diloco H={h} F=4",
+                 ["--strategy", "diloco", "--period", h, "--fragments", "4"]),
+            )
+        },
+    },
 }  # fmt: skip
 
 BASE = {
@@ -104,23 +125,62 @@ BASE = {
         "--model", "gpt", "--dataset", "pycode", "--pycode-chars", "60000", "--epochs", "2",
         "--optimizer", "adam", "--lr", "0.002", "--batch-size", "32",
     ],
+    "diloco": [
+        "--model", "gpt", "--dataset", "pycode", "--pycode-chars", "2000000", "--epochs", "2",
+        "--max-steps", "1600", "--optimizer", "adam", "--lr", "0.002", "--lr-schedule", "cosine",
+        "--warmup-epochs", "0.1", "--batch-size", "32", "--log-every", "10",
+    ],
 }  # fmt: skip
 
 
-def base_flags(workload: str, pycode_chars: int) -> list[str]:
+def base_flags(workload: str, pycode_chars: int | None) -> list[str]:
     """The workload's flags, with --pycode-chars replaced for a longer pycode run."""
     flags = list(BASE[workload])
-    if workload == "pycode":
+    if pycode_chars is not None and "--pycode-chars" in flags:
         flags[flags.index("--pycode-chars") + 1] = str(pycode_chars)
     return flags
 
 
 def run_one(flags: list[str], out: str, timeout: float) -> dict[str, Any]:
+    """One run's summary, with rank 0's (step, training loss) curve under ``"curve"``."""
     cmd = [sys.executable, "-m", "disttrain", "train", "--workers", "4", "--no-progress"]
     cmd += [*flags, "--out", out]
     subprocess.run(cmd, check=True, timeout=timeout, capture_output=True)
     with open(os.path.join(out, "summary.json")) as fh:
-        return json.load(fh)
+        summary: dict[str, Any] = json.load(fh)
+    with open(os.path.join(out, "metrics.jsonl")) as fh:
+        lines = [json.loads(line) for line in fh if line.strip()]
+    summary["curve"] = [(m["step"], m["loss"]) for m in lines if "loss" in m]
+    return summary
+
+
+def plot_curves(path: str, rows: dict[str, list[dict[str, Any]]], quality: str) -> None:
+    """Rank 0's training loss of each row's first run (50-step moving mean) vs samples seen."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for label, runs in rows.items():
+        curve, batch = runs[0]["curve"], runs[0]["global_batch_size"]
+        if not curve:
+            continue
+        steps, losses = zip(*curve, strict=True)
+        every = max(1, steps[1] - steps[0]) if len(steps) > 1 else 1
+        k = max(1, 50 // every)  # a window of ~50 steps: rank 0's batch loss is noisy
+        smooth = [sum(losses[max(0, i - k + 1) : i + 1]) / len(losses[max(0, i - k + 1) : i + 1])
+                  for i in range(len(losses))]  # fmt: skip
+        final = runs[0].get(quality)
+        ax.plot([s * batch for s in steps], smooth, label=f"{label} (test {final:.4f})")
+    ax.set_xlabel("samples seen (global)")
+    ax.set_ylabel("training loss, rank 0 (50-step mean)")
+    ax.set_ylim(top=min(ax.get_ylim()[1], 3.5))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -129,7 +189,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", default="", help="';'-separated labels to run (anchor always)")
     parser.add_argument("--timeout", type=float, default=1200.0)
     parser.add_argument(
-        "--pycode-chars", type=int, default=60000, help="pycode: more text, more steps per epoch"
+        "--pycode-chars", type=int, default=None,
+        help="more text, more steps per epoch (default: the workload's own)",
+    )  # fmt: skip
+    parser.add_argument("--plot", default="", help="write the loss curves to this .png")
+    parser.add_argument("--keep", default="", help="keep each run's --out under this folder")
+    parser.add_argument(
+        "--lr", type=float, default=None, help="every row's --lr (default: the workload's)"
     )
 
 
@@ -143,14 +209,20 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--only: unknown labels {sorted(unknown)}; choose from {labels}")
         labels = [labels[0], *[lb for lb in labels[1:] if lb in wanted]]
     rows: dict[str, list[dict[str, Any]]] = {lb: [] for lb in labels}
-    with tempfile.TemporaryDirectory(prefix="talking-less-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="talking-less-") as scratch:
+        tmp = args.keep or scratch
         for rep in range(args.repeats):
             for i, label in enumerate(labels):
                 out = os.path.join(tmp, f"{rep}-{i}")
                 flags = base_flags(args.workload, args.pycode_chars) + configs[label]
+                if args.lr is not None:  # the last --lr given wins: one value for every row
+                    flags += ["--lr", str(args.lr)]
                 s = run_one(flags, out, args.timeout)
                 rows[label].append(s)
-                print(f"# done {label} (repeat {rep + 1})", file=sys.stderr, flush=True)
+                print(f"# done {label} (repeat {rep + 1}): test loss {s['final_test_loss']:.4f}, "
+                      f"{s['bytes_sent_per_rank']:,} bytes/rank, peak/step "
+                      f"{s.get('peak_bytes_per_step', '-')}, {s['wall_seconds']:.0f} s, "
+                      f"load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)  # fmt: skip
 
     def med(label: str, key: str) -> float:
         vals = [r[key] for r in rows[label] if r.get(key) is not None]
@@ -162,10 +234,11 @@ def run(args: argparse.Namespace) -> int:
     anchor = labels[0]
     quality = "final_accuracy" if args.workload == "digits" else "final_test_loss"
     print(
-        f"| strategy | bytes/step/rank | fewer bytes than anchor | {quality} "
-        "| samples/s | samples/s vs anchor | payload compression | bits/sent entry (entropy) |"
+        f"| strategy | bytes/step/rank | fewer bytes than anchor | {quality} | vs anchor "
+        "| samples/s | samples/s vs anchor | payload compression | bits/sent entry (entropy) "
+        "| peak bytes in one step |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for label in labels:
         bps = per_step(label)
         ratio = per_step(anchor) / bps if bps else float("inf")
@@ -174,10 +247,16 @@ def run(args: argparse.Namespace) -> int:
         ent = med(label, "entropy_bits_per_sent_entry")
         bits_cell = f"{bits:.2f} ({ent:.2f})" if bits == bits else "-"
         cr = med(label, "payload_compression")
+        peak = med(label, "peak_bytes_per_step")  # streaming's figure (diloco)
+        vs = 100 * (med(label, quality) / med(anchor, quality) - 1)
         print(
-            f"| {label} | {bps:,.0f} | {ratio:,.1f}x | {med(label, quality):.4f} | {sps:.0f} "
-            f"| {sps / med(anchor, 'samples_per_second'):.2f} "
-            f"| {'-' if cr != cr else f'{cr:,.0f}'} | {bits_cell} |"
+            f"| {label} | {bps:,.0f} | {ratio:,.1f}x | {med(label, quality):.4f} | {vs:+.2f} % "
+            f"| {sps:.0f} | {sps / med(anchor, 'samples_per_second'):.2f} "
+            f"| {'-' if cr != cr else f'{cr:,.0f}'} | {bits_cell} "
+            f"| {'-' if peak != peak else f'{peak:,.0f}'} |"
         )
     print(f"\n(median of {args.repeats} run(s) each; 4 workers on a shared 2-core machine)")
+    if args.plot:
+        plot_curves(args.plot, rows, quality)
+        print(f"curves: {args.plot}")
     return 0
