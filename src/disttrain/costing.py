@@ -257,10 +257,13 @@ def allreduce_seconds(
 def fastest_allreduce(work: Workload, n: int, net: Network, cal: Rates) -> str:
     """The algorithm this model predicts fastest for one allreduce of the gradients."""
     # an estimated algorithm (native: gloo's own ring) is modelled as another, never a choice;
-    # a one-host algorithm (shm) only for ranks that share a host
+    # a one-host algorithm (shm) only for ranks that share a host; a composite one
+    # (hierarchical) never: its path follows the launch's hosts layout, which a Network does
+    # not describe (read from the environment, it priced every rank as on one host: 0 bytes)
     names = [
         a for a, algo in collectives.ALGORITHMS.items()
-        if not algo.estimated and (net.shared_host or not algo.one_host)
+        if not algo.estimated and not algo.composite
+        and (net.shared_host or not algo.one_host)
     ]  # fmt: skip
     return min(names, key=lambda a: allreduce_seconds(a, work.gradient_bytes, n, net, cal)[0])
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from disttrain import collectives
+from disttrain import collectives, costing
 from disttrain.collectives.paths import critical_path
 from disttrain.lab import costmodel
 from disttrain.lab.calibration import Calibration, fit_compute, fit_link, nonneg_relative_lstsq
@@ -364,3 +364,13 @@ def test_the_sync_fit_is_the_measured_step_beyond_the_prediction() -> None:
                               replace(cal, sync=fitted)).step_seconds  # fmt: skip
     assert again == pytest.approx(predicted + 0.006, rel=1e-9)
     assert calibrate.fit_sync(cal, {2: predicted / 2})["2"] == 0.0
+
+
+@pytest.mark.parametrize("spec", ["localsgd:50", "diloco:50", "allreduce"])
+def test_the_fastest_algorithm_is_one_whose_path_the_network_describes(spec: str) -> None:
+    # hierarchical's path follows the launch's layout ($LOCAL_WORLD_SIZE): never a choice
+    work = costmodel.Workload(params=1_000_000, batch_size=256)
+    net = costmodel.Network(alpha=5e-5, beta=8 / 1e9)
+    p = costmodel.predict(spec, work, 8, net, CAL)
+    assert p.bytes_per_rank > 0 and p.comm_seconds > 0
+    assert costing.fastest_allreduce(work, 8, net, CAL) != "hierarchical"
