@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from disttrain.amp import LossScaler, NonFiniteLoss
-from tests.harness import run_world
+from tests.harness import SharedWorlds
 
 
 def test_an_overflow_halves_the_scale_and_clean_steps_grow_it_back() -> None:
@@ -84,9 +84,15 @@ def _overflow_on_one_rank(compression: str) -> list[tuple[float, bool, list[floa
     return trace
 
 
-@pytest.mark.parametrize("compression", ["none", "fp16", "bf16"])  # buckets in 32 or 16 bits
+COMPRESSIONS = ("none", "fp16", "bf16")  # buckets in 32 or 16 bits
+#: the three in one world of 2 ranks (1 spawn instead of 3; each seeds and builds its own)
+RUNS = SharedWorlds({c: (2, _overflow_on_one_rank, (c,)) for c in COMPRESSIONS}, timeout=150)
+
+
+@pytest.mark.timeout(200)  # the first case runs the shared world
+@pytest.mark.parametrize("compression", COMPRESSIONS)
 def test_an_inf_on_one_rank_makes_every_rank_skip_and_back_off_together(compression: str) -> None:
-    traces = run_world(_overflow_on_one_rank, 2, args=(compression,))
+    traces = RUNS.get(compression)
     assert traces[0] == traces[1]  # same decisions, same scale, same parameters
     scales = [t[0] for t in traces[0]]
     skipped = [t[1] for t in traces[0]]

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from tests.harness import run_world
+from tests.harness import SharedWorlds
 
 BATCH = 8
 
@@ -77,9 +77,13 @@ def _max_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
     return max(float((torch.as_tensor(a[k]) - torch.as_tensor(b[k])).abs().max()) for k in b)
 
 
-@pytest.mark.parametrize(("algorithm", "accumulate"), [("native", False), ("ring", True)])
+CASES = [("native", False), ("ring", True)]
+
+
+@pytest.mark.timeout(300)  # the first test runs the shared world
+@pytest.mark.parametrize(("algorithm", "accumulate"), CASES)
 def test_distributed_optimizer_trains_like_one_process(algorithm: str, accumulate: bool) -> None:
-    results = run_world(_run_registered, 2, args=(algorithm, [3, 3], accumulate))
+    results = RUNS.get(f"{algorithm} {accumulate}")
     want = _reference(3)
     for params, _ in results:
         assert _max_diff(params, want) < 1e-5, (algorithm, accumulate)
@@ -89,9 +93,21 @@ def _run_registered(algorithm: str, steps: list[int], accumulate: bool) -> Any:
     return _train(algorithm, steps, accumulate)
 
 
+#: the runs of this file in one world of 2 ranks (1 spawn instead of 3: a spawn's start-up
+#: costs more than these runs; each builds its own model and optimizer), the uneven last
+RUNS = SharedWorlds(
+    {
+        **{f"{a} {acc}": (2, _run_registered, (a, [3, 3], acc)) for a, acc in CASES},
+        "uneven": (2, _run_registered, ("native", [4, 2], False)),
+    },
+    timeout=240,
+)
+
+
+@pytest.mark.timeout(300)
 def test_uneven_inputs_end_cleanly_with_equal_replicas() -> None:
     # rank 1 runs out after 2 steps, rank 0 trains 4: no hang, and both end equal
-    results = run_world(_run_registered, 2, args=("native", [4, 2], False), timeout=60)
+    results = RUNS.get("uneven")
     (p0, m0), (p1, m1) = results
     assert _max_diff(p0, p1) == 0.0
     assert len(m0) == len(m1) == 6

@@ -22,7 +22,7 @@ from torch.nn import functional as F
 
 import disttrain as dt
 from disttrain.comm.errors import UsageError
-from tests.harness import run_world
+from tests.harness import SharedWorlds
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).parent / "torchrun"
@@ -97,12 +97,15 @@ def _check(got: tuple[dict[str, torch.Tensor], dict[str, Any]]) -> None:
     torch.optim.Adam(plain.parameters(), lr=LR).load_state_dict(optim)
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize(("stage", "n"), [(1, 2), (2, 3), (3, 2), (3, 3)])
+SHARDED = [(1, 2), (2, 3), (3, 2), (3, 3)]
+
+
+@pytest.mark.timeout(400)  # the first case of a size runs that world's jobs
+@pytest.mark.parametrize(("stage", "n"), SHARDED)
 def test_gathered_full_state_equals_an_unsharded_model(stage: int, n: int) -> None:
     """On 3 ranks the chunks are uneven: stage 3's layers of 24·16 + 16 = 400 and
     16·10 + 10 = 170 elements are not divisible by 3, nor are stage 2's buckets."""
-    results = run_world(_train_sharded, n, args=(stage,), timeout=240)
+    results = RUNS.get(f"stage {stage} on {n}")
     _check(results[0])
     assert results[1][1] == {} and (results[1][0] == {}) == (stage == 3)  # rank 0's alone
 
@@ -126,9 +129,21 @@ def _misuse() -> list[str]:
     return errors
 
 
-@pytest.mark.timeout(120)
+#: the runs of this file in one world per size (2 spawns instead of 5: a spawn's start-up
+#: costs more than a run; each builds its own model and optimizer). The misuse last: it
+#: leaves a sharded model behind.
+RUNS = SharedWorlds(
+    {
+        **{f"stage {stage} on {n}": (n, _train_sharded, (stage,)) for stage, n in SHARDED},
+        "misuse": (2, _misuse, ()),
+    },
+    timeout=350,
+)
+
+
+@pytest.mark.timeout(400)
 def test_misuse_is_one_clear_error() -> None:
-    errors = run_world(_misuse, 2, timeout=100)[0]
+    errors = RUNS.get("misuse")[0]
     assert len(errors) == 5, errors
     assert "full_state_dict()" in errors[0] and "model.parameters()" in errors[1]
     assert "stage 3" in errors[2] and "dt.shard_model(model) first" in errors[3]

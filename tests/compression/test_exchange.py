@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.harness import run_world
+from tests.harness import SharedWorlds
 
 N = 3000
 
@@ -69,11 +69,18 @@ def _reduce(spec: str) -> tuple[list[float], int, int, tuple[float, float], tupl
     return flat.tolist(), metered, claimed, ratios, _dense_references(rank, size, c.summable)
 
 
-@pytest.mark.parametrize("spec", ["none", "fp16", "bf16", "topk:0.01", "onebit:1.0"])
+SPECS = ("none", "fp16", "bf16", "topk:0.01", "onebit:1.0")
+#: every spec's exchange in one world of 3 ranks (1 spawn instead of 5: a spawn's start-up
+#: costs more than an exchange; each resets the meter and draws its own inputs)
+RUNS = SharedWorlds({spec: (3, _reduce, (spec,)) for spec in SPECS}, timeout=150)
+
+
+@pytest.mark.timeout(200)  # the first case runs the shared world
+@pytest.mark.parametrize("spec", SPECS)
 def test_sum_matches_the_decoded_payloads_and_the_meter_matches_the_claim(spec: str) -> None:
     from disttrain.compression import parse
 
-    results = run_world(_reduce, 3, args=(spec,), timeout=60)
+    results = RUNS.get(spec)
     c = parse(spec)
     decoded = [c.decompress(c.compress(_input(r))) for r in range(3)]
     expected = decoded[0] + decoded[1] + decoded[2]

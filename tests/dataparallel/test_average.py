@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.harness import run_world
+from tests.harness import SharedWorlds
 
 
 def _tensors(rank: int) -> list[torch.Tensor]:
@@ -29,9 +29,15 @@ def _average(algorithm: str) -> list[torch.Tensor]:
     return mine
 
 
-@pytest.mark.parametrize("algorithm", ["native", "ring"])
+ALGORITHMS = ("native", "ring")
+#: both in one world of 2 ranks (1 spawn instead of 2)
+RUNS = SharedWorlds({a: (2, _average, (a,)) for a in ALGORITHMS}, timeout=120)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_average_is_the_sum_over_ranks_divided_by_their_number(algorithm: str) -> None:
-    results = run_world(_average, 2, args=(algorithm,))
+    results = RUNS.get(algorithm)
     ranks = [_tensors(0), _tensors(1)]
     for i, got in enumerate(results[0]):
         # two addends: the sum is exact whatever the order, so the mean is bit-identical

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.harness import run_world
+from tests.harness import SharedWorlds
 
 
 def _reduce(compression: Any) -> tuple[list[torch.Tensor], int]:
@@ -34,32 +34,6 @@ def _reduce(compression: Any) -> tuple[list[torch.Tensor], int]:
     reducer.synchronize()
     reducer.close()
     return [p.grad.clone() for p in model.parameters()], meter.bytes_sent
-
-
-@pytest.mark.parametrize(
-    ("compression", "rtol"), [("fp16", 2e-3), ("bf16", 1.6e-2), ("object:fp16", 2e-3)]
-)
-def test_16_bit_gradients_halve_the_bytes_and_keep_the_average(
-    compression: str, rtol: float
-) -> None:
-    exact, exact_bytes = run_world(_reduce, 2, args=(None,))[0]
-    cast, cast_bytes = run_world(_reduce, 2, args=(compression,))[0]
-    assert cast_bytes * 2 == exact_bytes
-    for a, b in zip(exact, cast, strict=True):
-        # the relative error of one rounding to the type, summed over 2 ranks
-        assert torch.allclose(b, a, rtol=rtol, atol=rtol * float(a.abs().max()))
-
-
-def test_none_is_fp32_and_a_sparse_compressor_is_refused() -> None:
-    from disttrain.comm.errors import UsageError
-    from disttrain.dataparallel.reducer import wire_dtype
-
-    assert wire_dtype(None) is None and wire_dtype("none") is None
-    assert wire_dtype("bf16") == torch.bfloat16
-    with pytest.raises(UsageError, match="cast only"):
-        wire_dtype("topk:0.1")
-    with pytest.raises(UsageError, match="--compression 'zip'"):
-        wire_dtype("zip")
 
 
 def _strategy_step(compression: str) -> dict[str, Any]:
@@ -85,9 +59,48 @@ def _strategy_step(compression: str) -> dict[str, Any]:
     return {"bytes": meter.bytes_sent, "grads": grads, **summary}
 
 
+#: every run of this file, one after another in one world of 2 ranks (1 spawn instead of
+#: 8: a spawn's start-up costs more than these runs; each resets the meter and its seeds)
+RUNS = SharedWorlds(
+    {
+        "reduce none": (2, _reduce, (None,)),
+        **{f"reduce {c}": (2, _reduce, (c,)) for c in ("fp16", "bf16", "object:fp16")},
+        "step none": (2, _strategy_step, ("none",)),
+        "step fp16": (2, _strategy_step, ("fp16",)),
+    },
+    timeout=240,
+)
+
+
+@pytest.mark.timeout(300)  # the first test runs the shared world
+@pytest.mark.parametrize(
+    ("compression", "rtol"), [("fp16", 2e-3), ("bf16", 1.6e-2), ("object:fp16", 2e-3)]
+)
+def test_16_bit_gradients_halve_the_bytes_and_keep_the_average(
+    compression: str, rtol: float
+) -> None:
+    exact, exact_bytes = RUNS.get("reduce none")[0]
+    cast, cast_bytes = RUNS.get(f"reduce {compression}")[0]
+    assert cast_bytes * 2 == exact_bytes
+    for a, b in zip(exact, cast, strict=True):
+        # the relative error of one rounding to the type, summed over 2 ranks
+        assert torch.allclose(b, a, rtol=rtol, atol=rtol * float(a.abs().max()))
+
+
+def test_none_is_fp32_and_a_sparse_compressor_is_refused() -> None:
+    from disttrain.comm.errors import UsageError
+    from disttrain.dataparallel.reducer import wire_dtype
+
+    assert wire_dtype(None) is None and wire_dtype("none") is None
+    assert wire_dtype("bf16") == torch.bfloat16
+    with pytest.raises(UsageError, match="cast only"):
+        wire_dtype("topk:0.1")
+    with pytest.raises(UsageError, match="--compression 'zip'"):
+        wire_dtype("zip")
+
+
 def test_compression_fp16_on_the_allreduce_strategy_keeps_fusion_and_overlap() -> None:
-    dense = run_world(_strategy_step, 2, args=("none",))[0]
-    half = run_world(_strategy_step, 2, args=("fp16",))[0]
+    dense, half = RUNS.get("step none")[0], RUNS.get("step fp16")[0]
     assert half["bytes"] * 2 == dense["bytes"]
     # --fusion-mb 0.001 (1 kB buckets) still splits the model, and buckets leave in backward
     assert half["buckets"] == dense["buckets"] > 1

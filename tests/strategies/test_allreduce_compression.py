@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.harness import run_world
+from tests.harness import SharedWorlds
 
 
 def _train(compression: str) -> tuple[list[torch.Tensor], dict[str, float]]:
@@ -35,9 +35,25 @@ def _train(compression: str) -> tuple[list[torch.Tensor], dict[str, float]]:
     return params, {"bytes": meter.bytes_sent, **strategy.summary()}
 
 
-@pytest.mark.parametrize("spec", ["onebit:0.01", "topk:0.1"])
+SPECS = ("onebit:0.01", "topk:0.1")
+
+
+def _lossless_and_dense() -> list[tuple[list[torch.Tensor], dict[str, float]]]:
+    return [_train("topk:1"), _train("none")]
+
+
+#: the runs of this file in one world of 3 ranks (1 spawn instead of 3: a spawn's start-up
+#: costs more than these runs; each builds its own model, seeds and resets the meter)
+RUNS = SharedWorlds(
+    {**{spec: (3, _train, (spec,)) for spec in SPECS}, "lossless": (3, _lossless_and_dense, ())},
+    timeout=240,
+)
+
+
+@pytest.mark.timeout(300)  # the first test runs the shared world
+@pytest.mark.parametrize("spec", SPECS)
 def test_compressed_allreduce_keeps_replicas_identical_and_sends_less(spec: str) -> None:
-    results = run_world(_train, 3, args=(spec,), timeout=120)
+    results = RUNS.get(spec)
     first = results[0][0]
     for params, _ in results[1:]:
         assert all(torch.equal(a, b) for a, b in zip(first, params, strict=True))
@@ -46,16 +62,13 @@ def test_compressed_allreduce_keeps_replicas_identical_and_sends_less(spec: str)
     assert stats["residual_norm"] > 0  # error feedback holds what was not sent
 
 
-def _lossless_and_dense() -> list[tuple[list[torch.Tensor], dict[str, float]]]:
-    return [_train("topk:1"), _train("none")]
-
-
+@pytest.mark.timeout(300)
 def test_topk_keeping_every_entry_trains_as_dense() -> None:
     # topk:1 sends every entry as its fp32 value: the sum is exact up to the order of
     # additions, so its average (sum / n, in dataparallel/average.py) must give dense
     # training's parameters. A wrong divisor (no division: n times the step) would not.
     # Error feedback keeps acc - sent = x - x = 0 exactly: nothing is left out.
-    for rank, (lossless, dense) in enumerate(run_world(_lossless_and_dense, 3, timeout=120)):
+    for rank, (lossless, dense) in enumerate(RUNS.get("lossless")):
         params, stats = lossless
         for a, b in zip(params, dense[0], strict=True):
             diff = float((a - b).abs().max())

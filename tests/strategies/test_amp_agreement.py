@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.harness import run_world
+from tests.harness import SharedWorlds
 
 INIT_SCALE = 2.0**16
 Trace = list[tuple[float, bool, list[float]]]
@@ -88,15 +88,25 @@ CASES: dict[str, tuple[dict[str, Any], int]] = {
 }  # fmt: skip
 
 
-@pytest.mark.timeout(480)  # two worlds of spawned ranks (three processes for ps) per case
+#: each case's fp16 run with the Inf and its fp32 first step, one after another in one
+#: world per size (2 spawns instead of 14: a spawn's start-up costs more than a run)
+RUNS = SharedWorlds(
+    {
+        f"{case} {kind}": (n, _trace, args)
+        for case, (flags, n) in CASES.items()
+        for kind, args in (
+            ("fp16", ({**flags, "precision": "fp16"}, 4, "inf:rank=1:step=2")),
+            ("fp32", (flags, 1, "")),
+        )
+    },
+    timeout=450,
+)
+
+
+@pytest.mark.timeout(500)  # the first case of a size runs that world's cases
 @pytest.mark.parametrize("case", list(CASES))
 def test_one_ranks_inf_makes_every_rank_skip_halve_and_regrow(case: str) -> None:
-    flags, world_size = CASES[case]
-    fp16 = run_world(
-        _trace, world_size, args=({**flags, "precision": "fp16"}, 4, "inf:rank=1:step=2"),
-        timeout=150,
-    )  # fmt: skip
-    fp32 = run_world(_trace, world_size, args=(flags, 1, ""), timeout=150)
+    fp16, fp32 = RUNS.get(f"{case} fp16"), RUNS.get(f"{case} fp32")
     workers = [t for t in fp16 if t is not None]
     assert len(workers) == 2
     for rank, trace in enumerate(workers):

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.harness import run_world
+from tests.harness import SharedWorlds
 from tests.strategies.test_localsgd import params, run, tiny_mlp
 
 
@@ -56,22 +56,33 @@ def _dense_ring_bytes(numel: int, times: int) -> int:
     return meter.bytes_sent
 
 
-@pytest.fixture(scope="module")
-def dense_runs() -> tuple[list[Any], list[int]]:
-    """Independent counts on 3 ranks: the meter of an uncompressed all-peers run (fp32 to
-    every peer) and of dense ring allreduces of the same gradient, as many as the steps."""
-    dense = run_world(_steps, 3, args=({"compression": "none"}, 15), timeout=90)
-    ring = run_world(_dense_ring_bytes, 3, args=(len(dense[0][0]), 15), timeout=90)
-    return dense, ring
+SPECS = ("onebit:0.01", "topk:0.05")
+NUMEL = sum(p.numel() for p in tiny_mlp().parameters())
+GOSSIP = {"compression": "topk:0.1", "topology": "ring", "consensus_step": 0.5}
+#: the runs of this file in one world per size (2 spawns instead of 6: a spawn's start-up
+#: costs more than a run; each builds its own model, seeds and resets the meter). The
+#: independent counts on 3 ranks: the meter of an uncompressed all-peers run (fp32 to
+#: every peer) and of dense ring allreduces of the same gradient, as many as the steps;
+#: the ring's last, as it turns the collectives' length check off for its process.
+RUNS = SharedWorlds(
+    {
+        **{spec: (3, _steps, ({"compression": spec}, 15)) for spec in SPECS},
+        "dense": (3, _steps, ({"compression": "none"}, 15)),
+        "ring": (3, _dense_ring_bytes, (NUMEL, 15)),
+        "gossip": (4, _steps, (GOSSIP, 12)),
+        "alone": (4, _steps, ({**GOSSIP, "consensus_step": 1e-6}, 12)),
+    },
+    timeout=240,
+)
 
 
-@pytest.mark.parametrize("spec", ["onebit:0.01", "topk:0.05"])
-def test_all_peers_replicas_stay_identical_and_meter_matches_claim(
-    spec: str, dense_runs: tuple[list[Any], list[int]]
-) -> None:
-    results = run_world(_steps, 3, args=({"compression": spec}, 15), timeout=90)
+@pytest.mark.timeout(300)  # the first test runs the world of 3 ranks
+@pytest.mark.parametrize("spec", SPECS)
+def test_all_peers_replicas_stay_identical_and_meter_matches_claim(spec: str) -> None:
+    results = RUNS.get(spec)
     reference = results[0][0]
-    dense, ring = dense_runs
+    dense, ring = RUNS.get("dense"), RUNS.get("ring")
+    assert len(dense[0][0]) == NUMEL  # the ring summed tensors of the gradient's size
     for rank, (flat, metered, summary, _) in enumerate(results):
         assert flat == reference  # bit-identical: decoded payloads summed in rank order
         assert metered == summary["claimed_wire_bytes_per_rank"] > 0
@@ -94,10 +105,9 @@ def _spread(results: list[Any]) -> float:
     return float((flats - flats.mean(0)).abs().max())
 
 
+@pytest.mark.timeout(300)  # it runs the world of 4 ranks
 def test_ring_gossip_meters_two_neighbours_and_pulls_replicas_together() -> None:
-    gossip = {"compression": "topk:0.1", "topology": "ring", "consensus_step": 0.5}
-    results = run_world(_steps, 4, args=(gossip, 12), timeout=90)
-    alone = run_world(_steps, 4, args=({**gossip, "consensus_step": 1e-6}, 12), timeout=90)
+    results, alone = RUNS.get("gossip"), RUNS.get("alone")
     # replicas differ on a ring, but gossip keeps them far closer than no mixing does
     assert 0 < _spread(results) < 0.5 * _spread(alone)
     n = len(results[0][0])

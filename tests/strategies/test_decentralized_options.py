@@ -8,18 +8,33 @@ import pytest
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from tests.harness import run_world
+from tests.harness import SharedWorlds
 from tests.strategies.test_decentralized import _steps
 from tests.strategies.test_localsgd import tiny_mlp
 
 ONEBIT = "onebit:0.01"
 
 
-@pytest.mark.timeout(600)  # three worlds of spawned ranks on a shared machine
+WARM = {"compression": ONEBIT, "active_warmup_steps": 2, "active_workers": 1}
+DGC = {"compression": ONEBIT, "momentum_correction": True, "optimizer": "momentum"}
+#: the runs of this file in one world per size (2 spawns instead of 6: a spawn's start-up
+#: costs more than a run; each builds its own model and seeds and resets the meter)
+RUNS = SharedWorlds(
+    {
+        "warm 2": (3, _steps, (WARM, 2)),
+        "warm 3": (3, _steps, (WARM, 3)),
+        "dgc 3 ranks": (3, _steps, (DGC, 5)),
+        "alone": (1, _steps, ({"compression": ONEBIT}, 2)),
+        "dgc": (1, _steps, (DGC, 6)),
+        "plain": (1, _steps, ({"compression": ONEBIT}, 6)),
+    },
+    timeout=400,
+)
+
+
+@pytest.mark.timeout(600)  # two worlds of spawned ranks on a shared machine
 def test_during_the_active_warmup_only_rank_0_moves_the_replicas() -> None:
-    warm = {"compression": ONEBIT, "active_warmup_steps": 2, "active_workers": 1}
-    three = run_world(_steps, 3, args=(warm, 2), timeout=240)
-    alone = run_world(_steps, 1, args=({"compression": ONEBIT}, 2), timeout=240)
+    three, alone = RUNS.get("warm 2"), RUNS.get("alone")
     for flat, _, summary, _ in three:
         # every replica equals rank 0 training alone on its own batches: nothing from 1 and 2
         # (to float rounding: the start is a 3-rank average of equal tensors, (x+x+x)/3)
@@ -27,7 +42,7 @@ def test_during_the_active_warmup_only_rank_0_moves_the_replicas() -> None:
         assert summary["active_warmup_steps"] == 2 and summary["active_workers"] == 1
     # ranks 1 and 2 sent only empty payloads (an index header each), rank 0 its entries
     assert three[1][1] < three[0][1] / 4
-    after = run_world(_steps, 3, args=(warm, 3), timeout=240)
+    after = RUNS.get("warm 3")
     assert after[0][0] == after[1][0] == after[2][0]
     # from step 3 on ranks 1 and 2 send their entries too
     assert after[1][1] > 4 * three[1][1]
@@ -61,18 +76,17 @@ def _dgc_reference(steps: int, tau: float, lr: float, m: float) -> list[float]:
 
 @pytest.mark.timeout(600)
 def test_momentum_correction_follows_the_dgc_formula() -> None:
-    flags = {"compression": ONEBIT, "momentum_correction": True, "optimizer": "momentum"}
-    got = run_world(_steps, 1, args=(flags, 6), timeout=240)[0]
+    got = RUNS.get("dgc")[0]
     ref = _dgc_reference(6, 0.01, 0.1, 0.9)
     torch.testing.assert_close(torch.tensor(got[0]), torch.tensor(ref), atol=1e-6, rtol=0)
-    plain = run_world(_steps, 1, args=({"compression": ONEBIT}, 6), timeout=240)[0]
+    plain = RUNS.get("plain")[0]
     assert plain[0] != got[0]  # not vacuous: without the correction the run differs
     assert got[2]["momentum_correction"] == 0.9
 
 
+@pytest.mark.timeout(600)
 def test_momentum_correction_keeps_replicas_identical() -> None:
-    flags = {"compression": ONEBIT, "momentum_correction": True, "optimizer": "momentum"}
-    results = run_world(_steps, 3, args=(flags, 5), timeout=240)
+    results = RUNS.get("dgc 3 ranks")
     assert results[0][0] == results[1][0] == results[2][0]
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from disttrain.comm.errors import UsageError
-from tests.harness import run_world
+from tests.harness import SharedWorlds
 from tests.parallel import reference as ref
 
 
@@ -43,9 +43,16 @@ def _run(inner: str) -> dict[str, Any]:
     return {"worst": worst, "whole": whole is not None, "rank": dist.get_rank(), "d": d}
 
 
-@pytest.mark.parametrize("inner", ["pp", "tp", "pp-zb1", "pp-interleaved"])
+INNER = ("pp", "tp", "pp-zb1", "pp-interleaved")
+#: every mesh in one world of 4 ranks (1 spawn instead of 4: a spawn's start-up costs more
+#: than a run; each builds its own model, strategy and groups)
+RUNS = SharedWorlds({inner: (4, _run, (inner,)) for inner in INNER}, timeout=400)
+
+
+@pytest.mark.timeout(450)  # the first case runs the shared world
+@pytest.mark.parametrize("inner", INNER)
 def test_mesh_equals_the_unsplit_model(inner: str) -> None:
-    results = run_world(_run, 4, args=(inner,), timeout=150)
+    results = RUNS.get(inner)
     assert [r["whole"] for r in results] == [True, False, False, False]
     assert [r["d"] for r in results] == [0, 0, 1, 1]
     for r in results:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.harness import run_world
+from tests.harness import SharedWorlds, run_world
 
 
 def tiny_mlp() -> nn.Module:
@@ -26,8 +26,7 @@ def _train(flags: dict[str, Any]) -> dict[str, Any]:
     return train(config.load(flags))
 
 
-def run(tmp: str, name: str, workers: int = 2, **flags: Any) -> tuple[dict[str, Any], str]:
-    out = os.path.join(tmp, name)
+def _flags(out: str, workers: int, **flags: Any) -> dict[str, Any]:
     base = {
         "workers": workers,
         "model": "tests.strategies.test_localsgd:tiny_mlp",
@@ -38,8 +37,36 @@ def run(tmp: str, name: str, workers: int = 2, **flags: Any) -> tuple[dict[str, 
         "progress": False,
         "out": out,
     }
-    results = run_world(_train, workers, args=({**base, **flags},), timeout=120)
+    return {**base, **flags}
+
+
+def run(tmp: str, name: str, workers: int = 2, **flags: Any) -> tuple[dict[str, Any], str]:
+    out = os.path.join(tmp, name)
+    results = run_world(_train, workers, args=(_flags(out, workers, **flags),), timeout=120)
     return results[0], out
+
+
+#: the runs of this file: (the summary, the out folder) by name
+RUNS: dict[str, dict[str, Any]] = {
+    "sync": {"strategy": "allreduce"},  # momentum SGD, synchronous: the reference
+    "local": {"strategy": "localsgd", "period": 1},
+    "h4": {"strategy": "localsgd", "period": 4},
+    "warm": {"strategy": "localsgd", "period": 4, "warmup_sync_steps": 2,
+             "average_optimizer_state": True},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: Any) -> dict[str, tuple[dict[str, Any], str]]:
+    """Every run of this file, one after another in one world of 2 ranks (1 spawn instead
+    of 4: a spawn's start-up costs more than a run; each builds its own model)."""
+    tmp = str(tmp_path_factory.mktemp("localsgd"))
+    outs = {name: os.path.join(tmp, name) for name in RUNS}
+    shared = SharedWorlds(
+        {name: (2, _train, (_flags(outs[name], 2, **flags),)) for name, flags in RUNS.items()},
+        timeout=300,
+    )
+    return {name: (shared.get(name)[0], outs[name]) for name in RUNS}
 
 
 def params(out: str) -> torch.Tensor:
@@ -47,24 +74,20 @@ def params(out: str) -> torch.Tensor:
     return torch.cat([v.reshape(-1) for v in state.values()])
 
 
-@pytest.fixture(scope="module")
-def sync(tmp_path_factory: Any) -> tuple[dict[str, Any], str]:
-    """Synchronous data parallelism with momentum SGD: the reference."""
-    return run(str(tmp_path_factory.mktemp("sync")), "sync", strategy="allreduce")
-
-
-def test_period_one_equals_synchronous_allreduce(tmp_path: Any, sync: Any) -> None:
+@pytest.mark.timeout(360)  # the first test runs the shared world
+def test_period_one_equals_synchronous_allreduce(runs: Any) -> None:
     # momentum SGD: the update is linear in gradient and buffer, so averaging
     # after every step reproduces the synchronous run up to fp32 rounding
-    summary, local = run(str(tmp_path), "local", strategy="localsgd", period=1)
+    sync, (summary, local) = runs["sync"], runs["local"]
     torch.testing.assert_close(params(local), params(sync[1]), rtol=0, atol=1e-5)
     assert summary["averaging_rounds"] == 12
     initial = torch.cat([p.reshape(-1) for p in tiny_mlp().state_dict().values()])
     assert (params(local) - initial).abs().max() > 1e-3  # it did train
 
 
-def test_period_cuts_traffic_by_h(tmp_path: Any, sync: Any) -> None:
-    h4, out = run(str(tmp_path), "h4", strategy="localsgd", period=4)
+@pytest.mark.timeout(360)
+def test_period_cuts_traffic_by_h(runs: Any) -> None:
+    sync, (h4, out) = runs["sync"], runs["h4"]
     assert h4["averaging_rounds"] == 3  # steps 4, 8, 12
     assert sync[0]["bytes_sent_per_rank"] / h4["bytes_sent_per_rank"] == pytest.approx(4.0)
     with open(os.path.join(out, "metrics.jsonl")) as fh:
@@ -72,11 +95,9 @@ def test_period_cuts_traffic_by_h(tmp_path: Any, sync: Any) -> None:
     assert [r for r in rounds if r is not None][:5] == [0, 0, 0, 1, 1]
 
 
-def test_warmup_then_local_with_optimizer_state(tmp_path: Any) -> None:
-    summary, _ = run(
-        str(tmp_path), "warm", strategy="localsgd", period=4, warmup_sync_steps=2,
-        average_optimizer_state=True,
-    )  # fmt: skip
+@pytest.mark.timeout(360)
+def test_warmup_then_local_with_optimizer_state(runs: Any) -> None:
+    summary, _ = runs["warm"]
     assert summary["sync_steps"] == 2
     assert summary["averaging_rounds"] == 3  # after steps 6 and 10, and at the end (12)
     assert summary["gradient_bytes_per_rank"] > 0

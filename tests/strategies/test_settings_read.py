@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.harness import run_world
+from tests.harness import SharedWorlds
 
 
 class _Recording:
@@ -114,11 +114,18 @@ CASES: dict[str, tuple[dict[str, Any], int, str]] = {
 }  # fmt: skip
 
 
-@pytest.mark.timeout(300)
+#: the cases run one after another in one world per size (2 spawns instead of 12: a
+#: spawn's start-up costs more than a case); each builds its own model and strategy
+RUNS = SharedWorlds(
+    {case: (n, _read_by_a_run, (flags, 3)) for case, (flags, n, _) in CASES.items()}, timeout=400
+)
+
+
+@pytest.mark.timeout(450)  # the first case of a size runs that world's cases
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_strategy_reads_only_the_settings_it_declares(case: str) -> None:
-    flags, world_size, must_see = CASES[case]
-    results = run_world(_read_by_a_run, world_size, args=(flags, 3), timeout=240)
+    _, _, must_see = CASES[case]
+    results = RUNS.get(case)
     workers = [r for r in results if r is not None]
     assert workers
     for rank, (undeclared, seen) in enumerate(workers):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from disttrain.comm.errors import UsageError
-from tests.harness import run_world
+from tests.harness import SharedWorlds
 from tests.parallel import reference as ref
 
 
@@ -58,9 +58,15 @@ def _run(mode: str) -> dict[str, Any]:
             "bytes": sent.bytes_sent}  # fmt: skip
 
 
-@pytest.mark.parametrize("mode", ["megatron", "naive"])
+MODES = ("megatron", "naive")
+#: both modes in one world of 2 ranks (1 spawn instead of 2; each resets the meter)
+RUNS = SharedWorlds({mode: (2, _run, (mode,)) for mode in MODES}, timeout=150)
+
+
+@pytest.mark.timeout(200)  # the first case runs the shared world
+@pytest.mark.parametrize("mode", MODES)
 def test_tensor_slicing_equals_the_unsplit_model(mode: str) -> None:
-    results = run_world(_run, 2, args=(mode,), timeout=90)
+    results = RUNS.get(mode)
     for r in results:
         assert r["worst"] < ref.TOL, r
     kinds = results[0]["kinds"]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.harness import run_world
+from tests.harness import SharedWorlds, run_world
 
 
 def _train(flags: dict[str, Any], out: str) -> dict[str, Any]:
@@ -35,9 +35,14 @@ def test_two_workers_match_one_worker(tmp_path: Any) -> None:
         {"algorithm": "native", "fusion_mb": 25.0, "overlap": False, "accumulate": 3},
         {"algorithm": "ring", "fusion_mb": 0.001, "overlap": True, "accumulate": 2},
     ]
+    # both cases one after another in one world of 2 ranks (a spawn costs more than a job)
+    runs = SharedWorlds(
+        {f"case{i}": (2, _train, ({"workers": 2, **c}, str(tmp_path / f"case{i}")))
+         for i, c in enumerate(cases)}, timeout=150,
+    )  # fmt: skip
     for i, case in enumerate(cases):
         out = str(tmp_path / f"case{i}")
-        stats = run_world(_train, 2, args=({"workers": 2, **case}, out), timeout=90)
+        stats = runs.get(f"case{i}")
         assert stats[0]["accumulate"] == case.get("accumulate", 1)
         got = torch.load(os.path.join(out, "model.pt"))
         for k in want:

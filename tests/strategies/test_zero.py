@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from disttrain import checkpoint
-from tests.harness import run_world
+from tests.harness import SharedWorlds
 from tests.test_cli import run_cli
 
 STEPS = 20
@@ -85,14 +85,39 @@ def _reference(case: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, v) for k, v in case.items() if k not in VARIANT))
 
 
-@pytest.mark.timeout(500)
-@pytest.mark.parametrize("n", sorted(CASES))
-def test_zero_stages_equal_allreduce(n: int, tmp_path: Path) -> None:
+def _equivalence_jobs(n: int, tmp: Path) -> list[tuple[dict[str, Any], str]]:
+    """The allreduce references of CASES[n] (each once), then its ZeRO jobs."""
     refs = sorted({_reference(c) for c in CASES[n]}, key=str)
-    jobs = [({"workers": n, **dict(r)}, str(tmp_path / f"ref{i}")) for i, r in enumerate(refs)]
-    jobs += [({"workers": n, "strategy": "zero", **c}, str(tmp_path / f"zero{i}"))
-             for i, c in enumerate(CASES[n])]  # fmt: skip
-    summaries = run_world(_jobs, n, args=(jobs,), timeout=450)[0]
+    jobs = [({"workers": n, **dict(r)}, str(tmp / f"ref{i}")) for i, r in enumerate(refs)]
+    return jobs + [({"workers": n, "strategy": "zero", **c}, str(tmp / f"zero{i}"))
+                   for i, c in enumerate(CASES[n])]  # fmt: skip
+
+
+def _memory_jobs(tmp: Path) -> list[tuple[dict[str, Any], str]]:
+    """Adam on 2 workers: replicated, then ZeRO stages 1, 2 and 3."""
+    jobs = [({"workers": 2, "optimizer": "adam"}, str(tmp / "replicated"))]
+    return jobs + [({"workers": 2, "optimizer": "adam", "strategy": "zero", "zero_stage": s},
+                    str(tmp / f"stage{s}")) for s in (1, 2, 3)]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def worlds(tmp_path_factory: pytest.TempPathFactory) -> tuple[SharedWorlds, Path]:
+    """One world per size: the memory jobs run in the 2-rank world after its equivalence
+    jobs (one spawn less; each job builds its own model, optimizer and strategy)."""
+    tmp = tmp_path_factory.mktemp("zero")
+    jobs = {f"equivalence {n}": (n, _jobs, (_equivalence_jobs(n, tmp / f"w{n}"),))
+            for n in CASES}  # fmt: skip
+    jobs["memory"] = (2, _jobs, (_memory_jobs(tmp / "memory"),))
+    return SharedWorlds(jobs, timeout=550), tmp
+
+
+@pytest.mark.timeout(600)  # the 2-rank world runs the memory jobs too
+@pytest.mark.parametrize("n", sorted(CASES))
+def test_zero_stages_equal_allreduce(n: int, worlds: tuple[SharedWorlds, Path]) -> None:
+    runs, tmp = worlds
+    tmp_path = tmp / f"w{n}"
+    refs = sorted({_reference(c) for c in CASES[n]}, key=str)
+    summaries = runs.get(f"equivalence {n}")[0]
     for i, case in enumerate(CASES[n]):
         want = torch.load(tmp_path / f"ref{refs.index(_reference(case))}" / "model.pt")
         got = torch.load(tmp_path / f"zero{i}" / "model.pt")
@@ -112,13 +137,10 @@ def _formula(stage: int, psi: int, n: int) -> dict[str, float]:
     return {"parameters": params, "gradients": grads, "optimizer_state": state}
 
 
-@pytest.mark.timeout(300)
-def test_memory_per_rank_matches_the_zero_formulas(tmp_path: Path) -> None:
+@pytest.mark.timeout(600)  # the 2-rank world, if it did not run yet
+def test_memory_per_rank_matches_the_zero_formulas(worlds: tuple[SharedWorlds, Path]) -> None:
     n = 2
-    jobs = [({"workers": n, "optimizer": "adam"}, str(tmp_path / "replicated"))]
-    jobs += [({"workers": n, "optimizer": "adam", "strategy": "zero", "zero_stage": s},
-              str(tmp_path / f"stage{s}")) for s in (1, 2, 3)]  # fmt: skip
-    summaries = run_world(_jobs, n, args=(jobs,), timeout=250)[0]
+    summaries = worlds[0].get("memory")[0]
     psi = summaries[0]["parameters"]
     for stage, summary in enumerate(summaries):
         memory = summary["memory_per_rank"]

@@ -123,10 +123,19 @@ def _params(out: Path) -> dict[str, torch.Tensor]:
 COMMON = ("--model", "cnn", "--max-steps", "12", "--no-progress", "--timeout", "20")
 
 
-@pytest.mark.timeout(600)  # four short training runs
-def test_killed_and_resumed_equals_uninterrupted_bit_for_bit(tmp_path: Path) -> None:
-    full, killed, resumed = tmp_path / "full", tmp_path / "killed", tmp_path / "resumed"
-    assert run_cli("train", *COMMON, "--out", str(full)).returncode == 0
+@pytest.fixture(scope="module")
+def full(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted COMMON run, which the kill + resume and the restart tests match
+    (one run for both: it is deterministic, and neither test changes its folder)."""
+    out = tmp_path_factory.mktemp("cnn") / "full"
+    done = run_cli("train", *COMMON, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+@pytest.mark.timeout(600)  # three short training runs (and the shared uninterrupted one)
+def test_killed_and_resumed_equals_uninterrupted_bit_for_bit(full: Path, tmp_path: Path) -> None:
+    killed, resumed = tmp_path / "killed", tmp_path / "resumed"
     crash = run_cli("train", *COMMON, "--checkpoint-every", "6",
                     "--inject-fault", "kill:rank=1:step=8", "--out", str(killed))  # fmt: skip
     assert crash.returncode == 1 and checkpoint.latest(str(killed)) == 6
@@ -192,9 +201,8 @@ def test_an_asynchronous_parameter_server_refuses_checkpoints(tmp_path: Path) ->
 
 
 @pytest.mark.timeout(600)
-def test_an_elastic_restart_resumes_from_the_last_checkpoint(tmp_path: Path) -> None:
-    full, restarted = tmp_path / "full", tmp_path / "restarted"
-    assert run_cli("train", *COMMON, "--out", str(full)).returncode == 0
+def test_an_elastic_restart_resumes_from_the_last_checkpoint(full: Path, tmp_path: Path) -> None:
+    restarted = tmp_path / "restarted"
     result = run_cli("train", *COMMON, "--checkpoint-every", "6", "--max-restarts", "1",
                      "--inject-fault", "kill:rank=1:step=8", "--out", str(restarted))  # fmt: skip
     assert result.returncode == 0, result.stderr

@@ -28,6 +28,16 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    """One process for 20 steps: the parameters every resume on another count must equal
+    (one run for the allreduce, ps and zero tests: it is deterministic)."""
+    one = tmp_path_factory.mktemp("reshard") / "one"
+    done = run_cli("train", *FLAGS, "--workers", "1", "--out", str(one))
+    assert done.returncode == 0, done.stderr[-2000:]
+    return _params(one)
+
+
 def _killed_at_12(tmp: Path, name: str, *flags: str) -> Path:
     """A run of ``flags`` to step 20, checkpointed every 10 steps and killed at step 12."""
     out = tmp / name
@@ -37,9 +47,9 @@ def _killed_at_12(tmp: Path, name: str, *flags: str) -> Path:
     return out
 
 
-@pytest.mark.timeout(600)  # five short runs of up to 4 processes
+@pytest.mark.timeout(600)  # four short runs of up to 4 processes (+ the shared reference)
 def test_allreduce_and_ps_resumed_on_another_worker_count_equal_one_process(
-    tmp_path: Path,
+    reference: dict[str, torch.Tensor], tmp_path: Path
 ) -> None:
     """4 workers to step 10, 2 workers from there to 20 == 1 process for 20 steps (1e-5).
 
@@ -48,9 +58,6 @@ def test_allreduce_and_ps_resumed_on_another_worker_count_equal_one_process(
     order differs. The parameter server (sync) is the same SGD: 2 workers + 1 server to
     step 10, 1 worker from there, its server restoring its shard and optimizer by shard.
     """
-    one = tmp_path / "one"
-    assert run_cli("train", *FLAGS, "--workers", "1", "--out", str(one)).returncode == 0
-    reference = _params(one)
 
     killed = _killed_at_12(tmp_path, "ar4", "--workers", "4")
     resumed = tmp_path / "ar2"
@@ -130,8 +137,10 @@ def test_async_checkpoints_commit_the_state_of_their_step(tmp_path: Path) -> Non
     assert saved.keys() == final.keys() and all(torch.equal(saved[k], final[k]) for k in final)
 
 
-@pytest.mark.timeout(600)  # four short runs of up to 3 processes
-def test_zero_resumed_on_another_worker_count_equals_one_process(tmp_path: Path) -> None:
+@pytest.mark.timeout(600)  # four short runs of up to 3 processes (+ the shared reference)
+def test_zero_resumed_on_another_worker_count_equals_one_process(
+    reference: dict[str, torch.Tensor], tmp_path: Path
+) -> None:
     """ZeRO on 3 workers to step 10, on 2 from there to 20 == 1 process for 20 steps (1e-5).
 
     3 workers cut the groups unevenly (the first layer's 64·2048 + 2048 elements are
@@ -139,9 +148,6 @@ def test_zero_resumed_on_another_worker_count_equals_one_process(tmp_path: Path)
     buffers with them, for 2. Stage 3 (parameters sharded, only buffers in the model
     entry) and stage 1 (full replicas in the model entry, optimizer state sharded).
     """
-    one = tmp_path / "one"
-    assert run_cli("train", *FLAGS, "--workers", "1", "--out", str(one)).returncode == 0
-    reference = _params(one)
     for stage in ("3", "1"):
         zero = ("--strategy", "zero", "--zero-stage", stage)
         killed = _killed_at_12(tmp_path, f"zero{stage}-3", *zero, "--workers", "3")

@@ -12,7 +12,7 @@ import torch
 
 from disttrain.data import load_dataset
 from disttrain.models import build_model
-from tests.harness import run_world
+from tests.harness import SharedWorlds
 
 
 def _train(model: str, out: str, steps: int) -> dict[str, torch.Tensor] | None:
@@ -31,13 +31,24 @@ def _train(model: str, out: str, steps: int) -> dict[str, torch.Tensor] | None:
     return None
 
 
-@pytest.mark.timeout(600)  # 7 worlds of up to 4 processes on 2 cores
-@pytest.mark.parametrize("model", ["mlp", "cnn"])
-def test_parameters_after_20_steps_match_for_1_2_and_4_workers(model: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    results = {
-        n: run_world(_train, n, args=(model, str(tmp_path / f"w{n}"), 20), timeout=150)[0]
-        for n in (1, 2, 4)
-    }
+MODELS = ("mlp", "cnn")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> SharedWorlds:
+    """Both models' runs on 1, 2 and 4 workers: one world per size (3 spawns, not 6)."""
+    tmp = tmp_path_factory.mktemp("equivalence")
+    jobs = {f"{m} {n}": (n, _train, (m, str(tmp / f"{m}-w{n}"), 20)) for m in MODELS
+            for n in (1, 2, 4)}  # fmt: skip
+    return SharedWorlds(jobs, timeout=550)
+
+
+@pytest.mark.timeout(600)  # 3 worlds of up to 4 processes on 2 cores, both models in each
+@pytest.mark.parametrize("model", MODELS)
+def test_parameters_after_20_steps_match_for_1_2_and_4_workers(
+    model: str, runs: SharedWorlds
+) -> None:
+    results = {n: runs.get(f"{model} {n}")[0] for n in (1, 2, 4)}
     reference = results[1]
     assert reference is not None
     for n in (2, 4):

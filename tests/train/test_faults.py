@@ -102,6 +102,17 @@ def _with_arg(text: str) -> list[int]:
     return found
 
 
+def _left_behind(pids: set[int], out: Path, within: float = 0.5) -> list[int]:
+    """The job's processes still alive once the kernel reaped what the agent stopped:
+    polled, so the answer comes as soon as none is left (at most ``within`` seconds)."""
+    deadline = time.monotonic() + within
+    while True:
+        left = [p for p in pids if _alive(p)] + _with_arg(str(out))
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.05)
+
+
 class _Job:
     """``disttrain train`` in a subprocess; stderr read live, every pid of its tree recorded."""
 
@@ -172,8 +183,7 @@ def test_a_fault_ends_the_job_naming_the_rank_and_leaves_nothing(
         ), err
     if kind == "nan":  # rank 1's NaN never reached another rank's checks
         assert not [r for r in (0, 2, 3) if f"rank {r} computed a non-finite" in err], err
-    time.sleep(0.5)  # let the kernel reap what the agent stopped
-    left = [p for p in job.pids if _alive(p)] + _with_arg(str(out))
+    left = _left_behind(job.pids, out)
     assert not left, f"processes left behind: {left}"
     assert listening_addresses(sorted(job.pids)) == []
     created = {n for n in _shm() - shm_before if any(str(p) in n for p in job.pids)}
@@ -194,7 +204,6 @@ def test_kill_during_shared_memory_allreduce_leaves_no_segment(
     err = job.stderr
     assert seconds <= TIMEOUT + 15, (seconds, err)
     assert code == 1 and all(w in err for w in NAMED["kill"]), err
-    time.sleep(0.5)
-    assert not [p for p in job.pids if _alive(p)] + _with_arg(str(out))
+    assert not _left_behind(job.pids, out)
     created = {n for n in _shm() - shm_before if "disttrain-shm" in n}
     assert not created, f"/dev/shm leftovers: {created}"
