@@ -8,7 +8,8 @@ hung one with the innocent. Neither exit codes nor signals tell them apart.
 So a worker that stops because of a peer (a collective timed out, a connection
 closed) first *answers a roll call*: it writes ``rank-R`` into the job's roll
 call folder (``DISTTRAIN_ROLLCALL_DIR``, set by the single-host launcher) and
-waits up to ``grace`` seconds for the other workers to answer too. The healthy
+waits up to :func:`~disttrain.comm.membership.answer_window` (3 s at most) for the
+other workers to answer too. The healthy
 ones all block on the hung rank, so they time out within about one step of
 each other and answer; the hung rank never runs this code. The launcher then
 names, as the root cause, the worker that failed to answer. A rank named by a
@@ -24,20 +25,12 @@ from __future__ import annotations
 import os
 import time
 
-__all__ = ["ENV", "answer", "grace_seconds", "read"]
+from disttrain.comm.membership import answer_window
+
+__all__ = ["ENV", "answer", "read"]
 
 #: The folder of the roll call, shared by the workers of one single-host job.
 ENV = "DISTTRAIN_ROLLCALL_DIR"
-
-
-def grace_seconds(timeout: float) -> float:
-    """How long an answering worker waits for the others: the spread of their timeouts.
-
-    Healthy workers start waiting on the hung one within about one step of each
-    other, so their timeouts expire within that spread too; a few seconds cover
-    it on a loaded machine, and the wait ends early once everyone answered.
-    """
-    return min(max(timeout, 1.0), 5.0)
 
 
 def answer(rank: int, members: int, timeout: float, named: int | None = None) -> list[int]:
@@ -58,7 +51,9 @@ def answer(rank: int, members: int, timeout: float, named: int | None = None) ->
     with open(path + ".tmp", "w") as fh:
         fh.write("" if named is None else str(named))
     os.replace(path + ".tmp", path)  # the launcher never reads half an answer
-    deadline = time.monotonic() + grace_seconds(timeout)
+    # the healthy workers all block on the hung one, so they time out within about one
+    # step of each other: the same spread live shrink's survivors wait out
+    deadline = time.monotonic() + answer_window(timeout)
     while True:
         missing = [
             r for r in range(members) if not os.path.exists(os.path.join(folder, f"rank-{r}"))
