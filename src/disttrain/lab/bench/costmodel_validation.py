@@ -18,7 +18,7 @@ said so.) Steps, all in this one process so the machine's load is comparable:
 4. Emulated cluster: 4 hosts x 1 worker at each rate, `disttrain train` (mlp, digits,
    batch 64, no overlap); step time = median of the per-step wall-clock differences in
    metrics.jsonl after 3 warm-up steps; predicted with β from the link's measured TCP
-   goodput and α, γ from the calibration.
+   goodput (measured both ways at once, as a ring uses a link) and α, γ from the calibration.
 
 Error = |predicted - measured| / measured. Rows the calibration itself measured (same
 algorithm and size) are printed apart as "fitted": only the held-out rows score the model,
@@ -126,7 +126,8 @@ def _cluster(cal: Calibration, rates: list[str], params: int,
         cluster.down(name)
         cluster.up(c)
         try:
-            link = linkprobe.measure(c.hosts[0], c.hosts[1], c.rate_bits, seconds=1.0)
+            # a ring's hosts send and receive at once: goodput measured both ways at once
+            link = linkprobe.measure_duplex(c.hosts[0], c.hosts[1], c.rate_bits, seconds=1.0)
             folder = os.path.join(tmp, rate)
             cmd = [*dt, "cluster", "run", "--name", name, "--timeout", "900", "--", *dt,
                    "train", "--model", "mlp", "--dataset", "digits", "--batch-size", "64",
