@@ -130,19 +130,6 @@ def shared_memory_algorithms() -> list[str]:
     return [n for n, a in collectives.ALGORITHMS.items() if a.one_host and not a.composite]
 
 
-def _label(row: dict[str, Any]) -> str:
-    """A row's size as the size lists spell it (``4KB``, ``8MB``)."""
-    from disttrain.lab.bench.allreduce import size_label
-
-    return size_label(int(row["size"]))
-
-
-def parse_size(text: str) -> int:
-    from disttrain.lab.bench.allreduce import parse_size as parse
-
-    return parse(text)
-
-
 def fit_shm_link(rows: Sequence[dict[str, Any]], n: int) -> list[float]:
     """[α per barrier, μ per byte copied by all ranks] of the shared-memory allreduces at
     ``n`` ranks, from their bench allreduce rows."""
@@ -248,16 +235,10 @@ def calibrate(
             f"bench allreduce on {n} ranks ({', '.join(algorithms)}; {', '.join(sizes)}; "
             f"{', '.join(shared)} {', '.join(SHARED_MEMORY_SIZES)})"
         )
-        # one interleaved run for both, as the validation (and training) meets them: a
-        # shared-memory allreduce timed alone, its segment warm in the cache, took half
-        # of what it took between the other algorithms' calls (n = 2, 8 MB: 0.7 vs 1.5 ms)
-        both = bench_allreduce_rows(n, sorted({*sizes, *SHARED_MEMORY_SIZES}, key=parse_size),
-                                    [*algorithms, *shared])  # fmt: skip
-        rows = [r for r in both if r["algorithm"] in algorithms and _label(r) in sizes]
+        rows = bench_allreduce_rows(n, sizes, algorithms)
         loopback[str(n)] = fit_shared_link(rows, n)
         raw[f"allreduce_{n}"] = [{k: r[k] for k in ("algorithm", "size", STAT)} for r in rows]
-        shm_rows = [r for r in both if r["algorithm"] in shared
-                    and _label(r) in SHARED_MEMORY_SIZES]  # fmt: skip
+        shm_rows = bench_allreduce_rows(n, SHARED_MEMORY_SIZES, shared)
         shared_memory[str(n)] = fit_shm_link(shm_rows, n)
         raw[f"shm_{n}"] = [{k: r[k] for k in ("algorithm", "size", STAT)} for r in shm_rows]
         if n == 2:

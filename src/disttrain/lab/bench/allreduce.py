@@ -11,10 +11,9 @@ barrier and timed as the slowest rank's wall time. Reported: median time and its
 definitions), the bytes one rank sent in one call as the meter counted them and
 as the algorithm's cost states (the most of any rank), busbw as a ratio
 of ``native``'s measured in the same run, and "paired": the median over rounds
-of the call's time over native's in the same round. Every timed call's result is
-checked (n ones summed must give n everywhere): a wrong sum ends the run naming the
-algorithm. Bytes copied through shared memory (``shm``) are counted apart from bytes
-sent, measured and stated.
+of the call's time over native's in the same round. Every timed call's result is checked
+(n ones summed must give n everywhere): a wrong sum ends the run naming the algorithm. Bytes copied through shared
+memory (``shm``) are counted apart from bytes sent, measured and stated.
 
 The physical limits are measured in the same run, by rank 0 while the others wait
 (:mod:`._limits`): the single-thread memory-copy bandwidth and the loopback TCP
@@ -39,7 +38,6 @@ __all__ = [
     "parse_size",
     "print_rows",
     "run",
-    "size_label",
     "validate",
 ]
 
@@ -67,7 +65,7 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
-def size_label(nbytes: int) -> str:
+def _label(nbytes: int) -> str:
     for unit in ("GB", "MB", "KB"):
         if nbytes >= _UNITS[unit] and nbytes % _UNITS[unit] == 0:
             return f"{nbytes // _UNITS[unit]}{unit}"
@@ -212,7 +210,7 @@ def _measure_size(
     sent = torch.zeros(len(names), 3, dtype=torch.int64)
     for i in range(args.iters):
         if progress is not None:
-            progress.update(task, description=f"{size_label(numel * itemsize)} round {i + 1}")
+            progress.update(task, description=f"{_label(numel * itemsize)} round {i + 1}")
         for k in [(i + j) % len(names) for j in range(len(names))]:
             x.fill_(1)
             dist.barrier()
@@ -223,7 +221,7 @@ def _measure_size(
             sent[k] = torch.tensor([meter.bytes_sent, meter.messages_sent, meter.bytes_copied])
             if not bool((x == n).all()):  # n ones summed: exact in every dtype offered
                 raise RuntimeError(f"{names[k]} gave a wrong sum on rank {rank} "
-                                   f"({size_label(numel * itemsize)})")  # fmt: skip
+                                   f"({_label(numel * itemsize)})")  # fmt: skip
         if progress is not None:
             progress.advance(task)
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
@@ -291,8 +289,7 @@ def print_rows(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     from rich.table import Table
 
     table = Table(
-        title=f"allreduce on {args.workers} ranks, {args.dtype}, gloo over "
-        f"{getattr(args, 'link', 'loopback')}, "
+        title=f"allreduce on {args.workers} ranks, {args.dtype}, gloo over {getattr(args, 'link', 'loopback')}, "
         f"{args.iters} iters after {args.warmup} warm-ups, length check "
         f"{'on' if args.length_check else 'off'}"
     )
@@ -315,7 +312,7 @@ def print_rows(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     for r in rows:
         ratio = r["busbw_vs_native"]
         table.add_row(
-            size_label(r["size"]),
+            _label(r["size"]),
             r["algorithm"],
             f"{r['time_median_s'] * 1e6:.0f}",
             f"{r['time_p10_s'] * 1e6:.0f}-{r['time_p90_s'] * 1e6:.0f}",
@@ -336,7 +333,7 @@ def print_rows(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
               "GB/s (busbw / memcpy, busbw / tcp: fractions of them)")  # fmt: skip
     copied = [r for r in rows if r["bytes_copied_theory"]]
     for r in copied:
-        print(f"{r['algorithm']} {size_label(r['size'])}: copied through shared memory "
+        print(f"{r['algorithm']} {_label(r['size'])}: copied through shared memory "
               f"{r['bytes_copied_measured']} B (meter), "
               f"{r['bytes_copied_theory']} B (theory)")  # fmt: skip
     print("* native's bytes are gloo's documented ring cost, not observed")
