@@ -11,9 +11,10 @@ barrier and timed as the slowest rank's wall time. Reported: median time and its
 definitions), the bytes one rank sent in one call as the meter counted them and
 as the algorithm's cost states (the most of any rank), busbw as a ratio
 of ``native``'s measured in the same run, and "paired": the median over rounds
-of the call's time over native's in the same round. Every timed call's result is checked
-(n ones summed must give n everywhere): a wrong sum ends the run naming the algorithm. Bytes copied through shared
-memory (``shm``) are counted apart from bytes sent, measured and stated.
+of the call's time over native's in the same round. Every timed call's result is
+checked (n ones summed must give n everywhere): a wrong sum ends the run naming the
+algorithm. Bytes copied through shared memory (``shm``) are counted apart from bytes
+sent, measured and stated.
 
 The physical limits are measured in the same run, by rank 0 while the others wait
 (:mod:`._limits`): the single-thread memory-copy bandwidth and the loopback TCP
@@ -289,7 +290,8 @@ def print_rows(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     from rich.table import Table
 
     table = Table(
-        title=f"allreduce on {args.workers} ranks, {args.dtype}, gloo over {getattr(args, 'link', 'loopback')}, "
+        title=f"allreduce on {args.workers} ranks, {args.dtype}, gloo over "
+        f"{getattr(args, 'link', 'loopback')}, "
         f"{args.iters} iters after {args.warmup} warm-ups, length check "
         f"{'on' if args.length_check else 'off'}"
     )
