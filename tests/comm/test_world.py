@@ -58,3 +58,23 @@ def test_destroying_the_group_ends_gloos_threads_when_disttrain_was_imported_fir
     # which is what this test guards against (if torch stops pinning it, this may go)
     alone, after = _threads("")
     assert after > alone
+
+
+def test_shutdown_hooks_run_once_each_before_the_group_goes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from disttrain.comm import world
+
+    monkeypatch.setattr(world, "_shutdown_hooks", [])
+    seen: list[bool] = []
+
+    def hook() -> None:  # the group must still exist when a hook drops its sub-groups
+        import torch.distributed as dist
+
+        seen.append(dist.is_initialized())
+
+    world.at_shutdown(hook)
+    world.at_shutdown(hook)  # registered once
+    world.init()
+    world.shutdown()
+    assert seen == [True]

@@ -39,6 +39,7 @@ from disttrain.collectives.base import (
     register,
 )
 from disttrain.collectives.costs import Path
+from disttrain.comm import world
 from disttrain.comm.errors import UsageError
 from disttrain.comm.p2p import global_rank
 from disttrain.comm.world import group_timeout
@@ -85,7 +86,13 @@ def _layout(group: ProcessGroup | None) -> _Layout:
     with _lock:
         if key not in _layouts:
             _layouts[key] = _make_layout(group)
+            world.at_shutdown(_forget)  # the sub-groups must not outlive the job's group
         return _layouts[key]
+
+
+def _forget() -> None:
+    with _lock:
+        _layouts.clear()
 
 
 def _make_layout(group: ProcessGroup | None) -> _Layout:

@@ -18,6 +18,7 @@ import contextlib
 import os
 import socket
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
@@ -41,6 +42,7 @@ __all__ = [
     "STORE_FILE_ENV",
     "World",
     "adopt_store",
+    "at_shutdown",
     "cross_rank",
     "cross_size",
     "current",
@@ -253,9 +255,24 @@ def cross_size() -> int:
     return current().nodes
 
 
+#: Called by :func:`shutdown` before the groups go: code above this layer that keeps
+#: sub-groups (hierarchical's per-host groups) drops them here. A group still referenced
+#: outlives ``destroy_process_group`` and its gloo threads die in the interpreter's
+#: teardown: ``terminate called without an active exception`` (SIGABRT at exit).
+_shutdown_hooks: list[Callable[[], None]] = []
+
+
+def at_shutdown(hook: Callable[[], None]) -> None:
+    """Run ``hook`` at every :func:`shutdown`, before the process groups are destroyed."""
+    if hook not in _shutdown_hooks:
+        _shutdown_hooks.append(hook)
+
+
 def shutdown() -> None:
     """Leave the process group (idempotent); a group an engine formed is left to it."""
     global _world, _store, _store_path
+    for hook in _shutdown_hooks:
+        hook()
     owns = _world is None or _world.owns_group
     if owns and dist.is_initialized():
         dist.destroy_process_group()
