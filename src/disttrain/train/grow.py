@@ -47,6 +47,7 @@ from disttrain.dataparallel.broadcast import (
     broadcast_parameters,
     broadcast_tensors,
 )
+from disttrain.train.shrink import check_membership_flag
 
 __all__ = ["DUMP_ENV", "JOIN_POINT", "Grow", "JoinFailed", "Joiner", "check", "share_state"]
 
@@ -73,19 +74,8 @@ def check(cfg: RunConfig) -> None:
     if not tc.live_grow:
         return
     given = f"--max-workers {tc.max_workers}"
-    if not strategies.get(tc.strategy).grows:
-        able = sorted(name for name, cls in strategies.STRATEGIES.items() if cls.grows)
-        raise UsageError(
-            f"{given}: only --strategy {' or '.join(able)} admits a joining worker "
-            f"(this run: --strategy {tc.strategy})"
-        )
-    if tc.max_restarts:
-        raise UsageError(f"{given} with --max-restarts: choose one (not combined yet)")
-    if tc.nnodes > 1 or tc.launcher != "local":
-        raise UsageError(
-            f"{given} needs a single-host job (--launcher local, --nnodes 1): joiners meet "
-            "the job in its file store"
-        )
+    check_membership_flag(tc, given, "grows", "admits a joining worker",
+                          "joiners meet the job in its file store")  # fmt: skip
     low = tc.min_workers if tc.live_shrink else tc.world_size
     uneven = [n for n in range(low, tc.max_workers + 1) if tc.batch_size % n]
     if uneven:

@@ -48,7 +48,24 @@ from disttrain.dataparallel.broadcast import (
     broadcast_parameters,
 )
 
-__all__ = ["Shrink", "check", "even_out", "membership_for"]
+__all__ = ["Shrink", "check", "check_membership_flag", "even_out", "membership_for"]
+
+
+def check_membership_flag(tc: TrainConfig, given: str, trait: str, does: str, host: str
+                          ) -> None:  # fmt: skip
+    """What live shrink and live grow both refuse (exit 2): a strategy without the class
+    ``trait`` (``shrinks``, ``grows``), ``--max-restarts``, more than one host (``host``:
+    why one host is needed). ``given`` is the flag as the user gave it."""
+    if not getattr(strategies.get(tc.strategy), trait):
+        able = sorted(name for name, cls in strategies.STRATEGIES.items() if getattr(cls, trait))
+        raise UsageError(
+            f"{given}: only --strategy {' or '.join(able)} {does} "
+            f"(this run: --strategy {tc.strategy})"
+        )
+    if tc.max_restarts:
+        raise UsageError(f"{given} with --max-restarts: choose one (not combined yet)")
+    if tc.nnodes > 1 or tc.launcher != "local":
+        raise UsageError(f"{given} needs a single-host job (--launcher local, --nnodes 1): {host}")
 
 
 def check(cfg: RunConfig) -> None:
@@ -57,19 +74,8 @@ def check(cfg: RunConfig) -> None:
     if not tc.live_shrink:
         return
     given = f"--min-workers {tc.min_workers}"
-    if not strategies.get(tc.strategy).shrinks:
-        able = sorted(name for name, cls in strategies.STRATEGIES.items() if cls.shrinks)
-        raise UsageError(
-            f"{given}: only --strategy {' or '.join(able)} goes on without a lost worker "
-            f"(this run: --strategy {tc.strategy})"
-        )
-    if tc.max_restarts:
-        raise UsageError(f"{given} with --max-restarts: choose one (not combined yet)")
-    if tc.nnodes > 1 or tc.launcher != "local":
-        raise UsageError(
-            f"{given} needs a single-host job (--launcher local, --nnodes 1): the survivors "
-            "end a hung worker by its process id"
-        )
+    check_membership_flag(tc, given, "shrinks", "goes on without a lost worker",
+                          "the survivors end a hung worker by its process id")  # fmt: skip
     uneven = [n for n in range(tc.min_workers, tc.world_size + 1) if tc.batch_size % n]
     if uneven:
         multiple = math.lcm(*range(tc.min_workers, tc.world_size + 1))
