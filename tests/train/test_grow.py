@@ -38,6 +38,14 @@ def _reference(out: Path, steps: int) -> dict[str, torch.Tensor]:
     return torch.load(out / "model.pt", weights_only=True)  # type: ignore[no-any-return]
 
 
+def _assert_equals_one_process(tmp_path: Path, steps: int) -> None:
+    """The job's final parameters equal one process trained on the same global batches."""
+    params = torch.load(tmp_path / "out" / "model.pt", weights_only=True)
+    reference = _reference(tmp_path / "one", steps)
+    worst = max(float((params[k] - reference[k]).abs().max()) for k in reference)
+    assert worst <= 1e-5, f"differs from one process by {worst:.2e}"
+
+
 def _join(out: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``disttrain train --join OUT`` once the job has left its join point."""
     deadline = time.monotonic() + 120
@@ -94,10 +102,7 @@ def test_a_third_worker_joins_with_the_same_bits_and_no_step_is_lost(tmp_path: P
     assert sorted(dumps) == ["0", "1", "2"]
     assert len(set(dumps.values())) == 1, dumps  # bit for bit, at 21 steps done
     assert next(iter(dumps.values())).startswith("21 ")
-    params = torch.load(tmp_path / "out" / "model.pt", weights_only=True)
-    reference = _reference(tmp_path / "one", 30)
-    worst = max(float((params[k] - reference[k]).abs().max()) for k in reference)
-    assert worst <= 1e-5, f"differs from one process by {worst:.2e}"
+    _assert_equals_one_process(tmp_path, 30)
 
 
 @pytest.mark.timeout(600)
@@ -110,10 +115,7 @@ def test_a_worker_joins_after_another_was_lost(tmp_path: Path) -> None:
     # the joiner's launch rank follows the job's launch ranks: 3, not the lost 2
     assert (joined["step"], joined["joined"], joined["workers"]) == (8, [3], 3)
     assert sorted(dumps) == ["0", "1", "3"] and len(set(dumps.values())) == 1, dumps
-    params = torch.load(tmp_path / "out" / "model.pt", weights_only=True)
-    reference = _reference(tmp_path / "one", 10)
-    worst = max(float((params[k] - reference[k]).abs().max()) for k in reference)
-    assert worst <= 1e-5, f"differs from one process by {worst:.2e}"
+    _assert_equals_one_process(tmp_path, 10)
 
 
 @pytest.mark.timeout(600)
