@@ -19,13 +19,18 @@ from disttrain import cli
 HAVE_NETNS = os.geteuid() == 0 and all(shutil.which(t) for t in ("ip", "tc", "unshare"))
 
 
-@pytest.mark.parametrize("layout", ["2,2,2", "0", "two"])
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [(["--ranks-per-host", "2,2,2"], "--ranks-per-host"), (["--ranks-per-host", "0"],
+     "--ranks-per-host"), (["--ranks-per-host", "two"], "--ranks-per-host"),
+     (["--workers", "4"], "--workers")],  # --hosts x --ranks-per-host: not read, refused
+)  # fmt: skip
 def test_a_layout_that_does_not_fit_the_hosts_is_one_line_and_exit_2(
-    layout: str, capsys: pytest.CaptureFixture[str]
+    flags: list[str], named: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = cli.main(["bench", "cluster-allreduce", "--hosts", "2", "--ranks-per-host", layout])
+    rc = cli.main(["bench", "cluster-allreduce", "--hosts", "2", *flags])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and "--ranks-per-host" in err[0]
+    assert rc == 2 and len(err) == 1 and named in err[0]
 
 
 @pytest.mark.skipif(not HAVE_NETNS, reason="needs root, iproute2 and unshare")

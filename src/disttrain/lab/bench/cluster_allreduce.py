@@ -40,7 +40,9 @@ PORT = 29531
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     bench_allreduce.add_arguments(p)
-    p.set_defaults(sizes="16MB,64MB", algorithms="ring,hierarchical", iters=5, warmup=1)
+    # --workers is --hosts × --ranks-per-host here: given, it is refused
+    p.set_defaults(sizes="16MB,64MB", algorithms="ring,hierarchical", iters=5, warmup=1,
+                   workers=None)  # fmt: skip
     p.add_argument("--hosts", type=int, default=2)
     p.add_argument(
         "--ranks-per-host", default="2", help="ranks on each host: one number, or one per host"
@@ -64,14 +66,21 @@ def _layout(args: argparse.Namespace) -> list[int]:
     return per
 
 
+def _rank_flags(args: argparse.Namespace) -> list[str]:
+    """The flags each rank measures with: the parsed ones, spelled out again."""
+    return ["--sizes", args.sizes, "--algorithms", args.algorithms, "--dtype", args.dtype,
+            "--inter-algorithm", args.inter_algorithm, "--warmup", str(args.warmup),
+            "--iters", str(args.iters), "--timeout", str(args.timeout), "--no-progress",
+            "--length-check" if args.length_check else "--no-length-check"]  # fmt: skip
+
+
 def _node_script(args: argparse.Namespace, per: list[int], out: str) -> str:
     """What each host runs: its torchrun agent (node rank and master from the cluster)."""
-    worker = [a for a in sys.argv[1:] if not a.startswith("--worker-json")]
     agent = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(args.hosts),
              "--rdzv-backend", "c10d", "--rdzv-id", f"{NAME}-{os.getpid()}"]  # fmt: skip
     counts = " ".join(str(p) for p in per)  # this host's count: the list's entry at its rank
-    bench = ["-m", "disttrain.lab.bench.cluster_allreduce",
-             *worker[worker.index("cluster-allreduce") + 1:], "--worker-json", out]  # fmt: skip
+    bench = ["-m", "disttrain.lab.bench.cluster_allreduce", *_rank_flags(args),
+             "--worker-json", out]  # fmt: skip
     return (
         f'set -- {counts}; shift "$DISTTRAIN_CLUSTER_NODE_RANK"; '
         f'exec {shlex.join(agent)} --nproc-per-node "$1" '
@@ -85,7 +94,10 @@ def run(args: argparse.Namespace) -> int:
     from disttrain.cluster import hosts as cluster
     from disttrain.cluster import linkprobe, netns
 
+    if args.workers is not None:
+        raise UsageError("--workers: the ranks here are --hosts x --ranks-per-host")
     per = _layout(args)
+    args.workers = sum(per)
     netns.check_tools()  # root and iproute2, else one line (exit 2)
     bench_allreduce.validate(args)
     out = os.path.join(tempfile.mkdtemp(prefix="dt-car-"), "rows.json")
@@ -107,7 +119,6 @@ def run(args: argparse.Namespace) -> int:
         cluster.down(NAME)
     with open(out) as fh:
         rows: list[dict[str, Any]] = json.load(fh)
-    args.workers = sum(per)
     args.link = f"{args.hosts} hosts' {args.rate} links ({per} ranks)"
     bench_allreduce.print_rows(rows, args)
     if args.json_path:
@@ -124,6 +135,7 @@ def _worker(args: argparse.Namespace) -> int:
     from disttrain.comm import world
 
     world.init(timeout=args.timeout)
+    args.workers = world.size()
     try:
         sizes, names = bench_allreduce.validate(args)
         rows = bench_allreduce.measure_in_world(sizes, names, args)
