@@ -44,7 +44,6 @@ __all__ = [
     "finish",
     "gamma_of",
     "mb",
-    "sync_seconds",
     "worker_memory",
 ]
 
@@ -71,7 +70,10 @@ class Rates(Protocol):
     @property
     def seconds_per_decode_sent(self) -> float: ...
     def colocation_factor(self, ranks_per_host: int) -> float: ...
-    def sync_seconds(self, ranks: int) -> float: ...  # a step's wait beyond its collective
+    # what a step ending in a collective over this many ranks waits beyond the collective
+    # (the slowest rank's lateness, bucket copies, cold caches): charged once per step by
+    # the strategies that synchronise every step (allreduce, zero)
+    def sync_seconds(self, ranks: int) -> float: ...
     def shm_link(self, ranks: int) -> tuple[float, float] | None: ...  # (α per barrier, μ)
 
 
@@ -220,13 +222,6 @@ def compute_seconds(work: Workload, nodes: int, cal: Rates) -> float:
     seconds = local * work.flops * cal.seconds_per_flop + work.params * cal.seconds_per_param
     seconds += cal.seconds_per_step
     return seconds * cal.colocation_factor(work.ranks_per_host)
-
-
-def sync_seconds(nodes: int, cal: Rates) -> float:
-    """What a step that ends in a collective over ``nodes`` ranks waits beyond the
-    collective's own time (the slowest rank's lateness, bucket copies, cold caches): charged
-    once per synchronising step by the strategies that synchronise every step."""
-    return cal.sync_seconds(nodes)
 
 
 def gamma_of(net: Network, cal: Rates) -> float:

@@ -289,7 +289,7 @@ class AllReduce(Strategy):
         exposed = total
         if work.overlap:  # every bucket but the last can run during backward (2/3 of compute)
             exposed = max(last, total - compute * 2 / 3)
-        exposed += costing.sync_seconds(n, cal)  # the step waits for the slowest rank
+        exposed += cal.sync_seconds(n)  # the step waits for the slowest rank
         bound = costing.bound_of(terms)
         reason = "one rank: nothing to send"
         if biggest is not None and n > 1:

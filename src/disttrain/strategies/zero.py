@@ -237,7 +237,7 @@ class Zero(Strategy):
             comm = half + hidden(2 * half, backward, last)
             scale = 1.5
         if stage > 1:  # stage 1's is in the allreduce's comm
-            comm += costing.sync_seconds(nodes, calibration)
+            comm += calibration.sync_seconds(nodes)
         what = {
             1: "allreduce + all-gather after the step",
             2: "reduce-scatter + all-gather after the step",
