@@ -346,6 +346,17 @@ def test_a_synchronous_steps_wait_is_charged_once_per_step_at_its_rank_count(
     assert one.step_seconds == costmodel.predict(strategy, work, 1, net, base).step_seconds
 
 
+def test_powersgd_steps_wait_for_the_slowest_rank_too() -> None:
+    from dataclasses import replace
+
+    work = costmodel.Workload(params=10_100, batch_size=64, shapes=((100, 100), (100,)))
+    net = costmodel.Network(alpha=1e-5, beta=1e-9)
+    spec = "allreduce:ring:compression=powersgd:2"
+    plain = costmodel.predict(spec, work, 4, net, Calibration(cores=2))
+    waits = costmodel.predict(spec, replace(work), 4, net, Calibration(cores=2, sync={"4": 0.01}))
+    assert waits.step_seconds == pytest.approx(plain.step_seconds + 0.01, rel=1e-12)
+
+
 def test_the_sync_fit_is_the_measured_step_beyond_the_prediction() -> None:
     from dataclasses import replace
 

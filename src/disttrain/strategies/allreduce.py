@@ -337,7 +337,7 @@ class AllReduce(Strategy):
             reason = f"codec-bound: {flops / 1e6:.3g} MFLOP of low-rank matmuls; {what}"
         if biggest is None or n == 1:
             reason = f"one rank: nothing to send; {compressor.spec} codec"
-        comm = total + codec
+        comm = total + codec + cal.sync_seconds(n)  # its rounds end the step, as dense ones do
         if comm < 0.1 * compute:
             bound, reason = "compute", f"compute-bound; {reason}"
         return costing.finish(spec.label, n, compute, comm, sent, msgs, bound, reason,
