@@ -207,7 +207,8 @@ def test_a_second_change_builds_on_the_first() -> None:
 
 
 def _uneven(window: float) -> list[torch.Tensor] | None:
-    """Launch rank 1 completed one step more than rank 0 when rank 2 was lost."""
+    """Launch rank 1 completed one step more than rank 0 when rank 2 was lost: both end with
+    rank 1's state, and rank 1's metrics line for the step rank 0 did not finish."""
     from disttrain.comm import world
     from disttrain.comm.membership import Membership
     from disttrain.train.shrink import even_out
@@ -229,7 +230,9 @@ def _uneven(window: float) -> list[torch.Tensor] | None:
         return None
     change = members.agree(done=done)
     world.rejoin(members.rank, len(change.members), members.group_prefix())
-    assert even_out(change, members, model, opt, None) == 3
+    # each hands its last metrics.jsonl line: launch rank 0 lacks step 3's, rank 1 ran it
+    line = {"step": done, "loss": float(done) + 0.5 * me}
+    assert even_out(change, members, model, opt, None, line) == (3, {"step": 3, "loss": 3.5})
     buffers = [opt.state[p]["momentum_buffer"] for p in model.parameters()]
     return [t.detach().clone() for t in [*model.parameters(), *buffers]]
 

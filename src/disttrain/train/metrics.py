@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -69,13 +70,30 @@ class MetricsWriter:
     """Appends one JSON object per line to ``metrics.jsonl`` (rank 0 only writes)."""
 
     def __init__(self, path: str | None, append: bool = False) -> None:
+        #: the highest step with a training line (``loss``) in the file: a rank 0 that takes
+        #: over after a membership change writes a step another worker ran only once
+        self.last_step = 0
+        cut = False  # the file ends in a line a crash cut short: start on a new line
+        if append and path and os.path.exists(path):
+            with open(path) as fh:
+                for line in fh:
+                    cut = not line.endswith("\n")
+                    with contextlib.suppress(ValueError):
+                        self._saw(json.loads(line))
         mode = "a" if append else "w"  # append: an elastic restart goes on with the same run
         self._fh: IO[str] | None = open(path, mode) if path else None  # noqa: SIM115
+        if cut and self._fh is not None:
+            self._fh.write("\n")
+
+    def _saw(self, record: dict[str, Any]) -> None:
+        if "loss" in record and isinstance(record.get("step"), int):
+            self.last_step = max(self.last_step, record["step"])
 
     def write(self, **record: Any) -> None:
         if self._fh is not None:
             self._fh.write(json.dumps(record) + "\n")
             self._fh.flush()
+            self._saw(record)
 
     def close(self) -> None:
         if self._fh is not None:

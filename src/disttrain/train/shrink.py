@@ -88,20 +88,22 @@ def check(cfg: RunConfig) -> None:
 
 def even_out(
     change: Change, members: Membership, model: nn.Module, optimizer: torch.optim.Optimizer,
-    scaler: LossScaler | None,
-) -> int:  # fmt: skip
+    scaler: LossScaler | None, line: dict[str, Any] | None = None,
+) -> tuple[int, dict[str, Any] | None]:  # fmt: skip
     """The steps every survivor has completed once each holds the state of the lowest launch
     rank among those that completed the most (broadcast in the new group when they differ:
-    model, optimizer, fp16 loss scaler)."""
+    model, optimizer, fp16 loss scaler), and that survivor's ``line`` (its last
+    metrics.jsonl step line: the step it ran alone may be missing from the file) or None
+    when all had completed the same steps."""
     target = max(change.done.values())
     if all(d == target for d in change.done.values()):
-        return target
+        return target, None
     source = members.members.index(min(r for r, d in change.done.items() if d == target))
     broadcast_parameters(model.state_dict(), source)
     broadcast_optimizer_state(optimizer, source)
     if scaler is not None:
         scaler.load_state_dict(broadcast_json(scaler.state_dict(), source))
-    return target
+    return target, broadcast_json(line or {}, source) or None
 
 
 def membership_for(tc: TrainConfig, world: world_mod.World) -> Membership | None:
@@ -130,14 +132,24 @@ class Shrink:
         self.membership = membership
         #: summary.json's ``membership``: one entry per change (shared with live grow)
         self.changes: list[dict[str, Any]] = changes
+        #: after :meth:`recover`: the metrics.jsonl line of the survivor whose state all took
+        self.caught_up: dict[str, Any] | None = None
+
+    def take_caught_up(self) -> dict[str, Any] | None:
+        """:attr:`caught_up`, once (cleared: a later change, a grow's, has its own)."""
+        line, self.caught_up = self.caught_up, None
+        return line
 
     def recover(
         self, exc: BaseException, step: int, strategy: strategies.Strategy, began: float,
-        scaler: LossScaler | None = None,
+        scaler: LossScaler | None = None, line: dict[str, Any] | None = None,
     ) -> dict[str, Any] | None:  # fmt: skip
         """After ``exc`` in step ``step`` (begun at ``began``, perf_counter): the change once
         the survivors have regrouped, its ``step`` the one to run next (``step`` again, or
-        the next if another survivor had finished it); None if ``exc`` is no peer's."""
+        the next if another survivor had finished it); None if ``exc`` is no peer's.
+        ``line``: this worker's last metrics.jsonl step line; :attr:`caught_up` is then the
+        line of the survivor whose state all took (None if they were at the same step)."""
+        self.caught_up = None
         if not is_peer_error(exc):
             return None
         why = gist(exc)
@@ -162,7 +174,10 @@ class Shrink:
                     raise
                 why = gist(again)
         strategy.regroup(world)
-        go_on = even_out(change, self.membership, strategy.model, strategy.optimizer, scaler) + 1
+        done, self.caught_up = even_out(
+            change, self.membership, strategy.model, strategy.optimizer, scaler, line
+        )
+        go_on = done + 1
         if world.rank == 0:
             self.membership.end_lost(lost)  # a hung one would keep the job from ending
             how = f"run step {step} again" if go_on == step else f"go on from step {go_on}"

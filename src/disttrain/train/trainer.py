@@ -248,6 +248,7 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
         if resumed and main:  # a --resume, or an elastic restart from the last checkpoint
             print(f"disttrain: resumed from step {resumed} of run {run_id}", file=sys.stderr)
         step = resumed
+        logged: dict[str, Any] | None = None  # this worker's last metrics.jsonl step line
         throughput.resumed_at(resumed)  # restored steps ran in another process's time
         epoch = resumed // sampler.steps_per_epoch
         while epoch < epoch_limit:
@@ -273,15 +274,17 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
                     with timeline.span("step", step=step):
                         loss_value, skipped = runner.run(step, x, y)
                 except Exception as exc:  # a lost peer: the survivors regroup (train/shrink.py)
-                    change = shrink.recover(exc, step, strategy, began, runner.scaler) if (
-                        shrink) else None  # fmt: skip
+                    change = shrink.recover(exc, step, strategy, began, runner.scaler,
+                                            logged) if shrink else None  # fmt: skip
                     if change is None:
                         raise
                     step = change["step"] - 1  # the survivors go on from there, new shards
                     break
                 elapsed = time.perf_counter() - start
                 sps = throughput.samples_per_second(step, elapsed)
-                if main and step % tc.log_every == 0:
+                # with live shrink every worker keeps its line: one that ran a step the
+                # new rank 0 did not hands it over (shrink.even_out)
+                if (main or shrink) and step % tc.log_every == 0:
                     record: dict[str, Any] = dict(
                         step=step, epoch=epoch, loss=loss_value, lr=lr, samples_per_second=sps,
                         wall_seconds=elapsed, bytes_sent=meter.bytes_sent,
@@ -289,9 +292,11 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
                     )  # fmt: skip
                     if runner.scaler:
                         record.update(loss_scale=runner.scaler.scale, skipped=skipped)
-                    metrics.write(**record)
-                    for tracker in tracking:
-                        tracker.scalars(step, record)
+                    logged = record
+                    if main:
+                        metrics.write(**record)
+                        for tracker in tracking:
+                            tracker.scalars(step, record)
                 bar.update(step, epoch, loss_value, sps)
                 if tc.checkpoint_every and step % tc.checkpoint_every == 0 and out_dir:
                     with timers.time("checkpoint"), timeline.span("checkpoint"):
@@ -307,6 +312,9 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
                     main = True
                     metrics = MetricsWriter(os.path.join(out_dir, "metrics.jsonl")
                                             if out_dir else None, append=True)  # fmt: skip
+                line = shrink.take_caught_up() if shrink else None
+                if main and line and line["step"] > metrics.last_step:
+                    metrics.write(**line)  # the step only another survivor completed
                 metrics.write(event="membership", **change)
                 saver.drop()
                 continue

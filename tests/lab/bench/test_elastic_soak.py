@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from disttrain.lab.bench.elastic_soak import KINDS, Event, evened_out, schedule, step_errors
+from disttrain.lab.bench.elastic_soak import KINDS, Event, schedule, step_errors
 
 
 def test_the_schedule_is_seeded_spaced_and_draws_both_kinds() -> None:
@@ -29,10 +29,3 @@ def test_step_errors_names_the_missing_and_the_repeated_steps() -> None:
     assert step_errors([1, 2, 2, 3, 4], 4) == ([], [2])
     assert step_errors([1, 2, 3, 4, 5], 4) == ([], [5])  # a step past the end is wrong too
     assert step_errors([], 2) == ([1, 2], [])
-
-
-def test_a_step_evened_out_after_a_loss_is_told_from_a_lost_one() -> None:
-    # the group after the loss ran step 7 first: step 6 was finished by a survivor
-    changes = [{"step": 7, "lost": [2]}, {"step": 9, "joined": [3]}, {"step": 12, "lost": [3]}]
-    assert evened_out([6, 8, 11], changes) == [6, 11]
-    assert evened_out([3], [{"step": 3, "lost": [1]}]) == []  # run again: 3 itself is due

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Event", "add_arguments", "evened_out", "run", "schedule", "step_errors"]
+__all__ = ["Event", "add_arguments", "run", "schedule", "step_errors"]
 
 KINDS = ("kill", "hang")
 #: The steps after the last event: the job ends on its own after these.
@@ -63,14 +63,6 @@ def step_errors(steps: list[int], last: int) -> tuple[list[int], list[int]]:
     missing = [s for s in range(1, last + 1) if s not in seen]
     repeated = sorted(s for s, n in seen.items() if n > 1 or not 1 <= s <= last)
     return missing, repeated
-
-
-def evened_out(missing: list[int], changes: list[dict[str, Any]]) -> list[int]:
-    """The missing steps right before a loss whose group went on from the next step: a
-    survivor finished them and gave its state to all (``shrink.even_out``), but rank 0 was
-    behind and wrote no line for them (docs/reliability.md). Trained once, not recorded."""
-    after_loss = {int(c["step"]) for c in changes if c.get("lost")}
-    return [s for s in missing if s + 1 in after_loss]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -264,12 +256,8 @@ def _report(a: argparse.Namespace, out: str, steps: int, code: int, joiner_codes
     print(f"events fired: {len(fired)} of {a.events} ({kills} kill, {len(fired) - kills} hang) "
           f"in {time.monotonic() - start:.0f} s")  # fmt: skip
     print(f"job exit code: {code}; joiners' exit codes: {sorted(set(joiner_codes))}")
-    evened = evened_out(missing, changes)
-    missing = [s for s in missing if s not in evened]
-    print(
-        f"steps 1..{steps}: missing {missing or 'none'}, repeated {repeated or 'none'}; "
-        f"trained but not in metrics.jsonl (evened out after a loss): {evened or 'none'}"
-    )
+    # a step only some survivors finished has its line too (the one ahead hands it over)
+    print(f"steps 1..{steps}: missing {missing or 'none'}, repeated {repeated or 'none'}")
     lost_s = [c["seconds_lost"] for c in left]
     join_s = [c["seconds_lost"] for c in joined]
     print(
