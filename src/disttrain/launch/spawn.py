@@ -27,6 +27,7 @@ file store in a temporary folder of its own.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import multiprocessing as mp
 import os
 import queue
@@ -98,6 +99,8 @@ def _entry(
     collective_timeout: float,
     env: dict[str, str],
 ) -> None:
+    # a rank that dies in C++ (gloo's abort, a segfault) prints every thread's Python stack
+    faulthandler.enable()
     os.environ.update(env)
     os.environ.update(
         {
