@@ -34,12 +34,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import uuid
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from disttrain.checkpoint.durable import fsync_dir, makedirs, remove, write_atomic
 from disttrain.comm.errors import UsageError
 
 __all__ = [
@@ -95,39 +95,6 @@ def _own(run: str | None) -> str:
     return run
 
 
-def _fsync_dir(path: str) -> None:
-    """Make the entries of folder ``path`` (creations, renames, removals) durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _makedirs(path: str) -> None:
-    """``os.makedirs``, fsync'ing the parent of each folder it creates (its entry)."""
-    if os.path.isdir(path):
-        return
-    parent = os.path.dirname(os.path.abspath(path))
-    _makedirs(parent)
-    try:
-        os.mkdir(path)
-    except FileExistsError:  # another rank made it first
-        return
-    _fsync_dir(parent)
-
-
-def _write_atomic(path: str, write: Any) -> None:
-    """Write through ``write(fh)`` to a temporary name, fsync, rename, fsync the folder."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as fh:
-        write(fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path))
-
-
 def _base(root: str) -> str:
     return os.path.join(root, "checkpoints")
 
@@ -139,17 +106,6 @@ def step_dir(root: str, step: int) -> str:
 
 def _staging(root: str, step: int, run: str) -> str:
     return os.path.join(_base(root), f".step-{step:08d}.{run}.tmp")
-
-
-def _remove(path: str) -> None:
-    """Take ``path`` out of sight in one rename, then delete it (a crash leaves no half-step)."""
-    trash = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.trash")
-    try:
-        os.rename(path, trash)
-    except FileNotFoundError:
-        return
-    _fsync_dir(os.path.dirname(path))
-    shutil.rmtree(trash, ignore_errors=True)
 
 
 def _part(rank: int | str) -> str:
@@ -169,7 +125,7 @@ def save(
     """
     run = _own(run)
     folder = _staging(root, step, run)
-    _makedirs(folder)
+    makedirs(folder)
     header = {"format": FORMAT, "run": run, "step": step, "rank": rank, "world_size": world_size}
     return _dcp().write(os.path.join(folder, _part(rank)), header, state, background)
 
@@ -193,14 +149,14 @@ def commit(
             world_size = None
     fields = {"format": FORMAT, "step": step, "run": run, "world_size": world_size}
     marker = json.dumps(fields).encode()
-    _write_atomic(os.path.join(staging, "COMMIT"), lambda fh: fh.write(marker))
+    write_atomic(os.path.join(staging, "COMMIT"), lambda fh: fh.write(marker))
     os.rename(staging, final)  # atomic: the step appears complete or not at all
-    _fsync_dir(_base(root))
+    fsync_dir(_base(root))
     for old in _committed(root, run)[:-keep]:
-        _remove(step_dir(root, old))
+        remove(step_dir(root, old))
     for name, s, r in _staged(root):  # this run's partial saves that were never committed
         if r == run and s < step:
-            _remove(os.path.join(_base(root), name))
+            remove(os.path.join(_base(root), name))
 
 
 def _staged(root: str) -> list[tuple[str, int, str]]:
@@ -213,7 +169,7 @@ def clear_staging(root: str, run: str) -> None:
     """Delete ``run``'s partial saves (a crashed attempt's); rank 0, before anyone saves."""
     for name, _, r in _staged(root):
         if r == run:
-            _remove(os.path.join(_base(root), name))
+            remove(os.path.join(_base(root), name))
 
 
 def _commit_run(folder: str) -> str | None:
@@ -303,7 +259,7 @@ def claim(out: str, resume: str = "", overwrite: bool = False, restarted: bool =
                 "delete them"
             )
         if held:
-            _remove(_base(out))
+            remove(_base(out))
     return run
 
 

@@ -36,6 +36,8 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
+from disttrain.checkpoint.durable import fsync_tree
+
 __all__ = ["STATE_FILE", "read", "write"]
 
 # no_dist is what we mean (each process writes its own folder); DCP warns about it,
@@ -111,18 +113,6 @@ def _decode(node: Any, tensors: dict[str, torch.Tensor]) -> Any:
     raise ValueError(f"malformed state.json (kind {kind!r})")
 
 
-def _fsync_tree(folder: str) -> None:
-    """fsync every file of ``folder`` (DCP's own writer syncs its data file) and the folder."""
-    for name in os.listdir(folder):
-        with open(os.path.join(folder, name), "rb") as fh:
-            os.fsync(fh.fileno())
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write(folder: str, header: dict[str, Any], state: dict[str, Any], background: bool = False
           ) -> Callable[[], None]:  # fmt: skip
     """Write ``state`` into ``folder``; return a function that waits until it is on disk.
@@ -141,13 +131,13 @@ def write(folder: str, header: dict[str, Any], state: dict[str, Any], background
     os.replace(tmp, os.path.join(folder, STATE_FILE))
     if not background:
         dcp.save(tensors, checkpoint_id=folder, no_dist=True)
-        _fsync_tree(folder)
+        fsync_tree(folder)
         return lambda: None
     future: Future[Any] = dcp.async_save(tensors, checkpoint_id=folder, no_dist=True)  # type: ignore[assignment]
 
     def wait() -> None:
         future.result()
-        _fsync_tree(folder)
+        fsync_tree(folder)
 
     return wait
 
