@@ -32,7 +32,7 @@ def _cuda(monkeypatch: pytest.MonkeyPatch, available: bool) -> None:
 
 
 def test_docs_list_exactly_the_proven_combinations() -> None:
-    # docs/gpu.md, "Proven combinations": none as of 2026-11-23 (no GPU run yet).
+    # docs/gpu.md, "Proven combinations": each row names its combination as the refusal does
     doc = (Path(__file__).parents[2] / "docs" / "gpu.md").read_text()
     table = doc.split("## Proven combinations", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
@@ -49,13 +49,15 @@ def test_cuda_with_an_unproven_combination_is_refused_in_one_line(
     monkeypatch: pytest.MonkeyPatch, no_launch: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _cuda(monkeypatch, True)  # past the first check: the machine "has" CUDA
-    code = cli.main(["train", "--device", "cuda", "--no-progress", "--out", str(no_launch / "o")])
+    code = cli.main(["train", "--device", "cuda", "--algorithm", "ring", "--no-progress",
+                     "--out", str(no_launch / "o")])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
     assert "has not been proven on a GPU" in lines[0] and "docs/gpu.md" in lines[0], lines[0]
-    assert "--strategy allreduce --algorithm native" in lines[0], lines[0]
+    assert "--strategy allreduce --algorithm ring" in lines[0], lines[0]
+    assert "(1 GPU)" in lines[0], lines[0]
     assert not (no_launch / "o").exists()
 
 
@@ -71,14 +73,16 @@ def test_a_proven_combination_passes_and_a_neighbour_does_not(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _cuda(monkeypatch, True)
-    cfg = config.load({"device": "cuda", "max_steps": 1})
+    cfg = config.load({"device": "cuda", "max_steps": 1, "workers": 1})
     proven = gpu_support.combination(cfg)
+    assert proven in gpu_support.PROVEN  # the one tests/train/test_cuda.py ran on a GPU
     monkeypatch.setattr(gpu_support, "PROVEN", frozenset({proven}))
     preflight(cfg)  # the table decides: this one is let through
-    for change in ({"algorithm": "ring"}, {"precision": "fp16"}, {"check_collectives": True}):
-        other = config.load({"device": "cuda", "max_steps": 1, **change})
+    for change in ({"algorithm": "ring"}, {"precision": "fp16"}, {"check_collectives": True},
+                   {"workers": 2}):  # fmt: skip
+        other = config.load({"device": "cuda", "max_steps": 1, "workers": 1, **change})
         with pytest.raises(UsageError, match="has not been proven"):
             preflight(other)
-    topk = config.load({"device": "cuda", "compression": "topk:0.1"})
+    topk = config.load({"device": "cuda", "workers": 1, "compression": "topk:0.1"})
     assert gpu_support.combination(topk) == dataclasses.replace(proven, compression="topk:0.1")
     assert gpu_support.unproven_reason(topk) is not None

@@ -34,19 +34,24 @@ class Combination:
     compression: str
     precision: str
     check_collectives: bool
+    #: more than one process: NCCL collectives between GPUs (one process runs none)
+    several: bool = False
 
     def __str__(self) -> str:
         checks = " --check-collectives" if self.check_collectives else ""
+        who = "(several GPUs)" if self.several else "(1 GPU)"
         return (
             f"--strategy {self.strategy} --algorithm {self.algorithm} "
-            f"--compression {self.compression} --precision {self.precision}{checks}"
+            f"--compression {self.compression} --precision {self.precision}{checks} {who}"
         )
 
 
-#: Combinations a GPU run has proven (docs/gpu.md, "Proven combinations"). Empty: as of
-#: 2026-11-23 no GPU machine has been lent to this project, so tests/train/test_cuda.py has
-#: never run. Add one only with its passing run recorded in docs/gpu.md.
-PROVEN: frozenset[Combination] = frozenset()
+#: Combinations a GPU run has proven (docs/gpu.md, "Proven combinations"): the native fp32
+#: allreduce, by tests/train/test_cuda.py on one H200 (2026-11-26). Add one only with its
+#: passing run recorded in docs/gpu.md.
+PROVEN: frozenset[Combination] = frozenset(
+    {Combination("allreduce", "native", "none", "fp32", False)}
+)
 
 
 def combination(cfg: RunConfig) -> Combination:
@@ -60,6 +65,7 @@ def combination(cfg: RunConfig) -> Combination:
         compression=cfg.section(CompressionConfig).compression,
         precision=tc.precision,
         check_collectives=bool(tc.check_collectives),
+        several=tc.world_size > 1 or tc.live_grow,
     )
 
 
