@@ -46,11 +46,12 @@ class Combination:
         )
 
 
-#: Combinations a GPU run has proven (docs/gpu.md, "Proven combinations"): the native fp32
-#: allreduce, by tests/train/test_cuda.py on one H200 (2026-11-26). Add one only with its
-#: passing run recorded in docs/gpu.md.
+#: Combinations a GPU run has proven (docs/gpu.md, "Proven combinations"): the native
+#: allreduce on one GPU in fp32, bf16 and fp16, by tests/train/test_cuda.py on one H200
+#: (2026-11-26). Add one only with its passing run recorded in docs/gpu.md.
 PROVEN: frozenset[Combination] = frozenset(
-    {Combination("allreduce", "native", "none", "fp32", False)}
+    Combination("allreduce", "native", "none", precision, False)
+    for precision in ("fp32", "bf16", "fp16")
 )
 
 
