@@ -85,6 +85,25 @@ def test_a_killed_worker_is_left_behind_and_training_matches_one_process(
 
 
 @pytest.mark.timeout(420)
+def test_one_of_four_killed_leaves_three_every_survivor_kept(tmp_path: Path) -> None:
+    # 3 survivors: one of them is still in the step's allreduce with the other two when they
+    # leave; their failed step's frames held its gloo Work, which kept their connections
+    # open, so it waited out --timeout and was left out of the roll call (exit 1, "fewer
+    # than --min-workers 3"). Fails without comm.errors.release_frames in Shrink.recover.
+    out = tmp_path / "four"
+    job = _Job(["--workers", "4", "--min-workers", "3", "--batch-size", "48", "--max-steps", "6",
+                "--seed", "3", "--no-progress", "--timeout", str(TIMEOUT),
+                "--inject-fault", "kill:rank=3:step=3", "--out", str(out)])  # fmt: skip
+    code, _ = job.wait(limit=240)
+    assert code == 0, job.stderr
+    (change,) = json.loads((out / "summary.json").read_text())["membership"]
+    assert (change["lost"], change["workers"], change["waited_out_window"]) == ([3], 3, False)
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "loss" in r] == list(range(1, 7))  # each step once
+    _nothing_left(job, out)
+
+
+@pytest.mark.timeout(420)
 def test_a_hung_worker_is_left_behind_after_the_timeout_and_ended(
     tmp_path: Path, reference: dict[str, torch.Tensor]
 ) -> None:
