@@ -58,37 +58,6 @@ def answer_window(timeout: float) -> float:
     return min(max(timeout, 1.0), 3.0)
 
 
-#: A member's main thread that ran (or was runnable, or in disk wait) this recently counts
-#: as working: a loaded host may keep a live survivor from the roll call for seconds.
-RECENT = 1.0
-
-
-class _Progress:
-    """Whether local processes' main threads are working, from ``/proc/PID/task/PID/stat``:
-    CPU time that grew, or a state R (running or runnable) or D (disk wait), within
-    :data:`RECENT` s. A hung worker (asleep, S) is not; neither is one blocked in a
-    collective (S), which ends at a closed connection or --timeout anyway. Elsewhere than
-    Linux nothing is seen working."""
-
-    def __init__(self) -> None:
-        self._ticks: dict[int, int] = {}
-        self._moved: dict[int, float] = {}
-
-    def working(self, r: int, pid: int | None, now: float) -> bool:
-        if pid is None:
-            return False
-        try:
-            with open(f"/proc/{pid}/task/{pid}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            state, ticks = fields[0], int(fields[11]) + int(fields[12])  # utime + stime
-        except (OSError, IndexError, ValueError):
-            return False
-        if state in ("R", "D") or (r in self._ticks and ticks != self._ticks[r]):
-            self._moved[r] = now
-        self._ticks[r] = ticks
-        return now - self._moved.get(r, float("-inf")) < RECENT
-
-
 @dataclass(frozen=True)
 class Change:
     """One membership change: the members before and after, by launch rank, and the steps
@@ -110,17 +79,12 @@ class Change:
 class Membership:
     """This worker's view of who trains: launch ranks, the generation, the agreement."""
 
-    def __init__(
-        self, store: dist.Store, launch_rank: int, world_size: int, window: float,
-        timeout: float | None = None,
-    ) -> None:  # fmt: skip
+    def __init__(self, store: dist.Store, launch_rank: int, world_size: int, window: float):
         self.store = store
         self.me = launch_rank
         self.members: tuple[int, ...] = tuple(range(world_size))
         self.generation = 0
         self.window = window
-        #: the longest a late but working member is waited for (None: the window)
-        self.timeout = window if timeout is None else timeout
         #: the highest launch rank any decision named (live grow: tickets above are new)
         self.highest = world_size - 1
         # an elastic restart round (--max-restarts, torchrun) starts its own generations
@@ -148,17 +112,11 @@ class Membership:
         gen = self.generation + 1
         alive = self._key(f"member-{gen}/alive")
         self.store.set(f"{alive}/{self.me}", str(done))
-        start = time.monotonic()
-        # past the window, a late member still *working* on this host is waited for up to
-        # --timeout (its collective ends by then at worst): only an idle one is left out
-        deadline, last = start + self.window, start + max(self.window, self.timeout)
-        watch = _Progress()
+        deadline = time.monotonic() + self.window
         while True:
             seen = [r for r in self.members if self.store.check([f"{alive}/{r}"])]
             waiting = [r for r in self.members if r not in seen and not self._ended(r)]
-            now = time.monotonic()
-            busy = [r for r in waiting if watch.working(r, self._local_pid(r), now)]
-            if not waiting or now >= last or (now >= deadline and not busy):
+            if not waiting or time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
         waited = bool(waiting)

@@ -235,7 +235,7 @@ class Joiner:
         self.timeout, self.out = tc.timeout, tc.join
         store = dist.FileStore(point["store"], -1)  # -1: this process never removes it
         launch_rank = Membership(store, 0, 0, 0).take_ticket(int(point["workers"]))
-        self.membership = Membership(store, launch_rank, 0, answer_window(tc.timeout), tc.timeout)
+        self.membership = Membership(store, launch_rank, 0, answer_window(tc.timeout))
         self.membership.publish_pid()
         self.store = store
 

@@ -120,11 +120,7 @@ def membership_for(tc: TrainConfig, world: world_mod.World) -> Membership | None
     if world.nodes > 1:  # torchrun across hosts: pre-flight did not see the job
         raise UsageError("--min-workers and --max-workers need a single-host job")
     members = Membership(
-        world_mod.job_store(),
-        world.rank,
-        world.world_size,
-        answer_window(tc.timeout),
-        tc.timeout,
+        world_mod.job_store(), world.rank, world.world_size, answer_window(tc.timeout)
     )
     members.publish_pid()
     return members
