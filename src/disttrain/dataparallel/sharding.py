@@ -151,13 +151,11 @@ class _Launched:
         self.own: torch.Tensor | None = None
         self.finished = False
 
-    def holds_buffer(self) -> bool:
-        """Whether the group's whole buffer is still held (queued, running or not copied out)."""
-        if self.finished:
-            return False
+    def completed(self) -> bool:
+        """Whether the collective has run (``finish`` then waits for nothing)."""
         if isinstance(self.work, torch.futures.Future):
-            return not self.work.done()
-        return True
+            return bool(self.work.done())
+        return bool(self.work.is_completed())
 
     def finish(self) -> torch.Tensor | None:
         """Wait; stages 2/3: this rank's averaged chunk (the buffer is let go)."""
@@ -168,7 +166,7 @@ class _Launched:
                 self.own, self.keep = self.keep(), None  # the buffer goes with the closure
             elif isinstance(self.work, torch.futures.Future):
                 self.own = self.work.value()
-            self.finished = True
+            self.work, self.finished = None, True  # a dist.Work holds its tensors: let go
         return self.own
 
 
@@ -314,7 +312,10 @@ class ShardedReducer:
         """Wait while :data:`MAX_INFLIGHT` reduce-scatters are queued or running: each holds
         its group's whole gradient (and the collective's copy of it), so without a bound a
         backward faster than the network would hold all of them, 4Ψ bytes or more, at once."""
-        waiting = [e for e in self._pending if e.holds_buffer()]
+        for entry in self._pending:  # what has run lets its buffer go (the chunk copied out)
+            if not entry.finished and entry.completed():
+                entry.finish()
+        waiting = [e for e in self._pending if not e.finished]
         if len(waiting) >= MAX_INFLIGHT:
             with timeline.span("wait in-flight reduce-scatter"):
                 waiting[-MAX_INFLIGHT].finish()

@@ -127,7 +127,7 @@ def _build(name: str, args: argparse.Namespace, data: Any) -> tuple[Step, Any, A
         t.append(time.perf_counter())
         strategy.after_step(i + 1)
         t.append(time.perf_counter())
-        return {name: b - a for name, a, b in zip(PHASES, t, t[1:], strict=True)}
+        return {name: b - a for name, a, b in zip(PHASES, t[:-1], t[1:], strict=True)}
 
     return dt_step, strategy, model
 
