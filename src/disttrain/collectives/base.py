@@ -18,7 +18,7 @@ through its own allreduce (right, but it sends a whole allreduce for each half).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -114,12 +114,17 @@ class AllReduceAlgorithm(ABC):
     #: strategy that reads ``algorithm`` runs this one, refused otherwise.
     reads_settings: ClassVar[tuple[str, ...]] = ()
 
-    def all_reduce(self, tensor: torch.Tensor, group: ProcessGroup | None = None) -> torch.Tensor:
-        """Sum ``tensor`` over ``group`` in place and return it."""
+    def all_reduce(
+        self, tensor: torch.Tensor, group: ProcessGroup | None = None, checked: bool = True
+    ) -> torch.Tensor:
+        """Sum ``tensor`` over ``group`` in place and return it.
+
+        ``checked=False``: no length check for this call (a caller that checked its fixed
+        lengths once, as ZeRO's layout does, and calls in a fixed order)."""
         n = dist.get_world_size(group)
         if n == 1:
             return tensor
-        if _length_check:
+        if _length_check and checked:
             checks.check_call(f"allreduce/{self.name}/{tensor.dtype}", tensor.numel(), group)
         if tensor.numel() == 0:
             return tensor
@@ -174,33 +179,57 @@ class AllReduceAlgorithm(ABC):
     #: generic fallback through :meth:`reduce_flat` (a whole allreduce for each half).
     shards: ClassVar[bool] = False
 
-    def _half(self, op: str, flat: torch.Tensor, group: ProcessGroup | None) -> tuple[int, int]:
+    def _half(
+        self, op: str, flat: torch.Tensor, group: ProcessGroup | None, checked: bool
+    ) -> tuple[int, int]:
         """The shared template of both halves: shape, trivial cases, the length check."""
         if flat.dim() != 1 or not flat.is_contiguous():
             raise ValueError(f"{op} takes a 1-D contiguous tensor, got shape {tuple(flat.shape)}")
         n, r = dist.get_world_size(group), dist.get_rank(group)
-        if n > 1 and _length_check:
+        if n > 1 and _length_check and checked:
             checks.check_call(f"{op}/{self.name}/{flat.dtype}", flat.numel(), group)
         return n, r
 
-    def reduce_scatter(self, flat: torch.Tensor, group: ProcessGroup | None = None) -> torch.Tensor:
+    def reduce_scatter(
+        self, flat: torch.Tensor, group: ProcessGroup | None = None, checked: bool = True
+    ) -> torch.Tensor:
         """Sum ``flat`` over ``group`` into this rank's chunk; return that chunk (a view).
 
         Rank r's chunk is ``chunk_bounds(len, n)[r]``. The rest of ``flat`` is
         scratch afterwards (it may hold partial sums); every rank passes the same length.
+        ``checked``: as for :meth:`all_reduce`.
         """
-        n, r = self._half("reduce_scatter", flat, group)
+        n, r = self._half("reduce_scatter", flat, group, checked)
         a, b = chunk_bounds(flat.numel(), n)[r]
         if n > 1 and flat.numel() > 0:
             self.reduce_scatter_flat(flat, group)
         return flat[a:b]
 
-    def all_gather(self, flat: torch.Tensor, group: ProcessGroup | None = None) -> torch.Tensor:
-        """Fill ``flat`` in place with every rank's chunk (rank r gives chunk r); return it."""
-        n, _ = self._half("all_gather", flat, group)
+    def all_gather(
+        self, flat: torch.Tensor, group: ProcessGroup | None = None, checked: bool = True
+    ) -> torch.Tensor:
+        """Fill ``flat`` in place with every rank's chunk (rank r gives chunk r); return it.
+        ``checked``: as for :meth:`all_reduce`."""
+        n, _ = self._half("all_gather", flat, group, checked)
         if n > 1 and flat.numel() > 0:
             self.all_gather_flat(flat, group)
         return flat
+
+    # --- started without blocking (unchecked), where the backend can ---------------------
+    def start_all_reduce(self, flat: torch.Tensor, group: ProcessGroup | None) -> Any:
+        """Start :meth:`all_reduce` of the non-empty 1-D ``flat`` (unchecked) and return its
+        ``dist.Work`` to ``wait()`` on; None where the algorithm has no asynchronous form
+        (the default: our algorithms are blocking loops, which a caller runs on a
+        :class:`~disttrain.dataparallel.commthread.CommThread` instead)."""
+        return None
+
+    def start_reduce_scatter(self, flat: torch.Tensor, group: ProcessGroup | None) -> Any:
+        """:meth:`start_all_reduce` for :meth:`reduce_scatter` (default: None)."""
+        return None
+
+    def start_all_gather(self, flat: torch.Tensor, group: ProcessGroup | None) -> Any:
+        """:meth:`start_all_reduce` for :meth:`all_gather` (default: None)."""
+        return None
 
     def reduce_scatter_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         """Leave the sum of this rank's chunk in place (non-empty ``flat``, two or more ranks).

@@ -1,20 +1,31 @@
 """The backend's own allreduce (gloo or NCCL), metered by its documented cost.
 
-Its halves are torch's ``reduce_scatter_single`` and ``all_gather_single``
-(both run on gloo here). These take equal slots, so the balanced chunks (sizes
-differing by one) are padded to ``ceil(len/n)`` elements each on the way in and
-copied back out: one extra copy of the tensor, and up to n-1 padding elements on
-the wire. Their traffic is estimated as a ring's: n-1 messages of one padded slot.
+Its halves (sharded data parallelism, docs/zero.md):
+
+- reduce-scatter: the backend's allreduce itself (every chunk summed in place, the
+  rank keeps its own), metered as one. gloo has a ``reduce_scatter_single``, but it
+  is no half: measured on 2 ranks (16.8 MB, the mlp's largest group) it took 23-34 ms
+  where ``all_reduce`` of the same tensor took 15-24 ms (throw-away script, load 14-17 on
+  2 cores; docs/zero.md, "Where the time went"). The sums are then the allreduce
+  strategy's, bit for bit, on any number of ranks.
+- all-gather: one broadcast per rank of its own chunk, straight into place (as torch's
+  ZeroRedundancyOptimizer spreads its shards), all started at once: no padding and no
+  copy, uneven chunks included. Measured on the mlp's five groups (25.7 MB, 2 ranks,
+  load 6.5-6.6): 11.5-12 ms, where ``all_gather_single`` in place took 11.7-18.4 ms and
+  with a list of chunks 15.5-21 ms. Its traffic is estimated as the broadcasts': each
+  rank sends its chunk to the n-1 others.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
-from disttrain.collectives.chunks import chunk_bounds
+from disttrain.collectives.chunks import chunk_bounds, chunk_sizes
 from disttrain.collectives.costs import Path, two_phase_path
 from disttrain.comm.meter import record_send
 from disttrain.comm.p2p import global_rank
@@ -48,53 +59,57 @@ class Native(AllReduceAlgorithm):
     def chain(self, nbytes: int, n: int, itemsize: int) -> Path:
         return two_phase_path(self, nbytes, n, itemsize)  # gloo's ring at these sizes
 
-    # --- the halves: torch's equal-slot collectives, padded ---------------------------
-    @staticmethod
-    def _slots(flat: torch.Tensor, n: int) -> tuple[torch.Tensor, list[tuple[int, int]], int]:
-        bounds = chunk_bounds(flat.numel(), n)
-        slot = bounds[0][1]  # the largest chunk: ceil(len / n)
-        return flat.new_zeros(n * slot), bounds, slot
-
+    # --- the halves: the allreduce, and a broadcast of each rank's chunk -------------
     def _meter(self, flat: torch.Tensor, group: ProcessGroup | None, cost: Cost) -> None:
         n, rank = dist.get_world_size(group), dist.get_rank(group)
         record_send(global_rank(group, (rank + 1) % n), cost.bytes_sent, cost.messages, True)
 
     def reduce_scatter_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
+        # gloo's reduce_scatter_single is slower than its allreduce (module docstring)
+        self.reduce_flat(flat, group)
+
+    # gloo runs these on its own threads: no communication thread, no GIL while they run
+    def start_all_reduce(self, flat: torch.Tensor, group: ProcessGroup | None) -> Any:
+        n = dist.get_world_size(group)
+        if n == 1 or flat.numel() == 0:
+            return None
+        work = dist.all_reduce(flat, group=group, async_op=True)
+        self._meter(flat, group, self.cost(flat.numel() * flat.element_size(), n))
+        return work
+
+    def start_reduce_scatter(self, flat: torch.Tensor, group: ProcessGroup | None) -> Any:
+        return self.start_all_reduce(flat, group)  # the allreduce is the reduce-scatter
+
+    def start_all_gather(self, flat: torch.Tensor, group: ProcessGroup | None) -> Any:
         n, rank = dist.get_world_size(group), dist.get_rank(group)
-        padded, bounds, slot = self._slots(flat, n)
-        for i, (a, b) in enumerate(bounds):
-            padded[i * slot : i * slot + b - a] = flat[a:b]
-        a, b = bounds[rank]
-        out = flat.new_empty(slot)
-        dist.reduce_scatter_single(out, padded, group=group)
-        flat[a:b] = out[: b - a]
-        cost = self.reduce_scatter_cost(flat.numel() * flat.element_size(), n, rank,
-                                        flat.element_size())  # fmt: skip
-        self._meter(flat, group, cost)
+        if n == 1 or flat.numel() == 0:
+            return None
+        futures = [
+            dist.broadcast(
+                flat[a:b], src=global_rank(group, r), group=group, async_op=True
+            ).get_future()
+            for r, (a, b) in enumerate(chunk_bounds(flat.numel(), n))
+            if b > a  # an empty chunk (fewer elements than ranks): nothing from that rank
+        ]
+        nbytes = flat.numel() * flat.element_size()
+        self._meter(flat, group, self.all_gather_cost(nbytes, n, rank, flat.element_size()))
+        return torch.futures.collect_all(futures)
 
     def all_gather_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
-        n, rank = dist.get_world_size(group), dist.get_rank(group)
-        padded, bounds, slot = self._slots(flat, n)
-        a, b = bounds[rank]
-        mine = flat.new_zeros(slot)
-        mine[: b - a] = flat[a:b]
-        dist.all_gather_single(padded, mine, group=group)
-        for i, (a, b) in enumerate(bounds):
-            flat[a:b] = padded[i * slot : i * slot + b - a]
-        cost = self.all_gather_cost(flat.numel() * flat.element_size(), n, rank,
-                                    flat.element_size())  # fmt: skip
-        self._meter(flat, group, cost)
+        work = self.start_all_gather(flat, group)
+        assert work is not None  # two or more ranks, non-empty (the base's template)
+        work.wait()
 
     def reduce_scatter_cost(
         self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1
     ) -> Cost:
-        n = world_size
-        if n == 1 or nbytes == 0:
-            return Cost(0, 0)
-        slot = -(-(nbytes // itemsize) // n)  # padded: ceil(len / n) elements
-        return Cost((n - 1) * slot * itemsize, n - 1)
+        return self.cost(nbytes, world_size, rank, itemsize)  # it is the allreduce
 
     def all_gather_cost(
         self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1
     ) -> Cost:
-        return self.reduce_scatter_cost(nbytes, world_size, rank, itemsize)
+        n = world_size
+        own = chunk_sizes(nbytes // itemsize, n)[rank] if n > 1 else 0
+        if own == 0:
+            return Cost(0, 0)
+        return Cost((n - 1) * own * itemsize, n - 1)  # its chunk to each other rank

@@ -29,6 +29,7 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 from disttrain import collectives, timeline
+from disttrain.collectives.checks import checks_everywhere
 from disttrain.comm.world import group_timeout
 from disttrain.dataparallel.commthread import CommThread
 from disttrain.dataparallel.sharding import ShardGroup, ShardLayout
@@ -107,13 +108,17 @@ class LayerGatherer:
             g.flat[g.start : g.stop].copy_(g.shard)
         self.current_bytes += self._nbytes(i)
         self.peak_bytes = max(self.peak_bytes, self.current_bytes)
-        flat, comm, algo = g.flat, self._group, self.algo
+        flat, comm, algo, checked = g.flat, self._group, self.algo, checks_everywhere()
         if self._thread is None:  # closed (evaluation after the last step): at once
-            algo.all_gather(flat, comm)
+            algo.all_gather(flat, comm, checked)
             self._gathered.add(i)
             return
-        work = self._thread.submit(lambda: algo.all_gather(flat, comm))
-        timeline.track(work, f"all-gather layer {i}", in_order=True, bytes=self._nbytes(i))
+        # native: started on gloo's own thread; otherwise a blocking loop on the gather thread
+        work = None if checked else algo.start_all_gather(flat, comm)
+        in_order = work is None
+        if work is None:
+            work = self._thread.submit(lambda: algo.all_gather(flat, comm, checked))
+        timeline.track(work, f"all-gather layer {i}", in_order=in_order, bytes=self._nbytes(i))
         self._inflight[i] = work
 
     def gather(self, i: int) -> None:

@@ -34,12 +34,20 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 from disttrain import collectives, timeline
+from disttrain.collectives.checks import check_call, checks_everywhere
 from disttrain.collectives.chunks import chunk_bounds
 from disttrain.comm.world import group_timeout
 from disttrain.dataparallel.commthread import CommThread
 from disttrain.dataparallel.fusion import FlatBucket
 
-__all__ = ["MAX_INFLIGHT", "ShardGroup", "ShardLayout", "ShardedReducer", "shard_optimizer"]
+__all__ = [
+    "MAX_INFLIGHT",
+    "ShardGroup",
+    "ShardLayout",
+    "ShardedReducer",
+    "check_layout",
+    "shard_optimizer",
+]
 
 #: reduce-scatters of stages 2 and 3 queued or running at once (a third group fills meanwhile)
 MAX_INFLIGHT = 2
@@ -103,6 +111,21 @@ class ShardLayout:
         return sum(g.stop - g.start for g in self.groups)
 
 
+def check_layout(layout: ShardLayout, group: ProcessGroup | None) -> None:
+    """CollectiveMismatch on every rank unless all have the same groups (collective).
+
+    The layout's lengths are fixed for the run and every rank calls its collectives
+    in group order, so the per-call length check of the algorithms
+    (:func:`~disttrain.collectives.checks.check_call`, one blocking 32-byte allreduce
+    each: 10 a step on the mlp's 5 groups, measured at 12 ms of the all-gather's
+    40 ms under load, docs/zero.md) is done once here instead, as for the allreduce
+    strategy's native buckets; ``--check-collectives`` checks every call again."""
+    if not collectives.length_check_enabled():
+        return
+    for g in layout.groups:
+        check_call(f"zero-group/{g.index}", g.numel, group)
+
+
 def shard_optimizer(optimizer: torch.optim.Optimizer, shards: list[nn.Parameter]) -> None:
     """Make ``optimizer`` step ``shards`` instead of the model's parameters (state cleared).
 
@@ -116,6 +139,35 @@ def shard_optimizer(optimizer: torch.optim.Optimizer, shards: list[nn.Parameter]
         )
     optimizer.param_groups[0]["params"] = list(shards)
     optimizer.state.clear()
+
+
+class _Launched:
+    """One group's reduction in flight: a ``dist.Work`` (started by the backend) or the
+    Future of a communication-thread job; ``keep`` copies this rank's chunk out of an
+    asynchronous reduce-scatter's buffer once it is done (the job does it itself)."""
+
+    def __init__(self, index: int, work: Any, keep: Callable[[], torch.Tensor] | None) -> None:
+        self.index, self.work, self.keep = index, work, keep
+        self.own: torch.Tensor | None = None
+        self.finished = False
+
+    def completed(self) -> bool:
+        """Whether the collective has run (``finish`` then waits for nothing)."""
+        if isinstance(self.work, torch.futures.Future):
+            return bool(self.work.done())
+        return bool(self.work.is_completed())
+
+    def finish(self) -> torch.Tensor | None:
+        """Wait; stages 2/3: this rank's averaged chunk (the buffer is let go)."""
+        if not self.finished:
+            with timeline.span("wait", bucket=self.index):
+                self.work.wait()
+            if self.keep is not None:
+                self.own, self.keep = self.keep(), None  # the buffer goes with the closure
+            elif isinstance(self.work, torch.futures.Future):
+                self.own = self.work.value()
+            self.work, self.finished = None, True  # a dist.Work holds its tensors: let go
+        return self.own
 
 
 class ShardedReducer:
@@ -163,7 +215,7 @@ class ShardedReducer:
         self._ready = [0] * len(self.layout.groups)
         self._marked: set[int] = set()
         self._next = 0
-        self._pending: list[tuple[int, Any]] = []
+        self._pending: list[_Launched] = []
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -224,39 +276,49 @@ class ShardedReducer:
         if self.before_send is not None:
             views = [buf[o : o + p.numel()].view_as(p) for p, o in group.offsets()]
             self.before_send(FlatBucket(index, list(group.params), buf, views))
-        comm = self._comm_group
+        comm, algo, checked = self._comm_group, self.algo, checks_everywhere()
         assert self._thread is not None
         nbytes = buf.numel() * buf.element_size()
+        keep: Callable[[], torch.Tensor] | None = None  # the copy-out of an async job
         if self.keep_full:
-            work = self._thread.submit(lambda: self.algo.all_reduce(buf, comm))
+            # native: started on gloo's own thread, as the allreduce strategy's buckets
+            work = None if checked else algo.start_all_reduce(buf, comm)
+            if work is None:
+                work = self._thread.submit(lambda: algo.all_reduce(buf, comm, checked))
         else:
             # The job keeps this rank's chunk and lets the group's buffer go as soon as it
             # has run: a step never holds more than the groups in flight (not 4Ψ bytes).
             at, (start, stop) = self._own_at[index], (group.start, group.stop)
             own = self.own[at : at + stop - start]
-            scatter = self.algo.reduce_scatter
-
-            def job() -> torch.Tensor:
-                scatter(buf, comm)
-                return own.copy_(buf[start:stop])
-
             self._bound_inflight()
-            work = self._thread.submit(job)
+            work = None if checked else algo.start_reduce_scatter(buf, comm)
+            if work is None:
+
+                def job() -> torch.Tensor:
+                    algo.reduce_scatter(buf, comm, checked)
+                    return own.copy_(buf[start:stop])
+
+                work = self._thread.submit(job)
+            else:  # started: the chunk is copied out once it is done (_finish)
+                keep = lambda: own.copy_(buf[start:stop])  # noqa: E731
             self._buffers[index] = None
         name = "allreduce" if self.keep_full else "reduce-scatter"
-        timeline.track(work, f"{name} group {index}", in_order=True, bucket=index,
+        timeline.track(work, f"{name} group {index}", in_order=keep is None, bucket=index,
                        bytes=nbytes, algorithm=self.algorithm)  # fmt: skip
         self.launched_total += 1
-        self._pending.append((index, work))
+        self._pending.append(_Launched(index, work, keep))
 
     def _bound_inflight(self) -> None:
         """Wait while :data:`MAX_INFLIGHT` reduce-scatters are queued or running: each holds
         its group's whole gradient (and the collective's copy of it), so without a bound a
         backward faster than the network would hold all of them, 4Ψ bytes or more, at once."""
-        waiting = [w for _, w in self._pending if not w.done()]
+        for entry in self._pending:  # what has run lets its buffer go (the chunk copied out)
+            if not entry.finished and entry.completed():
+                entry.finish()
+        waiting = [e for e in self._pending if not e.finished]
         if len(waiting) >= MAX_INFLIGHT:
             with timeline.span("wait in-flight reduce-scatter"):
-                waiting[-MAX_INFLIGHT].wait()
+                waiting[-MAX_INFLIGHT].finish()
 
     def synchronize(self) -> None:
         """Finish this step's reductions; afterwards every shard's ``.grad`` is its average."""
@@ -267,14 +329,13 @@ class ShardedReducer:
                     if id(p) not in self._marked:  # overlap off, or unused in the loss
                         self._copy_in(p)
             self._launch_ready(in_backward=False)
-            for index, work in self._pending:
-                with timeline.span("wait", bucket=index):
-                    work.wait()
-                group = self.layout.groups[index]
+            for entry in self._pending:
+                own = entry.finish()
+                group = self.layout.groups[entry.index]
                 if self.keep_full:
-                    group.shard.grad = self.full[index][group.start : group.stop]
+                    group.shard.grad = self.full[entry.index][group.start : group.stop]
                 else:  # the job copied this rank's chunk into its place in self.own
-                    group.shard.grad = work.value()
+                    group.shard.grad = own
         finally:
             self._reset()  # drops the transient buffers of stages 2 and 3
             self.wait_seconds += time.perf_counter() - start

@@ -26,10 +26,16 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 from disttrain import collectives, timeline
+from disttrain.collectives.checks import checks_everywhere
 from disttrain.collectives.chunks import chunk_bounds
 from disttrain.dataparallel.fusion import assign_by_size
 from disttrain.dataparallel.gather import LayerGatherer, layer_groups
-from disttrain.dataparallel.sharding import ShardedReducer, ShardLayout, shard_optimizer
+from disttrain.dataparallel.sharding import (
+    ShardedReducer,
+    ShardLayout,
+    check_layout,
+    shard_optimizer,
+)
 
 __all__ = [
     "ZeroEngine",
@@ -61,6 +67,7 @@ class ZeroEngine:
         self.stage, self.algorithm, self.group = stage, algorithm, group
         n, rank = dist.get_world_size(group), dist.get_rank(group)
         self.layout = ShardLayout(groups, n, rank, own_shards=stage == 3)
+        check_layout(self.layout, group)  # once: the steps' calls are not checked each
         self.reducer = ShardedReducer(self.layout, algorithm, overlap, group,
                                       keep_full=stage == 1)  # fmt: skip
         self.gatherer: LayerGatherer | None = None
@@ -117,9 +124,16 @@ class ZeroEngine:
             self.gatherer.release()
             return
         with timeline.span("all-gather parameters"):
-            algo = collectives.get(self.algorithm)
+            algo, checked = collectives.get(self.algorithm), checks_everywhere()
+            started = []  # native: every group's started at once, then waited for
             for group in self.layout.groups:
-                algo.all_gather(group.flat, self.group)
+                work = None if checked else algo.start_all_gather(group.flat, self.group)
+                if work is None:
+                    algo.all_gather(group.flat, self.group, checked)
+                else:
+                    started.append(work)
+            for work in started:
+                work.wait()
 
     def full_model(self, model: nn.Module, keep: bool) -> nn.Module | None:
         """The whole ``model`` on the rank that ``keep``s it (collective: every rank calls);

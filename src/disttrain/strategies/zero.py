@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
-from disttrain import costing
+from disttrain import collectives, costing
 from disttrain.comm.errors import UsageError
 from disttrain.config import RunConfig, opt, register_section
 from disttrain.dataparallel.accumulate import accumulated_forward_backward
@@ -205,8 +205,10 @@ class Zero(Strategy):
         network: costing.Network,
         calibration: costing.Rates,
     ) -> costing.Prediction:
-        """The allreduce strategy's buckets, each allreduce cut in its halves (a
-        reduce-scatter and an all-gather each cost half of it): stage 1 allreduces during
+        """The allreduce strategy's buckets, each allreduce cut in its halves, each half
+        charged its share of the allreduce by the algorithm's own costs (``ring``: half
+        each; ``native``: the reduce-scatter is the whole allreduce, the all-gather half;
+        the fallback: a whole allreduce each): stage 1 allreduces during
         backward as the allreduce strategy does, then all-gathers the parameters after the
         step (exposed); stage 2 reduce-scatters during backward, then all-gathers; stage 3
         all-gathers every layer before its forward and again before its backward, with the
@@ -222,7 +224,11 @@ class Zero(Strategy):
         times = [costing.allreduce_seconds(cfg.train.algorithm, size, nodes, network,
                                            calibration, work.bytes_per_param)[0]
                  for size in sizes]  # fmt: skip
-        half, last = sum(times) / 2, (times[-1] / 2 if times else 0.0)
+        algo, probe = collectives.get(cfg.train.algorithm), max(work.gradient_bytes, 1)
+        whole = max(algo.cost(probe, nodes).bytes_sent, 1)
+        rs = algo.reduce_scatter_cost(probe, nodes).bytes_sent / whole  # shares of it
+        ag = algo.all_gather_cost(probe, nodes).bytes_sent / whole
+        total, last = sum(times), (times[-1] if times else 0.0)
         compute = ar.compute_seconds
         backward = compute * 2 / 3 if overlap else 0.0
 
@@ -230,12 +236,12 @@ class Zero(Strategy):
             return max(tail, total - window) if window else total
 
         if stage == 1:
-            comm, scale = ar.comm_seconds + half, 1.5
+            comm, scale = ar.comm_seconds + ag * total, 1 + ag
         elif stage == 2:
-            comm, scale = hidden(half, backward, last) + half, 1.0
+            comm, scale = hidden(rs * total, backward, rs * last) + ag * total, rs + ag
         else:
-            comm = half + hidden(2 * half, backward, last)
-            scale = 1.5
+            comm = ag * total + hidden((ag + rs) * total, backward, rs * last)
+            scale = 2 * ag + rs
         if stage > 1:  # stage 1's is in the allreduce's comm
             comm += calibration.sync_seconds(nodes)
         what = {

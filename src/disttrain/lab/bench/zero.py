@@ -18,7 +18,12 @@ Reported: the median step time with p25/p75, the median of paired ratios to
 each stage's anchor (step i against the anchor's step i), the bytes each
 disttrain configuration holds (``Strategy.memory``), and the largest
 difference of each configuration's parameters from the allreduce strategy's
-after the last step (all took the same steps on the same batches).
+after the last step (all took the same steps on the same batches). Then where
+each step's time went (medians, ms; :data:`PHASES`): ``fwd+bwd`` (forward and
+backward, with the reductions launched or, for DDP, waited for in it),
+``grad wait`` (what remained of them after backward), ``optimizer`` (the
+optimizer's step; torch's ZeroRedundancyOptimizer broadcasts the parameters in
+it) and ``after step`` (ZeRO stages 1 and 2: the parameters' all-gather).
 """
 
 from __future__ import annotations
@@ -49,7 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="", help="write every figure to this JSON file")
 
 
-Step = Callable[[int], None]
+#: the parts of a step timed apart (torch's configurations have no grad wait or after step)
+PHASES = ("fwd+bwd", "grad wait", "optimizer", "after step")
+
+#: a step: runs step i, returns the seconds of each of :data:`PHASES` it has
+Step = Callable[[int], dict[str, float]]
 
 
 def _build(name: str, args: argparse.Namespace, data: Any) -> tuple[Step, Any, Any]:
@@ -88,10 +97,13 @@ def _build(name: str, args: argparse.Namespace, data: Any) -> tuple[Step, Any, A
             net = fully_shard(model, mesh=mesh)
             opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
-        def torch_step(i: int) -> None:
+        def torch_step(i: int) -> dict[str, float]:
+            t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             loss_fn(net(xs[i % 8]), ys[i % 8]).backward()
+            t1 = time.perf_counter()
             opt.step()
+            return {"fwd+bwd": t1 - t0, "optimizer": time.perf_counter() - t1}
 
         return torch_step, None, model
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -103,13 +115,19 @@ def _build(name: str, args: argparse.Namespace, data: Any) -> tuple[Step, Any, A
                                                                   loss_fn)  # fmt: skip
     strategy.setup(model, opt)
 
-    def dt_step(i: int) -> None:
+    def dt_step(i: int) -> dict[str, float]:
+        t = [time.perf_counter()]
         opt.zero_grad(set_to_none=True)
         strategy.before_step(i + 1)
         strategy.forward_backward(xs[i % 8], ys[i % 8])
+        t.append(time.perf_counter())
         strategy.after_backward()
+        t.append(time.perf_counter())
         opt.step()
+        t.append(time.perf_counter())
         strategy.after_step(i + 1)
+        t.append(time.perf_counter())
+        return {name: b - a for name, a, b in zip(PHASES, t[:-1], t[1:], strict=True)}
 
     return dt_step, strategy, model
 
@@ -140,14 +158,17 @@ def _rank_main(args: argparse.Namespace) -> dict[str, Any] | None:
             errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
     names = [c for c in CONFIGS if c in built]
     times: dict[str, list[float]] = {c: [] for c in names}
+    phases: dict[str, dict[str, list[float]]] = {c: {} for c in names}
     for i in range(args.warmup + args.steps):
         for k in range(len(names)):
             name = names[(k + i) % len(names)]
             dist.barrier()
             t0 = time.perf_counter()
-            built[name][0](i)
+            parts = built[name][0](i)
             if i >= args.warmup:
                 times[name].append(time.perf_counter() - t0)
+                for part, seconds in parts.items():
+                    phases[name].setdefault(part, []).append(seconds)
     dist.barrier()
     held = {n: built[n][1].memory() for n in names if built[n][1] is not None}  # end of a step
     reference = _full_params("allreduce", *built["allreduce"][1:])
@@ -160,7 +181,7 @@ def _rank_main(args: argparse.Namespace) -> dict[str, Any] | None:
         if strategy is not None:
             strategy.finish()
         raw["rows"][name] = {"times": times[name], "max_diff_vs_allreduce": diff,
-                             "memory": memory}  # fmt: skip
+                             "memory": memory, "phases": phases[name]}  # fmt: skip
     return raw if dist.get_rank() == 0 else None
 
 
@@ -171,7 +192,8 @@ def _summarise(raw: dict[str, Any]) -> dict[str, Any]:
         q = len(t) // 4
         row = {"step_ms": statistics.median(t) * 1e3, "p25_ms": t[q] * 1e3,
                "p75_ms": t[-1 - q] * 1e3, "max_diff_vs_allreduce": r["max_diff_vs_allreduce"],
-               "memory": r["memory"]}  # fmt: skip
+               "memory": r["memory"], "phases_ms": {
+                   k: statistics.median(v) * 1e3 for k, v in r["phases"].items()}}  # fmt: skip
         anchor = ANCHORS.get(name)
         if anchor in raw["rows"]:
             pairs = zip(r["times"], raw["rows"][anchor]["times"], strict=True)
@@ -212,6 +234,12 @@ def run(args: argparse.Namespace) -> int:
         spread = f"[{row['p25_ms']:.1f}, {row['p75_ms']:.1f}]"
         print(f"{name:<14}{row['step_ms']:>9.1f}{spread:>18}  {ratio:<26}"
               f"{row['max_diff_vs_allreduce']:>22.2e}  {held}")  # fmt: skip
+    print(f"where the time went (medians, ms): {'config':<14}"
+          + "".join(f"{p:>12}" for p in PHASES))  # fmt: skip
+    for name, row in rows.items():
+        parts = row["phases_ms"]
+        cells = (f"{parts[p]:>12.1f}" if p in parts else f"{'-':>12}" for p in PHASES)
+        print(f"{'':35}{name:<14}" + "".join(cells))
     for name, error in raw["errors"].items():
         print(f"{name}: failed: {error}")
     if args.json:
