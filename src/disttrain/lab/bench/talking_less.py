@@ -1,10 +1,12 @@
-"""Talking less: dense allreduce vs local SGD vs compressed decentralized SGD, bytes and accuracy.
+"""Talking less: dense allreduce vs local SGD, PowerSGD, decentralized SGD: bytes and quality.
 
     disttrain bench talking-less --workload digits --repeats 1
     disttrain bench talking-less --workload pycode --repeats 1
     disttrain bench talking-less --workload pycode --pycode-chars 200000 \
         --only "localsgd H=16;decentralized onebit:0.03;..."
     disttrain bench talking-less --workload diloco --plot benchmarks/results/diloco_curves.png
+    disttrain bench talking-less --workload pycode --pycode-chars 1000000 \
+        --only "allreduce powersgd:2;allreduce powersgd:4"
 
 Each configuration runs ``disttrain train`` as a subprocess (4 workers, the
 same seed, epochs and global batch), then reads its summary.json. Bytes are
@@ -40,6 +42,11 @@ SGD = ["--optimizer", "sgd", "--lr", "0.5"]  # = momentum 0.9 at lr 0.05, withou
 MOMENTUM = ["--optimizer", "momentum", "--lr", "0.05"]
 #: Strom's "fewer nodes early": only rank 0 sends for the first epoch (22 steps on digits)
 FEW_EARLY = ["--active-warmup-steps", "22", "--active-workers", "1"]
+#: PowerSGD at rank 2 and 4 on the allreduce strategy, from step 0 (no dense warm-up)
+POWERSGD = {
+    f"allreduce powersgd:{r}": ["--strategy", "allreduce", "--compression", f"powersgd:{r}"]
+    for r in (2, 4)
+}
 CONFIGS: dict[str, dict[str, list[str]]] = {
     "digits": {
         "allreduce fp32 (anchor)": ["--strategy", "allreduce"],
@@ -73,6 +80,7 @@ CONFIGS: dict[str, dict[str, list[str]]] = {
         "decentralized onebit:0.3, momentum-correction": [
             "--strategy", "decentralized", "--compression", "onebit:0.3", "--momentum-correction",
         ],
+        **POWERSGD,
     },
     "pycode": {
         "allreduce fp32, adam (anchor)": ["--strategy", "allreduce"],
@@ -103,6 +111,9 @@ CONFIGS: dict[str, dict[str, list[str]]] = {
             "--strategy", "decentralized", "--compression", "onebit:0.3", *MOMENTUM,
             "--momentum-correction",
         ],
+        **POWERSGD,
+        # compare with "allreduce fp32, momentum lr 0.05": with Adam, PowerSGD lags dense
+        **{f"{label}, momentum lr 0.05": [*flags, *MOMENTUM] for label, flags in POWERSGD.items()},
     },
     "diloco": {
         "allreduce, adam (anchor)": ["--strategy", "allreduce"],
