@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import re
-import traceback
 
 __all__ = [
     "CollectiveMismatch", "DisttrainError", "LeftOut", "OutOfMemory", "PeerFailure",
     "TooFewWorkers",
-    "UsageError", "gist", "is_peer_error", "release_frames",
+    "UsageError", "gist", "is_peer_error",
 ]  # fmt: skip
 
 # gloo's words for a peer that died or stopped answering
@@ -54,22 +53,6 @@ def gist(exc: BaseException) -> str:
     text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     text = re.sub(r"^\[[^\]]*\]\s*", "", text)  # "[.../pair.cc:537] "
     return text.split(". This is typically")[0]
-
-
-def release_frames(exc: BaseException) -> None:
-    """Drop the local variables of the finished frames ``exc`` (and the exceptions it was
-    raised during) passed through. A failed step's frames hold its collectives' ``Work``
-    objects, and a gloo Work keeps its group's connections open after
-    ``destroy_process_group``: a survivor still blocked in the step's allreduce on this
-    worker then waits ``--timeout`` instead of failing at once, answers the roll call too
-    late and is left out (seen: 4 workers, one killed, one of the three survivors lost)."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if e.__traceback__ is not None:
-            traceback.clear_frames(e.__traceback__)  # frames still running are kept
-        e = e.__cause__ or e.__context__
 
 
 def is_peer_error(exc: BaseException) -> bool:

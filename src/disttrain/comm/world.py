@@ -149,6 +149,7 @@ def init(device: str = "cpu", timeout: float = 60.0, threads: int | None = 1) ->
         store_file += f".{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
         store = _store = dist.FileStore(store_file, world_size)
         _store_path = store_file
+        _sockets_before[:] = [_sockets()]  # every socket from here on is a group's
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world_size, timeout=pg_timeout
         )
@@ -305,10 +306,51 @@ def adopt_store(store: dist.Store) -> None:
     _store = store
 
 
+#: The process's sockets before its first group (a file-store job's: the groups' are the
+#: rest); empty where the store itself is a socket (torchrun's TCPStore).
+_sockets_before: list[set[str]] = []
+
+
+def _sockets() -> set[str]:
+    """This process's sockets, as ``/proc/self/fd`` names them (``socket:[INODE]``)."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
+        with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
+            link = os.readlink(f"/proc/self/fd/{fd}")
+            if link.startswith("socket:"):
+                found.add(link)
+    return found
+
+
+def _shut_group_sockets() -> None:
+    """Shut down (not close: gloo owns them) the sockets the groups opened, so every peer
+    still waiting on this process fails at once. ``destroy_process_group`` alone does not
+    close them while anything holds a gloo Work or group (a failed step's frames, another
+    thread's): a peer blocked on this one would wait out --timeout, answer the survivors'
+    roll call too late and be left out (seen: 4 workers, rank 0 or 1 killed, with the
+    native, ring, tree and halving-doubling algorithms)."""
+    if not _sockets_before:
+        return
+    keep = _sockets_before[0]
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError, ValueError):
+            if os.readlink(f"/proc/self/fd/{fd}") in keep or not os.readlink(
+                f"/proc/self/fd/{fd}"
+            ).startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=os.dup(int(fd)))
+            try:  # a listening socket is left alone: gloo's accept loop aborts on it
+                if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                    sock.shutdown(socket.SHUT_RDWR)
+            finally:
+                sock.close()  # the duplicate only
+
+
 def leave_group() -> None:
     """Drop the process group after a peer failed (its pending work ends with it); the
     store stays (:func:`job_store`), for the survivors to meet on."""
     job_store()  # kept before the group that holds it goes
+    _shut_group_sockets()
     if dist.is_initialized():
         with contextlib.suppress(Exception):  # a group broken by a lost peer may fail to close
             dist.destroy_process_group()

@@ -39,13 +39,7 @@ from torch import nn
 from disttrain import strategies, timeline
 from disttrain.amp import LossScaler
 from disttrain.comm import world as world_mod
-from disttrain.comm.errors import (
-    TooFewWorkers,
-    UsageError,
-    gist,
-    is_peer_error,
-    release_frames,
-)
+from disttrain.comm.errors import TooFewWorkers, UsageError, gist, is_peer_error
 from disttrain.comm.membership import Change, Membership, answer_window
 from disttrain.config import RunConfig, TrainConfig
 from disttrain.dataparallel.broadcast import (
@@ -157,7 +151,6 @@ class Shrink:
         why = gist(exc)
         before = self.membership.members
         strategy.abandon_step()  # nothing of the step may still use the group it drops
-        release_frames(exc)  # nor may its frames keep the group's connections open
         while True:
             world_mod.leave_group()
             change = self.membership.agree(done=step - 1)
@@ -175,7 +168,6 @@ class Shrink:
             except Exception as again:  # another worker lost while forming the group
                 if not is_peer_error(again):
                     raise
-                release_frames(again)
                 why = gist(again)
         strategy.regroup(world)
         done, self.caught_up = even_out(
