@@ -104,7 +104,7 @@ def init(device: str = "cpu", timeout: float = 60.0, threads: int | None = 1) ->
     intra-op threads (one by default, so that N workers share N cores fairly);
     ``None`` leaves torch's choice.
     """
-    global _world, _store, _store_path
+    global _world, _store, _store_path, _sockets_before
     if _world is not None:
         return _world
     if threads is not None:
@@ -149,7 +149,7 @@ def init(device: str = "cpu", timeout: float = 60.0, threads: int | None = 1) ->
         store_file += f".{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
         store = _store = dist.FileStore(store_file, world_size)
         _store_path = store_file
-        _sockets_before[:] = [_sockets()]  # every socket from here on is a group's
+        _sockets_before = set(_sockets().values())  # every socket from here on is a group's
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world_size, timeout=pg_timeout
         )
@@ -307,18 +307,18 @@ def adopt_store(store: dist.Store) -> None:
 
 
 #: The process's sockets before its first group (a file-store job's: the groups' are the
-#: rest); empty where the store itself is a socket (torchrun's TCPStore).
-_sockets_before: list[set[str]] = []
+#: rest); None where the store itself is a socket (torchrun's TCPStore).
+_sockets_before: set[str] | None = None
 
 
-def _sockets() -> set[str]:
-    """This process's sockets, as ``/proc/self/fd`` names them (``socket:[INODE]``)."""
-    found = set()
+def _sockets() -> dict[int, str]:
+    """This process's sockets: descriptor -> ``socket:[INODE]`` (``/proc/self/fd``)."""
+    found = {}
     for fd in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
         with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
             link = os.readlink(f"/proc/self/fd/{fd}")
             if link.startswith("socket:"):
-                found.add(link)
+                found[int(fd)] = link
     return found
 
 
@@ -329,16 +329,13 @@ def _shut_group_sockets() -> None:
     thread's): a peer blocked on this one would wait out --timeout, answer the survivors'
     roll call too late and be left out (seen: 4 workers, rank 0 or 1 killed, with the
     native, ring, tree and halving-doubling algorithms)."""
-    if not _sockets_before:
+    if _sockets_before is None:
         return
-    keep = _sockets_before[0]
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError, ValueError):
-            if os.readlink(f"/proc/self/fd/{fd}") in keep or not os.readlink(
-                f"/proc/self/fd/{fd}"
-            ).startswith("socket:"):
-                continue
-            sock = socket.socket(fileno=os.dup(int(fd)))
+    for fd, link in _sockets().items():
+        if link in _sockets_before:
+            continue
+        with contextlib.suppress(OSError):
+            sock = socket.socket(fileno=os.dup(fd))
             try:  # a listening socket is left alone: gloo's accept loop aborts on it
                 if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
                     sock.shutdown(socket.SHUT_RDWR)

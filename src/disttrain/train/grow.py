@@ -47,7 +47,7 @@ from disttrain.dataparallel.broadcast import (
     broadcast_parameters,
     broadcast_tensors,
 )
-from disttrain.train.shrink import check_membership_flag
+from disttrain.train.shrink import check_batch_splits, check_membership_flag
 
 __all__ = ["DUMP_ENV", "JOIN_POINT", "Grow", "JoinFailed", "Joiner", "check", "share_state"]
 
@@ -77,12 +77,7 @@ def check(cfg: RunConfig) -> None:
     check_membership_flag(tc, given, "grows", "admits a joining worker",
                           "joiners meet the job in its file store")  # fmt: skip
     low = tc.min_workers if tc.live_shrink else tc.world_size
-    uneven = [n for n in range(low, tc.max_workers + 1) if tc.batch_size % n]
-    if uneven:
-        raise UsageError(
-            f"--batch-size {tc.batch_size} must split evenly over every worker count from "
-            f"{low} to {given} (not over {', '.join(map(str, uneven))})"
-        )
+    check_batch_splits(tc.batch_size, (low, str(low)), (tc.max_workers, given))
 
 
 def share_state(

@@ -48,7 +48,10 @@ from disttrain.dataparallel.broadcast import (
     broadcast_parameters,
 )
 
-__all__ = ["Shrink", "check", "check_membership_flag", "even_out", "membership_for"]
+__all__ = [
+    "Shrink", "check", "check_batch_splits", "check_membership_flag", "even_out",
+    "membership_for",
+]  # fmt: skip
 
 
 def check_membership_flag(tc: TrainConfig, given: str, trait: str, does: str, host: str
@@ -76,13 +79,20 @@ def check(cfg: RunConfig) -> None:
     given = f"--min-workers {tc.min_workers}"
     check_membership_flag(tc, given, "shrinks", "goes on without a lost worker",
                           "the survivors end a hung worker by its process id")  # fmt: skip
-    uneven = [n for n in range(tc.min_workers, tc.world_size + 1) if tc.batch_size % n]
+    check_batch_splits(tc.batch_size, (tc.min_workers, given), (tc.world_size, str(tc.world_size)))
+
+
+def check_batch_splits(batch: int, low: tuple[int, str], high: tuple[int, str]) -> None:
+    """Refuse (exit 2) a global ``--batch-size`` that some worker count from ``low`` to
+    ``high`` (each: the count, and how the message names it) does not divide: the job may
+    run at any of them, each worker taking B/n."""
+    counts = range(low[0], high[0] + 1)
+    uneven = [n for n in counts if batch % n]
     if uneven:
-        multiple = math.lcm(*range(tc.min_workers, tc.world_size + 1))
         raise UsageError(
-            f"--batch-size {tc.batch_size} must split evenly over every worker count from "
-            f"{given} to {tc.world_size} (not over {', '.join(map(str, uneven))}): use a "
-            f"multiple of {multiple}"
+            f"--batch-size {batch} must split evenly over every worker count from "
+            f"{low[1]} to {high[1]} (not over {', '.join(map(str, uneven))}): use a "
+            f"multiple of {math.lcm(*counts)}"
         )
 
 
