@@ -142,7 +142,7 @@ class TrainConfig:
     checkpoint_every: int = opt(0, "save a checkpoint every N steps under --out (0: never)")
     resume: str = opt("", "resume from the newest checkpoint of this earlier run's --out")
     async_checkpoint: bool = opt(
-        False, "write checkpoints in the background (DCP async_save) while training goes on"
+        False, "write checkpoints in a background thread while training goes on"
     )
     max_restarts: int = opt(0, "restart the workers from the last checkpoint after a failure")
     overwrite: bool = opt(

@@ -78,7 +78,7 @@ def test_the_dcp_index_is_read_without_running_its_pickled_code(tmp_path: Path) 
 
 
 def test_a_background_save_holds_the_state_of_its_step(tmp_path: Path) -> None:
-    """--async-checkpoint: DCP copies the tensors before returning; training may change them."""
+    """--async-checkpoint: the save copies the tensors at once; training may then change them."""
     root, w = str(tmp_path), torch.zeros(1000)
     wait = checkpoint.save(root, 5, 0, 1, {"model": {"w": w}}, background=True)
     w.add_(1.0)  # the next optimizer step, while the write goes on

@@ -16,8 +16,8 @@ Only a run's own steps are listed, loaded and pruned (the two newest are kept).
 
 A committed step folder is never rewritten in place. Each process writes its part
 into the run's staging folder for the step (:mod:`disttrain.checkpoint.dcp`: DCP's
-writer, files fsync'ed; with ``background`` DCP's ``async_save`` writes it in a thread
-and the caller waits for it before the commit); after a barrier rank 0 writes COMMIT
+writer, files fsync'ed; with ``background`` the process's writer thread writes a copy,
+and the caller waits for it before the commit's barrier); after a barrier rank 0 writes COMMIT
 there and renames the whole folder to ``step-N`` in one ``rename`` (refused if
 ``step-N`` exists), then fsyncs ``checkpoints/`` so the new entry survives a power cut.
 A crash at any point thus leaves either no step N or a complete one, written by one
@@ -39,6 +39,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from disttrain.checkpoint import background as _background
 from disttrain.checkpoint.durable import fsync_dir, makedirs, remove, write_atomic
 from disttrain.comm.errors import UsageError
 
@@ -120,24 +121,44 @@ def save(
     """Write this process's ``state`` for ``step`` of ``run``; rank 0 commits after a barrier.
 
     Returns a function that waits until the part is on disk: at once, or with
-    ``background`` once DCP's ``async_save`` thread is done (call it before the barrier
-    that precedes the commit). ``world_size``: the number of workers of the run.
+    ``background`` once the writer thread (:mod:`~disttrain.checkpoint.background`) has
+    written the copy taken here (call it before the barrier that precedes the commit).
+    ``world_size``: the number of workers of the run.
     """
     run = _own(run)
     folder = _staging(root, step, run)
-    makedirs(folder)
     header = {"format": FORMAT, "run": run, "step": step, "rank": rank, "world_size": world_size}
-    return _dcp().write(os.path.join(folder, _part(rank)), header, state, background)
+    # a copy: training may go on while it is written
+    packed = _dcp().pack(state, _background.staging() if background else None)
+
+    def write() -> None:
+        makedirs(folder)
+        _dcp().write(os.path.join(folder, _part(rank)), header, packed)
+
+    if background:
+        return _background.submit(write, reads_staging=True)
+    write()
+    return lambda: None
 
 
 def commit(
-    root: str, step: int, keep: int = 2, run: str | None = None, world_size: int | None = None
-) -> None:
+    root: str, step: int, keep: int = 2, run: str | None = None, world_size: int | None = None,
+    background: bool = False,
+) -> Callable[[], None]:  # fmt: skip
     """Mark ``step`` of ``run`` complete (rank 0, after all ranks saved); drop its older steps.
 
     ``world_size``: the number of workers that wrote it (default: rank 0's part says).
+    ``background``: on the writer thread, after the saves handed to it; the returned
+    function waits for the commit (at once without ``background``).
     """
     run = _own(run)
+    if background:
+        return _background.submit(lambda: _commit(root, step, keep, run, world_size))
+    _commit(root, step, keep, run, world_size)
+    return lambda: None
+
+
+def _commit(root: str, step: int, keep: int, run: str, world_size: int | None) -> None:
     staging, final = _staging(root, step, run), step_dir(root, step)
     if os.path.exists(final):
         raise FileExistsError(f"checkpoint step {step} is already committed in {_base(root)}")

@@ -3,12 +3,15 @@
 A state (nested dicts, lists and tuples of tensors and plain values, as the
 trainer's, an optimizer's or a strategy's ``state_dict``) is split in two:
 
-- its tensors, saved with DCP (``dcp.save``, or ``dcp.async_save``, which copies
-  them to CPU memory before it returns and writes them in a background thread)
-  under flat keys ``"<index>:<path>"`` into ``FOLDER/.metadata`` and
-  ``FOLDER/__0_0.distcp``;
+- its tensors, packed into one flat buffer per dtype (keys ``"pack:<dtype>"``; the
+  packs are a copy, so a background writer may take its time) and saved with DCP
+  (``dcp.save``) into ``FOLDER/.metadata`` and ``FOLDER/__0_0.distcp``. Packing is for speed: DCP's
+  cost grows with the number of entries (each is planned, indexed and serialized
+  on its own), and a model's state has dozens of small tensors: a save of the cnn's
+  state with momentum (17 tensors, 1.2 MB) took 5.1 ms unpacked and 3.1 ms packed here;
 - its structure and plain values as JSON (``FOLDER/state.json``), each tensor
-  replaced by its DCP key.
+  replaced by its place: ``{"p": [pack key, offset, shape]}`` (older checkpoints:
+  ``{"t": key}``, a DCP entry of its own, still read).
 
 Nothing is unpickled on load: DCP reads tensor data with ``torch.load(weights_only=True)``,
 the ``.metadata`` index (which DCP pickles) goes through :class:`_SafeUnpickler`, which
@@ -23,11 +26,10 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import pickle
 import warnings
-from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -38,10 +40,10 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from disttrain.checkpoint.durable import fsync_tree
 
-__all__ = ["STATE_FILE", "read", "write"]
+__all__ = ["STATE_FILE", "pack", "read", "write"]
 
 # no_dist is what we mean (each process writes its own folder); DCP warns about it,
-# also from async_save's thread, so a filter rather than a catch_warnings block
+# also from the checkpoint writer thread, so a filter rather than a catch_warnings block
 warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
 
 STATE_FILE = "state.json"
@@ -79,18 +81,53 @@ class _SafeReader(FileSystemReader):
         return metadata
 
 
-def _encode(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
-    """``value`` as JSON, its tensors moved into ``tensors`` under fresh keys."""
+class _Packer:
+    """Collects a state's tensors into one list per dtype, each given its offset in the pack."""
+
+    def __init__(self) -> None:
+        self.parts: dict[torch.dtype, list[torch.Tensor]] = {}
+        self.lengths: dict[torch.dtype, int] = {}
+
+    def add(self, tensor: torch.Tensor) -> dict[str, Any]:
+        flat = tensor.detach().reshape(-1)
+        offset = self.lengths.get(flat.dtype, 0)
+        self.parts.setdefault(flat.dtype, []).append(flat)
+        self.lengths[flat.dtype] = offset + flat.numel()
+        return {"p": [_pack_key(flat.dtype), offset, list(tensor.shape)]}
+
+    def packs(self, reuse: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """One tensor per dtype, a copy of the state. ``reuse``: buffers of earlier packs,
+        filled again where the length is the same (and updated): a fresh 25 MB tensor
+        costs its page faults again at every save, ~40 % of the copy's time here."""
+        out: dict[str, torch.Tensor] = {}
+        for dtype, parts in self.parts.items():
+            key, length = _pack_key(dtype), self.lengths[dtype]
+            buf = reuse.get(key) if reuse is not None else None
+            if buf is None or buf.numel() != length:
+                buf = torch.empty(length, dtype=dtype)
+            out[key] = torch.cat(parts, out=buf)
+        if reuse is not None:
+            reuse.clear()
+            reuse.update(out)
+        return out
+
+
+def _pack_key(dtype: torch.dtype) -> str:
+    return f"pack:{str(dtype).removeprefix('torch.')}"
+
+
+def _encode(value: Any, path: str, packer: _Packer) -> Any:
+    """``value`` as JSON, its tensors handed to ``packer`` (which says where each lies)."""
     if isinstance(value, torch.Tensor):
-        key = f"{len(tensors)}:{path}"
-        tensors[key] = value.detach()
-        return {"t": key}
+        if value.device.type != "cpu":
+            value = value.cpu()
+        return packer.add(value)
     if isinstance(value, dict):
         if not all(isinstance(k, (str, int)) for k in value):
             raise TypeError(f"checkpoint state {path!r}: dict keys must be str or int")
-        return {"d": [[k, _encode(v, f"{path}/{k}", tensors)] for k, v in value.items()]}
+        return {"d": [[k, _encode(v, f"{path}/{k}", packer)] for k, v in value.items()]}
     if isinstance(value, (list, tuple)):
-        items = [_encode(v, f"{path}/{i}", tensors) for i, v in enumerate(value)]
+        items = [_encode(v, f"{path}/{i}", packer) for i, v in enumerate(value)]
         return {"u" if isinstance(value, tuple) else "l": items}
     if value is None or isinstance(value, (bool, int, float, str)):
         return {"v": value}
@@ -101,6 +138,10 @@ def _decode(node: Any, tensors: dict[str, torch.Tensor]) -> Any:
     if not isinstance(node, dict) or len(node) != 1:
         raise ValueError("malformed state.json")
     kind, body = next(iter(node.items()))
+    if kind == "p":
+        key, offset, shape = body
+        count = math.prod(shape)
+        return tensors[key][offset : offset + count].view(shape).clone()  # its own storage
     if kind == "t":
         return tensors[body]
     if kind == "d":
@@ -113,33 +154,28 @@ def _decode(node: Any, tensors: dict[str, torch.Tensor]) -> Any:
     raise ValueError(f"malformed state.json (kind {kind!r})")
 
 
-def write(folder: str, header: dict[str, Any], state: dict[str, Any], background: bool = False
-          ) -> Callable[[], None]:  # fmt: skip
-    """Write ``state`` into ``folder``; return a function that waits until it is on disk.
+def pack(state: dict[str, Any], reuse: dict[str, torch.Tensor] | None = None
+         ) -> tuple[Any, dict[str, torch.Tensor]]:  # fmt: skip
+    """``state`` as (its JSON tree, its packs): the packs are a private copy that
+    :func:`write` may write while training changes the state (``reuse``: see
+    :meth:`_Packer.packs`; the caller makes sure no write still reads them)."""
+    packer = _Packer()
+    tree = _encode(state, "", packer)
+    return tree, packer.packs(reuse)
 
-    ``background``: DCP's ``async_save`` copies the tensors now and writes them in a
-    thread; the returned function then waits for that write (the caller commits only
-    after it). Otherwise the write is done when this returns.
-    """
-    tensors: dict[str, torch.Tensor] = {}
-    tree = _encode(state, "", tensors)
+
+def write(folder: str, header: dict[str, Any], packed: tuple[Any, dict[str, torch.Tensor]]
+          ) -> None:  # fmt: skip
+    """Write a :func:`pack`'ed state into ``folder`` with DCP's writer, every file fsync'ed."""
+    tree, tensors = packed
     os.makedirs(folder, exist_ok=True)
     text = json.dumps({**header, "state": tree}).encode()
     tmp = os.path.join(folder, f"{STATE_FILE}.tmp")
     with open(tmp, "wb") as fh:
         fh.write(text)
     os.replace(tmp, os.path.join(folder, STATE_FILE))
-    if not background:
-        dcp.save(tensors, checkpoint_id=folder, no_dist=True)
-        fsync_tree(folder)
-        return lambda: None
-    future: Future[Any] = dcp.async_save(tensors, checkpoint_id=folder, no_dist=True)  # type: ignore[assignment]
-
-    def wait() -> None:
-        future.result()
-        fsync_tree(folder)
-
-    return wait
+    dcp.save(tensors, checkpoint_id=folder, no_dist=True)
+    fsync_tree(folder)
 
 
 def read(folder: str) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -30,15 +30,17 @@ class Checkpoints:
     """Every worker saves its state; rank 0 commits once all have (a barrier between).
 
     Blocking: the save, the barrier and the commit happen at the step. With
-    ``--async-checkpoint`` the save copies the state and writes it in DCP's background
-    thread; the step's barrier and commit wait until the next checkpoint (or the end
-    of training), when every worker's write has finished, so a crash before that
-    leaves the previous committed step, as a crash mid-save does.
+    ``--async-checkpoint`` the save copies the state and the process's writer thread
+    writes the copy; the step's barrier waits until the next checkpoint (or the end of
+    training), when every worker's write has long finished, and rank 0's commit then
+    runs on the writer thread too. A crash before the commit leaves the previous
+    committed step, as a crash mid-save does.
     """
 
     def __init__(self, out_dir: str, strategy: strategies.Strategy, background: bool) -> None:
         self.out_dir, self.strategy, self.background = out_dir, strategy, background
         self.pending: tuple[int, Any] | None = None  # (step, wait for this worker's write)
+        self.committing: Any = None  # wait for rank 0's background commit
 
     def save(self, step: int, optimizer: torch.optim.Optimizer, runner: StepRunner) -> None:
         self.finish()
@@ -69,4 +71,13 @@ class Checkpoints:
         if n > 1:
             dist.barrier(group=self.strategy.worker_group)
         if self.strategy.world.rank == 0:
-            checkpoint.commit(self.out_dir, step, world_size=n)
+            self.committing = checkpoint.commit(
+                self.out_dir, step, world_size=n, background=self.background
+            )
+
+    def close(self) -> None:
+        """The end of training: the pending step committed, and that commit done."""
+        self.finish()
+        if self.committing is not None:
+            (wait, self.committing) = (self.committing, None)
+            wait()

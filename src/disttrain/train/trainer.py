@@ -323,7 +323,7 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
             memory = strategy.memory()  # what this worker holds at the end of a step
             if last:
                 with timers.time("checkpoint"), timeline.span("checkpoint"):
-                    saver.finish()  # a background write's commit
+                    saver.close()  # a background write's commit
                 strategy.finish()
             with timers.time("eval"), timeline.span("eval"):
                 whole, test_loss, test_acc = _epoch_end(strategy, data, world.device)
