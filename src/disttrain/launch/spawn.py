@@ -33,6 +33,7 @@ import os
 import queue
 import shutil
 import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -119,9 +120,22 @@ def _entry(
     except BaseException as exc:  # report everything, KeyboardInterrupt and SystemExit included
         results.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
     finally:
+        # The result reaches the parent before anything is torn down, and the process ends
+        # without the interpreter's finalization. Both for torch's gloo teardown, which
+        # now and then aborts the process ("terminate called without an active exception",
+        # SIGABRT: seen in a CI run and a calibration, with no Python frame on the stack):
+        # a gloo thread that releases the last reference to a tensor during finalization
+        # must take the GIL, and Python ends such a thread in a way C++ cannot unwind
+        # (pytorch/pytorch#190489, #179291). The parent then got no result and named the
+        # rank as dead although its work was done.
+        results.close()
+        results.join_thread()  # the queue's feeder thread has written the result
         # a group broken by a failed peer may fail to close; the result is already sent
         with contextlib.suppress(Exception):
             world.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # whatever the rank's outcome: the parent reads it from the result
 
 
 def _how_it_ended(exitcode: int) -> str:
