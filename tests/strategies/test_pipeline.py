@@ -193,10 +193,14 @@ def _holds_what_theory_says(r: dict[str, Any]) -> None:
 
 
 def _four_stages() -> list[dict[str, Any]]:
+    # issue 19's equivalence at P = 4: every new schedule at M = 4 and 8 (V = 2)
     return _run_cases(4, False, [
         {"schedule": "interleaved", "virtual_stages": 2, "microbatches": 4},
+        {"schedule": "interleaved", "virtual_stages": 2, "microbatches": 8},
+        {"schedule": "zb1", "microbatches": 4},
         {"schedule": "zb1", "microbatches": 8},
         {"schedule": "zb2", "microbatches": 4},
+        {"schedule": "zb2", "microbatches": 8},
     ], deep=True)  # fmt: skip
 
 
