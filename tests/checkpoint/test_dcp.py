@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed.checkpoint as dcp_api
 
@@ -54,14 +55,45 @@ def test_a_packed_state_reads_back_equal_with_one_entry_per_dtype(tmp_path: Path
 def test_the_packs_are_a_copy_and_reuse_their_buffers_when_the_sizes_match() -> None:
     w = torch.ones(6)
     reuse: dict[str, torch.Tensor] = {}
-    _, first = dcp.pack({"w": w}, reuse)
+    first = dcp.pack({"w": w}, reuse).tensors
     w.add_(1.0)  # training goes on: the pack keeps the saved values
     assert torch.equal(first["pack:float32"], torch.ones(6))
-    _, second = dcp.pack({"w": w}, reuse)
+    second = dcp.pack({"w": w}, reuse).tensors
     assert second["pack:float32"].data_ptr() == first["pack:float32"].data_ptr()  # same buffer
     assert torch.equal(second["pack:float32"], torch.full((6,), 2.0))
-    _, third = dcp.pack({"w": torch.ones(7)}, reuse)  # another size: a new buffer
+    third = dcp.pack({"w": torch.ones(7)}, reuse).tensors  # another size: a new buffer
     assert third["pack:float32"].numel() == 7 and reuse["pack:float32"] is third["pack:float32"]
+
+
+def test_replicated_tensors_are_written_once_over_the_workers_and_read_back_whole(
+    tmp_path: Path,
+) -> None:
+    """Three workers with equal parameters and optimizer state, their own buffer and rng:
+    each part holds a third of the shared packs, and each reads back its whole state."""
+    g = torch.Generator().manual_seed(0)
+    shared = {"w": torch.randn(5, 7, generator=g), "b": torch.randn(7, generator=g)}
+    momentum = {0: {"momentum_buffer": torch.randn(11, generator=g)}}
+    states = [{"model": {**shared, "running": torch.full((3,), float(j))},
+               "optimizer": {"state": momentum, "param_groups": [{"lr": 0.1}]},
+               "rng": torch.full((4,), j, dtype=torch.uint8)} for j in range(3)]  # fmt: skip
+    paths = {"/model/w", "/model/b", "/optimizer"}
+    folder = lambda j: str(tmp_path / f"rank-{j}")  # noqa: E731
+    for j, state in enumerate(states):
+        packed = dcp.pack(state, shared=paths, share=(j, 3))
+        # 35 + 7 + 11 shared floats over 3 workers: 17, 18, 18; the buffer stays whole
+        assert packed.tensors["shared:float32"].numel() == [17, 18, 18][j]
+        assert packed.tensors["pack:float32"].numel() == 3
+        dcp.write(folder(j), {"run": "r", "step": 4}, packed)
+    for j, state in enumerate(states):
+        header, back = dcp.read(folder(j), folder)
+        assert header == {"run": "r", "step": 4} and _equal(state, back)
+    # without its siblings, or with a sibling of another step, a part is refused
+    with pytest.raises(ValueError, match="spread over every worker's part"):
+        dcp.read(folder(0))
+    other = json.loads(Path(folder(2), dcp.STATE_FILE).read_text())
+    Path(folder(2), dcp.STATE_FILE).write_text(json.dumps({**other, "step": 5}))
+    with pytest.raises(ValueError, match="is not this step's part 2"):
+        dcp.read(folder(0), folder)
 
 
 def test_a_checkpoint_of_one_entry_per_tensor_is_still_read(tmp_path: Path) -> None:

@@ -139,6 +139,13 @@ def test_killed_and_resumed_equals_uninterrupted_bit_for_bit(full: Path, tmp_pat
     crash = run_cli("train", *COMMON, "--checkpoint-every", "6",
                     "--inject-fault", "kill:rank=1:step=8", "--out", str(killed))  # fmt: skip
     assert crash.returncode == 1 and checkpoint.latest(str(killed)) == 6
+    # the replicas' parameters and momentum were written once: half by each worker
+    step6 = Path(checkpoint.step_dir(str(killed), 6))
+    cut = [json.loads((step6 / f"rank-0000{r}" / "state.json").read_text())["shared"]
+           for r in (0, 1)]  # fmt: skip
+    assert [c["index"] for c in cut] == [0, 1] and cut[0]["lengths"] == cut[1]["lengths"]
+    params = sum(t.numel() for t in _params(full).values())  # the cnn has no buffers
+    assert cut[0]["lengths"] == {"shared:float32": 2 * params}
     again = run_cli("train", *COMMON, "--resume", str(killed), "--out", str(resumed))
     assert again.returncode == 0, again.stderr
     run = json.loads((resumed / "summary.json").read_text())["run_id"]

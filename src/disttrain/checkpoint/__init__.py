@@ -35,7 +35,7 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from types import ModuleType
 from typing import Any
 
@@ -116,20 +116,25 @@ def _part(rank: int | str) -> str:
 
 def save(
     root: str, step: int, rank: int | str, world_size: int, state: dict[str, Any],
-    run: str | None = None, background: bool = False,
+    run: str | None = None, background: bool = False, replicated: Collection[str] = (),
 ) -> Callable[[], None]:  # fmt: skip
     """Write this process's ``state`` for ``step`` of ``run``; rank 0 commits after a barrier.
 
     Returns a function that waits until the part is on disk: at once, or with
     ``background`` once the writer thread (:mod:`~disttrain.checkpoint.background`) has
     written the copy taken here (call it before the barrier that precedes the commit).
-    ``world_size``: the number of workers of the run.
+    ``world_size``: the number of workers of the run. ``replicated``: paths of ``state``
+    equal on every worker (``Strategy.replicated_state``): worker ``rank`` writes only its
+    1/``world_size`` of them, and a load reads the rest from the other workers' parts.
     """
     run = _own(run)
     folder = _staging(root, step, run)
     header = {"format": FORMAT, "run": run, "step": step, "rank": rank, "world_size": world_size}
+    if not isinstance(rank, int) or world_size < 2:
+        replicated = ()  # a named part (a server's) has no siblings to share with
     # a copy: training may go on while it is written
-    packed = _dcp().pack(state, _background.staging() if background else None)
+    packed = _dcp().pack(state, _background.staging() if background else None, replicated,
+                         (rank, world_size) if replicated else (0, 1))  # fmt: skip
 
     def write() -> None:
         makedirs(folder)
@@ -337,7 +342,7 @@ def load(
     if not os.path.isdir(path):
         raise UsageError(f"--resume {root}: step {step} has no state for {_part(rank)}")
     try:
-        header, body = _dcp().read(path)
+        header, body = _dcp().read(path, lambda j: os.path.join(step_dir(root, step), _part(j)))
     except Exception as exc:  # unpickling refused, truncated or foreign files
         raise UsageError(
             f"--resume: {path} is not a disttrain checkpoint ({_reason(exc)})"

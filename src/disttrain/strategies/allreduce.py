@@ -229,6 +229,12 @@ class AllReduce(Strategy):
         stats = self.reducer.stats()
         return {"data_parallel": {**stats, "accumulate": self.accumulate}}
 
+    def replicated_state(self) -> set[str]:
+        # every worker applies the same averaged gradient (the collectives hand every rank
+        # the same bytes) from the same start, so parameters and optimizer state are equal;
+        # buffers (BatchNorm's statistics) are not averaged: each worker keeps its own
+        return {"/optimizer"} | {f"/model/{name}" for name, _ in self.model.named_parameters()}
+
     def state_dict(self) -> dict[str, Any]:
         if self.compressor is None:
             return {}

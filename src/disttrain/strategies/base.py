@@ -240,6 +240,12 @@ class Strategy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         del state
 
+    def replicated_state(self) -> set[str]:
+        """Paths of this worker's checkpoint state (the trainer's per-worker dict:
+        ``/model/<name>``, ``/optimizer``, ...) that are equal on every worker of
+        :attr:`worker_group`: each worker writes 1/N of them (none by default)."""
+        return set()
+
     def model_state_dict(self) -> dict[str, Any]:
         """The model's entry of this worker's checkpoint (default: its whole ``state_dict``;
         a strategy whose parameters live elsewhere between steps saves them itself)."""

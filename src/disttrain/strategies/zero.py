@@ -143,6 +143,13 @@ class Zero(Strategy):
         except ValueError as exc:
             raise UsageError(str(exc)) from None
 
+    def replicated_state(self) -> set[str]:
+        # stages 1, 2: the parameters, gathered after every step, are equal on every worker
+        # (the optimizer's state is sharded already); stage 3 keeps shards only
+        if self._sharded_names:
+            return set()
+        return {f"/model/{name}" for name, _ in self.model.named_parameters()}
+
     def model_state_dict(self) -> dict[str, Any]:
         """Stage 3: the model's buffers only (its parameters are the shards, in ``state_dict``)."""
         whole = self.model.state_dict()

@@ -48,8 +48,9 @@ class Checkpoints:
         n = dist.get_world_size(s.worker_group)
         state = rank_state(s, optimizer, runner)
         wait = checkpoint.save(
-            self.out_dir, step, s.world.rank, n, state, background=self.background
-        )
+            self.out_dir, step, s.world.rank, n, state, background=self.background,
+            replicated=s.replicated_state(),
+        )  # fmt: skip
         self.pending = (step, wait)
         if not self.background:
             self.finish()
