@@ -272,24 +272,24 @@ def _join_shared(doc: dict[str, Any], tensors: dict[str, torch.Tensor],
     index, parts, lengths = int(shared["index"]), int(shared["parts"]), shared["lengths"]
     if sibling is None:
         raise ValueError("its replicated state is spread over every worker's part")
+    slices: list[dict[str, torch.Tensor]] = []  # worker j's slice of every shared pack
+    for j in range(parts):
+        if j == index:
+            slices.append({key: tensors[key] for key in lengths})
+            continue
+        other = _header(sibling(j))
+        if (other.get("run"), other.get("step"), other.get("shared")) != (
+            doc.get("run"), doc.get("step"), {**shared, "index": j}
+        ):  # fmt: skip
+            raise ValueError(f"{sibling(j)} is not this step's part {j}")
+        slices.append(_load(sibling(j), list(lengths)))
     for key, length in lengths.items():
-        mine = tensors[key]
-        whole = torch.empty(int(length), dtype=mine.dtype)
-        for j in range(parts):
+        pieces = [got[key] for got in slices]
+        for j, got in enumerate(pieces):
             lo, hi = _slice(int(length), j, parts)
-            if j == index:
-                got = mine
-            else:
-                other = _header(sibling(j))
-                if (other.get("run"), other.get("step"), other.get("shared")) != (
-                    doc.get("run"), doc.get("step"), {**shared, "index": j}
-                ):  # fmt: skip
-                    raise ValueError(f"{sibling(j)} is not this step's part {j}")
-                got = _load(sibling(j), [key])[key]
             if got.numel() != hi - lo:
                 raise ValueError(f"part {j}'s slice of {key!r} has {got.numel()} elements")
-            whole[lo:hi] = got
-        tensors[key] = whole
+        tensors[key] = torch.cat(pieces)
 
 
 def read(folder: str, sibling: Callable[[int], str] | None = None
