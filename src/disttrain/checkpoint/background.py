@@ -3,10 +3,10 @@
 ``--async-checkpoint`` hands each save (and rank 0's commit of the step before) to this
 thread. It does what DCP's ``async_save`` does (a copy of the state taken on the
 training path, a plain ``dcp.save`` of that copy in a thread) with two costs of the
-training path removed, measured on the default model: ``async_save`` copies the state
-again and starts a new thread for every save (together ~1.2 ms of a ~3 ms save here),
-while the state we hand over is already a private copy (:func:`dcp.pack`) and this
-thread lives as long as the process.
+training path removed: ``async_save`` copies the state again and starts a new thread
+for every save, while the state we hand over is already a private copy
+(:func:`dcp.pack`) and this thread lives as long as the process (the effect on a
+training run: ``disttrain bench checkpoint-overhead``, benchmarks/RESULTS.md).
 
 One thread, in order: a step's commit, submitted after its save, runs after it, and
 the next step's save after that commit (a commit deletes the older staging folders of
