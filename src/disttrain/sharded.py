@@ -229,7 +229,7 @@ class ShardedOptimizer(OptimizerWrapper):
             for key in sorted(entry):  # the same keys on every rank: every shard stepped
                 value = entry[key]
                 if isinstance(value, torch.Tensor) and value.dim() >= 1:
-                    full = torch.zeros(group.numel, dtype=value.dtype)
+                    full = torch.zeros(group.numel, dtype=value.dtype, device=value.device)
                     full[group.start : group.stop] = value
                     algo.all_gather(full, engine.group)
                     pieces = {id(p): full[o : o + p.numel()].view_as(p) for p, o in group.offsets()}

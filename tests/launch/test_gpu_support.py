@@ -13,6 +13,7 @@ from disttrain import cli, config
 from disttrain.comm.errors import UsageError
 from disttrain.launch import gpu_support
 from disttrain.launch.preflight import preflight
+from tests.train.test_cuda import ONE_GPU_RUNS
 
 
 @pytest.fixture
@@ -84,5 +85,21 @@ def test_a_proven_combination_passes_and_a_neighbour_does_not(
         with pytest.raises(UsageError, match="has not been proven"):
             preflight(other)
     topk = config.load({"device": "cuda", "workers": 1, "compression": "topk:0.1"})
-    assert gpu_support.combination(topk) == dataclasses.replace(proven, compression="topk:0.1")
+    # the codec counts, not its ratio
+    assert gpu_support.combination(topk) == dataclasses.replace(proven, compression="topk")
     assert gpu_support.unproven_reason(topk) is not None
+
+
+@pytest.mark.parametrize("run", range(len(ONE_GPU_RUNS)))
+def test_each_one_gpu_run_proves_the_combination_it_names(
+    run: int, monkeypatch: pytest.MonkeyPatch, no_launch: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # tests/train/test_cuda.py's runs each name the combination they prove: the refusal
+    # (nothing proven) must name that same combination for those flags
+    flags, combo = ONE_GPU_RUNS[run]
+    _cuda(monkeypatch, True)
+    monkeypatch.setattr(gpu_support, "PROVEN", frozenset())
+    code = cli.main(["train", "--device", "cuda", "--workers", "1", "--no-progress",
+                     "--out", str(no_launch / "o"), *flags])  # fmt: skip
+    assert code == 2
+    assert f"--device cuda: {combo} has not been proven" in capsys.readouterr().err

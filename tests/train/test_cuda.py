@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from disttrain.launch import gpu_support
 from tests.test_cli import run_cli
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -53,3 +54,45 @@ def test_mixed_precision_on_one_gpu_trains_as_fp32_does(
     low = _params(tmp_path / precision, "cuda", 1, "--precision", precision)
     worst = max(float((fp32[k] - low[k]).abs().max()) for k in fp32)
     assert 0 < worst <= tolerance, worst  # 0: the precision was not applied at all
+
+
+def _combo(strategy: str) -> gpu_support.Combination:
+    return gpu_support.Combination(strategy, "native", "none", "fp32", False)
+
+
+#: One-GPU runs beyond the native allreduce, each with the combination it proves: the
+#: strategies whose own code runs on one rank (zero's shards and buffers, localsgd's and
+#: diloco's local steps, diloco's outer step). Not here: the ring and tree algorithms,
+#: --check-collectives and the codecs, which send nothing on one rank (nothing of theirs
+#: would run: a one-GPU run proves nothing about them). A strategy's every stage must pass
+#: (the combination has no stage). A run not in PROVEN must be refused (exit 2) on a GPU
+#: machine too; to prove one, add it to PROVEN there and run this.
+ONE_GPU_RUNS: list[tuple[tuple[str, ...], gpu_support.Combination]] = [
+    (("--strategy", "zero", "--zero-stage", "1"), _combo("zero")),
+    (("--strategy", "zero", "--zero-stage", "2"), _combo("zero")),
+    (("--strategy", "zero", "--zero-stage", "3"), _combo("zero")),
+    # a period of 5: two syncs in the 10 steps; sgd, as Adam's first steps (±lr whatever
+    # the gradient's size) turn cuBLAS's last-bit differences into 1e-2 after 10 steps
+    (("--strategy", "localsgd", "--period", "5"), _combo("localsgd")),
+    (
+        ("--strategy", "diloco", "--period", "5", "--optimizer", "sgd", "--lr", "0.1"),
+        _combo("diloco"),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("flags", "combo"), ONE_GPU_RUNS, ids=[" ".join(f) for f, _ in ONE_GPU_RUNS]
+)
+def test_one_gpu_run_matches_cpu_or_is_refused(
+    tmp_path: Path, flags: tuple[str, ...], combo: gpu_support.Combination
+) -> None:
+    if combo not in gpu_support.PROVEN:  # still refused on a real GPU, before any worker
+        refused = run_cli("train", "--device", "cuda", "--max-steps", "1", "--no-progress",
+                          "--out", str(tmp_path / "r"), *flags)  # fmt: skip
+        assert refused.returncode == 2 and "has not been proven" in refused.stderr, refused.stderr
+        return
+    cpu = _params(tmp_path / "cpu", "cpu", 1, *flags)
+    gpu = _params(tmp_path / "gpu", "cuda", 1, *flags)
+    worst = max(float((cpu[k] - gpu[k]).abs().max()) for k in cpu)
+    assert worst <= 1e-3, worst  # as the native fp32 run: cuBLAS's summation order only

@@ -183,10 +183,12 @@ class ShardedReducer:
         self.keep_full = keep_full
         self.n = layout.n
         groups = layout.groups
+        # gradients live where the parameters do (on NCCL every collective's tensors are GPU)
+        self.device = groups[0].flat.device if groups else torch.device("cpu")
         # stage 1: the full averaged gradient of each group stays (the parameters' .grad)
-        self.full = [torch.zeros(g.numel) for g in groups] if keep_full else []
+        self.full = [torch.zeros(g.numel, device=self.device) for g in groups] if keep_full else []
         # stages 2 and 3: only this rank's chunks stay, back to back
-        self.own = torch.zeros(0 if keep_full else layout.shard_numel)
+        self.own = torch.zeros(0 if keep_full else layout.shard_numel, device=self.device)
         self._own_at: list[int] = []
         at = 0
         for g in groups:
@@ -230,7 +232,7 @@ class ShardedReducer:
         buf = self._buffers[index]
         if buf is None:  # stages 2/3: allocated for this step only, freed once scattered
             numel = self.layout.groups[index].numel
-            buf = self.full[index] if self.keep_full else torch.empty(numel)
+            buf = self.full[index] if self.keep_full else torch.empty(numel, device=self.device)
             self._buffers[index] = buf
         return buf
 

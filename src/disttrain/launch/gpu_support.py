@@ -5,7 +5,7 @@ builds CPU tensors for its collectives or calls ``.numpy()`` on gradients: the
 loss-scale agreement (``amp.py``), ``--check-collectives``, ``--balance time``,
 ``join()`` and the optimizer-state broadcast, every point-to-point algorithm
 (their scratch buffers are CPU), the one-bit and top-k codecs. Only the native
-fp32 path could work, and no GPU run has shown even that (docs/gpu.md). So
+fp32 path could work until a GPU run showed more (docs/gpu.md). So
 ``--device cuda`` is refused before any worker starts unless the run's
 :class:`Combination` is in :data:`PROVEN`.
 
@@ -46,12 +46,14 @@ class Combination:
         )
 
 
-#: Combinations a GPU run has proven (docs/gpu.md, "Proven combinations"): the native
-#: allreduce on one GPU in fp32, bf16 and fp16, by tests/train/test_cuda.py on one H200
-#: (2026-11-26). Add one only with its passing run recorded in docs/gpu.md.
+#: Combinations a GPU run has proven (docs/gpu.md, "Proven combinations"), all on one GPU:
+#: the native allreduce in fp32, bf16 and fp16 (one H200, 2026-11-26); zero (stages 1-3),
+#: localsgd and diloco in fp32 (one H100, 2026-11-26), each by tests/train/test_cuda.py.
+#: Algorithms, codecs and --check-collectives send nothing on one GPU: a one-GPU run
+#: cannot prove them. Add one only with its passing run recorded in docs/gpu.md.
 PROVEN: frozenset[Combination] = frozenset(
-    Combination("allreduce", "native", "none", precision, False)
-    for precision in ("fp32", "bf16", "fp16")
+    [Combination("allreduce", "native", "none", p, False) for p in ("fp32", "bf16", "fp16")]
+    + [Combination(s, "native", "none", "fp32", False) for s in ("zero", "localsgd", "diloco")]
 )
 
 
@@ -63,7 +65,8 @@ def combination(cfg: RunConfig) -> Combination:
     return Combination(
         strategy=tc.strategy,
         algorithm=tc.algorithm,
-        compression=cfg.section(CompressionConfig).compression,
+        # the codec, not its ratio or rank: those change no device handling
+        compression=cfg.section(CompressionConfig).compression.split(":", 1)[0],
         precision=tc.precision,
         check_collectives=bool(tc.check_collectives),
         several=tc.world_size > 1 or tc.live_grow,
