@@ -48,3 +48,19 @@ def test_a_tally_holds_its_own_thread_only_and_nothing_is_lost() -> None:
         t.join()
     assert sorted(tallies) == [20_000, 60_000]
     assert m.bytes_sent == 20_000 * (1 + 3 + 5)
+
+
+def test_a_helper_thread_sending_on_behalf_counts_in_the_callers_tally() -> None:
+    # the hierarchical allreduce's network part runs on its own thread: what it sends is
+    # the caller's traffic (a streaming DiLoCo fragment counts its bytes in a tally)
+    m = Meter()
+    with m.paused(), m.counting() as tally:
+        work = m.on_behalf(lambda n: m.record(1, n))
+        helper = threading.Thread(target=work, args=(100,))
+        helper.start()
+        helper.join()
+        other = threading.Thread(target=m.record, args=(1, 7))  # not on behalf: paused
+        other.start()
+        other.join()
+    assert (tally.bytes_sent, tally.messages_sent) == (100, 1)
+    assert m.bytes_sent == 100

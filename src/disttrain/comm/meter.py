@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 __all__ = ["Meter", "MeterSnapshot", "Tally", "meter", "record_copy", "record_send"]
 
@@ -116,6 +119,20 @@ class Meter:
             yield tally
         finally:
             self._local.tallies.pop()  # blocks nest: the last opened closes first
+
+    def on_behalf(self, fn: Callable[..., T]) -> Callable[..., T]:
+        """``fn``, to run on a helper thread that sends for this one (the hierarchical
+        allreduce's network part): its sends also count in this thread's open tallies."""
+        tallies = list(getattr(self._local, "tallies", []))
+
+        def run(*args: Any, **kwargs: Any) -> T:
+            self._local.tallies = tallies
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._local.tallies = []
+
+        return run
 
     @property
     def bytes_sent(self) -> int:
