@@ -52,6 +52,26 @@ def test_a_packed_state_reads_back_equal_with_one_entry_per_dtype(tmp_path: Path
     assert model["w"].untyped_storage().nbytes() == 12 * 4
 
 
+def test_the_write_skips_torch_saves_crc_and_puts_the_setting_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch.utils.serialization.config as config
+
+    seen = []
+    real = torch.save
+
+    def spy(*args: object, **kwargs: object) -> None:
+        seen.append(config.save.compute_crc32)
+        real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch, "save", spy)
+    state = _state()
+    dcp.write(str(tmp_path / "part"), {}, dcp.pack(state))
+    assert seen and not any(seen)  # DCP's torch.save of each pack ran without the CRC
+    assert config.save.compute_crc32  # the process-wide setting is back
+    assert _equal(state, dcp.read(str(tmp_path / "part"))[1])
+
+
 def test_the_packs_are_a_copy_and_reuse_their_buffers_when_the_sizes_match() -> None:
     w = torch.ones(6)
     reuse: dict[str, torch.Tensor] = {}
