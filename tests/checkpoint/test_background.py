@@ -36,9 +36,13 @@ def test_tasks_run_in_order_on_one_thread_and_errors_surface_at_their_wait() -> 
 
 def test_the_writer_runs_at_the_lowest_priority() -> None:
     niceness: list[int] = []
+    policy: list[int] = []
     background.submit(lambda: niceness.append(os.getpriority(os.PRIO_PROCESS, 0)))()
-    # PRIO_PROCESS 0 is the calling thread on Linux: the writer's own, not the process's
+    background.submit(lambda: policy.append(os.sched_getscheduler(0)))()
+    # PRIO_PROCESS 0 (and sched_*scheduler(0)) is the calling thread on Linux: the
+    # writer's own, not the process's
     assert niceness == [19] and os.getpriority(os.PRIO_PROCESS, 0) < 19
+    assert policy == [os.SCHED_IDLE] and os.sched_getscheduler(0) != os.SCHED_IDLE
 
 
 def test_the_staging_buffers_are_handed_out_only_once_their_write_is_done() -> None:

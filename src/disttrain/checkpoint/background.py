@@ -51,10 +51,16 @@ def submit(task: Callable[[], None], reads_staging: bool = False) -> Callable[[]
 
 def _yield_cpu() -> None:
     """Run the writer thread at the lowest CPU priority (nice 19; on Linux ``setpriority``
-    of a thread id is that thread's alone): where every core trains, the write takes the
-    cycles training leaves (waits in collectives) instead of an equal share of a core."""
+    of a thread id is that thread's alone), and under SCHED_IDLE where the kernel has it
+    (``sched_setscheduler(0, ...)`` is the calling thread's too): where every core trains,
+    the write takes the cycles training leaves (waits in collectives) instead of a share
+    of a core; a nice-19 thread still gets a slice of a busy core, a SCHED_IDLE one runs
+    only when nothing else would (RESULTS "Checkpoints": the steady-state overhead went
+    from +5.6 % to +4.4 % and +4.1 %)."""
     with contextlib.suppress(OSError, AttributeError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    with contextlib.suppress(OSError, AttributeError):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
 def staging() -> dict[str, torch.Tensor]:
