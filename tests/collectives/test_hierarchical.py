@@ -2,8 +2,9 @@
 
 One world of 4 ranks on this host plays four layouts, each on a fresh group: 3 + 1
 ranks per host (uneven), 2 + 2, one rank per host (= the inter-host ring) and one host
-(= shm), with the pipeline's pieces small enough that the largest tensors go in many. Integer-valued data equals ``dist.all_reduce`` exactly, random data is within
-tolerance and bitwise equal on every rank; the meter's bytes sent and copied equal
+(= shm), with the pipeline's pieces small enough that the largest tensors go in many.
+Integer-valued data equals ``dist.all_reduce`` exactly, random data is within tolerance
+and bitwise equal on every rank; the meter's bytes sent and copied equal
 ``cost()`` for the layout ``$LOCAL_WORLD_SIZE`` states. (Not on the emulated cluster:
 the hosts are faked; the cluster run is in benchmarks/RESULTS.md if it was made.)
 """

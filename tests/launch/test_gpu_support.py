@@ -13,7 +13,10 @@ from disttrain import cli, config
 from disttrain.comm.errors import UsageError
 from disttrain.launch import gpu_support
 from disttrain.launch.preflight import preflight
-from tests.train.test_cuda import ONE_GPU_RUNS
+from tests.train.test_cuda import MIXED_RUNS, ONE_GPU_RUNS
+
+#: every run tests/train/test_cuda.py makes on one GPU, with the combination it proves
+NAMED_RUNS = ONE_GPU_RUNS + [((*f, "--precision", p), c) for f, p, _, c in MIXED_RUNS]
 
 
 @pytest.fixture
@@ -90,13 +93,13 @@ def test_a_proven_combination_passes_and_a_neighbour_does_not(
     assert gpu_support.unproven_reason(topk) is not None
 
 
-@pytest.mark.parametrize("run", range(len(ONE_GPU_RUNS)))
+@pytest.mark.parametrize("run", range(len(NAMED_RUNS)))
 def test_each_one_gpu_run_proves_the_combination_it_names(
     run: int, monkeypatch: pytest.MonkeyPatch, no_launch: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # tests/train/test_cuda.py's runs each name the combination they prove: the refusal
     # (nothing proven) must name that same combination for those flags
-    flags, combo = ONE_GPU_RUNS[run]
+    flags, combo = NAMED_RUNS[run]
     _cuda(monkeypatch, True)
     monkeypatch.setattr(gpu_support, "PROVEN", frozenset())
     code = cli.main(["train", "--device", "cuda", "--workers", "1", "--no-progress",

@@ -56,8 +56,8 @@ def test_mixed_precision_on_one_gpu_trains_as_fp32_does(
     assert 0 < worst <= tolerance, worst  # 0: the precision was not applied at all
 
 
-def _combo(strategy: str) -> gpu_support.Combination:
-    return gpu_support.Combination(strategy, "native", "none", "fp32", False)
+def _combo(strategy: str, precision: str = "fp32") -> gpu_support.Combination:
+    return gpu_support.Combination(strategy, "native", "none", precision, False)
 
 
 #: One-GPU runs beyond the native allreduce, each with the combination it proves: the
@@ -96,3 +96,32 @@ def test_one_gpu_run_matches_cpu_or_is_refused(
     gpu = _params(tmp_path / "gpu", "cuda", 1, *flags)
     worst = max(float((cpu[k] - gpu[k]).abs().max()) for k in cpu)
     assert worst <= 1e-3, worst  # as the native fp32 run: cuBLAS's summation order only
+
+
+#: The same strategies in bf16 and fp16 (autocast; fp16 with loss scaling), each against
+#: its own fp32 CUDA run, with the tolerances of the native allreduce's mixed-precision test.
+MIXED_RUNS = [
+    (flags, precision, tolerance, _combo(combo.strategy, precision))
+    for flags, combo in ONE_GPU_RUNS
+    for precision, tolerance in (("bf16", 3e-2), ("fp16", 3e-3))
+]
+
+
+@pytest.mark.parametrize(
+    ("flags", "precision", "tolerance", "combo"), MIXED_RUNS,
+    ids=[f"{p} {' '.join(f)}" for f, p, _, _ in MIXED_RUNS],
+)  # fmt: skip
+def test_one_gpu_mixed_precision_run_is_close_to_fp32_or_is_refused(
+    tmp_path: Path, flags: tuple[str, ...], precision: str, tolerance: float,
+    combo: gpu_support.Combination,
+) -> None:  # fmt: skip
+    low_flags = (*flags, "--precision", precision)
+    if combo not in gpu_support.PROVEN:
+        refused = run_cli("train", "--device", "cuda", "--max-steps", "1", "--no-progress",
+                          "--out", str(tmp_path / "r"), *low_flags)  # fmt: skip
+        assert refused.returncode == 2 and "has not been proven" in refused.stderr, refused.stderr
+        return
+    fp32 = _params(tmp_path / "fp32", "cuda", 1, *flags)
+    low = _params(tmp_path / precision, "cuda", 1, *low_flags)
+    worst = max(float((fp32[k] - low[k]).abs().max()) for k in fp32)
+    assert 0 < worst <= tolerance, worst  # 0: the precision was not applied at all
