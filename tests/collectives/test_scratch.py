@@ -1,7 +1,7 @@
 """Scratch buffers are per thread: a comm thread and the main thread may run algorithms at once.
 
 The reducer and the DDP hooks run allreduce algorithms on a communication thread
-(``dataparallel/commthread.py``) while a user may call ``all_reduce(x, "ring")`` on
+(``comm/commthread.py``) while a user may call ``all_reduce(x, "ring")`` on
 the main thread. Shared slots would have both receive into one buffer: before the
 slots were per thread, the two-thread test below got 4-10 of 30 rounds wrong.
 Concurrent calls also need one process group per thread (see ``_two_threads``).

@@ -220,7 +220,7 @@ class AllReduceAlgorithm(ABC):
         """Start :meth:`all_reduce` of the non-empty 1-D ``flat`` (unchecked) and return its
         ``dist.Work`` to ``wait()`` on; None where the algorithm has no asynchronous form
         (the default: our algorithms are blocking loops, which a caller runs on a
-        :class:`~disttrain.dataparallel.commthread.CommThread` instead)."""
+        :class:`~disttrain.comm.commthread.CommThread` instead)."""
         return None
 
     def start_reduce_scatter(self, flat: torch.Tensor, group: ProcessGroup | None) -> Any:

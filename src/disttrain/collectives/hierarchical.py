@@ -34,7 +34,7 @@ import socket
 import threading
 import zlib
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +50,7 @@ from disttrain.collectives.base import (
 )
 from disttrain.collectives.costs import Path
 from disttrain.comm import world
+from disttrain.comm.commthread import CommThread
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
 from disttrain.comm.p2p import global_rank
@@ -106,13 +107,14 @@ _lock = threading.Lock()
 #: pieces on the link at once: piece i goes on lane i % LANES, its own thread and group, so
 #: the link stays busy across one piece's step boundaries (each a round trip and a wake-up)
 LANES = 2
-_inter: list[ThreadPoolExecutor] = []  # one thread a lane: its pieces in order
+_inter: list[CommThread] = []  # one thread a lane: its pieces in order
+Sent = torch.futures.Future[torch.Tensor]  # a piece's network sum, once its lane ran it
 
 
-def _inter_thread(lane: int) -> ThreadPoolExecutor:
+def _inter_thread(lane: int) -> CommThread:
     with _lock:
         while len(_inter) < LANES:
-            _inter.append(ThreadPoolExecutor(1, thread_name_prefix="disttrain-hierarchical"))
+            _inter.append(CommThread(f"disttrain-hierarchical-{len(_inter)}"))
         return _inter[lane]
 
 
@@ -128,8 +130,8 @@ def _layout(group: ProcessGroup | None) -> _Layout:
 def _forget() -> None:
     with _lock:
         _layouts.clear()
-        for pool in _inter:
-            pool.shutdown(wait=False)
+        for thread in _inter:
+            thread.close()
         _inter.clear()
 
 
@@ -164,14 +166,26 @@ def _make_layout(group: ProcessGroup | None) -> _Layout:
     return _Layout(len(hosts), local, leaders, len(mine))
 
 
-def _finish(piece: torch.Tensor, sent: Future[None] | None, local: ProcessGroup | None) -> None:
+def _finish(piece: torch.Tensor, sent: Sent | None, local: ProcessGroup | None) -> None:
     """Wait for ``piece``'s network sum (leaders), then broadcast it inside the host."""
     from disttrain.collectives.shm import broadcast
 
     if sent is not None:
-        sent.result()  # re-raises the network allreduce's error here
+        sent.wait()  # re-raises the network allreduce's error here
     if local is not None:
         broadcast(piece, 0, local)
+
+
+def _sum(inter: AllReduceAlgorithm, piece: torch.Tensor, leaders: ProcessGroup
+         ) -> Callable[[], torch.Tensor]:  # fmt: skip
+    """The leaders' network allreduce of ``piece``, to run on a lane's thread; a caller's
+    ``meter.counting()`` sees its bytes (:meth:`Meter.on_behalf`)."""
+
+    def run() -> torch.Tensor:
+        inter.reduce_flat(piece, leaders)
+        return piece
+
+    return meter.on_behalf(run)
 
 
 @register
@@ -196,16 +210,15 @@ class Hierarchical(AllReduceAlgorithm):
         # every rank of a host runs the same shm calls in the same order: sum piece i,
         # then broadcast piece i-LANES+1 (its leader first waits for that piece's network
         # sum), so LANES pieces are on the link at once
-        flight: deque[tuple[torch.Tensor, Future[None] | None]] = deque()
+        flight: deque[tuple[torch.Tensor, Sent | None]] = deque()
         for i, (a, b) in enumerate(pieces(flat.numel(), flat.element_size())):
             piece = flat[a:b]
             if layout.local is not None:
                 shm.reduce_flat(piece, layout.local)
             sent = None
             if layout.leaders:
-                work = meter.on_behalf(inter.reduce_flat)  # a caller's counting() sees its bytes
                 lane = i % LANES
-                sent = _inter_thread(lane).submit(work, piece, layout.leaders[lane])
+                sent = _inter_thread(lane).submit(_sum(inter, piece, layout.leaders[lane]))
             flight.append((piece, sent))
             if len(flight) == LANES:
                 _finish(*flight.popleft(), layout.local)

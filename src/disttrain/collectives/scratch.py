@@ -7,7 +7,7 @@ when needed and is never shrunk until :func:`release` is called.
 
 Slots are per thread. An algorithm is synchronous, so one thread never runs
 two calls at once, but two threads can: the reducer and the DDP hooks run
-algorithms on a communication thread (``dataparallel/commthread.py``) while
+algorithms on a communication thread (``comm/commthread.py``) while
 the main thread may call ``all_reduce(x, "ring")`` itself. With one shared
 slot both calls would receive into the same buffer. Each thread therefore
 keeps its own slots (``threading.local``), reused across that thread's calls;

@@ -28,12 +28,12 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from disttrain import collectives
+from disttrain.comm.commthread import CommThread
 from disttrain.comm.world import group_timeout
 from disttrain.compression.base import Compressor
 from disttrain.compression.error_feedback import ErrorFeedback
 from disttrain.compression.exchange import CompressionStats, compressed_all_reduce
 from disttrain.compression.registry import parse
-from disttrain.dataparallel.commthread import CommThread
 
 __all__ = ["AlgorithmHook", "CompressorHook", "allreduce_hook", "compressed_hook", "register"]
 

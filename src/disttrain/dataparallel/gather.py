@@ -30,8 +30,8 @@ from torch.distributed import ProcessGroup
 
 from disttrain import collectives, timeline
 from disttrain.collectives.checks import checks_everywhere
+from disttrain.comm.commthread import CommThread
 from disttrain.comm.world import group_timeout
-from disttrain.dataparallel.commthread import CommThread
 from disttrain.dataparallel.sharding import ShardGroup, ShardLayout
 
 __all__ = ["LayerGatherer", "layer_groups", "layer_units"]

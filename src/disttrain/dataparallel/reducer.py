@@ -35,6 +35,7 @@ from torch.distributed import ProcessGroup
 
 from disttrain import collectives, timeline
 from disttrain.collectives.checks import check_call, checks_everywhere
+from disttrain.comm.commthread import CommThread
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import record_send
 from disttrain.comm.p2p import global_rank
@@ -42,7 +43,6 @@ from disttrain.comm.world import group_timeout
 from disttrain.compression.base import Compressor
 from disttrain.compression.casts import cast_dtype
 from disttrain.compression.registry import parse
-from disttrain.dataparallel.commthread import CommThread
 from disttrain.dataparallel.fusion import MB, FlatBucket, make_buckets
 
 __all__ = ["Reducer", "wire_dtype"]

@@ -36,8 +36,8 @@ from torch.distributed import ProcessGroup
 from disttrain import collectives, timeline
 from disttrain.collectives.checks import check_call, checks_everywhere
 from disttrain.collectives.chunks import chunk_bounds
+from disttrain.comm.commthread import CommThread
 from disttrain.comm.world import group_timeout
-from disttrain.dataparallel.commthread import CommThread
 from disttrain.dataparallel.fusion import FlatBucket
 
 __all__ = [

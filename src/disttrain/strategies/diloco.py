@@ -33,12 +33,12 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from disttrain import collectives, costing, timeline
+from disttrain.comm.commthread import CommThread
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
 from disttrain.comm.world import group_timeout
 from disttrain.compression import blockquant
 from disttrain.config import RunConfig, opt, register_section
-from disttrain.dataparallel.commthread import CommThread
 from disttrain.strategies.base import register
 from disttrain.strategies.localsgd import LocalSGD, LocalSGDConfig
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from disttrain.dataparallel.commthread import CommThread
+from disttrain.comm.commthread import CommThread
 
 
 def test_runs_in_order_and_returns_futures() -> None:
