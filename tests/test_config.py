@@ -103,3 +103,14 @@ def test_where_two_components_default_one_setting_the_strategy_wins() -> None:
     # a given flag settles it
     given = {"strategy": "diloco", "compression": "topk:0.1", "optimizer": "sgd"}
     assert not {"optimizer", "lr"} & set(choice_defaults(given, section_fields()))
+
+
+def test_a_strategy_default_may_depend_on_its_mode_and_a_flag_wins() -> None:
+    import disttrain.strategies  # noqa: F401  (registers the ps section)
+
+    # ps softsync divides each update's lr by its staleness unless told otherwise
+    assert config.load({"strategy": "ps", "ps_mode": "softsync"}).get("staleness_lr") is True
+    off = config.load({"strategy": "ps", "ps_mode": "softsync", "staleness_lr": False})
+    assert off.get("staleness_lr") is False
+    for mode in ("sync", "async", "ssp"):
+        assert config.load({"strategy": "ps", "ps_mode": mode}).get("staleness_lr") is False

@@ -413,7 +413,10 @@ def choice_defaults(settings: dict[str, Any], known: dict[str, Any]) -> dict[str
         entry_name = chosen.strip().partition(":")[0]
         if entry_name not in registry:
             continue  # validation names the unknown choice
-        defaults = getattr(registry.get(entry_name), "setting_defaults", {})
+        entry = registry.get(entry_name)
+        # a strategy's may depend on the settings (its mode); a compressor's are fixed
+        defaults = (entry.defaults_for(settings) if hasattr(entry, "defaults_for")
+                    else getattr(entry, "setting_defaults", {}))  # fmt: skip
         for setting, value in defaults.items():
             if setting in settings or (
                 setting == "lr" and "optimizer" in defaults and "optimizer" in settings

@@ -55,15 +55,11 @@ KNOWN_BAD: dict[str, str] = {}
 #: run when the first is below the band; a default that does not train fails both.
 NONDETERMINISTIC = {"ps async", "ps ssp", "ps softsync"}
 #: Rows that passed and failed the same command in CI rehearsals: run, not enforced.
-#: Not async/ssp since each of their pushes is applied at lr/N (ps/config.py
-#: push_lr_share): async 5 of 5 and ssp 4 of 5 single runs in the band (2026-11-25).
-#: softsync has no such rule: its runs are 0.933, 0.919 (RESULTS, 2026-11-24), and in the
-#: 2026-11-26 CI rehearsals in the band twice, then 0.917 and 0.919 (band 0.928) at
-#: 1d6b01a, whose changes do not reach the parameter server.
-UNSTABLE: dict[str, str] = {
-    "ps softsync": "softsync's default trains at the band's edge: 0.917-0.933 in 4 runs "
-    "that missed or nearly missed it (issue 23's defaults rule; no lr rule for softsync yet)",
-}
+#: None now: async and ssp apply each push at lr/N (ps/config.py push_lr_share: async 5
+#: of 5 and ssp 4 of 5 single runs in the band, 2026-11-25); softsync divides each
+#: update's lr by its staleness by default (strategies/ps.py defaults_for: 8 of 8 runs in
+#: the band against 2 of 4 without, 2026-11-26; it was unstable here before).
+UNSTABLE: dict[str, str] = {}
 CASES = [
     pytest.param(
         name, label, flags, id=label,

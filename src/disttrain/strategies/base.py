@@ -37,7 +37,7 @@ module named in ``$DISTTRAIN_PLUGINS``, whose class is decorated with ``@registe
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -106,6 +106,12 @@ class Strategy:
     #: Defaults of its own for settings it reads (``{"optimizer": "adam"}``); a given flag
     #: or TOML key wins (``config.choice_defaults``).
     setting_defaults: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def defaults_for(cls, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """Its defaults given the run's settings so far (a mode of its own may want its
+        own: ps softsync's ``staleness_lr``); :attr:`setting_defaults` unless overridden."""
+        return dict(cls.setting_defaults)
 
     def __init__(self, config: RunConfig, world: World, loss_fn: LossFn) -> None:
         self.config = config
