@@ -86,3 +86,19 @@ def test_cost_by_layout() -> None:
     finally:
         del os.environ["LOCAL_WORLD_SIZE"]
     assert algo.cost(4000, 4, 1, 4) == shm.cost(4000, 4, 1, 4)  # one host (no env): shm
+
+
+def test_critical_path_on_one_host_is_shms_and_one_rank_per_host_the_networks() -> None:
+    # the pipelined chain applies only with both phases: on one host (no $LOCAL_WORLD_SIZE)
+    # the whole tensor's shm path, with one rank per host the inter algorithm's
+    from disttrain import collectives
+
+    algo = collectives.get("hierarchical")
+    nbytes = 8 << 20  # several pipeline pieces
+    assert algo.critical_path(nbytes, 4, 4) == collectives.get("shm").critical_path(nbytes, 4, 4)
+    os.environ["LOCAL_WORLD_SIZE"] = "1"
+    try:
+        ring = collectives.get("ring").critical_path(nbytes, 4, 4)
+        assert algo.critical_path(nbytes, 4, 4) == ring
+    finally:
+        del os.environ["LOCAL_WORLD_SIZE"]

@@ -254,6 +254,10 @@ class Hierarchical(AllReduceAlgorithm):
         # the other, the last piece's broadcast (S copied in all); the other pieces' shm
         # phases run while the link is busy
         sizes = host_sizes(n)
+        if len(sizes) in (1, n):  # one host: shm alone; one rank per host: the network alone
+            return get("shm" if len(sizes) == 1 else inter_algorithm()).critical_path(
+                nbytes, n, itemsize
+            )
         bounds = pieces(nbytes // itemsize, itemsize)
         first = (bounds[0][1] - bounds[0][0]) * itemsize
         last = (bounds[-1][1] - bounds[-1][0]) * itemsize
