@@ -56,7 +56,9 @@ def _yield_cpu() -> None:
     the write takes the cycles training leaves (waits in collectives) instead of a share
     of a core; a nice-19 thread still gets a slice of a busy core, a SCHED_IDLE one runs
     only when nothing else would (RESULTS "Checkpoints": the steady-state overhead went
-    from +5.6 % to +4.4 % and +4.1 %)."""
+    from +5.6 % to +4.4 % and +4.1 %). The price: while it holds the GIL (DCP's Python
+    parts) on a machine busy with other jobs, the training thread may wait longer for it
+    than under nice 19 alone; the write's I/O and copies run without the GIL."""
     with contextlib.suppress(OSError, AttributeError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
     with contextlib.suppress(OSError, AttributeError):
