@@ -72,6 +72,7 @@ def _flags(variant: str, a: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from disttrain.comm.errors import UsageError
     from disttrain.lab.runs import train_run
 
     rate: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     # whole periods: from checkpoint `settle` to the last one before the final step
     first, last = args.settle * args.every, (args.steps - 1) // args.every * args.every
     if last <= first:
-        raise SystemExit(f"--steps {args.steps} leaves no period after --settle {args.settle}")
+        raise UsageError(f"--steps {args.steps} leaves no period after --settle {args.settle}")
     for r in range(args.repeats):
         order = VARIANTS[r % 3 :] + VARIANTS[: r % 3]
         for variant in order:
