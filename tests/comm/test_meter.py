@@ -55,8 +55,8 @@ def test_a_helper_thread_sending_on_behalf_counts_in_the_callers_tally() -> None
     # the caller's traffic (a streaming DiLoCo fragment counts its bytes in a tally)
     m = Meter()
     with m.paused(), m.counting() as tally:
-        work = m.on_behalf(lambda n: m.record(1, n))
-        helper = threading.Thread(target=work, args=(100,))
+        work = m.on_behalf(lambda: m.record(1, 100))
+        helper = threading.Thread(target=work)
         helper.start()
         helper.join()
         other = threading.Thread(target=m.record, args=(1, 7))  # not on behalf: paused

@@ -28,10 +28,22 @@ def _params(out: Path, device: str, workers: int, *extra: str) -> dict[str, torc
     return torch.load(out / "model.pt", weights_only=True, map_location="cpu")  # type: ignore[no-any-return]
 
 
+def _worst(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest absolute difference between two runs' parameters."""
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def _assert_refused(out: Path, *flags: str) -> None:
+    """A combination not in PROVEN is refused on a real GPU too, before any worker."""
+    refused = run_cli("train", "--device", "cuda", "--max-steps", "1", "--no-progress",
+                      "--out", str(out / "r"), *flags)  # fmt: skip
+    assert refused.returncode == 2 and "has not been proven" in refused.stderr, refused.stderr
+
+
 def test_cuda_training_matches_cpu_training(tmp_path: Path) -> None:
     cpu = _params(tmp_path / "cpu", "cpu", 1)
     gpu = _params(tmp_path / "gpu", "cuda", 1)
-    worst = max(float((cpu[k] - gpu[k]).abs().max()) for k in cpu)
+    worst = _worst(cpu, gpu)
     assert worst <= 1e-3, worst  # cuBLAS sums in another order than the CPU; 10 steps stay close
 
 
@@ -39,7 +51,7 @@ def test_cuda_training_matches_cpu_training(tmp_path: Path) -> None:
 def test_two_gpu_workers_match_one(tmp_path: Path) -> None:
     one = _params(tmp_path / "one", "cuda", 1)
     two = _params(tmp_path / "two", "cuda", 2)
-    worst = max(float((one[k] - two[k]).abs().max()) for k in one)
+    worst = _worst(one, two)
     assert worst <= 1e-4, worst
 
 
@@ -52,7 +64,7 @@ def test_mixed_precision_on_one_gpu_trains_as_fp32_does(
     # of mantissa, fp16 11: the tolerances are ~4 and ~0.5 of their ulps at weight scale)
     fp32 = _params(tmp_path / "fp32", "cuda", 1)
     low = _params(tmp_path / precision, "cuda", 1, "--precision", precision)
-    worst = max(float((fp32[k] - low[k]).abs().max()) for k in fp32)
+    worst = _worst(fp32, low)
     assert 0 < worst <= tolerance, worst  # 0: the precision was not applied at all
 
 
@@ -87,14 +99,12 @@ ONE_GPU_RUNS: list[tuple[tuple[str, ...], gpu_support.Combination]] = [
 def test_one_gpu_run_matches_cpu_or_is_refused(
     tmp_path: Path, flags: tuple[str, ...], combo: gpu_support.Combination
 ) -> None:
-    if combo not in gpu_support.PROVEN:  # still refused on a real GPU, before any worker
-        refused = run_cli("train", "--device", "cuda", "--max-steps", "1", "--no-progress",
-                          "--out", str(tmp_path / "r"), *flags)  # fmt: skip
-        assert refused.returncode == 2 and "has not been proven" in refused.stderr, refused.stderr
+    if combo not in gpu_support.PROVEN:
+        _assert_refused(tmp_path, *flags)
         return
     cpu = _params(tmp_path / "cpu", "cpu", 1, *flags)
     gpu = _params(tmp_path / "gpu", "cuda", 1, *flags)
-    worst = max(float((cpu[k] - gpu[k]).abs().max()) for k in cpu)
+    worst = _worst(cpu, gpu)
     assert worst <= 1e-3, worst  # as the native fp32 run: cuBLAS's summation order only
 
 
@@ -117,11 +127,9 @@ def test_one_gpu_mixed_precision_run_is_close_to_fp32_or_is_refused(
 ) -> None:  # fmt: skip
     low_flags = (*flags, "--precision", precision)
     if combo not in gpu_support.PROVEN:
-        refused = run_cli("train", "--device", "cuda", "--max-steps", "1", "--no-progress",
-                          "--out", str(tmp_path / "r"), *low_flags)  # fmt: skip
-        assert refused.returncode == 2 and "has not been proven" in refused.stderr, refused.stderr
+        _assert_refused(tmp_path, *low_flags)
         return
     fp32 = _params(tmp_path / "fp32", "cuda", 1, *flags)
     low = _params(tmp_path / precision, "cuda", 1, *low_flags)
-    worst = max(float((fp32[k] - low[k]).abs().max()) for k in fp32)
+    worst = _worst(fp32, low)
     assert 0 < worst <= tolerance, worst  # 0: the precision was not applied at all

@@ -228,8 +228,8 @@ def write(folder: str, header: dict[str, Any], packed: Packed) -> None:
     with open(tmp, "wb") as fh:
         fh.write(json.dumps(doc).encode())
     os.replace(tmp, os.path.join(folder, STATE_FILE))
-    # without torch.save's zip CRC-32 over every byte: torch.load never checks it, and it
-    # is a third of the write's CPU time, taken from the training on a busy machine. The
+    # without torch.save's zip CRC-32 over every byte: torch.load never checks it, and its
+    # CPU time is taken from the training where every core trains. The
     # setting is process-wide while it lasts (another thread's torch.save then skips it
     # too, harmless for the same reason); the lock keeps two writes from restoring it
     # out of order

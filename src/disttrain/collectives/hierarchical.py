@@ -71,7 +71,7 @@ PIECE_BYTES = 2 << 20
 def pieces(numel: int, itemsize: int) -> list[tuple[int, int]]:
     """[start, stop) element bounds of the pipeline's pieces of a flat tensor."""
     per = max(1, PIECE_BYTES // itemsize)
-    return [(a, min(a + per, numel)) for a in range(0, numel, per)] or [(0, 0)]
+    return [(a, min(a + per, numel)) for a in range(0, numel, per)]
 
 
 def host_key() -> int:
@@ -267,16 +267,15 @@ class Hierarchical(AllReduceAlgorithm):
             for a, b in bounds
         ]
         outer = outers[0]
-        broadcast = last if max(sizes) > 1 and len(sizes) > 1 else 0
-        return Path(
-            inner.steps + sum(o.steps for o in outers) + (1 if broadcast else 0),
+        return Path(  # several hosts, one of them with several ranks: both phases run
+            inner.steps + sum(o.steps for o in outers) + 1,
             sum(o.critical_bytes for o in outers),
             inner.reduced_bytes + sum(o.reduced_bytes for o in outers),
             sum(o.bytes_per_rank for o in outers), sum(o.messages_per_rank for o in outers),
             f"shm inside hosts, then {inter_algorithm()} in {len(bounds)} pieces: "
             f"{outer.latency_formula} each",
             f"{inter_algorithm()} among {len(sizes)} hosts: {outer.bandwidth_formula}",
-            copied_bytes=inner.copied_bytes + broadcast,
+            copied_bytes=inner.copied_bytes + last,
         )  # fmt: skip
 
     def steps_formula(self, n: int) -> str:

@@ -22,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -120,15 +120,15 @@ class Meter:
         finally:
             self._local.tallies.pop()  # blocks nest: the last opened closes first
 
-    def on_behalf(self, fn: Callable[..., T]) -> Callable[..., T]:
+    def on_behalf(self, fn: Callable[[], T]) -> Callable[[], T]:
         """``fn``, to run on a helper thread that sends for this one (the hierarchical
         allreduce's network part): its sends also count in this thread's open tallies."""
         tallies = list(getattr(self._local, "tallies", []))
 
-        def run(*args: Any, **kwargs: Any) -> T:
+        def run() -> T:
             self._local.tallies = tallies
             try:
-                return fn(*args, **kwargs)
+                return fn()
             finally:
                 self._local.tallies = []
 

@@ -143,11 +143,12 @@ class ParameterServer(Strategy):
         # softsync as Zhang et al. 2016 run it: each update's lr divided by the mean
         # staleness of the gradients it averages (ps/consistency.py staleness_lr_scale).
         # The default workload (mlp on digits, 2 workers, 5 epochs, band 0.928): without
-        # it 0.919 0.933 0.917 0.961 (2 of 4 in the band), with it 8 of 8, 0.931-0.950
+        # it 0.919 0.933 0.917 0.961 (2 of 4 in the band), with it 8 of 8, 0.931-0.958
         # (benchmarks/RESULTS.md, "Defaults that train")
+        defaults = super().defaults_for(settings)
         if settings.get("ps_mode") == "softsync":
-            return {"staleness_lr": True}
-        return {}
+            defaults["staleness_lr"] = True
+        return defaults
 
     @property
     def lr_share(self) -> float:
