@@ -74,7 +74,7 @@ class Rates(Protocol):
     # (the slowest rank's lateness, bucket copies, cold caches): charged once per step by
     # the strategies that synchronise every step (allreduce, zero)
     def sync_seconds(self, ranks: int) -> float: ...
-    def shm_link(self, ranks: int) -> tuple[float, float] | None: ...  # (α per barrier, μ)
+    def shm_link(self, ranks: int) -> tuple[float, float, float] | None: ...  # (α, inner α, μ)
 
 
 #: One allreduce's critical path, as each algorithm states it.
@@ -244,8 +244,8 @@ def allreduce_seconds(
         # through shared memory, a step is a barrier and a copy shares the cores: their own
         # fitted constants where calibrated (Calibration.shared_memory)
         link = cal.shm_link(nodes) if path.total_copied else None
-        step, mu = link if link else (net.alpha, cal.mu)
-        return path.shared_seconds(step, net.delta, net.beta, mu), path
+        step, inner, mu = link if link else (net.alpha, net.alpha, cal.mu)
+        return path.shared_seconds(step, net.delta, net.beta, mu, inner), path
     return path.seconds(net.alpha, net.beta, gamma_of(net, cal), cal.mu), path
 
 

@@ -225,23 +225,36 @@ def test_shared_memory_barriers_and_copies_get_their_own_fitted_constants() -> N
         shared_memory_algorithms,
     )
 
-    barrier, mu = 150e-6, 1 / 20e9
+    barrier, inner, mu = 150e-6, 40e-6, 1 / 20e9
     rows = []
     assert shared_memory_algorithms() == ["shm"]  # one_host and not composite
     for text in SHARED_MEMORY_SIZES:
         p = critical_path("shm", parse_size(text), 3, 4)
-        rows.append({"algorithm": "shm", "size": parse_size(text),
-                     STAT: p.steps * barrier + p.total_copied * mu})  # fmt: skip
+        wakeups = p.steps - p.inner_steps
+        rows.append(
+            {
+                "algorithm": "shm",
+                "size": parse_size(text),
+                STAT: wakeups * barrier + p.inner_steps * inner + p.total_copied * mu,
+            }
+        )
+        # the bench's native anchor copies nothing through shared memory: not fitted
+        rows.append({"algorithm": "native", "size": parse_size(text), STAT: 1.0})  # fmt: skip
     fitted = fit_shm_link(rows, 3)
-    assert fitted == pytest.approx([barrier, mu], rel=0.01)
+    assert fitted == pytest.approx([barrier, inner, mu], rel=0.01)
     cal = dataclasses.replace(CAL, shared_memory={"3": fitted})
     net = costmodel.Network(alpha=20e-6, beta=1 / 2e9, delta=30e-6, shared_host=True)
-    t, p = costmodel.allreduce_seconds("shm", 1 << 20, 3, net, cal)  # a size not fitted
-    assert p.total_copied > 0
-    assert t == pytest.approx(p.shared_seconds(barrier, net.delta, net.beta, mu))
+    t, p = costmodel.allreduce_seconds("shm", 3 << 20, 3, net, cal)  # a size not fitted
+    assert p.total_copied > 0 and p.inner_steps == 4 and p.steps == 6  # 3 pieces of 1 MiB
+    assert t == pytest.approx(4 * inner + 2 * barrier + p.total_copied * mu)
+    assert t == pytest.approx(p.shared_seconds(barrier, net.delta, net.beta, mu, inner))
+    # a calibration written before the inner barriers' constant: priced as the others
+    old = dataclasses.replace(CAL, shared_memory={"3": [barrier, mu]})
+    assert old.shm_link(3) == (barrier, barrier, mu)
     # uncalibrated, or an algorithm that copies nothing: loopback's α and the one-thread μ
-    t0, _ = costmodel.allreduce_seconds("shm", 1 << 20, 3, net, CAL)
+    t0, _ = costmodel.allreduce_seconds("shm", 3 << 20, 3, net, CAL)
     assert t0 == pytest.approx(p.shared_seconds(net.alpha, net.delta, net.beta, CAL.mu))
+    assert t0 == pytest.approx(p.steps * net.alpha + p.total_copied * CAL.mu)
     ring, q = costmodel.allreduce_seconds("ring", 1 << 20, 3, net, cal)
     assert ring == pytest.approx(q.shared_seconds(net.alpha, net.delta, net.beta, cal.mu))
     assert cal.shm_link(4) == tuple(fitted)  # the closest fitted rank count

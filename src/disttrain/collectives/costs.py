@@ -71,19 +71,29 @@ class Path:
     total_bytes: int = 0
     copied_bytes: int = 0  # bytes the busiest rank copies through shared memory: each pays μ
     total_copied: int = 0  # over all ranks (filled by the lab's cache)
+    #: of the steps, those taken with every rank already inside this collective (a
+    #: shared-memory barrier between two pieces): no one arrives late or is woken from
+    #: sleep there, so the cost model prices them apart (Calibration.shared_memory)
+    inner_steps: int = 0
 
     def seconds(self, alpha: float, beta: float, gamma: float, mu: float = 0.0) -> float:
         return (self.steps * alpha + self.critical_bytes * beta + self.reduced_bytes * gamma
                 + self.copied_bytes * mu)  # fmt: skip
 
-    def shared_seconds(self, alpha: float, delta: float, beta: float, mu: float = 0.0) -> float:
+    def shared_seconds(
+        self, alpha: float, delta: float, beta: float, mu: float = 0.0,
+        inner_alpha: float | None = None,
+    ) -> float:  # fmt: skip
         """Ranks sharing one host's cores: every message and byte of every rank is CPU work.
 
-        steps·α (each step waits for its peers to be scheduled) + all messages·δ + all
-        bytes·β: on loopback a transfer is a copy by the kernel on the same cores; a
-        shared-memory copy is a copy by the rank itself (all ranks' copies·μ).
+        steps·α (each step waits for its peers to be scheduled; the inner steps pay
+        ``inner_alpha`` where given) + all messages·δ + all bytes·β: on loopback a transfer
+        is a copy by the kernel on the same cores; a shared-memory copy is a copy by the
+        rank itself (all ranks' copies·μ).
         """
-        return (self.steps * alpha + self.total_messages * delta + self.total_bytes * beta
+        inner = alpha if inner_alpha is None else inner_alpha
+        return ((self.steps - self.inner_steps) * alpha + self.inner_steps * inner
+                + self.total_messages * delta + self.total_bytes * beta
                 + self.total_copied * mu)  # fmt: skip
 
 

@@ -134,8 +134,12 @@ class Shm(AllReduceAlgorithm):
         return Cost(0, 0, copied)
 
     def chain(self, nbytes: int, n: int, itemsize: int) -> Path:
-        # Two barriers per piece (each a wake-up: α); the busiest rank's copies (μ);
-        # the sum adds (n-1) chunks into its result chunk (γ); no link is crossed (β).
+        # Two barriers per piece (α): the first piece's are where ranks arrive from their
+        # own work at different times and a waiter may have gone to sleep; the later ones
+        # find every rank in this loop (inner steps: priced apart, as the calibration found
+        # them far cheaper with a core per rank and dearer on fewer cores: RESULTS
+        # "advise"). The busiest rank's copies (μ); the sum adds (n-1) chunks into its
+        # result chunk (γ); no link is crossed (β).
         c = self.cost(nbytes, n, 0, itemsize)  # rank 0: the largest chunks (chunk_sizes)
         bounds = piece_bounds(nbytes // itemsize, itemsize)
         chunk = sum(chunk_sizes(b - a, n)[0] for a, b in bounds)
@@ -143,6 +147,7 @@ class Shm(AllReduceAlgorithm):
             2 * len(bounds), 0, (n - 1) * chunk * itemsize, 0, 0,
             f"2 barriers per {PIECE_BYTES >> 20} MiB piece = {2 * len(bounds)}",
             "2S + (n-2)/n·S copied through memory", copied_bytes=c.bytes_copied,
+            inner_steps=2 * (len(bounds) - 1),
         )  # fmt: skip
 
     def steps_formula(self, n: int) -> str:

@@ -56,8 +56,9 @@ __all__ = [
 #: The per-row statistic the allreduce fits and the validation use.
 STAT = "time_p10_s"
 CAL_SIZES = ("4KB", "1MB", "8MB")
-#: Shared-memory allreduces are fitted at the ends only: 64KB and 1MB stay held out.
-SHARED_MEMORY_SIZES = ("4KB", "8MB")
+#: Shared-memory allreduces: one piece (4KB, 512KB: the barriers' and the copies'
+#: constants), several (2MB, 8MB: the barriers between pieces); 64KB and 1MB stay held out.
+SHARED_MEMORY_SIZES = ("4KB", "512KB", "2MB", "8MB")
 CAL_BATCH = 16  # per-rank samples of the compute calibration (and 4x that)
 
 
@@ -131,11 +132,14 @@ def shared_memory_algorithms() -> list[str]:
 
 
 def fit_shm_link(rows: Sequence[dict[str, Any]], n: int) -> list[float]:
-    """[α per barrier, μ per byte copied by all ranks] of the shared-memory allreduces at
-    ``n`` ranks, from their bench allreduce rows."""
-    paths = [critical_path(r["algorithm"], r["size"], n, 4) for r in rows]
+    """[α per barrier, α per barrier between pieces, μ per byte copied by all ranks] of the
+    shared-memory allreduces at ``n`` ranks, from their bench allreduce rows (the bench's
+    native anchor rows, which copy nothing through shared memory, left out)."""
+    mine = [r for r in rows if r["algorithm"] in shared_memory_algorithms()]
+    paths = [critical_path(r["algorithm"], r["size"], n, 4) for r in mine]
     return nonneg_relative_lstsq(
-        [[p.steps, p.total_copied] for p in paths], [r[STAT] for r in rows]
+        [[p.steps - p.inner_steps, p.inner_steps, p.total_copied] for p in paths],
+        [r[STAT] for r in mine],
     )
 
 
@@ -343,10 +347,11 @@ def describe(cal: Calibration) -> str:
             f"compute ×{cal.colocation.get(n, 1.0):.2f}, a step's wait beyond its allreduce "
             f"{cal.sync.get(n, 0.0) * 1e3:.3g} ms"
         )
-    for n, (a, m) in sorted(cal.shared_memory.items()):
+    for n in sorted(cal.shared_memory, key=int):
+        a, inner, m = cal.shm_link(int(n)) or (0.0, 0.0, 0.0)
         rate = 1 / m / 1e9 if m else float("inf")
         lines.append(
-            f"shared memory, {n} ranks: α {a * 1e6:.1f} us/barrier, 1/μ {rate:.3g} GB/s copied "
-            "over all ranks"
+            f"shared memory, {n} ranks: α {a * 1e6:.1f} us/barrier ({inner * 1e6:.1f} between "
+            f"pieces), 1/μ {rate:.3g} GB/s copied over all ranks"
         )
     return "\n".join(lines)

@@ -92,15 +92,19 @@ class Calibration:
         a, b, g = self.loopback[key]
         return a, b, g
 
-    def shm_link(self, ranks: int) -> tuple[float, float] | None:
-        """(α per barrier, μ) fitted for ``ranks`` ranks on shared memory, else the closest
-        fitted; None if none was (then a barrier pays loopback's α and a copy the one-thread
-        μ)."""
+    def shm_link(self, ranks: int) -> tuple[float, float, float] | None:
+        """(α per barrier, α per inner barrier, μ) fitted for ``ranks`` ranks on shared
+        memory, else the closest fitted; None if none was (then a barrier pays loopback's α
+        and a copy the one-thread μ). A calibration from before the inner barriers' own
+        constant (two values) prices them as the others."""
         if not self.shared_memory:
             return None
         key = min(self.shared_memory, key=lambda k: (abs(int(k) - ranks), int(k)))
-        a, m = self.shared_memory[key]
-        return a, m
+        fitted = self.shared_memory[key]
+        if len(fitted) == 2:
+            return fitted[0], fitted[0], fitted[1]
+        a, inner, m = fitted
+        return a, inner, m
 
     def save(self, path: str) -> None:
         folder = os.path.dirname(os.path.abspath(path))
