@@ -48,6 +48,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
+from disttrain.checkpoint import direct
 from disttrain.checkpoint.durable import fsync_tree
 
 __all__ = ["STATE_FILE", "Packed", "pack", "read", "write"]
@@ -219,7 +220,8 @@ def pack(
 
 
 def write(folder: str, header: dict[str, Any], packed: Packed) -> None:
-    """Write a :func:`pack`'ed state into ``folder`` with DCP's writer, every file fsync'ed."""
+    """Write a :func:`pack`'ed state into ``folder`` with DCP's writer (its files around the
+    page cache: :mod:`~disttrain.checkpoint.direct`), every file fsync'ed."""
     os.makedirs(folder, exist_ok=True)
     doc = {**header, "state": packed.tree}
     if packed.shared:
@@ -235,7 +237,7 @@ def write(folder: str, header: dict[str, Any], packed: Packed) -> None:
     # out of order
     # (patch: added to the module at import by torch's install_config_module)
     with _CRC_LOCK, serialization_config.patch({"save.compute_crc32": False}):  # type: ignore[attr-defined]
-        dcp.save(packed.tensors, checkpoint_id=folder, no_dist=True)
+        dcp.save(packed.tensors, storage_writer=direct.writer(folder), no_dist=True)
     fsync_tree(folder)
 
 

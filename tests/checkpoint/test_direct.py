@@ -1,0 +1,63 @@
+"""The O_DIRECT writer: every byte where it belongs, the page cache bypassed where it can be."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+
+import pytest
+import torch
+
+from disttrain.checkpoint import dcp, direct
+
+
+def _write(path: str, pieces: list[bytes]) -> object:
+    with direct._DirectFileSystem().create_stream(path, "wb") as stream:
+        for piece in pieces:
+            assert stream.write(memoryview(piece)) == len(piece)
+        told = stream.tell()
+        kind = type(stream)
+        flags = fcntl.fcntl(stream.fileno(), fcntl.F_GETFL)
+    assert told == sum(map(len, pieces))
+    return kind, flags
+
+
+def test_pieces_across_blocks_land_byte_for_byte_and_the_file_has_its_length(tmp_path) -> None:
+    rng = torch.Generator().manual_seed(0)
+    # lengths that end inside a block, exactly on one, and span several
+    sizes = [1, 4095, direct.BLOCK - 4096, 4096, 3 * direct.BLOCK + 17, 0, 5]
+    pieces = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=rng).numpy().tobytes()
+              for n in sizes]  # fmt: skip
+    path = str(tmp_path / "part.distcp")
+    kind, flags = _write(path, pieces)
+    if kind is not direct.DirectStream:
+        pytest.skip("this file system refuses O_DIRECT")
+    assert flags & os.O_DIRECT  # the page cache is not in the way
+    with open(path, "rb") as fh:
+        assert fh.read() == b"".join(pieces)  # no padding left at the end
+
+
+def test_a_file_system_refusing_o_direct_gets_an_ordinary_file(tmp_path, monkeypatch) -> None:
+    real_open = os.open
+
+    def refusing(path: str, flags: int, *args: int) -> int:
+        if flags & os.O_DIRECT:  # as a file system without it answers
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", refusing)
+    path = str(tmp_path / "part.distcp")
+    kind, flags = _write(path, [b"abc", b"def" * 5000])
+    assert kind is not direct.DirectStream and not flags & os.O_DIRECT
+    with open(path, "rb") as fh:
+        assert fh.read() == b"abc" + b"def" * 5000
+
+
+def test_a_checkpoint_written_around_the_page_cache_reads_back_equal(tmp_path) -> None:
+    state = {"w": torch.randn(1000, 1000), "step": 3, "b": torch.arange(7, dtype=torch.int64)}
+    folder = str(tmp_path / "rank-00000")
+    dcp.write(folder, {"format": 1}, dcp.pack(state))
+    _, got = dcp.read(folder)
+    assert torch.equal(got["w"], state["w"]) and torch.equal(got["b"], state["b"])
+    assert got["step"] == 3
