@@ -61,3 +61,26 @@ def test_a_checkpoint_written_around_the_page_cache_reads_back_equal(tmp_path) -
     _, got = dcp.read(folder)
     assert torch.equal(got["w"], state["w"]) and torch.equal(got["b"], state["b"])
     assert got["step"] == 3
+
+
+def test_a_device_refusing_a_4_kib_aligned_write_gets_it_through_the_page_cache(
+    tmp_path, monkeypatch
+) -> None:
+    real_write = os.write
+    refused = []
+
+    def picky(fd: int, data: object) -> int:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:  # as a 64 KiB-block device would
+            refused.append(fd)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", picky)
+    path = str(tmp_path / "part.distcp")
+    pieces = [b"x" * (direct.BLOCK + 10), b"yz"]
+    kind, _ = _write(path, pieces)
+    if kind is not direct.DirectStream:
+        pytest.skip("this file system refuses O_DIRECT")
+    assert refused  # the O_DIRECT write was tried, then the flag dropped
+    with open(path, "rb") as fh:
+        assert fh.read() == b"".join(pieces)

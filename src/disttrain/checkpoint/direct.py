@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import io
 import mmap
 import os
@@ -38,6 +39,7 @@ __all__ = ["BLOCK", "DirectStream", "writer"]
 
 BLOCK = 4 << 20  # bytes per write: a multiple of any device block (512 B, 4 KiB)
 _ALIGN = 4096
+_O_DIRECT = getattr(os, "O_DIRECT", 0)  # Linux's; elsewhere every file goes through the cache
 _local = threading.local()  # one bounce buffer per writing thread, kept: no page faults
 
 
@@ -76,7 +78,13 @@ class DirectStream(io.RawIOBase):
         # multiple is retried from where it stopped, still aligned
         at = 0
         while at < length:
-            at += os.write(self._fd, self._buf[at:length])
+            try:
+                at += os.write(self._fd, self._buf[at:length])
+            except OSError as exc:  # a device whose block is larger than 4 KiB refuses it
+                flags = fcntl.fcntl(self._fd, fcntl.F_GETFL)
+                if exc.errno != errno.EINVAL or not flags & _O_DIRECT:
+                    raise
+                fcntl.fcntl(self._fd, fcntl.F_SETFL, flags & ~_O_DIRECT)  # the page cache
         self._done += self._fill
         self._fill = 0
 
@@ -104,12 +112,11 @@ class DirectStream(io.RawIOBase):
 def _open_direct(path: str) -> io.IOBase:
     """``path`` for writing with ``O_DIRECT``, or an ordinary file where it is refused (a
     file system without it answers EINVAL; a system without the flag gets one too)."""
-    o_direct = getattr(os, "O_DIRECT", 0)
-    if o_direct:
+    if _O_DIRECT:
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | o_direct, 0o666)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_DIRECT, 0o666)
         except OSError as exc:
-            if exc.errno != errno.EINVAL:
+            if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
                 raise
         else:
             return DirectStream(fd)
