@@ -136,10 +136,9 @@ class Shm(AllReduceAlgorithm):
     def chain(self, nbytes: int, n: int, itemsize: int) -> Path:
         # Two barriers per piece (α): the first piece's are where ranks arrive from their
         # own work at different times and a waiter may have gone to sleep; the later ones
-        # find every rank in this loop (inner steps: priced apart, as the calibration found
-        # them far cheaper with a core per rank and dearer on fewer cores: RESULTS
-        # "advise"). The busiest rank's copies (μ); the sum adds (n-1) chunks into its
-        # result chunk (γ); no link is crossed (β).
+        # find every rank in this loop (inner steps, which the calibration prices apart:
+        # RESULTS "advise"). The busiest rank's copies (μ); the sum adds (n-1) chunks into
+        # its result chunk (γ); no link is crossed (β).
         c = self.cost(nbytes, n, 0, itemsize)  # rank 0: the largest chunks (chunk_sizes)
         bounds = piece_bounds(nbytes // itemsize, itemsize)
         chunk = sum(chunk_sizes(b - a, n)[0] for a, b in bounds)
