@@ -414,9 +414,9 @@ def choice_defaults(settings: dict[str, Any], known: dict[str, Any]) -> dict[str
         if entry_name not in registry:
             continue  # validation names the unknown choice
         entry = registry.get(entry_name)
-        # a strategy's may depend on the settings (its mode); a compressor's are fixed
-        defaults = (entry.defaults_for(settings) if hasattr(entry, "defaults_for")
-                    else getattr(entry, "setting_defaults", {}))  # fmt: skip
+        # a strategy's and a compressor's (``defaults_for``); other registries have none
+        defaults_for = getattr(entry, "defaults_for", None)
+        defaults = defaults_for(settings) if defaults_for is not None else {}
         for setting, value in defaults.items():
             if setting in settings or (
                 setting == "lr" and "optimizer" in defaults and "optimizer" in settings

@@ -12,7 +12,7 @@ the meter saw exactly the stated bytes.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -204,6 +204,11 @@ class CompressorKind:
     # Its own defaults for the run's other settings, used unless given
     # (``config.choice_defaults``): what makes the default workload train with it.
     setting_defaults: dict[str, Any] = field(default_factory=dict)
+
+    def defaults_for(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """Its defaults given the run's settings (as a strategy's): fixed for a compressor."""
+        del settings
+        return dict(self.setting_defaults)
 
 
 #: Every compressor by name (``--compression NAME[:PARAM]``); each compressor's file

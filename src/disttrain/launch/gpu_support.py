@@ -46,12 +46,8 @@ class Combination:
         )
 
 
-#: Combinations a GPU run has proven (docs/gpu.md, "Proven combinations"), all on one GPU:
-#: the native allreduce in fp32, bf16 and fp16 (one H200, 2026-11-26); zero (stages 1-3),
-#: localsgd and diloco in fp32 (one H100) and in bf16 and fp16 (one H200, 2026-11-26),
-#: each by tests/train/test_cuda.py. Algorithms, codecs and --check-collectives send
-#: nothing on one GPU: a one-GPU run cannot prove them. Add one only with its passing run
-#: recorded in docs/gpu.md.
+#: Combinations a GPU run has proven: which run, machine and date proved each is docs/gpu.md's
+#: "Proven combinations" (one home); add one only with its passing run recorded there.
 PROVEN: frozenset[Combination] = frozenset(
     [Combination("allreduce", "native", "none", p, False) for p in ("fp32", "bf16", "fp16")]
     + [
