@@ -55,11 +55,16 @@ KNOWN_BAD: dict[str, str] = {}
 #: run when the first is below the band; a default that does not train fails both.
 NONDETERMINISTIC = {"ps async", "ps ssp", "ps softsync"}
 #: Rows that passed and failed the same command in CI rehearsals: run, not enforced.
-#: None now: async and ssp apply each push at lr/N (ps/config.py push_lr_share: async 5
-#: of 5 and ssp 4 of 5 single runs in the band, 2026-11-25); softsync divides each
-#: update's lr by its staleness by default (strategies/ps.py defaults_for: 8 of 8 runs in
-#: the band against 2 of 4 without, 2026-11-26; it was unstable here before).
-UNSTABLE: dict[str, str] = {}
+#: async and ssp are enforced (each push at lr/N, ps/config.py push_lr_share: async 5 of
+#: 5 and ssp 4 of 5 single runs in the band, 2026-11-25).
+UNSTABLE: dict[str, str] = {
+    "ps softsync": (
+        "16 of 16 quiet runs in the band with --staleness-lr (its default), but 2 of 3 "
+        "beside one busy process and 0.925, 0.917 in a CI rehearsal (2026-11-26; "
+        "benchmarks/results/softsync_defaults.txt): no default found yet that holds under "
+        "contention"
+    ),
+}
 CASES = [
     pytest.param(
         name, label, flags, id=label,
