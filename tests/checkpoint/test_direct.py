@@ -84,3 +84,13 @@ def test_a_device_refusing_a_4_kib_aligned_write_gets_it_through_the_page_cache(
     assert refused  # the O_DIRECT write was tried, then the flag dropped
     with open(path, "rb") as fh:
         assert fh.read() == b"".join(pieces)
+
+
+def test_two_files_open_at_once_in_one_thread_do_not_share_a_buffer(tmp_path) -> None:
+    fs = direct._DirectFileSystem()
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    with fs.create_stream(a, "wb") as sa, fs.create_stream(b, "wb") as sb:
+        sa.write(b"A" * 5000)
+        sb.write(b"B" * 7000)
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        assert fa.read() == b"A" * 5000 and fb.read() == b"B" * 7000

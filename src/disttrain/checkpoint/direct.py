@@ -40,14 +40,17 @@ __all__ = ["BLOCK", "DirectStream", "writer"]
 BLOCK = 4 << 20  # bytes per write: a multiple of any device block (512 B, 4 KiB)
 _ALIGN = 4096
 _O_DIRECT = getattr(os, "O_DIRECT", 0)  # Linux's; elsewhere every file goes through the cache
-_local = threading.local()  # one bounce buffer per writing thread, kept: no page faults
+_local = threading.local()  # each thread's idle bounce buffers, kept: no page faults
 
 
-def _bounce() -> memoryview:
-    buf = getattr(_local, "buf", None)
-    if buf is None:
-        buf = _local.buf = memoryview(mmap.mmap(-1, BLOCK))  # page-aligned, private
-    return buf
+def _take() -> memoryview:
+    """A bounce buffer no open stream uses (the writer thread's one, after the first save)."""
+    free: list[memoryview] = _local.__dict__.setdefault("free", [])
+    return free.pop() if free else memoryview(mmap.mmap(-1, BLOCK))  # page-aligned
+
+
+def _give_back(buf: memoryview) -> None:
+    _local.__dict__.setdefault("free", []).append(buf)
 
 
 class DirectStream(io.RawIOBase):
@@ -56,7 +59,7 @@ class DirectStream(io.RawIOBase):
 
     def __init__(self, fd: int) -> None:
         super().__init__()
-        self._fd, self._buf, self._fill, self._done = fd, _bounce(), 0, 0
+        self._fd, self._buf, self._fill, self._done = fd, _take(), 0, 0
 
     def writable(self) -> bool:
         return True
@@ -106,6 +109,7 @@ class DirectStream(io.RawIOBase):
                 os.ftruncate(self._fd, size)  # the padding off again
         finally:
             os.close(self._fd)
+            _give_back(self._buf)
             super().close()
 
 
