@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from disttrain.checkpoint import dcp, direct
+from disttrain.checkpoint import direct
 
 
 def _write(path: str, pieces: list[bytes]) -> object:
@@ -52,15 +52,6 @@ def test_a_file_system_refusing_o_direct_gets_an_ordinary_file(tmp_path, monkeyp
     assert kind is not direct.DirectStream and not flags & os.O_DIRECT
     with open(path, "rb") as fh:
         assert fh.read() == b"abc" + b"def" * 5000
-
-
-def test_a_checkpoint_written_around_the_page_cache_reads_back_equal(tmp_path) -> None:
-    state = {"w": torch.randn(1000, 1000), "step": 3, "b": torch.arange(7, dtype=torch.int64)}
-    folder = str(tmp_path / "rank-00000")
-    dcp.write(folder, {"format": 1}, dcp.pack(state))
-    _, got = dcp.read(folder)
-    assert torch.equal(got["w"], state["w"]) and torch.equal(got["b"], state["b"])
-    assert got["step"] == 3
 
 
 def test_a_device_refusing_a_4_kib_aligned_write_gets_it_through_the_page_cache(

@@ -348,7 +348,7 @@ def describe(cal: Calibration) -> str:
             f"{cal.sync.get(n, 0.0) * 1e3:.3g} ms"
         )
     for n in sorted(cal.shared_memory, key=int):
-        a, inner, m = cal.shm_link(int(n)) or (0.0, 0.0, 0.0)
+        a, inner, m = cal.shm_constants(n)
         rate = 1 / m / 1e9 if m else float("inf")
         lines.append(
             f"shared memory, {n} ranks: α {a * 1e6:.1f} us/barrier ({inner * 1e6:.1f} between "

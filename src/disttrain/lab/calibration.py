@@ -100,6 +100,10 @@ class Calibration:
         if not self.shared_memory:
             return None
         key = min(self.shared_memory, key=lambda k: (abs(int(k) - ranks), int(k)))
+        return self.shm_constants(key)
+
+    def shm_constants(self, key: str) -> tuple[float, float, float]:
+        """(α, inner α, μ) of ``shared_memory[key]``, a two-value entry read as (α, α, μ)."""
         fitted = self.shared_memory[key]
         if len(fitted) == 2:
             return fitted[0], fitted[0], fitted[1]
