@@ -8,6 +8,7 @@ into a config and checked for settings nothing reads (the launcher's first check
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +36,25 @@ def test_powersgd_rows_at_rank_2_and_4() -> None:
         specs = [flags[flags.index("--compression") + 1]
                  for flags in CONFIGS[workload].values() if "--compression" in flags]  # fmt: skip
         assert {"powersgd:2", "powersgd:4"} <= set(specs)
+
+
+def test_held_out_halves_split_the_test_loss(tmp_path: Path) -> None:
+    # the two halves' losses, weighted by their windows, are the trainer's own test loss
+    import torch
+
+    from disttrain.config import DataConfig
+    from disttrain.data import load_dataset
+    from disttrain.lab.bench.talking_less import held_out_halves
+    from disttrain.models import build_model
+    from disttrain.train.trainer import evaluate
+
+    data = load_dataset(DataConfig(dataset="pycode", pycode_chars=30_000, seq_len=64))
+    torch.manual_seed(0)
+    model = build_model("gpt", data)
+    torch.save(model.state_dict(), tmp_path / "model.pt")
+    summary = {"config": {"model": "gpt", "pycode_chars": 30_000, "seq_len": 64}}
+    first, second = held_out_halves(str(tmp_path), summary)
+    half, n = len(data.x_test) // 2, len(data.x_test)
+    whole, _ = evaluate(model, data, torch.device("cpu"))
+    assert first != second  # two different sets of windows
+    assert abs((first * half + second * (n - half)) / n - whole) < 1e-5

@@ -17,8 +17,12 @@ median of each figure is printed (the machine is shared: samples/s is noisy).
 The ``diloco`` workload is the issue's DiLoCo comparison: the default gpt
 (0.87M parameters) on 2M characters of pycode, the same 1,600 steps of global
 batch 32 for every row (8 outer steps at H = 200), Adam at 0.002 with a
-0.1-epoch warm-up and cosine decay, chosen once for every row; DiLoCo keeps
-the paper's outer step (lr 0.7, Nesterov 0.9). ``--plot`` draws rank 0's
+0.1-epoch warm-up and cosine decay, chosen once for every row; DiLoCo at the
+paper's outer step (lr 0.7, Nesterov 0.9), and at H = 50 at each outer step of
+``OUTER_GRID``; the one with the lowest validation loss (``CHOSEN_OUTER``) also at
+H = 200 and streamed. On pycode every row's final model is also scored on the two
+halves of the held-out windows: the first (validation) is what settings are chosen
+on, the second (test) what a chosen row reports. ``--plot`` draws rank 0's
 training loss (a 50-step moving mean) of every row against the samples seen.
 """
 
@@ -47,6 +51,22 @@ POWERSGD = {
     f"allreduce powersgd:{r}": ["--strategy", "allreduce", "--compression", f"powersgd:{r}"]
     for r in (2, 4)
 }
+#: DiLoCo's outer step (lr, Nesterov momentum) tried at H = 50 besides the paper's (0.7, 0.9),
+#: compared on the validation half of the held-out windows (the test half is reported)
+OUTER_GRID = ((0.2, 0.9), (0.35, 0.9), (1.0, 0.9), (1.4, 0.9), (0.7, 0.5), (0.8, 0.5),
+              (1.0, 0.3), (1.0, 0.5), (1.0, 0.7), (1.2, 0.5))  # fmt: skip
+#: the grid's choice (lowest validation loss at H = 50), run at H = 200 and streamed too
+CHOSEN_OUTER = (1.0, 0.5)
+
+
+def _outer(h: int, lr: float, momentum: float, fragments: int = 1) -> tuple[str, list[str]]:
+    """A DiLoCo row with its own outer step: (label, flags)."""
+    kind = f"streaming diloco H={h} F={fragments}" if fragments > 1 else f"diloco H={h}"
+    flags = ["--strategy", "diloco", "--period", str(h), "--outer-lr", str(lr),
+             "--outer-momentum", str(momentum), "--fragments", str(fragments)]  # fmt: skip
+    return f"{kind} outer {lr:g}/{momentum:g}", flags
+
+
 CONFIGS: dict[str, dict[str, list[str]]] = {
     "digits": {
         "allreduce fp32 (anchor)": ["--strategy", "allreduce"],
@@ -127,6 +147,8 @@ CONFIGS: dict[str, dict[str, list[str]]] = {
                  ["--strategy", "diloco", "--period", h, "--fragments", "4"]),
             )
         },
+        **dict(_outer(50, lr, m) for lr, m in OUTER_GRID),
+        **dict(_outer(h, *CHOSEN_OUTER, fragments=f) for h, f in ((200, 1), (50, 4), (200, 4))),
     },
 }  # fmt: skip
 
@@ -162,7 +184,37 @@ def run_one(flags: list[str], out: str, timeout: float) -> dict[str, Any]:
     with open(os.path.join(out, "metrics.jsonl")) as fh:
         lines = [json.loads(line) for line in fh if line.strip()]
     summary["curve"] = [(m["step"], m["loss"]) for m in lines if "loss" in m]
+    if summary["config"]["dataset"] == "pycode":
+        summary["validation_loss"], summary["test_half_loss"] = held_out_halves(out, summary)
     return summary
+
+
+def held_out_halves(out: str, summary: dict[str, Any]) -> tuple[float, float]:
+    """The run's final model (``out``/model.pt) on the first half of the held-out windows
+    (validation: what a row's settings are chosen on) and on the second (test: what is
+    reported for the chosen row; ``final_test_loss`` is the mean of the two)."""
+    import torch
+
+    from disttrain.config import DataConfig
+    from disttrain.data import load_dataset
+    from disttrain.models import build_model
+    from disttrain.train.trainer import loss_fn
+
+    cfg = summary["config"]
+    data = load_dataset(DataConfig(dataset="pycode", pycode_chars=cfg["pycode_chars"],
+                                   seq_len=cfg["seq_len"]))  # fmt: skip
+    model = build_model(cfg["model"], data)
+    model.load_state_dict(torch.load(os.path.join(out, "model.pt"), weights_only=True))
+    model.eval()
+    half = len(data.x_test) // 2
+    losses = []
+    with torch.no_grad():
+        for x, y in ((data.x_test[:half], data.y_test[:half]),
+                     (data.x_test[half:], data.y_test[half:])):  # fmt: skip
+            total = sum(float(loss_fn(model(x[i : i + 512]), y[i : i + 512])) * len(x[i : i + 512])
+                        for i in range(0, len(x), 512))  # fmt: skip
+            losses.append(total / len(x))
+    return losses[0], losses[1]
 
 
 def plot_curves(path: str, rows: dict[str, list[dict[str, Any]]], quality: str) -> None:
@@ -244,12 +296,15 @@ def run(args: argparse.Namespace) -> int:
 
     anchor = labels[0]
     quality = "final_accuracy" if args.workload == "digits" else "final_test_loss"
+    halves = quality == "final_test_loss"  # a language model: its held-out windows split too
     print(
         f"| strategy | bytes/step/rank | fewer bytes than anchor | {quality} | vs anchor "
-        "| samples/s | samples/s vs anchor | payload compression | bits/sent entry (entropy) "
+        + ("| validation loss (1st half) | test loss (2nd half) " if halves else "")
+        + "| samples/s | samples/s vs anchor | payload compression | bits/sent entry (entropy) "
         "| peak bytes in one step |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+          + (" ---: | ---: |" if halves else ""))  # fmt: skip
     for label in labels:
         bps = per_step(label)
         ratio = per_step(anchor) / bps if bps else float("inf")
@@ -260,9 +315,11 @@ def run(args: argparse.Namespace) -> int:
         cr = med(label, "payload_compression")
         peak = med(label, "peak_bytes_per_step")  # streaming's figure (diloco)
         vs = 100 * (med(label, quality) / med(anchor, quality) - 1)
+        split = (f"| {med(label, 'validation_loss'):.4f} | {med(label, 'test_half_loss'):.4f} "
+                 if halves else "")  # fmt: skip
         print(
             f"| {label} | {bps:,.0f} | {ratio:,.1f}x | {med(label, quality):.4f} | {vs:+.2f} % "
-            f"| {sps:.0f} | {sps / med(anchor, 'samples_per_second'):.2f} "
+            f"{split}| {sps:.0f} | {sps / med(anchor, 'samples_per_second'):.2f} "
             f"| {'-' if cr != cr else f'{cr:,.0f}'} | {bits_cell} "
             f"| {'-' if peak != peak else f'{peak:,.0f}'} |"
         )
