@@ -153,11 +153,13 @@ class CollectiveCompressor(Compressor):
 
     @abstractmethod
     def reduce(
-        self, acc: torch.Tensor, sum_: Callable[[torch.Tensor], object], size: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The sum over the ``size`` ranks of what every rank's flat ``acc`` encodes to, and
-        this rank's part of it (what counts as sent, for error feedback): ``sum_(t)`` must
-        leave the sum of every rank's ``t`` in ``t``, in place."""
+        self, acc: torch.Tensor, sum_: Callable[[torch.Tensor], object], size: int,
+        out: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        """Write into the flat ``out`` the sum over the ``size`` ranks of what every rank's
+        flat ``acc`` encodes to; return this rank's part of it (what counts as sent, for
+        error feedback; valid until the next call). ``sum_(t)`` must leave the sum of every
+        rank's ``t`` in ``t``, in place. ``out`` may be ``acc`` itself (no error feedback)."""
 
     @abstractmethod
     def round_numels(self, numel: int) -> list[int]:

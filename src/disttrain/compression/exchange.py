@@ -134,11 +134,17 @@ def compressed_all_reduce(
             if size > 1:
                 collectives.all_reduce(t, algorithm, group)
 
-        def run(acc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return compressor.reduce(acc, sum_, size)
+        out = flat.view(-1) if flat.dtype == torch.float32 else torch.empty(flat.numel())
 
-        total, _ = feedback.apply(flat, run) if feedback is not None else run(flat.float())
-        flat.copy_(total.view_as(flat))
+        def run(acc: torch.Tensor) -> tuple[None, torch.Tensor]:
+            return None, compressor.reduce(acc, sum_, size, out)
+
+        if feedback is not None:
+            feedback.apply(flat, run)
+        else:
+            run(flat.detach().reshape(-1).float())
+        if out.data_ptr() != flat.data_ptr():  # a gradient in another dtype
+            flat.copy_(out.view_as(flat))
         if stats is not None:  # fp32 payloads already: the reference is the dense allreduce
             stats.add(allreduce_sent, allreduce_sent, meter.bytes_sent - before)
         return flat

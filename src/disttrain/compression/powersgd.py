@@ -107,7 +107,8 @@ class PowerSGD(CollectiveCompressor):
         self.q: torch.Tensor | None = None  # last step's mean Q (warm start)
         self.calls = 0
         self._plan: _Plan | None = None
-        self._wire: torch.Tensor | None = None
+        self._sent: tuple[torch.Tensor, ...] = ()  # the last call's wire tensors, as decoded
+        self._mean: torch.Tensor | None = None  # the last call's mean (reused: see reduce)
 
     @property
     def spec(self) -> str:
@@ -171,15 +172,16 @@ class PowerSGD(CollectiveCompressor):
 
     # --- the exchange ---------------------------------------------------------------------
     def reduce(
-        self, acc: torch.Tensor, sum_: Callable[[torch.Tensor], object], size: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, acc: torch.Tensor, sum_: Callable[[torch.Tensor], object], size: int,
+        out: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
         flat = acc.detach().reshape(-1)
         if self.calls < self.start_step:  # dense warm-up: everything is sent, nothing left out
             self.calls += 1
-            total = flat.clone()
-            sum_(total)
-            self._wire = flat
-            return total, flat.clone()
+            out.copy_(flat)
+            sum_(out)
+            self._sent = (flat,)
+            return flat
         self.calls += 1
         plan = self.plan(flat.numel())
         with phases.book(phases.CODEC):
@@ -215,19 +217,24 @@ class PowerSGD(CollectiveCompressor):
             sum_(self.q)
         with phases.book(phases.CODEC):
             self.q.div_(size)
-            mean = flat.clone()
-            if vec is not None:
-                vec.div_(size)
-                for (o, k), part in zip(plan.vectors, vec.split([k for _, k in plan.vectors]),
-                                        strict=True):  # fmt: skip
-                    mean[o : o + k] = part
-            for (o, n, m, _), p, q in zip(plan.matrices, ps, qs, strict=True):
-                torch.mm(p, q.t(), out=mean[o : o + n * m].view(n, m))
             # what a world of one would have sent: the vectors, P and Q as decoded
-            wire = [t for t in (vec, p_flat, self.q) if t is not None and t.numel()]
-            self._wire = torch.cat(wire) if wire else flat.new_empty(0)
-        # The sum is n x the mean: the caller divides it back (``average``).
-        return mean * size, mean
+            self._sent = tuple(t for t in (vec, p_flat, self.q) if t is not None and t.numel())
+            # Every entry is a vector's or a matrix's, so both buffers are written whole; the
+            # mean's buffer is kept from step to step (a new one of the model's size each
+            # step cost more than the copies: its pages are faulted in again every time).
+            mine = self._mean if self._mean is not None and self._mean.numel() == flat.numel() \
+                else torch.empty_like(flat)  # fmt: skip
+            self._mean = mine
+            if vec is not None:
+                mean_vec = vec.div_(size)
+                for (o, k), part in zip(plan.vectors, mean_vec.split([k for _, k in plan.vectors]),
+                                        strict=True):  # fmt: skip
+                    mine[o : o + k] = part
+            for (o, n, m, _), p, q in zip(plan.matrices, ps, qs, strict=True):
+                torch.mm(p, q.t(), out=mine[o : o + n * m].view(n, m))
+            # the sum is n x the mean (the caller divides it back: ``average``)
+            torch.mul(mine, size, out=out)
+        return mine
 
     @staticmethod
     def _views(buf: torch.Tensor, plan: _Plan, which: str) -> list[torch.Tensor]:
@@ -244,9 +251,9 @@ class PowerSGD(CollectiveCompressor):
 
     def compress_and_decode(self, tensor: torch.Tensor) -> tuple[Payload, torch.Tensor]:
         """The exchange on a world of one: the payload is (vectors, P, Q) as sent."""
-        _, mine = self.reduce(tensor.float(), lambda t: None, 1)
-        assert self._wire is not None
-        return Payload(self._wire.clone(), tensor.numel()), mine
+        flat = tensor.detach().reshape(-1).float()
+        mine = self.reduce(flat, lambda t: None, 1, torch.empty_like(flat)).clone()
+        return Payload(torch.cat(self._sent), tensor.numel()), mine
 
     def decompress(self, payload: Payload) -> torch.Tensor:
         plan = self.plan(payload.numel)
