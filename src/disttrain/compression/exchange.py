@@ -134,7 +134,8 @@ def compressed_all_reduce(
             if size > 1:
                 collectives.all_reduce(t, algorithm, group)
 
-        out = flat.view(-1) if flat.dtype == torch.float32 else torch.empty(flat.numel())
+        in_place = flat.dtype == torch.float32  # else the fp32 sum is copied back at the end
+        out = flat.view(-1) if in_place else torch.empty(flat.numel())
 
         def run(acc: torch.Tensor) -> tuple[None, torch.Tensor]:
             return None, compressor.reduce(acc, sum_, size, out)
@@ -143,7 +144,7 @@ def compressed_all_reduce(
             feedback.apply(flat, run)
         else:
             run(flat.detach().reshape(-1).float())
-        if out.data_ptr() != flat.data_ptr():  # a gradient in another dtype
+        if not in_place:
             flat.copy_(out.view_as(flat))
         if stats is not None:  # fp32 payloads already: the reference is the dense allreduce
             stats.add(allreduce_sent, allreduce_sent, meter.bytes_sent - before)

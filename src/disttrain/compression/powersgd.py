@@ -222,12 +222,12 @@ class PowerSGD(CollectiveCompressor):
             # Every entry is a vector's or a matrix's, so both buffers are written whole; the
             # mean's buffer is kept from step to step (a new one of the model's size each
             # step cost more than the copies: its pages are faulted in again every time).
-            mine = self._mean if self._mean is not None and self._mean.numel() == flat.numel() \
-                else torch.empty_like(flat)  # fmt: skip
-            self._mean = mine
+            if self._mean is None or self._mean.numel() != flat.numel():
+                self._mean = torch.empty_like(flat)
+            mine = self._mean
             if vec is not None:
-                mean_vec = vec.div_(size)
-                for (o, k), part in zip(plan.vectors, mean_vec.split([k for _, k in plan.vectors]),
+                vec.div_(size)
+                for (o, k), part in zip(plan.vectors, vec.split([k for _, k in plan.vectors]),
                                         strict=True):  # fmt: skip
                     mine[o : o + k] = part
             for (o, n, m, _), p, q in zip(plan.matrices, ps, qs, strict=True):

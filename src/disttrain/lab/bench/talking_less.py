@@ -193,27 +193,25 @@ def held_out_halves(out: str, summary: dict[str, Any]) -> tuple[float, float]:
     """The run's final model (``out``/model.pt) on the first half of the held-out windows
     (validation: what a row's settings are chosen on) and on the second (test: what is
     reported for the chosen row; ``final_test_loss`` is the mean of the two)."""
+    import dataclasses
+
     import torch
 
     from disttrain.config import DataConfig
     from disttrain.data import load_dataset
     from disttrain.models import build_model
-    from disttrain.train.trainer import loss_fn
+    from disttrain.train.trainer import evaluate
 
     cfg = summary["config"]
     data = load_dataset(DataConfig(dataset="pycode", pycode_chars=cfg["pycode_chars"],
                                    seq_len=cfg["seq_len"]))  # fmt: skip
     model = build_model(cfg["model"], data)
     model.load_state_dict(torch.load(os.path.join(out, "model.pt"), weights_only=True))
-    model.eval()
     half = len(data.x_test) // 2
     losses = []
-    with torch.no_grad():
-        for x, y in ((data.x_test[:half], data.y_test[:half]),
-                     (data.x_test[half:], data.y_test[half:])):  # fmt: skip
-            total = sum(float(loss_fn(model(x[i : i + 512]), y[i : i + 512])) * len(x[i : i + 512])
-                        for i in range(0, len(x), 512))  # fmt: skip
-            losses.append(total / len(x))
+    for part in (slice(None, half), slice(half, None)):
+        windows = dataclasses.replace(data, x_test=data.x_test[part], y_test=data.y_test[part])
+        losses.append(evaluate(model, windows, torch.device("cpu"))[0])
     return losses[0], losses[1]
 
 
@@ -296,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
 
     anchor = labels[0]
     quality = "final_accuracy" if args.workload == "digits" else "final_test_loss"
-    halves = quality == "final_test_loss"  # a language model: its held-out windows split too
+    halves = any("validation_loss" in r for runs in rows.values() for r in runs)  # pycode's
     print(
         f"| strategy | bytes/step/rank | fewer bytes than anchor | {quality} | vs anchor "
         + ("| validation loss (1st half) | test loss (2nd half) " if halves else "")
