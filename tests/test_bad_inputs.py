@@ -292,6 +292,11 @@ CASES: list[tuple[str, Argv, str]] = [
     ),
     ("pipeline-balance", _flags("--strategy", "pipeline", "--balance", "1,x"), "--balance"),
     (
+        "pipeline-balance-idle-rank",
+        _flags("--strategy", "pipeline", "--workers", "3", "--balance", "1,3,4"),
+        "--balance 1,3,4 leaves rank 0 only layers without parameters",
+    ),
+    (
         "pipeline-unknown-schedule",
         _flags("--strategy", "pipeline", "--schedule", "zigzag"),
         "--schedule 'zigzag': unknown pipeline schedule; choose one of",

@@ -10,10 +10,14 @@ from torch import nn
 
 from disttrain.comm.errors import UsageError
 from disttrain.parallel.placement import (
+    check_every_rank_trains,
     check_sequential,
+    idle_ranks,
+    owns_parameters,
     param_costs,
     parse_balance,
     partition,
+    partition_layers,
     split,
     time_costs,
 )
@@ -69,3 +73,33 @@ def test_parse_balance_and_sequential_check() -> None:
         parse_balance("fast")
     with pytest.raises(UsageError, match=r"nn\.Sequential"):
         check_sequential(nn.Linear(2, 2), "pipeline")
+
+
+def _flat_mlp() -> nn.Sequential:
+    return nn.Sequential(nn.Flatten(), nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(),
+                         nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))  # fmt: skip
+
+
+def test_automatic_cuts_never_leave_a_stage_without_parameters() -> None:
+    """A first Linear measured as slow as all the rest (a noisy timing) made the layer
+    minimax give the Flatten a stage of its own, and rank 0 an empty optimizer."""
+    owns = owns_parameters(list(_flat_mlp()))
+    costs = [1e-6, 10.0, 1e-6, 1.0, 1e-6, 1.0, 1e-6, 1.0]
+    assert idle_ranks(owns, partition(costs, 3), 3) == [0]  # what the plain minimax did
+    for stages in (2, 3, 4):
+        sizes = partition_layers(costs, owns, stages)
+        assert sum(sizes) == 8 and idle_ranks(owns, sizes, stages) == []
+    assert partition_layers(costs, owns, 3) == [3, 2, 3]  # the best of the cuts before Linears
+    every = [True] * 8  # every layer owns parameters: the plain layer partition
+    assert partition_layers(costs, every, 3) == partition(costs, 3)
+
+
+def test_explicit_balance_with_an_idle_rank_is_refused_naming_one_that_trains() -> None:
+    layers = list(_flat_mlp())
+    with pytest.raises(UsageError, match=r"leaves rank 0 only .* try --balance 3,2,3"):
+        check_every_rank_trains(layers, 3, 1, [1, 3, 4], "1,3,4")
+    check_every_rank_trains(layers, 3, 1, [2, 3, 3], "2,3,3")
+    # interleaved: rank 0 holds stages 0 and 2; a parameterless stage 0 is fine beside stage 2
+    assert idle_ranks(owns_parameters(layers), [1, 2, 2, 3], 2) == []
+    with pytest.raises(UsageError, match="4 layers with parameters for 5 pipeline ranks"):
+        check_every_rank_trains(layers, 5, 1, "params", "params")

@@ -9,10 +9,17 @@ parameter count; ``time`` minimises the largest stage's measured forward +
 backward time; ``2,3,3`` gives the layer count of each stage. The minimax
 split of a sequence is the "linear partition" problem, solved exactly by the
 O(P·N²) dynamic programme below (N, P are tens at most here).
+
+A stage of parameter-free layers alone (a Flatten, a ReLU) has nothing to
+train, and its rank's optimizer would have no parameters: the automatic
+balances cut only before a layer that owns parameters (a parameter-free layer
+rides with the owner before it, leading ones with the first), and
+:func:`idle_ranks` finds the ranks an explicit list leaves without any.
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Sequence
@@ -24,10 +31,15 @@ from disttrain.comm.errors import UsageError
 
 __all__ = [
     "Balance",
+    "check_every_rank_trains",
     "check_sequential",
+    "idle_ranks",
+    "owns_parameters",
     "param_costs",
+    "param_sizes",
     "parse_balance",
     "partition",
+    "partition_layers",
     "split",
     "stage_bounds",
     "time_costs",
@@ -113,6 +125,33 @@ def partition(costs: Sequence[float], stages: int) -> list[int]:
     return sizes[::-1]
 
 
+def owns_parameters(layers: Sequence[nn.Module]) -> list[bool]:
+    """Whether each layer has parameters of its own (or in its children)."""
+    return [any(True for _ in layer.parameters()) for layer in layers]
+
+
+def partition_layers(costs: Sequence[float], owns: Sequence[bool], stages: int) -> list[int]:
+    """:func:`partition` cutting only before a parameter-owning layer (not the first one),
+    so that every stage trains something; the plain layer partition where the model has
+    fewer such layers than ``stages``."""
+    starts = [i for i, own in enumerate(owns) if own][1:]  # every owner after the first
+    if len(starts) + 1 < stages:
+        return partition(costs, stages)
+    bounds = [0, *starts, len(costs)]
+    groups = list(itertools.pairwise(bounds))
+    sizes, g = [], 0
+    for n in partition([sum(costs[a:b]) for a, b in groups], stages):
+        sizes.append(groups[g + n - 1][1] - groups[g][0])
+        g += n
+    return sizes
+
+
+def idle_ranks(owns: Sequence[bool], sizes: Sequence[int], ranks: int) -> list[int]:
+    """The ranks whose stages (r, r + ranks, ...) hold no layer with parameters."""
+    trains = [any(owns[a:b]) for a, b in stage_bounds(sizes)]
+    return [r for r in range(ranks) if not any(trains[r::ranks])]
+
+
 def stage_bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
     """``[(start, end), ...]`` of each stage from its layer count."""
     out, start = [], 0
@@ -130,3 +169,29 @@ def split(model: nn.Sequential, sizes: Sequence[int]) -> list[nn.Sequential]:
             f"but the model has {len(model)}: make the counts add up to {len(model)}"
         )
     return [model[a:b] for a, b in stage_bounds(sizes)]  # type: ignore[misc]
+
+
+def param_sizes(layers: Sequence[nn.Module], cuts: int) -> list[int]:
+    """``--balance params``: layers per stage, cut only before a layer with parameters."""
+    return partition_layers(param_costs(layers), owns_parameters(layers), cuts)
+
+
+def check_every_rank_trains(
+    layers: Sequence[nn.Module], ranks: int, chunks: int, spec: Balance, text: str
+) -> None:
+    """UsageError if a rank's stages (``chunks`` each) would hold no parameters: its
+    optimizer would have nothing to step. ``spec``: the parsed ``--balance text``."""
+    owns = owns_parameters(layers)
+    if sum(owns) < ranks:
+        raise UsageError(
+            f"the model has {sum(owns)} layers with parameters for {ranks} pipeline ranks: "
+            f"use at most {sum(owns)} stages"
+        )
+    chosen = param_sizes(layers, ranks * chunks)
+    idle = idle_ranks(owns, spec if isinstance(spec, list) else chosen, ranks)
+    if idle:
+        raise UsageError(
+            f"--balance {text} leaves rank {idle[0]} only layers without parameters: every "
+            f"rank needs one that trains; try --balance {','.join(map(str, chosen))} "
+            f"(what params chooses)"
+        )

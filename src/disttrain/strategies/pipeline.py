@@ -82,6 +82,7 @@ def check_pipeline(
                 f"--balance {pc.balance} places {sum(spec)} layers but the model has "
                 f"{len(layers)}: make the counts add up to {len(layers)}"
             )
+    placement.check_every_rank_trains(layers, stages, v, pc.balance_spec(), pc.balance)
     if pc.schedule != "none" and batch % pc.microbatches:
         divisors = [d for d in range(1, batch + 1) if batch % d == 0]
         raise UsageError(
@@ -195,14 +196,16 @@ class Pipeline(Strategy):
         if isinstance(spec, list):
             return spec
         if spec == "params":
-            return placement.partition(placement.param_costs(list(model)), cuts)
+            return placement.param_sizes(list(model), cuts)
         # "time": measured on stage 0 only, so that every stage agrees on the split
         sizes = torch.zeros(cuts, dtype=torch.int64)
         if self.stage == 0:
             n = self.batch // self.microbatches
             sample = self._sample(n) if self.time_sample is None else self.time_sample[:n]
-            costs = placement.time_costs(list(model), sample)
-            sizes = torch.tensor(placement.partition(costs, cuts))
+            layers = list(model)
+            costs = placement.time_costs(layers, sample)
+            owns = placement.owns_parameters(layers)
+            sizes = torch.tensor(placement.partition_layers(costs, owns, cuts))
         if self.stages > 1:
             with meter.paused():
                 dist.broadcast(sizes, src=p2p.global_rank(self.group, 0), group=self.group)
@@ -414,7 +417,7 @@ class Pipeline(Strategy):
                                  f"into {cuts} stages")  # fmt: skip
             sizes, note = balance, ""
         else:
-            sizes = placement.partition(placement.param_costs(layers), cuts)
+            sizes = placement.param_sizes(layers, cuts)
             note = note if balance == "time" else ""
         counts = [sum(p.numel() for layer in layers[a:b] for p in layer.parameters())
                   for a, b in placement.stage_bounds(sizes)]  # fmt: skip
