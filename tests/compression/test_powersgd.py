@@ -76,12 +76,15 @@ def _feedback_and_bytes(algorithm: str) -> dict[str, float]:
     gen = torch.Generator().manual_seed(10 + rank)
     inputs = torch.zeros(NUMEL, dtype=torch.float64)
     sums = torch.zeros(NUMEL, dtype=torch.float64)
-    stated = 0
+    stated, seen = 0, set()
     for _ in range(4):
         x = torch.randn(NUMEL, generator=gen)
         inputs += x.double()
-        for k in c.round_numels(NUMEL):  # each round: its allreduce + the call's length check
-            stated += dense_allreduce_bytes(k, size, rank, algorithm) + check_cost_bytes(size)[0]
+        rounds = tuple(c.round_numels(NUMEL))
+        for k in rounds:  # each round: its allreduce, and the length check until agreed once
+            check = check_cost_bytes(size)[0] if rounds not in seen else 0
+            stated += dense_allreduce_bytes(k, size, rank, algorithm) + check
+        seen.add(rounds)
         flat = x.clone()
         compressed_all_reduce(flat, c, algorithm, None, feedback, stats)
         sums += flat.double()
@@ -105,6 +108,28 @@ def test_error_feedback_conserves_mass_and_meter_sees_stated_bytes(algorithm: st
         assert out["mass_error"] < 1e-4, out  # float32 sums of ~N(0,1) entries over 4 steps
         assert out["metered"] == out["stated"], out
         assert out["ratio"] > 1.0, out
+
+
+def _rounds_of_other_lengths() -> str:
+    import torch.distributed as dist
+
+    from disttrain.comm import CollectiveMismatch
+    from disttrain.compression.exchange import compressed_all_reduce
+
+    c = PowerSGD(2)
+    # the same entries, other layers on rank 1: other P and Q lengths
+    c.bind_shapes(SHAPES if dist.get_rank() == 0 else [torch.Size([NUMEL])])
+    try:
+        compressed_all_reduce(torch.randn(NUMEL), c, "ring")
+    except CollectiveMismatch as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_ranks_whose_rounds_differ_get_the_length_check_on_the_first_call() -> None:
+    # the rounds are checked until every rank has agreed on them once (then unchecked)
+    for message in run_world(_rounds_of_other_lengths, 2, timeout=120):
+        assert "different lengths" in message, message
 
 
 def _against_torch_hook() -> float:

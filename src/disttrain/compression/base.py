@@ -156,10 +156,12 @@ class CollectiveCompressor(Compressor):
         self, acc: torch.Tensor, sum_: Callable[[torch.Tensor], object], size: int,
         out: torch.Tensor,
     ) -> torch.Tensor:  # fmt: skip
-        """Write into the flat ``out`` the sum over the ``size`` ranks of what every rank's
+        """Write into the flat ``out`` the mean over the ``size`` ranks of what every rank's
         flat ``acc`` encodes to; return this rank's part of it (what counts as sent, for
-        error feedback; valid until the next call). ``sum_(t)`` must leave the sum of every
-        rank's ``t`` in ``t``, in place. ``out`` may be ``acc`` itself (no error feedback)."""
+        error feedback; valid until ``out`` is next written). ``sum_(t)`` must leave the sum
+        of every rank's ``t`` in ``t``, in place. ``out`` may be ``acc`` itself (no error
+        feedback). The mean, not the sum: DDP's hook wants the mean, and writing it at once
+        saves two passes over the model (× n, then ÷ n) that cost ~3 % of a step."""
 
     @abstractmethod
     def round_numels(self, numel: int) -> list[int]:

@@ -13,6 +13,7 @@ the same gradient that a run without compression would do (``vs_dense_allreduce`
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,11 @@ __all__ = [
 
 #: Bytes of the length prefix sent before each variable-size payload.
 LENGTH_BYTES = 4
+
+#: Per collective compressor, the round lengths (``round_numels``) every rank has checked.
+_AGREED: weakref.WeakKeyDictionary[CollectiveCompressor, set[tuple[int, ...]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 @dataclass
@@ -117,8 +123,10 @@ def compressed_all_reduce(
     group: ProcessGroup | None = None,
     feedback: ErrorFeedback | None = None,
     stats: CompressionStats | None = None,
+    mean: bool = False,
 ) -> torch.Tensor:
-    """Sum the compressed ``flat`` of every rank into ``flat`` (in place) and return it.
+    """Sum the compressed ``flat`` of every rank into ``flat`` (in place) and return it;
+    with ``mean``, the mean (a collective compressor writes it at once: no × n, ÷ n).
 
     Summable casts ride ``algorithm`` (their sum is taken in the 16-bit type);
     sparse payloads go to every peer and are summed after decoding. With
@@ -129,10 +137,17 @@ def compressed_all_reduce(
     before = meter.bytes_sent
     allreduce_sent = dense_allreduce_bytes(flat.numel(), size, rank, algorithm)
     if isinstance(compressor, CollectiveCompressor):  # its own rounds of allreduces (PowerSGD)
+        # The rounds' lengths follow from the bound shapes and the step: the algorithms'
+        # cross-rank length check (an allreduce of its own per round: three extra latencies
+        # a step, ~5 % of a gpt step) runs until every rank has agreed on them once.
+        rounds = tuple(compressor.round_numels(flat.numel()))
+        agreed = _AGREED.setdefault(compressor, set())
+        checked = rounds not in agreed
+        algo = collectives.get(algorithm)
 
         def sum_(t: torch.Tensor) -> None:
             if size > 1:
-                collectives.all_reduce(t, algorithm, group)
+                algo.all_reduce(t, group, checked=checked)
 
         in_place = flat.dtype == torch.float32  # else the fp32 sum is copied back at the end
         out = flat.view(-1) if in_place else torch.empty(flat.numel())
@@ -144,6 +159,9 @@ def compressed_all_reduce(
             feedback.apply(flat, run)
         else:
             run(flat.detach().reshape(-1).float())
+        agreed.add(rounds)
+        if not mean:
+            out.mul_(size)  # exact for a power-of-two size; else one rounding of the mean
         if not in_place:
             flat.copy_(out.view_as(flat))
         if stats is not None:  # fp32 payloads already: the reference is the dense allreduce
@@ -172,6 +190,8 @@ def compressed_all_reduce(
                 result += decoded[r]
         dense_sent = 4 * flat.numel() * (size - 1)  # an fp32 tensor to each peer
     flat.copy_(result.view_as(flat))
+    if mean:
+        flat.div_(size)
     if stats is not None:
         stats.add(dense_sent, allreduce_sent, meter.bytes_sent - before)
     return flat

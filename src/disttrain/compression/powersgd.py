@@ -108,7 +108,6 @@ class PowerSGD(CollectiveCompressor):
         self.calls = 0
         self._plan: _Plan | None = None
         self._sent: tuple[torch.Tensor, ...] = ()  # the last call's wire tensors, as decoded
-        self._mean: torch.Tensor | None = None  # the last call's mean (reused: see reduce)
 
     @property
     def spec(self) -> str:
@@ -180,6 +179,7 @@ class PowerSGD(CollectiveCompressor):
             self.calls += 1
             out.copy_(flat)
             sum_(out)
+            out.div_(size)
             self._sent = (flat,)
             return flat
         self.calls += 1
@@ -219,22 +219,17 @@ class PowerSGD(CollectiveCompressor):
             self.q.div_(size)
             # what a world of one would have sent: the vectors, P and Q as decoded
             self._sent = tuple(t for t in (vec, p_flat, self.q) if t is not None and t.numel())
-            # Every entry is a vector's or a matrix's, so both buffers are written whole; the
-            # mean's buffer is kept from step to step (a new one of the model's size each
-            # step cost more than the copies: its pages are faulted in again every time).
-            if self._mean is None or self._mean.numel() != flat.numel():
-                self._mean = torch.empty_like(flat)
-            mine = self._mean
+            # Every entry is a vector's or a matrix's, so ``out`` is written whole: the mean
+            # straight into the caller's buffer, as torch's hook writes into its bucket (each
+            # matrix of ``acc`` is read for the last time above, so ``out`` may be ``acc``).
             if vec is not None:
                 vec.div_(size)
                 for (o, k), part in zip(plan.vectors, vec.split([k for _, k in plan.vectors]),
                                         strict=True):  # fmt: skip
-                    mine[o : o + k] = part
+                    out[o : o + k] = part
             for (o, n, m, _), p, q in zip(plan.matrices, ps, qs, strict=True):
-                torch.mm(p, q.t(), out=mine[o : o + n * m].view(n, m))
-            # the sum is n x the mean (the caller divides it back: ``average``)
-            torch.mul(mine, size, out=out)
-        return mine
+                torch.mm(p, q.t(), out=out[o : o + n * m].view(n, m))
+        return out
 
     @staticmethod
     def _views(buf: torch.Tensor, plan: _Plan, which: str) -> list[torch.Tensor]:
@@ -252,7 +247,7 @@ class PowerSGD(CollectiveCompressor):
     def compress_and_decode(self, tensor: torch.Tensor) -> tuple[Payload, torch.Tensor]:
         """The exchange on a world of one: the payload is (vectors, P, Q) as sent."""
         flat = tensor.detach().reshape(-1).float()
-        mine = self.reduce(flat, lambda t: None, 1, torch.empty_like(flat)).clone()
+        mine = self.reduce(flat, lambda t: None, 1, torch.empty_like(flat))
         return Payload(torch.cat(self._sent), tensor.numel()), mine
 
     def decompress(self, payload: Payload) -> torch.Tensor:

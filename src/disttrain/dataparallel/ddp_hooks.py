@@ -15,8 +15,8 @@ while they send, and DDP waits on the Futures at the end of backward.
 
 runs ``compressed_all_reduce`` on each bucket (one compressor and one error-feedback
 residual per bucket, the bucket's parameter shapes bound to it: PowerSGD works per
-layer), synchronously, then divides by the workers: torch's ``powerSGD_hook`` in
-disttrain's compressor form, over any allreduce algorithm.
+layer), synchronously, leaving the mean over the workers in the bucket: torch's
+``powerSGD_hook`` in disttrain's compressor form, over any allreduce algorithm.
 """
 
 # No ``from __future__ import annotations``: DDP checks the hook's annotations at run time.
@@ -134,9 +134,9 @@ def compressed_hook(
     buffer = bucket.buffer()
     compressor, feedback = state.for_bucket(bucket)
     compressed_all_reduce(
-        buffer, compressor, state.algorithm, state.process_group, feedback, state.stats
-    )
-    buffer.div_(state.world_size)
+        buffer, compressor, state.algorithm, state.process_group, feedback, state.stats,
+        mean=True,
+    )  # fmt: skip
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(buffer)
     return fut
