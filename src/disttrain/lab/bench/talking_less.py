@@ -57,14 +57,21 @@ OUTER_GRID = ((0.2, 0.9), (0.35, 0.9), (1.0, 0.9), (1.4, 0.9), (0.7, 0.5), (0.8,
               (1.0, 0.3), (1.0, 0.5), (1.0, 0.7), (1.2, 0.5))  # fmt: skip
 #: the grid's choice (lowest validation loss at H = 50), run at H = 200 and streamed too
 CHOSEN_OUTER = (1.0, 0.5)
+#: streaming's own setting, tried at H = 50 with the chosen outer step: the weight of the
+#: local weights when a fragment's update lands (0.5, the default, besides these)
+STREAM_MIXES = (0.0, 0.25)
 
 
-def _outer(h: int, lr: float, momentum: float, fragments: int = 1) -> tuple[str, list[str]]:
-    """A DiLoCo row with its own outer step: (label, flags)."""
+def _outer(
+    h: int, lr: float, momentum: float, fragments: int = 1, mix: float | None = None
+) -> tuple[str, list[str]]:
+    """A DiLoCo row with its own outer step (and streaming's mix): (label, flags)."""
     kind = f"streaming diloco H={h} F={fragments}" if fragments > 1 else f"diloco H={h}"
     flags = ["--strategy", "diloco", "--period", str(h), "--outer-lr", str(lr),
              "--outer-momentum", str(momentum), "--fragments", str(fragments)]  # fmt: skip
-    return f"{kind} outer {lr:g}/{momentum:g}", flags
+    if mix is None:
+        return f"{kind} outer {lr:g}/{momentum:g}", flags
+    return f"{kind} outer {lr:g}/{momentum:g} mix {mix:g}", [*flags, "--fragment-mix", str(mix)]
 
 
 CONFIGS: dict[str, dict[str, list[str]]] = {
@@ -149,6 +156,8 @@ CONFIGS: dict[str, dict[str, list[str]]] = {
         },
         **dict(_outer(50, lr, m) for lr, m in OUTER_GRID),
         **dict(_outer(h, *CHOSEN_OUTER, fragments=f) for h, f in ((200, 1), (50, 4), (200, 4))),
+        **dict(_outer(h, *CHOSEN_OUTER, fragments=4, mix=a)
+               for h in (50, 200) for a in STREAM_MIXES),
     },
 }  # fmt: skip
 
