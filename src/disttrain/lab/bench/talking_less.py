@@ -20,10 +20,11 @@ batch 32 for every row (8 outer steps at H = 200), Adam at 0.002 with a
 0.1-epoch warm-up and cosine decay, chosen once for every row; DiLoCo at the
 paper's outer step (lr 0.7, Nesterov 0.9), and at H = 50 at each outer step of
 ``OUTER_GRID``; the one with the lowest validation loss (``CHOSEN_OUTER``) also at
-H = 200 and streamed. On pycode every row's final model is also scored on the two
-halves of the held-out windows: the first (validation) is what settings are chosen
-on, the second (test) what a chosen row reports. ``--plot`` draws rank 0's
-training loss (a 50-step moving mean) of every row against the samples seen.
+H = 200 and streamed, streaming also at each of its own ``STREAM_MIXES``. On pycode
+every row's final model is also scored on the two halves of the held-out windows: the
+first (validation) is what settings are chosen on, the second (test) what a chosen row
+reports. ``--plot`` draws rank 0's training loss (a 50-step moving mean) of every row
+against the samples seen.
 """
 
 from __future__ import annotations
