@@ -2,7 +2,7 @@
 
     average(grads, algorithm, group)                        # gradients (hybrid, local SGD warm-up)
     average(params, algorithm, world_size=n)                # parameters (local SGD, start-up sync)
-    average(grads, group=g, sum_=compressed_sum)            # a compressed sum (allreduce strategy)
+    average(grads, group=g, mean_=compressed_mean)          # a compressed mean (allreduce strategy)
 
 Every tensor of the list travels in one flat buffer (one collective, whatever
 the number of tensors), and the sum is divided after it is taken: for the
@@ -29,12 +29,13 @@ def average(
     algorithm: str = "native",
     group: ProcessGroup | None = None,
     world_size: int | None = None,
-    sum_: Callable[[torch.Tensor], object] | None = None,
+    mean_: Callable[[torch.Tensor], object] | None = None,
 ) -> None:
     """Replace each of ``tensors`` by its mean over the ``world_size`` ranks of ``group``.
 
-    The sum is ``algorithm``'s allreduce over ``group``, or ``sum_(flat)`` when
-    given (it must leave the sum of every rank's ``flat`` in ``flat``, in place).
+    The sum is ``algorithm``'s allreduce over ``group``, divided by the ranks; or
+    ``mean_(flat)`` when given, which must leave the mean over the ranks in ``flat``, in
+    place (a compressor that writes the mean at once: no × n then ÷ n).
     Nothing happens on one rank or for an empty list. ``world_size`` defaults to
     the group's size (pass it to skip asking when it is known).
     """
@@ -45,11 +46,11 @@ def average(
     if n == 1:
         return
     flat = _flatten_dense_tensors([t.detach() for t in tensors])
-    if sum_ is None:
-        collectives.all_reduce(flat, algorithm, group)
+    if mean_ is not None:
+        mean_(flat)
     else:
-        sum_(flat)
-    flat /= n
+        collectives.all_reduce(flat, algorithm, group)
+        flat /= n
     with torch.no_grad():
         for t, v in zip(tensors, _unflatten_dense_tensors(flat, tensors), strict=True):
             t.copy_(v)

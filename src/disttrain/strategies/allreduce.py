@@ -204,14 +204,14 @@ class AllReduce(Strategy):
         assert compressor is not None
         compressor.bind_shapes([g.shape for g in grads])  # per-layer compressors (low rank)
 
-        def compressed_sum(flat: torch.Tensor) -> None:
+        def compressed_mean(flat: torch.Tensor) -> None:
             compressed_all_reduce(
                 flat, compressor, self.algorithm or "native", self.worker_group, self.feedback,
-                self.stats,
+                self.stats, mean=True,
             )  # fmt: skip
 
         average(grads, group=self.worker_group, world_size=self.world.world_size,
-                sum_=compressed_sum)  # fmt: skip
+                mean_=compressed_mean)  # fmt: skip
 
     def finish(self) -> None:
         if self.compressor is None:
