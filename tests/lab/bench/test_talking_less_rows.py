@@ -58,3 +58,16 @@ def test_held_out_halves_split_the_test_loss(tmp_path: Path) -> None:
     whole, _ = evaluate(model, data, torch.device("cpu"))
     assert first != second  # two different sets of windows
     assert abs((first * half + second * (n - half)) / n - whole) < 1e-5
+
+
+def test_max_steps_is_the_diloco_workloads_only() -> None:
+    # the other workloads end on their epochs: a --max-steps there would be read by nothing
+    from disttrain.comm.errors import UsageError
+    from disttrain.lab.bench.talking_less import add_arguments, run
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    for argv in (["--workload", "pycode", "--max-steps", "10"],
+                 ["--workload", "diloco", "--max-steps", "0"]):  # fmt: skip
+        with pytest.raises(UsageError, match="--max-steps"):
+            run(parser.parse_args(argv))

@@ -268,11 +268,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--lr", type=float, default=None, help="every row's --lr (default: the workload's)"
     )
+    parser.add_argument(
+        "--max-steps", type=int, default=None,
+        help="diloco workload: every row's steps (default 1600; the epochs stop being a limit)",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
     configs = CONFIGS[args.workload]
     labels = list(configs)
+    if args.max_steps is not None and (args.workload != "diloco" or args.max_steps < 1):
+        raise UsageError("--max-steps: a positive number of steps, for --workload diloco only")
     if args.only:
         wanted = {w.strip() for w in args.only.split(";")}
         unknown = wanted - set(labels)
@@ -288,6 +294,8 @@ def run(args: argparse.Namespace) -> int:
                 flags = base_flags(args.workload, args.pycode_chars) + configs[label]
                 if args.lr is not None:  # the last --lr given wins: one value for every row
                     flags += ["--lr", str(args.lr)]
+                if args.max_steps is not None:  # the steps, not the 2 epochs, end each row
+                    flags += ["--max-steps", str(args.max_steps), "--epochs", "1000"]
                 s = run_one(flags, out, args.timeout)
                 rows[label].append(s)
                 print(f"# done {label} (repeat {rep + 1}): test loss {s['final_test_loss']:.4f}, "
