@@ -220,6 +220,9 @@ class Pipeline(Strategy):
         placement.check_sequential(model, self.name)
         assert isinstance(model, nn.Sequential)
         self.sizes = self._sizes(model)
+        # measured (time) cuts are known only now; every rank has the same sizes, so all stop
+        placement.check_every_rank_trains(list(model), self.stages, self.chunks, self.sizes,
+                                          self.pc.balance)  # fmt: skip
         parts = placement.split(model, self.sizes)
         meta = [copy.deepcopy(part).to("meta") for part in parts]
         self.full = model if self.stage == 0 else None  # stage 0 gathers the model to evaluate
