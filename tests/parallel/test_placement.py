@@ -103,3 +103,8 @@ def test_explicit_balance_with_an_idle_rank_is_refused_naming_one_that_trains() 
     assert idle_ranks(owns_parameters(layers), [1, 2, 2, 3], 2) == []
     with pytest.raises(UsageError, match="4 layers with parameters for 5 pipeline ranks"):
         check_every_rank_trains(layers, 5, 1, "params", "params")
+    # 2 ranks x 4 chunks of 8 layers: every cut, and rank 0 holds Flatten and three ReLUs;
+    # params' own split cannot help, so the line names the count to lower, not a --balance
+    with pytest.raises(UsageError, match="use at most 2 virtual stages"):
+        check_every_rank_trains(layers, 2, 4, "params", "params")
+    check_every_rank_trains(layers, 2, 2, "params", "params")

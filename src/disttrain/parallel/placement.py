@@ -188,6 +188,12 @@ def check_every_rank_trains(
             f"use at most {sum(owns)} stages"
         )
     chosen = param_sizes(layers, ranks * chunks)
+    if idle_ranks(owns, chosen, ranks):  # more stages than such layers: only fewer chunks help
+        raise UsageError(
+            f"{ranks} ranks x {chunks} virtual stages leave a rank only layers without "
+            f"parameters (the model has {sum(owns)} with parameters): use at most "
+            f"{sum(owns) // ranks} virtual stages"
+        )
     idle = idle_ranks(owns, spec if isinstance(spec, list) else chosen, ranks)
     if idle:
         raise UsageError(

@@ -82,7 +82,7 @@ def check_pipeline(
                 f"--balance {pc.balance} places {sum(spec)} layers but the model has "
                 f"{len(layers)}: make the counts add up to {len(layers)}"
             )
-    placement.check_every_rank_trains(layers, stages, v, pc.balance_spec(), pc.balance)
+    placement.check_every_rank_trains(layers, stages, v, spec, pc.balance)
     if pc.schedule != "none" and batch % pc.microbatches:
         divisors = [d for d in range(1, batch + 1) if batch % d == 0]
         raise UsageError(
