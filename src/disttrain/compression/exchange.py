@@ -138,8 +138,8 @@ def compressed_all_reduce(
     allreduce_sent = dense_allreduce_bytes(flat.numel(), size, rank, algorithm)
     if isinstance(compressor, CollectiveCompressor):  # its own rounds of allreduces (PowerSGD)
         # The rounds' lengths follow from the bound shapes and the step: the algorithms'
-        # cross-rank length check (an allreduce of its own per round: three extra latencies
-        # a step, ~5 % of a gpt step) runs until every rank has agreed on them once.
+        # cross-rank length check (a blocking allreduce of its own before each round: three
+        # extra latencies a step) runs until every rank has agreed on them once.
         rounds = tuple(compressor.round_numels(flat.numel()))
         agreed = _AGREED.setdefault(compressor, set())
         checked = rounds not in agreed
