@@ -277,8 +277,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     configs = CONFIGS[args.workload]
     labels = list(configs)
-    if args.max_steps is not None and (args.workload != "diloco" or args.max_steps < 1):
-        raise UsageError("--max-steps: a positive number of steps, for --workload diloco only")
+    steps_end_it = "--max-steps" in BASE[args.workload]  # the others end on their epochs
+    if args.max_steps is not None and (not steps_end_it or args.max_steps < 1):
+        ended = [w for w, flags in BASE.items() if "--max-steps" in flags]
+        raise UsageError(f"--max-steps: a positive number of steps, for a workload that ends "
+                         f"on steps ({', '.join(ended)})")  # fmt: skip
     if args.only:
         wanted = {w.strip() for w in args.only.split(";")}
         unknown = wanted - set(labels)
