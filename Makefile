@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: train test lint setup
+.PHONY: train test lint setup gpu-proof
 
 setup: $(STAMP)
 
@@ -26,3 +26,8 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/pytest -q -rs  # -rs: every skipped test says why, in CI too
+
+# On a GPU machine only (the device tool): the CUDA tests with every candidate let through,
+# the one-GPU benchmark, and the rows for docs/gpu.md. Uses the machine's own torch.
+gpu-proof:
+	bash benchmarks/gpu_proof.sh

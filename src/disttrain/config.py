@@ -105,6 +105,12 @@ class TrainConfig:
         "cpu (gloo) or cuda (NCCL; refused until a GPU run proves it: docs/gpu.md)",
         ("cpu", "cuda"),
     )
+    backend: str = opt(
+        "auto",
+        "collectives: auto (gloo on cpu, NCCL on cuda) or gloo (with --device cuda: the ranks "
+        "of a host may share one GPU; point-to-point messages are staged through host memory)",
+        ("auto", "gloo"),
+    )
     timeout: float = opt(60.0, "seconds any collective may wait before the job fails")
     check_collectives: bool = opt(
         False, "check each allreduce's length on all ranks first (one small extra collective)"

@@ -8,6 +8,8 @@ fp32), add it there on that machine, run them, and record the run in docs/gpu.md
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,15 @@ def _params(out: Path, device: str, workers: int, *extra: str) -> dict[str, torc
     return torch.load(out / "model.pt", weights_only=True, map_location="cpu")  # type: ignore[no-any-return]
 
 
+def _record(combo: gpu_support.Combination, request: pytest.FixtureRequest, how: str) -> None:
+    """A passed proof: one JSON line in $DISTTRAIN_GPU_PROOF_LOG (make gpu-proof prints rows)."""
+    log = os.environ.get("DISTTRAIN_GPU_PROOF_LOG")
+    if log:
+        with open(log, "a") as fh:
+            fh.write(json.dumps({"combination": str(combo), "test": request.node.nodeid,
+                                 "how": how}) + "\n")  # fmt: skip
+
+
 def _worst(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     """The largest absolute difference between two runs' parameters."""
     return max(float((a[k] - b[k]).abs().max()) for k in a)
@@ -40,11 +51,12 @@ def _assert_refused(out: Path, *flags: str) -> None:
     assert refused.returncode == 2 and "has not been proven" in refused.stderr, refused.stderr
 
 
-def test_cuda_training_matches_cpu_training(tmp_path: Path) -> None:
+def test_cuda_training_matches_cpu_training(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     cpu = _params(tmp_path / "cpu", "cpu", 1)
     gpu = _params(tmp_path / "gpu", "cuda", 1)
     worst = _worst(cpu, gpu)
     assert worst <= 1e-3, worst  # cuBLAS sums in another order than the CPU; 10 steps stay close
+    _record(_combo("allreduce"), request, f"10 steps, CUDA vs CPU {worst:.1e} (<= 1e-3)")
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL data parallelism needs 2 GPUs")
@@ -57,7 +69,7 @@ def test_two_gpu_workers_match_one(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("precision", "tolerance"), [("bf16", 3e-2), ("fp16", 3e-3)])
 def test_mixed_precision_on_one_gpu_trains_as_fp32_does(
-    tmp_path: Path, precision: str, tolerance: float
+    tmp_path: Path, precision: str, tolerance: float, request: pytest.FixtureRequest
 ) -> None:
     # autocast (and fp16's loss scaling) on CUDA against the fp32 CUDA run: 10 steps of the
     # default model differ by the low-precision matmuls' rounding only (bf16 keeps 8 bits
@@ -66,6 +78,8 @@ def test_mixed_precision_on_one_gpu_trains_as_fp32_does(
     low = _params(tmp_path / precision, "cuda", 1, "--precision", precision)
     worst = _worst(fp32, low)
     assert 0 < worst <= tolerance, worst  # 0: the precision was not applied at all
+    _record(_combo("allreduce", precision), request,
+            f"10 steps, {worst:.1e} from the fp32 CUDA run (<= {tolerance:g}, > 0)")  # fmt: skip
 
 
 def _combo(strategy: str, precision: str = "fp32") -> gpu_support.Combination:
@@ -97,8 +111,9 @@ ONE_GPU_RUNS: list[tuple[tuple[str, ...], gpu_support.Combination]] = [
     ("flags", "combo"), ONE_GPU_RUNS, ids=[" ".join(f) for f, _ in ONE_GPU_RUNS]
 )
 def test_one_gpu_run_matches_cpu_or_is_refused(
-    tmp_path: Path, flags: tuple[str, ...], combo: gpu_support.Combination
-) -> None:
+    tmp_path: Path, flags: tuple[str, ...], combo: gpu_support.Combination,
+    request: pytest.FixtureRequest,
+) -> None:  # fmt: skip
     if combo not in gpu_support.PROVEN:
         _assert_refused(tmp_path, *flags)
         return
@@ -106,6 +121,7 @@ def test_one_gpu_run_matches_cpu_or_is_refused(
     gpu = _params(tmp_path / "gpu", "cuda", 1, *flags)
     worst = _worst(cpu, gpu)
     assert worst <= 1e-3, worst  # as the native fp32 run: cuBLAS's summation order only
+    _record(combo, request, f"10 steps, CUDA vs CPU {worst:.1e} (<= 1e-3)")
 
 
 #: The same strategies in bf16 and fp16 (autocast; fp16 with loss scaling), each against
@@ -123,7 +139,7 @@ MIXED_RUNS = [
 )  # fmt: skip
 def test_one_gpu_mixed_precision_run_is_close_to_fp32_or_is_refused(
     tmp_path: Path, flags: tuple[str, ...], precision: str, tolerance: float,
-    combo: gpu_support.Combination,
+    combo: gpu_support.Combination, request: pytest.FixtureRequest,
 ) -> None:  # fmt: skip
     low_flags = (*flags, "--precision", precision)
     if combo not in gpu_support.PROVEN:
@@ -133,3 +149,114 @@ def test_one_gpu_mixed_precision_run_is_close_to_fp32_or_is_refused(
     low = _params(tmp_path / precision, "cuda", 1, *low_flags)
     worst = _worst(fp32, low)
     assert 0 < worst <= tolerance, worst  # 0: the precision was not applied at all
+    _record(combo, request, f"10 steps, {worst:.1e} from the fp32 CUDA run (<= {tolerance:g}, > 0)")
+
+
+# --- Several ranks on one GPU (``--backend gloo``) --------------------------------------
+#
+# NCCL refuses two ranks on one device, and the GPU machines lent to this project have one
+# GPU. With ``--backend gloo`` the ranks keep CUDA tensors (models, gradients, buffers) and
+# talk over gloo: collectives on CUDA tensors where gloo has them, point-to-point messages
+# and the codecs staged through host memory (comm/p2p.py, compression/exchange.py). Each run
+# is compared with the same flags on the CPU (fp32) or with its own fp32 run (bf16, fp16).
+
+
+def _gloo_combo(flags: tuple[str, ...], precision: str = "fp32") -> gpu_support.Combination:
+    def value(name: str, default: str) -> str:
+        return flags[flags.index(name) + 1] if name in flags else default
+
+    return gpu_support.Combination(
+        value("--strategy", "allreduce"), value("--algorithm", "native"),
+        value("--compression", "none").split(":", 1)[0], precision,
+        "--check-collectives" in flags, several=True, backend="gloo",
+    )  # fmt: skip
+
+
+#: The extra flags each strategy needs at ``workers`` ranks (2 unless it needs more).
+_STRATEGY_FLAGS: dict[str, tuple[str, ...]] = {
+    "ps": ("--ps-mode", "sync"),  # async's order of arrivals differs from run to run
+    "hybrid": ("--workers", "4", "--tp", "2"),
+    "diloco": ("--period", "5", "--optimizer", "sgd", "--lr", "0.1"),
+    "localsgd": ("--period", "5"),
+}
+
+#: The codecs' parameters (a ratio, a threshold, a rank): one value each.
+_CODEC_VALUES = {"topk": "topk:0.1", "onebit": "onebit:0.03", "powersgd": "powersgd:2"}
+
+
+def _strategy_runs() -> list[tuple[str, ...]]:
+    from disttrain import strategies
+
+    return [("--strategy", s, *_STRATEGY_FLAGS.get(s, ())) for s in strategies.STRATEGIES.names()]
+
+
+def _algorithm_runs() -> list[tuple[str, ...]]:
+    from disttrain import collectives
+
+    return [
+        ("--workers", "4", "--algorithm", a)
+        for a in collectives.ALGORITHMS.names()
+        if a != "native"
+    ]  # fmt: skip  (native: the strategies' runs)
+
+
+def _codec_runs() -> list[tuple[str, ...]]:
+    from disttrain.compression import registry
+
+    names = [n for n in registry.COMPRESSORS.names() if n != "none"]
+    return [("--compression", _CODEC_VALUES.get(n, n)) for n in names] + [
+        ("--check-collectives",),
+        ("--strategy", "decentralized", "--compression", "topk:0.1"),
+    ]
+
+
+GLOO_RUNS = _strategy_runs() + _algorithm_runs() + _codec_runs()
+
+
+def _workers(flags: tuple[str, ...]) -> tuple[int, tuple[str, ...]]:
+    if "--workers" in flags:
+        i = flags.index("--workers")
+        return int(flags[i + 1]), flags[:i] + flags[i + 2 :]
+    return 2, flags
+
+
+@pytest.mark.parametrize("flags", GLOO_RUNS, ids=[" ".join(f) for f in GLOO_RUNS])
+def test_ranks_sharing_one_gpu_match_cpu_ranks(
+    tmp_path: Path, flags: tuple[str, ...], request: pytest.FixtureRequest
+) -> None:
+    combo = _gloo_combo(flags)
+    workers, rest = _workers(flags)
+    if combo not in gpu_support.PROVEN and os.environ.get(gpu_support.PROVING_ENV) != "1":
+        _assert_refused(tmp_path, "--backend", "gloo", "--workers", str(workers), *rest)
+        return
+    cpu = _params(tmp_path / "cpu", "cpu", workers, *rest)
+    gpu = _params(tmp_path / "gpu", "cuda", workers, "--backend", "gloo", *rest)
+    worst = _worst(cpu, gpu)
+    assert worst <= 1e-3, worst  # cuBLAS's summation order, as the one-GPU runs
+    _record(combo, request, f"{workers} ranks on one GPU over gloo, 10 steps, CUDA vs CPU "
+                            f"{worst:.1e} (<= 1e-3)")  # fmt: skip
+
+
+GLOO_MIXED = [(f, p, t) for f in _strategy_runs() for p, t in (("bf16", 3e-2), ("fp16", 3e-3))]
+
+
+@pytest.mark.parametrize(
+    ("flags", "precision", "tolerance"), GLOO_MIXED,
+    ids=[f"{p} {' '.join(f)}" for f, p, _ in GLOO_MIXED],
+)  # fmt: skip
+def test_ranks_sharing_one_gpu_in_mixed_precision_stay_near_fp32(
+    tmp_path: Path, flags: tuple[str, ...], precision: str, tolerance: float,
+    request: pytest.FixtureRequest,
+) -> None:  # fmt: skip
+    combo = _gloo_combo(flags, precision)
+    workers, rest = _workers(flags)
+    gloo = ("--backend", "gloo", *rest)
+    if combo not in gpu_support.PROVEN and os.environ.get(gpu_support.PROVING_ENV) != "1":
+        _assert_refused(tmp_path, "--workers", str(workers), *gloo, "--precision", precision)
+        return
+    fp32 = _params(tmp_path / "fp32", "cuda", workers, *gloo)
+    low = _params(tmp_path / precision, "cuda", workers, *gloo, "--precision", precision)
+    worst = _worst(fp32, low)
+    assert 0 < worst <= tolerance, worst  # 0: the precision was not applied at all
+    _record(combo, request, f"{workers} ranks on one GPU over gloo, 10 steps, {worst:.1e} from "
+                            f"the fp32 run (<= {tolerance:g}, > 0)")  # fmt: skip

@@ -31,7 +31,7 @@ class AllToAll(AllReduceAlgorithm):
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         n, r = group_size(group), group_rank(group)
         peers = [p for p in range(n) if p != r]
-        bufs = {p: buffer(self.name, p, flat.numel(), flat.dtype) for p in peers}
+        bufs = {p: buffer(self.name, p, flat.numel(), flat.dtype, flat.device) for p in peers}
         post([(flat, p) for p in peers], [(bufs[p], p) for p in peers], group)
         # All sends are done, so flat may be overwritten. Sum in rank order
         # (x_0 + x_1 + ...) on every rank, accumulating into rank 0's array.

@@ -40,7 +40,7 @@ class Butterfly(AllReduceAlgorithm):
             exchange(flat, fold.rank + 1, None, None, group)
             exchange(None, None, flat, fold.rank + 1, group)
             return
-        incoming = buffer(self.name, 0, flat.numel(), flat.dtype)
+        incoming = buffer(self.name, 0, flat.numel(), flat.dtype, flat.device)
         if fold.absorbs is not None:
             exchange(None, None, incoming, fold.absorbs, group)
             flat.add_(incoming)

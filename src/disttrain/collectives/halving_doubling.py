@@ -60,7 +60,7 @@ class HalvingDoubling(AllReduceAlgorithm):
             exchange(None, None, flat, fold.rank + 1, group)
             return
         if fold.absorbs is not None:
-            incoming = buffer(self.name, 1, flat.numel(), flat.dtype)
+            incoming = buffer(self.name, 1, flat.numel(), flat.dtype, flat.device)
             exchange(None, None, incoming, fold.absorbs, group)
             flat.add_(incoming)
         bounds = chunk_bounds(flat.numel(), fold.p)
@@ -70,7 +70,7 @@ class HalvingDoubling(AllReduceAlgorithm):
 
         steps = _schedule(fold.virtual, fold.p)
         # The first (lower) half is the largest segment ever kept: chunks are front-loaded.
-        scratch = buffer(self.name, 0, span((0, fold.p // 2)).numel(), flat.dtype)
+        scratch = buffer(self.name, 0, span((0, fold.p // 2)).numel(), flat.dtype, flat.device)
         for partner, keep, give in steps:
             mine = span(keep)
             incoming = scratch[: mine.numel()]

@@ -66,7 +66,7 @@ class Ring(AllReduceAlgorithm):
         # Two scratch buffers of the largest chunk, alternating by step: step s+1's
         # receives are posted while step s's are still being summed.
         largest = chunks[0].numel()
-        scratch = [buffer(self.name, k, largest, flat.dtype) for k in (0, 1)]
+        scratch = [buffer(self.name, k, largest, flat.dtype, flat.device) for k in (0, 1)]
         steps = 2 * (n - 1)
         # Step s receives chunk (r-s-1) mod n and sends chunk (r-s) mod n, in both
         # phases; s < n-1 is the reduce-scatter (receive into scratch, then add),
@@ -131,7 +131,7 @@ class Ring(AllReduceAlgorithm):
         # the left, adding it in: after n-1 steps chunk (r-n) = r holds every rank's term.
         n, r = group_size(group), group_rank(group)
         chunks = [flat[a:b] for a, b in chunk_bounds(flat.numel(), n)]
-        scratch = buffer(self.name, 0, chunks[0].numel(), flat.dtype)
+        scratch = buffer(self.name, 0, chunks[0].numel(), flat.dtype, flat.device)
         for s in range(n - 1):
             out, into = chunks[(r - s - 1) % n], chunks[(r - s - 2) % n]
             incoming = scratch[: into.numel()]

@@ -51,7 +51,9 @@ class RoundRobin(AllReduceAlgorithm):
         depth = max(1, min(self.depth, n - 1))
         chunks = [flat[a:b] for a, b in chunk_bounds(flat.numel(), n)]
         mine = chunks[r]
-        scratch = [buffer(self.name, k, mine.numel(), flat.dtype) for k in range(depth)]
+        scratch = [
+            buffer(self.name, k, mine.numel(), flat.dtype, flat.device) for k in range(depth)
+        ]
         sends: list[Any] = []
 
         def post(k: int, send: torch.Tensor, recv: torch.Tensor) -> Any:

@@ -23,7 +23,7 @@ import torch
 
 __all__ = ["buffer", "release"]
 
-_Key = tuple[str, int, torch.dtype]
+_Key = tuple[str, int, torch.dtype, torch.device]
 
 
 class _Slots:
@@ -50,13 +50,18 @@ def _mine() -> dict[_Key, torch.Tensor]:
     return slots.held
 
 
-def buffer(owner: str, slot: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """A 1-D tensor of ``numel`` elements, reused by this thread for (owner, slot, dtype)."""
+def buffer(
+    owner: str, slot: int, numel: int, dtype: torch.dtype, device: torch.device | None = None
+) -> torch.Tensor:
+    """A 1-D tensor of ``numel`` elements, reused by this thread for (owner, slot, dtype, device).
+
+    ``device``: the tensor being reduced's (a GPU's gradients are summed on the GPU)."""
     held = _mine()
-    key = (owner, slot, dtype)
+    where = torch.device("cpu") if device is None else device
+    key = (owner, slot, dtype, where)
     kept = held.get(key)
     if kept is None or kept.numel() < numel:
-        kept = torch.empty(numel, dtype=dtype)
+        kept = torch.empty(numel, dtype=dtype, device=where)
         held[key] = kept
     return kept[:numel]
 

@@ -35,7 +35,7 @@ class Star(AllReduceAlgorithm):
             exchange(flat, 0, None, None, group)
             exchange(None, None, flat, 0, group)
             return
-        bufs = [buffer(self.name, i, flat.numel(), flat.dtype) for i in range(1, n)]
+        bufs = [buffer(self.name, i, flat.numel(), flat.dtype, flat.device) for i in range(1, n)]
         post([], [(buf, peer) for peer, buf in enumerate(bufs, start=1)], group)
         for buf in bufs:
             flat.add_(buf)

@@ -42,7 +42,10 @@ class Tree(AllReduceAlgorithm):
         n, r = group_size(group), group_rank(group)
         kids = _children(r, n)
         if kids:  # both children's partial sums arrive at once
-            bufs = [buffer(self.name, i, flat.numel(), flat.dtype) for i in range(len(kids))]
+            bufs = [
+                buffer(self.name, i, flat.numel(), flat.dtype, flat.device)
+                for i in range(len(kids))
+            ]
             post([], list(zip(bufs, kids, strict=True)), group)
             for buf in bufs:
                 flat.add_(buf)

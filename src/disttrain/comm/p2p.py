@@ -50,6 +50,42 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
+def _on_host(tensor: torch.Tensor, group: ProcessGroup | None) -> bool:
+    """True for a CUDA tensor on a gloo group: gloo has no CUDA send/recv (``--backend gloo``)."""
+    return tensor.is_cuda and dist.get_backend(group) == "gloo"
+
+
+class _Staged:
+    """A send or receive staged through a host copy: ``wait`` copies a receive to the device.
+
+    Holds the host tensor until the transfer is done (a send's copy must outlive it)."""
+
+    def __init__(self, work: Any, host: torch.Tensor, into: torch.Tensor | None) -> None:
+        self.work, self.host, self.into = work, host, into
+
+    def wait(self) -> bool:
+        self.work.wait()
+        if self.into is not None:
+            self.into.copy_(self.host)
+        return True
+
+
+def _send(tensor: torch.Tensor, peer: int, group: ProcessGroup | None, tag: int = 0) -> Any:
+    """``dist.isend`` to global rank ``peer``, staged through the host where gloo needs it."""
+    if _on_host(tensor, group):
+        host = tensor.detach().cpu()
+        return _Staged(dist.isend(host, dst=peer, group=group, tag=tag), host, None)
+    return dist.isend(tensor, dst=peer, group=group, tag=tag)
+
+
+def _recv(tensor: torch.Tensor, peer: int, group: ProcessGroup | None, tag: int = 0) -> Any:
+    """``dist.irecv`` from global rank ``peer``, staged through the host where gloo needs it."""
+    if _on_host(tensor, group):
+        host = torch.empty(tensor.shape, dtype=tensor.dtype)
+        return _Staged(dist.irecv(host, src=peer, group=group, tag=tag), host, tensor)
+    return dist.irecv(tensor, src=peer, group=group, tag=tag)
+
+
 def isend(tensor: torch.Tensor, dst: int, group: ProcessGroup | None = None, tag: int = 0) -> Any:
     """Post a metered send of the contiguous ``tensor`` to group rank ``dst``; return its work.
 
@@ -57,7 +93,7 @@ def isend(tensor: torch.Tensor, dst: int, group: ProcessGroup | None = None, tag
     algorithms that keep several messages in flight (segment pipelining).
     """
     peer = global_rank(group, dst)
-    work = dist.isend(tensor, dst=peer, group=group, tag=tag)
+    work = _send(tensor, peer, group, tag)
     record_send(peer, _nbytes(tensor))
     return work
 
@@ -67,7 +103,7 @@ def irecv(tensor: torch.Tensor, src: int, group: ProcessGroup | None = None, tag
 
     ``tag`` keeps two streams between the same pair of ranks apart (a pipeline's
     activations and gradients both flow from one neighbour when it has 2 ranks)."""
-    return dist.irecv(tensor, src=global_rank(group, src), group=group, tag=tag)
+    return _recv(tensor, global_rank(group, src), group, tag)
 
 
 def exchange(
@@ -84,10 +120,10 @@ def exchange(
     """
     works: list[Any] = []
     if recv_tensor is not None and src is not None and recv_tensor.numel() > 0:
-        works.append(dist.irecv(recv_tensor, src=global_rank(group, src), group=group))
+        works.append(_recv(recv_tensor, global_rank(group, src), group))
     if send_tensor is not None and dst is not None and send_tensor.numel() > 0:
         peer = global_rank(group, dst)
-        works.append(dist.isend(send_tensor.contiguous(), dst=peer, group=group))
+        works.append(_send(send_tensor.contiguous(), peer, group))
         record_send(peer, _nbytes(send_tensor))
     for work in works:
         work.wait()
@@ -107,11 +143,11 @@ def post(
     works: list[Any] = []
     for tensor, src in recvs:
         if tensor.numel() > 0:
-            works.append(dist.irecv(tensor, src=global_rank(group, src), group=group))
+            works.append(_recv(tensor, global_rank(group, src), group))
     for tensor, dst in sends:
         if tensor.numel() > 0:
             peer = global_rank(group, dst)
-            works.append(dist.isend(tensor.contiguous(), dst=peer, group=group))
+            works.append(_send(tensor.contiguous(), peer, group))
             record_send(peer, _nbytes(tensor))
     for work in works:
         work.wait()

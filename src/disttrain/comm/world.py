@@ -96,10 +96,15 @@ def _env_int(name: str, default: int) -> int:
     return default if value is None else int(value)
 
 
-def init(device: str = "cpu", timeout: float = 60.0, threads: int | None = 1) -> World:
+def init(
+    device: str = "cpu", timeout: float = 60.0, threads: int | None = 1, backend: str = "auto"
+) -> World:
     """Join the job described by the environment, or form a job of one process.
 
     ``device`` is ``cpu`` (gloo) or ``cuda`` (NCCL, one GPU per local rank).
+    ``backend="gloo"`` with ``cuda`` keeps CUDA tensors but talks over gloo, so
+    several ranks may share one GPU (local rank mod the GPUs): NCCL refuses two
+    ranks on one device, and one-GPU machines prove multi-rank code paths this way.
     ``timeout`` bounds every collective, in seconds. ``threads`` sets torch's
     intra-op threads (one by default, so that N workers share N cores fairly);
     ``None`` leaves torch's choice.
@@ -119,7 +124,7 @@ def init(device: str = "cpu", timeout: float = 60.0, threads: int | None = 1) ->
     if device == "cuda":
         if not torch.cuda.is_available():
             raise UsageError("--device cuda: no CUDA device is available on this machine")
-        backend = "nccl"
+        backend = "gloo" if backend == "gloo" else "nccl"
         torch_device = torch.device("cuda", lrank % torch.cuda.device_count())
         torch.cuda.set_device(torch_device)
     elif device == "cpu":

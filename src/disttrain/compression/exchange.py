@@ -132,6 +132,10 @@ def compressed_all_reduce(
     sparse payloads go to every peer and are summed after decoding. With
     ``feedback``, what this rank's payload left out stays in its residual.
     """
+    if flat.is_cuda:  # the codecs encode on the host (numpy): staged there and back
+        host = flat.detach().cpu()
+        compressed_all_reduce(host, compressor, algorithm, group, feedback, stats, mean)
+        return flat.copy_(host)
     size = p2p.group_size(group)
     rank = p2p.group_rank(group)
     before = meter.bytes_sent

@@ -95,7 +95,7 @@ def train(config: Any = None, trackers: Sequence[Any] = (), **settings: Any) -> 
 
     cfg = resolve_config(config, **settings)
     tc = cfg.train
-    world.init(device=tc.device, timeout=tc.timeout, threads=tc.threads)  # adopts a group
+    world.init(device=tc.device, timeout=tc.timeout, threads=tc.threads, backend=tc.backend)
     cfg = _fit_to_group(cfg, dist.get_world_size() if dist.is_initialized() else 1)
     preflight(cfg)
     # every rank writes into rank 0's folder (a time stamp differs from process to process)

@@ -16,13 +16,14 @@ combinations" table (date, machine, test, commit); then one line here.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from disttrain.config import RunConfig
 
-__all__ = ["PROVEN", "Combination", "combination", "unproven_reason"]
+__all__ = ["PROVEN", "PROVING_ENV", "Combination", "combination", "unproven_reason"]
 
 
 @dataclass(frozen=True)
@@ -34,12 +35,19 @@ class Combination:
     compression: str
     precision: str
     check_collectives: bool
-    #: more than one process: NCCL collectives between GPUs (one process runs none)
+    #: more than one process: collectives between ranks (one process runs none)
     several: bool = False
+    #: ``nccl`` (one GPU per rank) or ``gloo`` (``--backend gloo``: the ranks share one
+    #: GPU, their collectives go through gloo and their point-to-point messages through
+    #: the host; such a proof says nothing of NCCL)
+    backend: str = "nccl"
 
     def __str__(self) -> str:
         checks = " --check-collectives" if self.check_collectives else ""
-        who = "(several GPUs)" if self.several else "(1 GPU)"
+        if self.backend == "gloo":
+            who = "(several ranks on one GPU, gloo)" if self.several else "(1 GPU, gloo)"
+        else:
+            who = "(several GPUs)" if self.several else "(1 GPU)"
         return (
             f"--strategy {self.strategy} --algorithm {self.algorithm} "
             f"--compression {self.compression} --precision {self.precision}{checks} {who}"
@@ -71,7 +79,14 @@ def combination(cfg: RunConfig) -> Combination:
         precision=tc.precision,
         check_collectives=bool(tc.check_collectives),
         several=tc.world_size > 1 or tc.live_grow,
+        backend="gloo" if tc.backend == "gloo" else "nccl",
     )
+
+
+#: Set on a GPU machine by ``make gpu-proof`` (``benchmarks/gpu_proof.sh``): pre-flight lets
+#: every combination a one-GPU machine can run through, so that the proof can try it. Never
+#: several NCCL ranks (they need a GPU each); never set by a user's run.
+PROVING_ENV = "DISTTRAIN_PROVING_GPU"
 
 
 def unproven_reason(cfg: RunConfig) -> str | None:
@@ -79,6 +94,8 @@ def unproven_reason(cfg: RunConfig) -> str | None:
     combo = combination(cfg)
     if combo in PROVEN:
         return None
+    if os.environ.get(PROVING_ENV) == "1" and not (combo.several and combo.backend == "nccl"):
+        return None  # the proof is trying it (a GPU machine, make gpu-proof)
     proven = "; ".join(sorted(str(c) for c in PROVEN)) or "none yet"
     return (
         f"--device cuda: {combo} has not been proven on a GPU (proven: {proven}); see docs/gpu.md"

@@ -198,11 +198,12 @@ def run_ray(cfg: Any, out: str, run_id: str) -> dict[str, Any]:
             ray.shutdown()
             if attempt == 2 or "timed out during startup" not in str(exc):
                 raise
+    nccl = tc.device == "cuda" and tc.backend != "gloo"  # --backend gloo: ranks share a GPU
     try:
         trainer = TorchTrainer(
             train_loop,
             train_loop_config=settings,
-            torch_config=TorchConfig(backend="nccl" if tc.device == "cuda" else "gloo",
+            torch_config=TorchConfig(backend="nccl" if nccl else "gloo",
                                      timeout_s=int(max(tc.timeout, 30))),
             scaling_config=ScalingConfig(
                 num_workers=nproc, use_gpu=tc.device == "cuda", resources_per_worker={"CPU": 1}

@@ -80,3 +80,17 @@ def _gpt(data: Dataset) -> nn.Module:
         raise UsageError("--model gpt needs a language-model data set: use --dataset pycode")
     # a language-model sample is one window of --seq-len tokens: the context the model needs
     return gpt(vocab=data.num_classes, seq_len=int(data.x_train.shape[-1]))
+
+
+@MODELS.register("gpt2-small")
+def _gpt2_small(data: Dataset) -> nn.Module:
+    """GPT-2 small's blocks (12 layers, 768 wide, 12 heads: 85M parameters in the blocks).
+
+    The vocabulary and context are the data set's (pycode: 256 bytes; ``--seq-len 1024``
+    for GPT-2's context), so the embeddings and head are smaller than GPT-2's 50,257 tokens.
+    """
+    if data.task != "lm":
+        raise UsageError("--model gpt2-small needs a language-model data set: use --dataset pycode")
+    return gpt(
+        vocab=data.num_classes, seq_len=int(data.x_train.shape[-1]), dim=768, heads=12, layers=12
+    )

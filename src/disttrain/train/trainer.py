@@ -175,7 +175,9 @@ def train(cfg: RunConfig, trackers: Sequence[Tracker] = ()) -> dict[str, Any]:
 
 def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
     tc = cfg.train
-    world = world_mod.init(device=tc.device, timeout=tc.timeout, threads=tc.threads)
+    world = world_mod.init(
+        device=tc.device, timeout=tc.timeout, threads=tc.threads, backend=tc.backend
+    )
     # --join: this process builds in a group of its own, then joins the job (train/grow.py)
     joiner = Joiner(tc, read_point(tc.join)) if tc.join else None
     run_id = os.environ.get(checkpoint.RUN_ENV, "") if joiner else _agree_run(tc, world)
