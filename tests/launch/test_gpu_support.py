@@ -106,3 +106,49 @@ def test_each_one_gpu_run_proves_the_combination_it_names(
                      "--out", str(no_launch / "o"), *flags])  # fmt: skip
     assert code == 2
     assert f"--device cuda: {combo} has not been proven" in capsys.readouterr().err
+
+
+def test_ranks_sharing_a_gpu_over_gloo_are_their_own_combination(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _cuda(monkeypatch, True)
+    shared = config.load({"device": "cuda", "workers": 2, "backend": "gloo", "algorithm": "ring"})
+    combo = gpu_support.combination(shared)
+    assert (combo.several, combo.backend) == (True, "gloo")
+    assert combo in gpu_support.PROVEN and gpu_support.unproven_reason(shared) is None
+    # the same flags on NCCL (a GPU per rank) prove nothing of gloo's: refused, named so
+    nccl = config.load({"device": "cuda", "workers": 2, "algorithm": "ring"})
+    assert "(several GPUs)" in (gpu_support.unproven_reason(nccl) or "")
+    assert not any(c.backend == "nccl" and c.several for c in gpu_support.PROVEN)
+
+
+def test_the_proof_lets_candidates_through_but_never_several_nccl_ranks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(gpu_support, "PROVEN", frozenset())
+    one = config.load({"device": "cuda", "workers": 1, "algorithm": "ring"})
+    several = config.load({"device": "cuda", "workers": 2})
+    assert gpu_support.unproven_reason(one) and gpu_support.unproven_reason(several)
+    monkeypatch.setenv(gpu_support.PROVING_ENV, "1")  # make gpu-proof, on a GPU machine
+    assert gpu_support.unproven_reason(one) is None
+    assert "(several GPUs)" in (gpu_support.unproven_reason(several) or "")
+
+
+def test_each_shared_gpu_run_proves_the_combination_it_names(
+    monkeypatch: pytest.MonkeyPatch, no_launch: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # tests/train/test_cuda.py's runs on one shared GPU: with nothing proven, each run's
+    # refusal names the combination the test records for it
+    from tests.train.test_cuda import GLOO_MIXED, GLOO_RUNS, _gloo_combo, _workers
+
+    _cuda(monkeypatch, True)
+    monkeypatch.setattr(gpu_support, "PROVEN", frozenset())
+    runs = [(f, "fp32") for f in GLOO_RUNS] + [(f, p) for f, p, _ in GLOO_MIXED]
+    for flags, precision in runs:
+        workers, rest = _workers(flags)
+        code = cli.main(["train", "--device", "cuda", "--backend", "gloo", "--workers",
+                         str(workers), "--precision", precision, "--no-progress",
+                         "--out", str(no_launch / "o"), *rest])  # fmt: skip
+        err = capsys.readouterr().err
+        assert code == 2, (flags, err)
+        assert f"--device cuda: {_gloo_combo(flags, precision)} has not been proven" in err, err

@@ -232,9 +232,12 @@ def test_ranks_sharing_one_gpu_match_cpu_ranks(
     cpu = _params(tmp_path / "cpu", "cpu", workers, *rest)
     gpu = _params(tmp_path / "gpu", "cuda", workers, "--backend", "gloo", *rest)
     worst = _worst(cpu, gpu)
-    assert worst <= 1e-3, worst  # cuBLAS's summation order, as the one-GPU runs
+    # cuBLAS's summation order, as the one-GPU runs; top-k's choice is discontinuous: a
+    # near-tie in |g| sent on one device and kept on the other moves that entry by lr·|g|
+    tolerance = 1e-2 if combo.compression == "topk" else 1e-3
+    assert worst <= tolerance, worst
     _record(combo, request, f"{workers} ranks on one GPU over gloo, 10 steps, CUDA vs CPU "
-                            f"{worst:.1e} (<= 1e-3)")  # fmt: skip
+                            f"{worst:.1e} (<= {tolerance:g})")  # fmt: skip
 
 
 GLOO_MIXED = [(f, p, t) for f in _strategy_runs() for p, t in (("bf16", 3e-2), ("fp16", 3e-3))]

@@ -121,6 +121,11 @@ class Shm(AllReduceAlgorithm):
 
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         seg = _segment(group, flat.numel(), flat.element_size())
+        if flat.is_cuda:  # the segment is host memory: a GPU's tensor is staged through it
+            host = flat.cpu()
+            record_copy(_reduce(seg, host))
+            flat.copy_(host)
+            return
         record_copy(_reduce(seg, flat))
 
     def cost(self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1) -> Cost:
@@ -160,6 +165,8 @@ def broadcast(tensor: torch.Tensor, src: int, group: ProcessGroup | None = None)
     n = dist.get_world_size(group)
     if n == 1 or tensor.numel() == 0:
         return tensor
+    if tensor.is_cuda:  # the segment is host memory: staged there and back
+        return tensor.copy_(broadcast(tensor.cpu(), src, group))
     flat = tensor.contiguous().view(-1)
     itemsize = flat.element_size()
     seg = _segment(group, flat.numel(), itemsize)

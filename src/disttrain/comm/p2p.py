@@ -28,6 +28,7 @@ __all__ = [
     "post",
     "recv",
     "send",
+    "staged",
 ]
 
 
@@ -50,8 +51,9 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _on_host(tensor: torch.Tensor, group: ProcessGroup | None) -> bool:
-    """True for a CUDA tensor on a gloo group: gloo has no CUDA send/recv (``--backend gloo``)."""
+def staged(tensor: torch.Tensor, group: ProcessGroup | None = None) -> bool:
+    """True for a CUDA tensor on a gloo group (``--backend gloo``): gloo has no CUDA send/recv
+    (nor all_gather for every dtype), so such messages go through a host copy."""
     return tensor.is_cuda and dist.get_backend(group) == "gloo"
 
 
@@ -72,7 +74,7 @@ class _Staged:
 
 def _send(tensor: torch.Tensor, peer: int, group: ProcessGroup | None, tag: int = 0) -> Any:
     """``dist.isend`` to global rank ``peer``, staged through the host where gloo needs it."""
-    if _on_host(tensor, group):
+    if staged(tensor, group):
         host = tensor.detach().cpu()
         return _Staged(dist.isend(host, dst=peer, group=group, tag=tag), host, None)
     return dist.isend(tensor, dst=peer, group=group, tag=tag)
@@ -80,7 +82,7 @@ def _send(tensor: torch.Tensor, peer: int, group: ProcessGroup | None, tag: int 
 
 def _recv(tensor: torch.Tensor, peer: int, group: ProcessGroup | None, tag: int = 0) -> Any:
     """``dist.irecv`` from global rank ``peer``, staged through the host where gloo needs it."""
-    if _on_host(tensor, group):
+    if staged(tensor, group):
         host = torch.empty(tensor.shape, dtype=tensor.dtype)
         return _Staged(dist.irecv(host, src=peer, group=group, tag=tag), host, tensor)
     return dist.irecv(tensor, src=peer, group=group, tag=tag)

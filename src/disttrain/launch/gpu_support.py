@@ -1,4 +1,4 @@
-"""The combinations proven to work on a GPU (``--device cuda``, NCCL): pre-flight refuses the rest.
+"""The combinations proven to work on a GPU (``--device cuda``): pre-flight refuses the rest.
 
 On NCCL every collective's tensors must live on the GPU, and much of disttrain
 builds CPU tensors for its collectives or calls ``.numpy()`` on gradients: the
@@ -56,14 +56,44 @@ class Combination:
 
 #: Combinations a GPU run has proven: which run, machine and date proved each is docs/gpu.md's
 #: "Proven combinations" (one home); add one only with its passing run recorded there.
-PROVEN: frozenset[Combination] = frozenset(
-    [Combination("allreduce", "native", "none", p, False) for p in ("fp32", "bf16", "fp16")]
-    + [
-        Combination(s, "native", "none", p, False)
-        for s in ("zero", "localsgd", "diloco")
-        for p in ("fp32", "bf16", "fp16")
-    ]
+_PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def _shared(
+    strategy: str, algorithm: str = "native", compression: str = "none",
+    precision: str = "fp32", check: bool = False,
+) -> Combination:  # fmt: skip
+    """A combination proven with several ranks sharing one GPU over gloo (``--backend gloo``)."""
+    return Combination(strategy, algorithm, compression, precision, check, True, "gloo")
+
+
+#: one GPU, NCCL, one process (proven 2026-11-26, re-run 2026-11-27)
+_ONE_GPU = [Combination("allreduce", "native", "none", p, False) for p in _PRECISIONS] + [
+    Combination(s, "native", "none", p, False)
+    for s in ("zero", "localsgd", "diloco")
+    for p in _PRECISIONS
+]
+#: several ranks on one GPU over gloo (2026-11-27): every strategy in every precision, every
+#: point-to-point algorithm, every codec and --check-collectives. Nothing here is NCCL.
+_STRATEGIES = [
+    "allreduce",
+    "decentralized",
+    "localsgd",
+    "diloco",
+    "pipeline",
+    "tensor",
+    "hybrid",
+    "ps",
+    "zero",
+]
+_ALGORITHMS = "alltoall butterfly halving_doubling hierarchical ring roundrobin shm star tree"
+_SHARED_GPU = (
+    [_shared(s, precision=p) for s in _STRATEGIES for p in _PRECISIONS]
+    + [_shared("allreduce", algorithm=a) for a in _ALGORITHMS.split()]
+    + [_shared("allreduce", compression=c) for c in ("fp16", "bf16", "onebit", "powersgd", "topk")]
+    + [_shared("decentralized", compression="topk"), _shared("allreduce", check=True)]
 )
+PROVEN: frozenset[Combination] = frozenset(_ONE_GPU + _SHARED_GPU)
 
 
 def combination(cfg: RunConfig) -> Combination:

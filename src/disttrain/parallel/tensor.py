@@ -196,7 +196,10 @@ def gather_into(
             if kind == "row" and pname == "bias":
                 parts = [t.detach()]  # replicated: the same on every rank
             else:
-                parts = [torch.empty_like(t) for _ in range(n)]
-                dist.all_gather(parts, t.detach().contiguous(), group=group)
+                mine = t.detach().contiguous()
+                if p2p.staged(mine, group):  # --backend gloo: through the host
+                    mine = mine.cpu()
+                parts = [torch.empty_like(mine) for _ in range(n)]
+                dist.all_gather(parts, mine, group=group)
             if full is not None:
                 getattr(full._modules[name], pname).copy_(torch.cat(parts, dim=whole_dim))

@@ -220,7 +220,7 @@ class PSClient:
         worker's step number, the label of the servers' checkpoints of this round (0: the
         pushes so far, this one included).
         """
-        grad = grad.to(self.dtype).contiguous()
+        grad = grad.detach().to("cpu", self.dtype).contiguous()  # the wire is host memory (zmq)
         label = step or self.clock + 1
         for k, (lo, hi) in enumerate(self.bounds):
             frames = encode_tensor(MsgType.PUSH, k, self.worker, label, grad[lo:hi], lr=lr)

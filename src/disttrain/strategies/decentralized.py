@@ -66,6 +66,12 @@ if TYPE_CHECKING:
 __all__ = ["Decentralized", "DecentralizedConfig", "ring_neighbours"]
 
 
+def _host_flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The tensors flattened into one, on the host: the codecs encode there (numpy), so a
+    GPU's gradients and weights are staged to host memory and copied back (docs/gpu.md)."""
+    return _flatten_dense_tensors(tensors).cpu()
+
+
 @register_section
 @dataclass(frozen=True)
 class DecentralizedConfig:
@@ -182,7 +188,7 @@ class Decentralized(Strategy):
         self.algorithm = self.config.train.algorithm
         average(list(model.state_dict().values()), self.algorithm, world_size=self.size)
         if self.ring:
-            x = _flatten_dense_tensors([p.detach() for p in params])
+            x = _host_flat([p.detach() for p in params])
             send_to, _ = ring_neighbours(self.rank, self.size)
             # every replica starts at the same x0, so x0 is common knowledge: x̂ = x0
             self.public = {r: x.clone() for r in [self.rank, *send_to]}
@@ -209,7 +215,7 @@ class Decentralized(Strategy):
             return
         before = meter.bytes_sent
         self.steps_exchanged += 1
-        flat = _flatten_dense_tensors(grads)
+        flat = _host_flat(grads)
         warm = self.steps_exchanged <= self.settings.active_warmup_steps
         active = min(self.settings.active_workers, self.size) if warm else self.size
         with phases.book(phases.CODEC):  # encoding: booked apart from the exchange
@@ -250,7 +256,7 @@ class Decentralized(Strategy):
         if not self.ring:
             return
         params = list(self.model.parameters())
-        x = _flatten_dense_tensors([p.detach() for p in params])
+        x = _host_flat([p.detach() for p in params])
         before = meter.bytes_sent
         own = self.public[self.rank]
         with phases.book(phases.CODEC):

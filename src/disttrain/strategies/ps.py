@@ -210,7 +210,9 @@ class ParameterServer(Strategy):
             self.ps.ps_mode, tuple(range(self.n_workers)), self.ps.staleness_bound, self.ps.softsync
         )
         self.server = ShardServer(
-            k, flatten(self.params, self.params)[lo:hi], lambda ps: type(optimizer)(ps, **defaults),
+            # a server's shard lives in host memory (it is served over zmq), whatever --device
+            k, flatten(self.params, self.params)[lo:hi].cpu(),
+            lambda ps: type(optimizer)(ps, **defaults),
             cons, sock, staleness_lr=self.ps.staleness_lr, lr_share=self.lr_share,
             worker_timeout=self.ps.ps_worker_timeout,
             rank=self.world.rank,

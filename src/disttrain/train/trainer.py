@@ -101,7 +101,9 @@ def _epoch_end(
         model = strategy.eval_model()
     if model is None:
         return None, float("nan"), None
-    return model, *evaluate(model, data, device)
+    # a split strategy's whole model on rank 0 holds the other ranks' parts as received
+    # (on the host): evaluated on the run's device (a no-op for the parts already there)
+    return model, *evaluate(model.to(device), data, device)
 
 
 def _agree_run(tc: Any, world: world_mod.World) -> str:
