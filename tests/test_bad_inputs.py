@@ -174,7 +174,7 @@ CASES: list[tuple[str, Argv, str]] = [
     (
         "unknown-model",
         _flags("--model", "resnet999"),
-        "--model 'resnet999': unknown model; choose one of cnn, gpt, mlp",
+        "--model 'resnet999': unknown model; choose one of cnn, gpt, gpt2-small, mlp",
     ),
     ("unknown-dataset", _flags("--dataset", "imagenet"), "unknown dataset 'imagenet'"),
     ("restarts-without-ckpt", _flags("--max-restarts", "1"), "needs --checkpoint-every"),

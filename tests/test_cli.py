@@ -53,7 +53,7 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
         (["train", "--model", "json:nothing"], "has no function 'nothing'"),
         (
             ["train", "--model", "transformer"],
-            "--model 'transformer': unknown model; choose one of cnn, gpt, mlp",
+            "--model 'transformer': unknown model; choose one of cnn, gpt, gpt2-small, mlp",
         ),
         (["train", "--dataset", "mnist"], "unknown dataset 'mnist'"),
         (["train", "--strategy", "magic"], "'magic': unknown strategy"),

@@ -70,8 +70,8 @@ def test_models_and_optimizers_are_registries_whose_unknown_names_list_the_choic
     tc = config.load({"optimizer": "momentum", "momentum": 0.5, "lr": 0.1}).train
     opt = make_optimizer(params, tc)
     assert isinstance(opt, torch.optim.SGD) and opt.defaults["momentum"] == 0.5
-    assert MODELS.names() == ["cnn", "gpt", "mlp"]
-    with pytest.raises(UsageError, match="choose one of cnn, gpt, mlp"):
+    assert MODELS.names() == ["cnn", "gpt", "gpt2-small", "mlp"]
+    with pytest.raises(UsageError, match="choose one of cnn, gpt, gpt2-small, mlp"):
         build_model("resnet", load_dataset("digits"))
     # gpt takes its context from the data: one window of --seq-len tokens
     text = load_dataset(config.DataConfig("pycode", seq_len=16, pycode_chars=4000))

@@ -90,7 +90,9 @@ class TrainConfig:
         "ring", "network algorithm among one leader per host (--algorithm hierarchical)",
         always_read=False,
     )  # fmt: skip
-    model: str = opt("mlp", "mlp, cnn, gpt, or package.module:function returning an nn.Module")
+    model: str = opt(
+        "mlp", "mlp, cnn, gpt, gpt2-small, or package.module:function returning an nn.Module"
+    )
     epochs: int = opt(10, "passes over the training set")
     max_steps: int = opt(0, "stop after this many steps (0: run all epochs)")
     batch_size: int = opt(64, "GLOBAL batch size, split evenly across data-parallel workers")
