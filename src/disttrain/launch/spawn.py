@@ -46,6 +46,7 @@ import torch
 from disttrain.collectives.shmseg import JOB_ENV, remove_leftovers
 from disttrain.comm import world
 from disttrain.comm.world import STORE_FILE_ENV
+from disttrain.launch import lean
 from disttrain.registry import load_plugins
 
 __all__ = ["RankError", "WorldTimeout", "run_world"]
@@ -113,6 +114,7 @@ def _entry(
         }
     )
     try:
+        lean.apply()  # as our workers: no torch._dynamo unless something compiles
         load_plugins()  # a spawned rank starts afresh: the plug-ins' algorithms too
         world.init(timeout=collective_timeout)
         value = fn(*args)

@@ -51,7 +51,10 @@ def torchrun_default_out(strategy: str) -> str:
 
 def run_worker(cfg: Any, launched_by_us: bool) -> int:
     from disttrain import strategies
+    from disttrain.launch import lean
     from disttrain.launch.supervise import run_supervised
+
+    lean.apply()  # no torch._dynamo unless something compiles: 0.8 s less per worker
 
     rank = int(os.environ.get("RANK", "0"))
     # live shrink (--min-workers): a lost worker's process must not end the survivors
