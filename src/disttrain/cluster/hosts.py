@@ -160,6 +160,27 @@ def interruptible() -> Iterator[None]:
             signal.signal(s, handler)
 
 
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold Ctrl-C, SIGTERM and SIGHUP for the duration, then act on the first one caught.
+
+    For starting a child and recording it as one step: a KeyboardInterrupt raised inside
+    ``subprocess.Popen`` leaves a started child that the caller never learnt of, so its
+    clean-up cannot stop it (seen: a node left running in its namespace after Ctrl-C)."""
+    caught: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    old = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in held}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    if caught:
+        if caught[0] == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise _Terminated(signal.Signals(caught[0]).name)
+
+
 def up(cluster: Cluster) -> None:
     """Create ``cluster``; on any failure or signal, remove whatever was created."""
     netns.check_tools()

@@ -23,7 +23,7 @@ import threading
 import time
 from typing import IO
 
-from disttrain.cluster.hosts import Cluster, Host, interruptible
+from disttrain.cluster.hosts import Cluster, Host, interruptible, signals_held
 from disttrain.comm.errors import UsageError
 
 __all__ = ["node_command", "run"]
@@ -140,15 +140,16 @@ def run(cluster: Cluster, cmd: list[str], port: int, timeout: float) -> int:
             for host, argv in zip(cluster.hosts, commands, strict=True):
                 wrapped = ["ip", "netns", "exec", host.ns, "unshare", "--uts", "--",
                            sys.executable, "-c", _SHIM, host.hostname, *argv]  # fmt: skip
-                proc = subprocess.Popen(
-                    wrapped,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    env=_environment(cluster, host, port),
-                    start_new_session=True,
-                )
-                procs.append(proc)
+                with signals_held():  # started and recorded, or neither: _stop sees it
+                    proc = subprocess.Popen(
+                        wrapped,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        env=_environment(cluster, host, port),
+                        start_new_session=True,
+                    )
+                    procs.append(proc)
                 tag = f"[h{host.index}] ".encode()
                 t = threading.Thread(target=_forward, args=(proc.stdout, tag, lock), daemon=True)
                 t.start()
