@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: train test lint setup gpu-proof
+.PHONY: train test test-long test-times lint setup gpu-proof
 
 setup: $(STAMP)
 
@@ -24,8 +24,22 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/mypy src
 
+# -n 3: the suite's processes wait on each other (start-up, timeouts, barriers) for about
+# half of each test, so three at once keep 2 cores busy; --dist loadgroup keeps the tests
+# marked xdist_group together in one worker. -rs: every skipped test says why, in CI too.
+# --durations=40: the slowest tests, printed on every run.
+PYTEST_FAST := -n 3 --dist loadgroup -m "not slow"
+
 test: lint
-	$(BIN)/pytest -q -rs  # -rs: every skipped test says why, in CI too
+	$(BIN)/pytest -q -rs $(PYTEST_FAST) --durations=40
+
+# Measurements too slow for CI, each guarded in `make test` by a fast sibling (README).
+test-long: $(STAMP)
+	$(BIN)/pytest -q -rs -m slow
+
+# Seconds per test file, slowest first (also written to test-times.txt).
+test-times: $(STAMP)
+	$(BIN)/pytest -q $(PYTEST_FAST) -p tests.timing
 
 # On a GPU machine only (the device tool): the CUDA tests with every candidate let through,
 # the one-GPU benchmark, and the rows for docs/gpu.md. Uses the machine's own torch.
