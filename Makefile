@@ -39,7 +39,7 @@ test-long: $(STAMP)
 
 # Seconds per test file, slowest first (also written to test-times.txt).
 test-times: $(STAMP)
-	$(BIN)/pytest -q $(PYTEST_FAST) -p tests.timing
+	$(BIN)/python -m pytest -q $(PYTEST_FAST) -p tests.timing  # -m: the repo root on sys.path
 
 # On a GPU machine only (the device tool): the CUDA tests with every candidate let through,
 # the one-GPU benchmark, and the rows for docs/gpu.md. Uses the machine's own torch.

@@ -272,6 +272,9 @@ def test_ctrl_c_stops_every_node(name: str) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
+        # a shell's background job (nohup make test &) ignores SIGINT, and the child would
+        # inherit that: Ctrl-C as a terminal delivers it, with the default disposition
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stdout is not None
     assert proc.stdout.readline().endswith("started\n")

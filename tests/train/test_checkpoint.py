@@ -32,6 +32,9 @@ def test_only_committed_steps_count_and_old_ones_are_pruned(tmp_path: Path) -> N
     ]  # fmt: skip
     state = checkpoint.load(root, 1, 2)
     assert state["step"] == 6 and torch.equal(state["model"]["w"], torch.full((3,), 6.0))
+    # a step folder whose COMMIT is gone (a copy cut short, a hand-made folder) is no commit
+    (tmp_path / "checkpoints" / "step-00000006" / "COMMIT").unlink()
+    assert checkpoint.latest(root) == 4
 
 
 def test_a_file_that_is_not_ours_is_refused(tmp_path: Path) -> None:
