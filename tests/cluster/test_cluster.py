@@ -218,15 +218,26 @@ def test_shaped_links_carry_the_shaped_rate(name: str) -> None:
     for rate in ("100mbit", "1gbit"):
         c = cluster.plan(name, 2, rate)
         cluster.up(c)
+        one, both = [], []
         try:
-            result = linkprobe.measure(c.hosts[0], c.hosts[1], c.rate_bits, seconds=0.4)
-            # both ways at once: each direction is shaped on its own (full duplex)
-            both = linkprobe.measure_duplex(c.hosts[0], c.hosts[1], c.rate_bits, seconds=0.4)
+            # up to 3 probes each: a probe starved of CPU by the other tests running beside
+            # it (make test runs 3 at once) sends below the rate; none may send above it
+            for _ in range(3):
+                one.append(linkprobe.measure(c.hosts[0], c.hosts[1], c.rate_bits, seconds=0.4))
+                # both ways at once: each direction is shaped on its own (full duplex)
+                both.append(
+                    linkprobe.measure_duplex(c.hosts[0], c.hosts[1], c.rate_bits, seconds=0.4)
+                )
+                if min(max(r.bits_per_s for r in probes) for probes in (one, both)) >= (
+                    0.8 * c.rate_bits
+                ):
+                    break
         finally:
             cluster.down(name)
         # TCP/IP headers take ~4% of a 1500-byte frame; 20% covers that and the shared CPU
-        for got in (result, both):
-            assert 0.8 * c.rate_bits <= got.bits_per_s <= 1.05 * c.rate_bits, (rate, got)
+        for probes in (one, both):
+            assert all(r.bits_per_s <= 1.05 * c.rate_bits for r in probes), (rate, probes)
+            assert max(r.bits_per_s for r in probes) >= 0.8 * c.rate_bits, (rate, probes)
 
 
 @needs_netns
