@@ -25,6 +25,9 @@ import torch
 from disttrain import cli
 from tests.train.test_faults import REPO, _Job
 
+#: the survivors' answer window (3 s) is timing: run alone, after the parallel tests (Makefile)
+pytestmark = pytest.mark.alone
+
 COMMON = ("--batch-size", "24", "--seed", "3", "--no-progress", "--timeout", "60")
 
 

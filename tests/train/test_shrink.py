@@ -23,6 +23,9 @@ import torch
 from tests.harness import run_world
 from tests.train.test_faults import REPO, _alive, _Job, _with_arg
 
+#: the survivors' answer window (3 s) is timing: run alone, after the parallel tests (Makefile)
+pytestmark = pytest.mark.alone
+
 TIMEOUT = 5
 SHRINK = ("--workers", "3", "--min-workers", "2", "--batch-size", "24", "--max-steps", "8",
           "--seed", "3", "--no-progress", "--timeout", str(TIMEOUT))  # fmt: skip
