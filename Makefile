@@ -31,10 +31,10 @@ lint: $(STAMP)
 # The tests marked `alone` (live shrink and grow: their subject is the survivors' 3 s
 # answer window) run afterwards, one at a time: beside two other tests a starved survivor
 # answered late once in four full runs and was left out.
-PYTEST_FAST := -n 3 --dist loadgroup -m "not slow and not alone"
+XDIST := -n 3 --dist loadgroup
 
 test: lint
-	$(BIN)/pytest -q -rs $(PYTEST_FAST) --durations=40
+	$(BIN)/pytest -q -rs $(XDIST) -m "not slow and not alone" --durations=40
 	$(BIN)/pytest -q -rs -m "alone and not slow" --durations=10
 
 # Measurements too slow for CI, each guarded in `make test` by a fast sibling (README).
@@ -43,7 +43,7 @@ test-long: $(STAMP)
 
 # Seconds per test file, slowest first (also written to test-times.txt).
 test-times: $(STAMP)
-	$(BIN)/python -m pytest -q -n 3 --dist loadgroup -m "not slow" -p tests.timing  # -m: the repo root on sys.path
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow" -p tests.timing  # -m: the repo root on sys.path
 
 # On a GPU machine only (the device tool): the CUDA tests with every candidate let through,
 # the one-GPU benchmark, and the rows for docs/gpu.md. Uses the machine's own torch.

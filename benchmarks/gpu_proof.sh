@@ -12,9 +12,10 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu-proof-out}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
-if ls .whl/*.whl >/dev/null 2>&1; then
+WHEELS="${GPU_PROOF_WHEELS:-.whl}"  # the carried wheels (the GPU machine's Python 3.12)
+if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || exit 1
+        --target /tmp/site "$WHEELS"/*.whl || exit 1
     export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
 fi
 export PYTHONPATH="$PWD/src:$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1

@@ -152,3 +152,42 @@ def test_each_shared_gpu_run_proves_the_combination_it_names(
         err = capsys.readouterr().err
         assert code == 2, (flags, err)
         assert f"--device cuda: {_gloo_combo(flags, precision)} has not been proven" in err, err
+
+
+@pytest.mark.timeout(180)
+def test_gpu_proof_on_a_machine_without_cuda_skips_and_proves_nothing(tmp_path: Path) -> None:
+    # docs/gpu.md's `make gpu-proof` (benchmarks/gpu_proof.sh), here without a GPU: every
+    # CUDA test skips, the benchmark refuses in one line, and no row is printed
+    import os
+    import re
+    import subprocess
+    import sys
+
+    repo = Path(__file__).parents[2]
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "OUT": str(tmp_path),
+        "GPU_PROOF_XDIST": "0",
+        "GPU_PROOF_WHEELS": str(tmp_path / "none"),
+    }
+    done = subprocess.run(["bash", str(repo / "benchmarks" / "gpu_proof.sh")], env=env,
+                          cwd=repo, capture_output=True, text=True, timeout=170)  # fmt: skip
+    out = done.stdout
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"^\d+ skipped in ", out, re.MULTILINE), out  # pytest's line: only skips
+    assert "disttrain: error: bench one-gpu needs a CUDA device" in out, out
+    assert "0 combinations proven by 0 passed tests" in out, out
+
+
+def test_model_flops_per_token_follow_the_palm_count() -> None:
+    from disttrain.data.datasets import pycode
+    from disttrain.models import build_model
+    from disttrain.models.gpt import flops_per_token
+
+    # gpt2-small by hand: 12 blocks of 12 d^2 + 13 d (qkv, proj, fc, out and 2 LayerNorms)
+    # plus the head (LayerNorm 2d, d x V + V); 6 per parameter, 12 L T d for attention
+    d, vocab, seq = 768, 256, 128
+    n = 12 * (12 * d * d + 13 * d) + 2 * d + d * vocab + vocab
+    model = build_model("gpt2-small", pycode(40 * seq + 1, seq))
+    assert flops_per_token(model, seq) == 6 * n + 12 * 12 * seq * d

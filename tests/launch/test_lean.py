@@ -46,7 +46,7 @@ def test_optimizers_step_the_same_without_importing_the_compiler() -> None:
     assert all(hooks == 3 and grad for _, hooks, grad in lean_results)
 
 
-def _compile_after_lean() -> tuple[bool, float]:
+def _compile_after_lean() -> tuple[int, int, float]:
     import torch
 
     from disttrain.launch import lean
@@ -56,11 +56,18 @@ def _compile_after_lean() -> tuple[bool, float]:
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     import torch._dynamo  # what torch.compile imports: from here on, torch's own wrappers
 
+    breaks: list[int] = []
+    torch._dynamo.graph_break = lambda: breaks.append(1)  # what torch's step wrapper calls
     model(torch.ones(2, 4)).sum().backward()
     opt.step()
-    return "torch._dynamo" in sys.modules, float(model.bias.item())
+    before = opt.add_param_group.__func__.__wrapped__  # type: ignore[attr-defined]
+    opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(1))]})
+    swapped = int(getattr(before, "__dynamo_disable", None).__name__ != "call")
+    return len(breaks), swapped, float(model.bias.item())
 
 
 def test_torch_paths_return_once_the_compiler_is_loaded() -> None:
-    (loaded, bias), *_ = run_world(_compile_after_lean, 1)
-    assert loaded and bias != 0.0
+    (breaks, swapped, bias), *_ = run_world(_compile_after_lean, 1)
+    # step went through torch's wrapper (its graph break), add_param_group's cache now
+    # holds torch's own disable wrapper, and the step still stepped
+    assert breaks >= 1 and swapped == 1 and bias != 0.0  # the lean path breaks never

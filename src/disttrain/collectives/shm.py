@@ -121,12 +121,11 @@ class Shm(AllReduceAlgorithm):
 
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         seg = _segment(group, flat.numel(), flat.element_size())
-        if flat.is_cuda:  # the segment is host memory: a GPU's tensor is staged through it
-            host = flat.cpu()
-            record_copy(_reduce(seg, host))
-            flat.copy_(host)
-            return
-        record_copy(_reduce(seg, flat))
+        # the segment is host memory: a GPU's tensor is summed through a host copy
+        work = flat.cpu() if flat.is_cuda else flat
+        record_copy(_reduce(seg, work))
+        if work is not flat:
+            flat.copy_(work)
 
     def cost(self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1) -> Cost:
         n = world_size

@@ -52,8 +52,8 @@ def _nbytes(tensor: torch.Tensor) -> int:
 
 
 def staged(tensor: torch.Tensor, group: ProcessGroup | None = None) -> bool:
-    """True for a CUDA tensor on a gloo group (``--backend gloo``): gloo has no CUDA send/recv
-    (nor all_gather for every dtype), so such messages go through a host copy."""
+    """True for a CUDA tensor on a gloo group (``--backend gloo``): gloo has no CUDA
+    send/recv, so such messages go through a host copy."""
     return tensor.is_cuda and dist.get_backend(group) == "gloo"
 
 

@@ -1,13 +1,12 @@
 """The combinations proven to work on a GPU (``--device cuda``): pre-flight refuses the rest.
 
-On NCCL every collective's tensors must live on the GPU, and much of disttrain
-builds CPU tensors for its collectives or calls ``.numpy()`` on gradients: the
-loss-scale agreement (``amp.py``), ``--check-collectives``, ``--balance time``,
-``join()`` and the optimizer-state broadcast, every point-to-point algorithm
-(their scratch buffers are CPU), the one-bit and top-k codecs. Only the native
-fp32 path could work until a GPU run showed more (docs/gpu.md). So
-``--device cuda`` is refused before any worker starts unless the run's
-:class:`Combination` is in :data:`PROVEN`.
+On NCCL every collective's tensors must live on the GPU, and parts of disttrain
+still build CPU tensors for their collectives: the loss-scale agreement
+(``amp.py``), ``--check-collectives``, ``--balance time``, ``join()`` and the
+optimizer-state broadcast. gloo takes those, so ``--backend gloo`` (ranks sharing
+one GPU) proves disttrain's own handling of GPU tensors but nothing of NCCL
+(docs/gpu.md). So ``--device cuda`` is refused before any worker starts unless the
+run's :class:`Combination` is in :data:`PROVEN`.
 
 How a combination gets in: a passing run of ``tests/train/test_cuda.py`` (which
 runs that combination) on a GPU machine, recorded in docs/gpu.md's "Proven
@@ -75,20 +74,10 @@ _ONE_GPU = [Combination("allreduce", "native", "none", p, False) for p in _PRECI
 ]
 #: several ranks on one GPU over gloo (2026-11-27): every strategy in every precision, every
 #: point-to-point algorithm, every codec and --check-collectives. Nothing here is NCCL.
-_STRATEGIES = [
-    "allreduce",
-    "decentralized",
-    "localsgd",
-    "diloco",
-    "pipeline",
-    "tensor",
-    "hybrid",
-    "ps",
-    "zero",
-]
+_STRATEGIES = "allreduce decentralized localsgd diloco pipeline tensor hybrid ps zero"
 _ALGORITHMS = "alltoall butterfly halving_doubling hierarchical ring roundrobin shm star tree"
 _SHARED_GPU = (
-    [_shared(s, precision=p) for s in _STRATEGIES for p in _PRECISIONS]
+    [_shared(s, precision=p) for s in _STRATEGIES.split() for p in _PRECISIONS]
     + [_shared("allreduce", algorithm=a) for a in _ALGORITHMS.split()]
     + [_shared("allreduce", compression=c) for c in ("fp16", "bf16", "onebit", "powersgd", "topk")]
     + [_shared("decentralized", compression="topk"), _shared("allreduce", check=True)]

