@@ -9,9 +9,10 @@ holds global ranks i·P..i·P+P-1 (torch's ``dynamic_rendezvous.py``,
 ``_mark_rendezvous_complete``). It reads no rank from its configuration (only
 the ``static`` backend does), so ``--node-rank`` is not passed to it.
 
-Each worker re-runs ``python -m disttrain ARGS`` with ``DISTTRAIN_WORKER=1``
-set, so the worker entry point is the same one that ``torchrun -m disttrain
-train ...`` runs on a cluster.
+Each worker runs ``python -m disttrain ARGS`` with ``DISTTRAIN_WORKER=1`` set,
+so the worker entry point is the same one that ``torchrun -m disttrain train
+...`` runs on a cluster. On one host, with the CPU and one thread a worker, the
+launcher forks that entry point instead of exec'ing it (:mod:`.forked`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from disttrain.checkpoint import RUN_ENV
 from disttrain.collectives.shmseg import JOB_ENV, remove_leftovers
 from disttrain.comm.world import STORE_FILE_ENV
 from disttrain.config import TrainConfig
-from disttrain.launch import rendezvous, rollcall
+from disttrain.launch import forked, rendezvous, rollcall, tether
 
 __all__ = [
     "CAUSES_ENV", "PEER_EXIT_CODE", "WORKER_ENV", "JobFailed", "launch", "launch_config",
@@ -172,6 +173,7 @@ def launch(
     env_backup = dict(os.environ)
     os.environ[CAUSES_ENV] = causes
     os.environ[WORKER_ENV] = "1"
+    os.environ[tether.LAUNCHER_ENV] = str(os.getpid())  # an exec'd worker dies with us too
     # every shared-memory segment of the job carries this tag (its name names this pid):
     # what a rank killed while creating one left is removed when the job ends
     shm_tag = f"j{os.getpid()}x{uuid.uuid4().hex[:8]}"
@@ -185,8 +187,11 @@ def launch(
         os.makedirs(calls, exist_ok=True)
         os.environ[rollcall.ENV] = calls  # how a hung worker gets named
     config = launch_config(cfg, nproc_per_node, tmp)
+    # one host, the CPU, one thread a worker: forked from here, not exec'd (forked.py)
+    fork = not multi_node(cfg) and cfg.device == "cpu" and cfg.threads == 1
     try:
-        elastic_launch(config, sys.executable)("-m", "disttrain", *argv)
+        with forked.forking(fork):
+            elastic_launch(config, sys.executable)("-m", "disttrain", *argv)
     except ChildFailedError as exc:
         answers = rollcall.read(calls)
         rank, failure, hung = root_cause(exc.failures, answers, cfg.world_size)

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 __all__ = [
-    "CLAIMED_RUN_ENV", "default_out", "is_worker", "run_joiner", "run_worker",
+    "CLAIMED_RUN_ENV", "default_out", "is_worker", "leave", "run_joiner", "run_worker",
     "torchrun_default_out",
 ]  # fmt: skip
 
@@ -37,6 +37,22 @@ def is_worker() -> bool:
     )
 
 
+def leave(code: int) -> None:
+    """End a worker process with ``code``, its outputs written and closed by now.
+
+    Without running C++ static destructors: a gloo thread still joinable at interpreter
+    exit calls std::terminate (seen once in CI as "terminate called without an active
+    exception", SIGABRT). ZeroMQ (the parameter server) delivers queued messages when
+    its context ends: end it here, with the servers' linger, since os._exit skips that.
+    """
+    zmq = sys.modules.get("zmq")
+    if zmq is not None:
+        zmq.Context.instance().destroy(linger=5000)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def torchrun_default_out(strategy: str) -> str:
     """The folder every rank of one ``torchrun`` job agrees on when ``--out`` is not given.
 
@@ -51,12 +67,14 @@ def torchrun_default_out(strategy: str) -> str:
 
 def run_worker(cfg: Any, launched_by_us: bool) -> int:
     from disttrain import strategies
-    from disttrain.launch import lean
+    from disttrain.launch import lean, tether
     from disttrain.launch.supervise import run_supervised
 
+    tether.tie_from_env()  # exec'd by our launcher: die with it (a forked one already is)
     lean.apply()  # no torch._dynamo unless something compiles: 0.8 s less per worker
 
     rank = int(os.environ.get("RANK", "0"))
+    tether.name(rank)
     # live shrink (--min-workers): a lost worker's process must not end the survivors
     layout = strategies.get(cfg.train.strategy).layout
     if layout.survives_loss_of(cfg, rank) or cfg.train.live_shrink:

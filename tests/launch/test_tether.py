@@ -1,0 +1,76 @@
+"""A killed launcher takes its workers with it: SIGKILL of its pid or of its group.
+
+The job trains (a step logged) when its launcher is killed; every process of its tree
+recorded before the kill must be gone within 5 s, with no listening socket left.
+Forked workers (the CPU default) and exec'd ones (``--threads 2``) alike, and a
+parameter server's ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.netcheck import descendants, listening_addresses
+
+REPO = Path(__file__).resolve().parents[2]
+RUNS = {
+    "forked": ("--max-steps", "100000"),
+    "exec": ("--max-steps", "100000", "--threads", "2"),
+    "ps": ("--strategy", "ps", "--ps-mode", "sync", "--max-steps", "100000"),
+}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _training(out: Path, proc: subprocess.Popen[str], within: float = 120) -> None:
+    deadline = time.monotonic() + within
+    while not ((out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").stat().st_size):
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, "no step logged"
+        time.sleep(0.1)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("how", ["pid", "group"])
+@pytest.mark.parametrize("run", list(RUNS))
+def test_workers_end_within_5_s_of_a_killed_launcher(run: str, how: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    cmd = [sys.executable, "-m", "disttrain", "train", "--model", "mlp", *RUNS[run],
+           "--no-progress", "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    tree: list[int] = []
+    try:
+        _training(out, proc)
+        tree = [p for p in descendants(proc.pid) if p != proc.pid]
+        assert len(tree) >= 2, tree
+        if how == "pid":
+            os.kill(proc.pid, signal.SIGKILL)
+        else:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while [p for p in tree if _alive(p)] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = [p for p in tree if _alive(p)]
+        assert not left, f"alive 5 s after the launcher's SIGKILL: {left}"
+        assert listening_addresses(tree) == []
+    finally:  # nothing outlives the test, whatever failed
+        for pid in [*descendants(proc.pid)[::-1], *tree]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
