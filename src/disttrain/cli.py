@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import os
 import sys
 from typing import Any, NoReturn
 
@@ -97,7 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"disttrain: error: {(str(exc).strip().splitlines() or ['?'])[0]}\n")
         return 2
     except KeyboardInterrupt:
-        sys.stderr.write("disttrain: interrupted\n")
+        from disttrain.launch.local import WORKER_ENV
+
+        if os.environ.get(WORKER_ENV) != "1":  # our launcher says it for its workers, once
+            sys.stderr.write("disttrain: interrupted\n")
         return 130
 
 

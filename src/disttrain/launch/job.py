@@ -8,9 +8,11 @@ starts the workers with :func:`disttrain.launch.local.launch` and prints the sum
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
+import signal
 import sys
 from typing import Any
 
@@ -125,9 +127,24 @@ def _run_engine(cfg: Any, argv: list[str], out: str, run_id: str) -> int:
     return 0
 
 
+def _stopped_line(sig: int, out: str) -> str:
+    """``interrupted at step S; last checkpoint at step C`` (SIGTERM: ``terminated ...``)."""
+    from disttrain import checkpoint
+
+    step = 0
+    metrics = os.path.join(out, "metrics.jsonl")
+    with contextlib.suppress(OSError, ValueError), open(metrics) as fh:
+        for line in fh:
+            step = max(step, int(json.loads(line).get("step", 0)))
+    saved = checkpoint.latest(out)
+    kept = f"last checkpoint at step {saved}" if saved else "no checkpoint (--checkpoint-every)"
+    verb = "interrupted" if sig == signal.SIGINT else "terminated"
+    return f"{verb} at step {step}; {kept}"
+
+
 def run_job(cfg: Any, argv: list[str]) -> int:
     from disttrain import config, strategies
-    from disttrain.launch.local import JobFailed, launch
+    from disttrain.launch.local import JobFailed, Stopped, launch
     from disttrain.train.progress import print_summary
 
     """Run ``disttrain train`` with the loaded config ``cfg``; ``argv`` is passed to workers."""
@@ -159,6 +176,9 @@ def run_job(cfg: Any, argv: list[str]) -> int:
         _partial_timeline(cfg.train.timeline, out)
         sys.stderr.write(f"disttrain: error: {exc}\n")  # the last line: the root cause
         return 1
+    except Stopped as exc:  # Ctrl-C or SIGTERM: one line, the shell's exit code (130, 143)
+        sys.stderr.write(f"disttrain: {_stopped_line(exc.signal, out)}\n")
+        return exc.code
     path = os.path.join(out, "summary.json")
     if not os.path.exists(path):  # multi-node: global rank 0 ran on another node
         print(f"disttrain: done; rank 0 ran on another node and wrote its summary to its {out}")

@@ -27,6 +27,7 @@ import uuid
 from typing import Any
 
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -37,8 +38,8 @@ from disttrain.config import TrainConfig
 from disttrain.launch import forked, rendezvous, rollcall, tether
 
 __all__ = [
-    "CAUSES_ENV", "PEER_EXIT_CODE", "WORKER_ENV", "JobFailed", "launch", "launch_config",
-    "multi_node", "write_cause",
+    "CAUSES_ENV", "PEER_EXIT_CODE", "WORKER_ENV", "JobFailed", "Stopped", "launch",
+    "launch_config", "multi_node", "write_cause",
 ]  # fmt: skip
 
 #: Set in every worker's environment: "run the training loop, do not launch".
@@ -72,6 +73,16 @@ class JobFailed(RuntimeError):
     def __init__(self, message: str, rank: int | None) -> None:
         super().__init__(message)
         self.rank = rank
+
+
+class Stopped(RuntimeError):
+    """The launcher got SIGINT (Ctrl-C) or SIGTERM; torch's agent has stopped the workers
+    with the same signal. ``code`` is the shell's for it: 128 + the signal's number."""
+
+    def __init__(self, sig: int) -> None:
+        super().__init__(signal.Signals(sig).name)
+        self.signal = sig
+        self.code = 128 + sig
 
 
 def _describe(rank: int, failure: ProcessFailure, cause: str = "") -> str:
@@ -156,6 +167,16 @@ def launch_config(cfg: TrainConfig, nproc_per_node: int, tmp: str) -> LaunchConf
     )
 
 
+def _quiet_torch_elastic() -> None:
+    """Silence torch elastic's loggers: we explain failures and signals ourselves. Each of
+    its modules sets its own level (its ``get_logger``), so setting the package's is not
+    enough."""
+    prefixes = ("torch.distributed.elastic", "torch.distributed.launcher")
+    for name in [*prefixes, *logging.root.manager.loggerDict]:
+        if name.startswith(prefixes):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def launch(
     cfg: TrainConfig, nproc_per_node: int, argv: list[str], checkpoint_run: str | None = None
 ) -> None:
@@ -164,8 +185,7 @@ def launch(
     ``checkpoint_run`` (the run the checkpoints belong to; not the rendezvous id)
     reaches every worker, of every restart, through ``DISTTRAIN_RUN_ID``.
     """
-    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)  # we explain failures ourselves
+    _quiet_torch_elastic()
     tmp = tempfile.mkdtemp(prefix="disttrain-job-")
     calls = os.path.join(tmp, "rollcall")
     causes = os.path.join(tmp, "causes")
@@ -192,6 +212,8 @@ def launch(
     try:
         with forked.forking(fork):
             elastic_launch(config, sys.executable)("-m", "disttrain", *argv)
+    except SignalException as exc:  # the agent's handler of SIGINT and SIGTERM raised it
+        raise Stopped(int(exc.sigval)) from None
     except ChildFailedError as exc:
         answers = rollcall.read(calls)
         rank, failure, hung = root_cause(exc.failures, answers, cfg.world_size)

@@ -9,40 +9,33 @@ reports the loss on stderr and exits 0, so the agent lets the others finish.
 A worker that raised (exit code 1: its own error, already on stderr) is lost
 the same way. A worker that stopped because a peer failed (exit code 3: a
 server is gone) or over bad input (2) passes its code on: the job cannot go on.
-The child dies with its parent (PR_SET_PDEATHSIG), and a SIGTERM or SIGINT
+The child dies with its parent (:mod:`.tether`), and a SIGTERM or SIGINT
 sent to the parent, as the agent does when it stops a job, is passed on.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import sys
 from collections.abc import Callable
 from types import FrameType
 
+from disttrain.launch import tether
+
 __all__ = ["run_supervised"]
 
-_PR_SET_PDEATHSIG = 1
 _OWN_ERROR = 1  # the worker's exit code after an exception of its own (launch.worker)
-
-
-def _die_with_parent() -> None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the forwarded SIGTERM still ends the child
-        pass
 
 
 def run_supervised(fn: Callable[[], int], rank: int) -> int:
     """Run ``fn`` in a child process; its exit code, or 0 if a signal killed it."""
     sys.stdout.flush()
     sys.stderr.flush()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # the child: train, then leave without running the parent's cleanup
-        _die_with_parent()
+        tether.tie(parent)  # not Linux: the forwarded SIGTERM still ends the child
         code = 1
         try:
             code = fn()

@@ -1,0 +1,65 @@
+"""Ctrl-C or SIGTERM to ``disttrain train``: one line, the shell's exit code, nothing left.
+
+The launcher gets the signal while its workers train (SIGINT as a terminal's Ctrl-C
+sends it to the launcher; the workers run in sessions of their own). It must end with
+130 (SIGINT) or 143 (SIGTERM), its last stderr line ``interrupted|terminated at step S;
+last checkpoint at step C``, no traceback, and no process of the job alive.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from disttrain import checkpoint
+from tests.launch.test_tether import _alive, _training
+from tests.netcheck import descendants
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    ("sig", "code", "verb"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
+)
+def test_a_signalled_launcher_says_one_line_and_leaves_nothing(
+    sig: int, code: int, verb: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    cmd = [sys.executable, "-m", "disttrain", "train", "--model", "mlp", "--max-steps", "100000",
+           "--checkpoint-every", "2", "--no-progress", "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)  # fmt: skip
+    tree: list[int] = []
+    try:
+        _training(out, proc)
+        while checkpoint.latest(str(out)) is None:  # a step committed
+            time.sleep(0.1)
+        tree = [p for p in descendants(proc.pid) if p != proc.pid]
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        for pid in [*descendants(proc.pid)[::-1], *tree]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == code, err
+    assert "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(rf"disttrain: {verb} at step \d+; last checkpoint at step \d+", last), err
+    assert err.count(verb) == 1, err
+    assert not [p for p in tree if _alive(p)]
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job ignores it
