@@ -100,9 +100,11 @@ def test_where_two_components_default_one_setting_the_strategy_wins() -> None:
     diloco = STRATEGIES.get("diloco").setting_defaults  # adam at 0.003; topk: sgd at 0.5
     got = choice_defaults({"strategy": "diloco", "compression": "topk:0.1"}, section_fields())
     assert (got["optimizer"], got["lr"]) == (diloco["optimizer"], diloco["lr"]) != ("sgd", 0.5)
-    # a given flag settles it
-    given = {"strategy": "diloco", "compression": "topk:0.1", "optimizer": "sgd"}
-    assert not {"optimizer", "lr"} & set(choice_defaults(given, section_fields()))
+    # a given optimizer settles it: a component's lr stays only if tuned with that one
+    given = {"strategy": "diloco", "compression": "topk:0.1", "optimizer": "momentum"}
+    assert choice_defaults(given, section_fields())["lr"] == config.OPTIMIZER_LR["momentum"]
+    given["optimizer"] = "sgd"  # top-k's own optimizer: its lr, not diloco's
+    assert choice_defaults(given, section_fields())["lr"] == 0.5
 
 
 def test_a_strategy_default_may_depend_on_its_mode_and_a_flag_wins() -> None:
@@ -114,3 +116,16 @@ def test_a_strategy_default_may_depend_on_its_mode_and_a_flag_wins() -> None:
     assert off.get("staleness_lr") is False
     for mode in ("sync", "async", "ssp"):
         assert config.load({"strategy": "ps", "ps_mode": mode}).get("staleness_lr") is False
+
+
+def test_the_lr_default_follows_the_optimizer_after_the_components_and_a_flag_wins() -> None:
+    import disttrain.compression
+    import disttrain.strategies  # noqa: F401
+
+    for optimizer, lr in config.OPTIMIZER_LR.items():
+        assert config.load({"optimizer": optimizer}).train.lr == lr
+    assert config.load({"optimizer": "adam", "lr": 0.01}).train.lr == 0.01
+    # a strategy's lr was tuned with its optimizer: kept when that optimizer is given
+    assert config.load({"strategy": "diloco", "optimizer": "adam"}).train.lr == 0.003
+    assert config.load({"strategy": "diloco", "optimizer": "sgd"}).train.lr == 0.05
+    assert config.load({"compression": "topk:0.01", "optimizer": "adam"}).train.lr == 0.001

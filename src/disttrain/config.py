@@ -55,6 +55,13 @@ def opt(default: Any, help: str, choices: tuple[str, ...] | None = None, **meta:
     return field(default=default, metadata={"help": help, "choices": choices, **meta})
 
 
+#: each ``--optimizer``'s learning rate when ``--lr`` is not given (next to its choices,
+#: since this module cannot import the trainer): ``--lr``'s 0.05 is SGD's, and Adam at 0.05
+#: does not train (the README's ZeRO + adam example ended at 0.19 accuracy); 1e-3 is
+#: Kingma & Ba's default. A strategy's or compressor's own lr comes first.
+OPTIMIZER_LR = {"sgd": 0.05, "momentum": 0.05, "adam": 0.001}
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """What to train, with how many workers, and where the results go (read by every run)."""
@@ -96,8 +103,8 @@ class TrainConfig:
     epochs: int = opt(10, "passes over the training set")
     max_steps: int = opt(0, "stop after this many steps (0: run all epochs)")
     batch_size: int = opt(64, "GLOBAL batch size, split evenly across data-parallel workers")
-    lr: float = opt(0.05, "learning rate")
-    optimizer: str = opt("momentum", "optimizer", ("sgd", "momentum", "adam"))
+    lr: float = opt(0.05, "learning rate (default: the optimizer's, adam 0.001, else 0.05)")
+    optimizer: str = opt("momentum", "optimizer", tuple(OPTIMIZER_LR))
     momentum: float = opt(0.9, "momentum factor for --optimizer momentum")
     weight_decay: float = opt(0.0, "L2 weight decay")
     seed: int = opt(0, "seed for the data order, the model's initial weights and dropout")
@@ -406,9 +413,11 @@ def choice_defaults(settings: dict[str, Any], known: dict[str, Any]) -> dict[str
     A component chosen by name from a registry (``--strategy diloco``, ``--compression
     topk:0.01``) may carry ``setting_defaults`` (``{"optimizer": "adam"}``): its own
     defaults for settings it reads, used unless the flag or TOML key is given. An ``lr``
-    default is meant for the component's default optimizer: when ``optimizer`` is given,
-    it is not used either. Where two chosen components default one setting, the first
-    in settings order wins (the strategy's, before a compressor's): no strategy with
+    default is meant for the component's default optimizer: when another ``optimizer``
+    is given, it is not used either. The chosen optimizer brings its own lr
+    (:data:`OPTIMIZER_LR`), used when no flag and no other component gives one. Where
+    two chosen components default one setting, the first in settings order wins (the
+    strategy's, before a compressor's, before the optimizer's): no strategy with
     defaults of its own reads a compressor today, and pre-flight refuses a compressor
     the strategy does not read.
     """
@@ -427,10 +436,15 @@ def choice_defaults(settings: dict[str, Any], known: dict[str, Any]) -> dict[str
         defaults = defaults_for(settings) if defaults_for is not None else {}
         for setting, value in defaults.items():
             if setting in settings or (
-                setting == "lr" and "optimizer" in defaults and "optimizer" in settings
+                setting == "lr"
+                and "optimizer" in defaults
+                and settings.get("optimizer", defaults["optimizer"]) != defaults["optimizer"]
             ):
                 continue
             out.setdefault(setting, value)
+    if "lr" not in settings:  # last: a strategy's or compressor's lr was tuned with its optimizer
+        optimizer = settings.get("optimizer", out.get("optimizer", known["optimizer"][1].default))
+        out.setdefault("lr", OPTIMIZER_LR.get(optimizer, known["lr"][1].default))
     return out
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from disttrain.config import OPTIMIZER_LR
 from disttrain.ps.consistency import MODES
 from disttrain.strategies import STRATEGIES
 
@@ -173,3 +174,22 @@ def test_defaults_train_near_allreduce_in_a_few_epochs(
     strategy: str, label: str, flags: list[str], fast_anchor: float, tmp_path: Path
 ) -> None:
     _within_band(tmp_path, strategy, label, flags, fast_anchor, FAST_BAND, FAST_EPOCHS)
+
+
+#: The README's ZeRO line (``--strategy zero --zero-stage 3 --optimizer adam``) with each
+#: optimizer, 2 epochs: each must train with its own default lr (config.OPTIMIZER_LR).
+#: Adam at the SGD default 0.05 ended at 0.19 (chance is 0.10); at its own 1e-3 it reached
+#: 0.95, sgd 0.84 and momentum 0.85 (2026-11-28). The floor for the README's adam is the
+#: issue's 0.90; the others are held to 0.80, a default that trains.
+OPTIMIZER_FLOOR = {"adam": 0.90}
+
+
+@pytest.mark.parametrize("optimizer", list(OPTIMIZER_LR))
+def test_the_readme_zero_example_trains_with_each_optimizer_s_default_lr(
+    optimizer: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    done = _train(out, "--strategy", "zero", "--zero-stage", "3", "--optimizer", optimizer,
+                  epochs=2)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert _accuracy(out) >= OPTIMIZER_FLOOR.get(optimizer, 0.80)
