@@ -78,9 +78,9 @@ def init(comm: object = None, process_sets: object = None) -> None:
     atexit.register(shutdown)
 
 
-def _register_static(sets: list[ProcessSet]) -> None:
+def _register_static(entries: list[ProcessSet]) -> None:
     seen: list[list[int] | None] = []
-    for i, ps in enumerate(sets):
+    for i, ps in enumerate(entries):
         if ps.ranks in seen:
             raise ValueError(f"init(process_sets=...): entry number {i} is a duplicate")
         seen.append(ps.ranks)

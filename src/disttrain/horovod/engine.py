@@ -128,7 +128,12 @@ class Engine:
                     f"is currently being processed: {base}"
                 )
             self.inflight.update(names)
-        job = cast(Callable[[], torch.Tensor], lambda: self._run(calls, names, group, finish))
+        # an unnamed call's handle differs between ranks that issued other calls: only a
+        # name the user gave takes part in the agreement
+        agreed = names if name is not None else [prefix] * len(calls)
+        job = cast(
+            Callable[[], torch.Tensor], lambda: self._run(calls, names, agreed, group, finish)
+        )
         self.handles[handle] = Handle(self.thread.submit(job), names, keep)
         return handle
 
@@ -155,13 +160,14 @@ class Engine:
         self,
         calls: list[Call],
         names: list[str],
+        agreed: list[str],
         group: ProcessGroup,
         finish: Callable[[list[Any]], Any],
     ) -> Any:
         try:
             results: list[Any] = []
             failed: Failed | None = None
-            for call, name in zip(calls, names, strict=True):
+            for call, name in zip(calls, agreed, strict=True):
                 refused = self._agree(call, name, group)
                 if refused is not None:  # every rank saw it: all go on to the next call
                     failed = failed or Failed(refused)

@@ -121,7 +121,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         sparse_as_dense: bool,
         process_set: ProcessSet,
     ) -> None:
-        super().__init__(params)
+        super().__init__(params)  # type: ignore[call-arg]  # the wrapped class's own
         self._parameter_names = _names(self.param_groups, named_parameters)
         self.compression = compression
         self.backward_passes_per_step = backward_passes_per_step
@@ -131,9 +131,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.process_set = process_set
         self._should_synchronize = True
         self._synchronized = False
-        self._handles: dict[nn.Parameter, Any] = {}  # launched or accumulating this step
+        self._handles: dict[torch.Tensor, Any] = {}  # launched or accumulating this step
         self._launched: list[tuple[list[nn.Parameter], int, list[Any]]] = []
-        self._ready: set[nn.Parameter] = set()
+        self._ready: set[torch.Tensor] = set()
         self._next_unit = 0
         self._hooks: list[Any] = []
         trained = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
@@ -233,7 +233,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         finally:
             self._should_synchronize = True
 
-    def step(self, closure: Callable[[], float] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], float] | None = None) -> Any:
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn(
@@ -298,7 +298,7 @@ def DistributedOptimizer(  # Horovod's name for a factory
     return cls(
         optimizer.param_groups,
         named_parameters,
-        compression,  # type: ignore[no-any-return]
+        compression,
         backward_passes_per_step,
         op,
         gradient_predivide_factor,

@@ -8,8 +8,9 @@ import torch
 
 
 class MNIST(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    def __init__(self, root: str, train: bool = True, download: bool = False,
-                 transform: Any = None) -> None:
+    def __init__(
+        self, root: str, train: bool = True, download: bool = False, transform: Any = None
+    ) -> None:
         g = torch.Generator().manual_seed(0 if train else 1)
         n = 256 if train else 128
         self.targets = torch.randint(0, 10, (n,), generator=g)
