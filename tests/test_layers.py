@@ -47,7 +47,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("disttrain.launch", "disttrain.cluster", "disttrain.lab"),
     # L6: the command and the Horovod-style API
     ("disttrain.cli", "disttrain.__main__", "disttrain", "disttrain.optimizer", "disttrain.ops",
-     "disttrain.elastic", "disttrain.sharded"),
+     "disttrain.elastic", "disttrain.sharded", "disttrain.horovod"),
 )  # fmt: skip
 
 #: Module cycles tolerated for now, each as the set of its modules.

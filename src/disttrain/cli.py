@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "advise": ("disttrain.lab.advise", "rank strategies by a calibrated cost model"),
     "cluster": ("disttrain.cluster.command", "an emulated multi-host cluster (needs root)"),
+    "run": ("disttrain.horovod.runner", "start N local processes of a Horovod script (horovodrun)"),
 }
 
 

@@ -19,6 +19,7 @@ from typing import Any, overload
 
 import torch
 import torch.distributed as dist
+from torch.distributed import ProcessGroup
 
 from disttrain.comm import world
 
@@ -62,21 +63,22 @@ def allreduce_(tensor: torch.Tensor, average: bool = True, op: str = "sum") -> t
     return tensor
 
 
-def allgather(tensor: torch.Tensor) -> torch.Tensor:
-    """Every rank's ``tensor`` concatenated along dim 0, in rank order (first dims may differ)."""
+def allgather(tensor: torch.Tensor, group: ProcessGroup | None = None) -> torch.Tensor:
+    """Every rank's ``tensor`` concatenated along dim 0, in rank order (first dims may differ);
+    ``group``: among its ranks only (default: all)."""
     world.current()
-    n = dist.get_world_size()
+    n = dist.get_world_size(group)
     t = tensor.detach().contiguous()
     if t.dim() == 0:
         t = t.reshape(1)
     rows = torch.tensor([t.shape[0]], dtype=torch.int64, device=t.device)
     sizes = [torch.zeros_like(rows) for _ in range(n)]
-    dist.all_gather(sizes, rows)
+    dist.all_gather(sizes, rows, group=group)
     longest = max(int(s) for s in sizes)
     padded = torch.zeros((longest, *t.shape[1:]), dtype=t.dtype, device=t.device)
     padded[: t.shape[0]] = t
     parts = [torch.empty_like(padded) for _ in range(n)]
-    dist.all_gather(parts, padded)
+    dist.all_gather(parts, padded, group=group)
     return torch.cat([p[: int(s)] for p, s in zip(parts, sizes, strict=True)])
 
 

@@ -85,6 +85,9 @@ class World:
 
 
 _world: World | None = None
+#: Groups this process has formed and left (shutdown): a re-init (Horovod's shutdown then
+#: init) must not meet on the keys of the last group, which still name its old addresses.
+_generation = 0
 #: The store the job's first group met on, kept for live membership changes (job_store)
 _store: dist.Store | None = None
 #: The file of that store when it is a file store (a single-host job's): a joiner opens it
@@ -152,17 +155,19 @@ def init(
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         # an elastic restart forms a new group: a fresh store, free of the last round's keys
         store_file += f".{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        if _generation:  # joined before in this process: that file holds the old group's keys
+            store_file += f".g{_generation}"
         store = _store = dist.FileStore(store_file, world_size)
         _store_path = store_file
         _sockets_before = set(_sockets().values())  # every socket from here on is a group's
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world_size, timeout=pg_timeout
         )
-    elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+    elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 or _generation:
         # torchrun restarted the job: its store outlives a round and still holds the last
         # round's gloo addresses, which a restarted rank may dial (connection refused).
         # The same store env:// gives, with this round's keys under their own prefix.
-        restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+        restart = f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}.g{_generation}"
         store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=pg_timeout))
         dist.init_process_group(
             backend, store=dist.PrefixStore(f"disttrain/round-{restart}", store), rank=rank,
@@ -276,12 +281,13 @@ def at_shutdown(hook: Callable[[], None]) -> None:
 
 def shutdown() -> None:
     """Leave the process group (idempotent); a group an engine formed is left to it."""
-    global _world, _store, _store_path
+    global _world, _store, _store_path, _generation
     for hook in _shutdown_hooks:
         hook()
     owns = _world is None or _world.owns_group
     if owns and dist.is_initialized():
         dist.destroy_process_group()
+        _generation += 1  # a later init in this process meets on fresh keys
     _world = _store = _store_path = None
 
 

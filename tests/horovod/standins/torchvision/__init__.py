@@ -1,0 +1,9 @@
+"""A stand-in for torchvision, for running Horovod's examples offline: tiny models of the
+names the examples ask for, a synthetic MNIST, and the two transforms they use.
+
+Put on PYTHONPATH by tests/horovod/test_examples.py only; never part of the library.
+"""
+
+from . import datasets, models, transforms
+
+__all__ = ["datasets", "models", "transforms"]

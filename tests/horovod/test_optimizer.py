@@ -1,0 +1,98 @@
+"""DistributedOptimizer and the broadcasts, on 2 ranks, against one process on the whole batch;
+and init's life cycle (shutdown then init again) in the same world."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from disttrain.launch.spawn import run_world
+
+STEPS, BATCH = 3, 8
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2), nn.Linear(2, 2))
+
+
+def _data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(STEPS, BATCH, 4, generator=g), torch.randn(STEPS, BATCH, 2, generator=g)
+
+
+def _reference() -> list[torch.Tensor]:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    xs, ys = _data()
+    for x, y in zip(xs, ys, strict=True):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _train(compression: str, passes: int) -> dict[str, Any]:
+    import disttrain.horovod as hvd
+    from disttrain.comm import world
+
+    world.shutdown()  # init joins the world itself (and leaves it at shutdown)
+    hvd.init()
+    hvd.shutdown()
+    hvd.init()  # again, in the same process: a fresh group
+    r, n = hvd.rank(), hvd.size()
+    model = _model()
+    if r == 1:  # a different start: broadcast_parameters must fix it
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    opt = hvd.DistributedOptimizer(
+        opt,
+        named_parameters=model.named_parameters(),
+        compression=getattr(hvd.Compression, compression),
+        backward_passes_per_step=passes,
+    )
+    xs, ys = _data()
+    for x, y in zip(xs, ys, strict=True):
+        opt.zero_grad()
+        mine = x.chunk(n)[r], y.chunk(n)[r]
+        for xp, yp in zip(mine[0].chunk(passes), mine[1].chunk(passes), strict=True):
+            # the mean over the whole batch: each pass's share of it
+            (nn.functional.mse_loss(model(xp), yp) / passes).backward()
+        opt.step()
+    out = {
+        "params": [p.detach().clone() for p in model.parameters()],
+        "is_sgd": isinstance(opt, torch.optim.SGD),
+    }
+    with pytest.raises(AssertionError):
+        nn.functional.mse_loss(model(xs[0]), ys[0]).backward()
+        opt.zero_grad()  # after backward, before step: Horovod refuses
+    opt.synchronize()
+    with pytest.warns(UserWarning, match="skip_synchronize"):
+        opt.step()
+    out["flags"] = (hvd.gloo_built(), hvd.mpi_built(), hvd.nccl_built(), hvd.is_initialized())
+    hvd.shutdown()
+    out["after"] = hvd.is_initialized()
+    return out
+
+
+@pytest.mark.parametrize(
+    ("compression", "passes", "tol"), [("none", 1, 1e-6), ("none", 2, 1e-6), ("fp16", 1, 5e-3)]
+)
+def test_training_equals_one_process_on_the_whole_batch(
+    compression: str, passes: int, tol: float
+) -> None:
+    expected = _reference()
+    results = run_world(_train, world_size=2, args=(compression, passes), timeout=120)
+    for got in results:
+        assert got["is_sgd"]
+        assert got["flags"] == (True, False, 0, True)
+        assert got["after"] is False
+        for p, q in zip(got["params"], expected, strict=True):
+            torch.testing.assert_close(p, q, atol=tol, rtol=tol)
