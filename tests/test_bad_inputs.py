@@ -360,6 +360,11 @@ CASES: list[tuple[str, Argv, str]] = [
         _flags("--strategy", "ps", "--compression", "topk:0.01"),
         "--compression is not used by --strategy ps (used by: allreduce, decentralized)",
     ),
+    (  # given at its default value (4): refused all the same, as given, not as changed
+        "ps-microbatches-default",
+        _flags("--strategy", "ps", "--microbatches", "4"),
+        "--microbatches is not used by --strategy ps (used by: hybrid, pipeline)",
+    ),
     (
         "localsgd-accumulate",
         _flags("--strategy", "localsgd", "--accumulate", "4"),

@@ -231,3 +231,15 @@ def test_the_refusal_names_the_flag_the_strategy_and_who_reads_it() -> None:
 )
 def test_the_cases_of_the_issue(flags: dict[str, Any], unread: set[str]) -> None:
     assert set(unread_settings(config.load(flags))) == unread
+
+
+def test_a_setting_given_at_its_default_value_is_refused_too(tmp_path: Any) -> None:
+    """What counts is that the flag or TOML key was given, not that its value changed."""
+    default = config.section_fields()["microbatches"][1].default
+    given = config.load({"strategy": "ps", "microbatches": default})
+    assert set(unread_settings(given)) == {"microbatches"}
+    toml = tmp_path / "run.toml"
+    toml.write_text(f'strategy = "ps"\nmicrobatches = {default}\n')
+    assert set(unread_settings(config.load({}, str(toml)))) == {"microbatches"}
+    # a component's own default is not given: the user named only the component
+    assert "optimizer" not in unread_settings(config.load({"strategy": "diloco"}))

@@ -297,9 +297,13 @@ def register_section(cls: type[Any]) -> type[Any]:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """All sections of one run, by class: ``cfg.train`` and ``cfg.section(PSConfig)``."""
+    """All sections of one run, by class: ``cfg.train`` and ``cfg.section(PSConfig)``.
+
+    ``given``: the settings the user gave (flags, TOML keys), whatever their value: a
+    setting no chosen component reads is refused when given, even at its default."""
 
     sections: dict[type[Any], Any]
+    given: frozenset[str] = frozenset()
 
     @property
     def train(self) -> TrainConfig:
@@ -356,11 +360,12 @@ def field_names(owned: tuple[type[Any] | str, ...]) -> set[str]:
 
 
 def changed_settings(cfg: RunConfig) -> dict[str, Any]:
-    """The settings of ``cfg`` whose value differs from the field's default, in flag order."""
+    """The settings of ``cfg`` that were given (``cfg.given``) or differ from the field's
+    default (a component's own default), in flag order."""
     out: dict[str, Any] = {}
     for name, (cls, f) in section_fields().items():
         section = cfg.sections.get(cls)
-        if section is not None and getattr(section, name) != f.default:
+        if section is not None and (name in cfg.given or getattr(section, name) != f.default):
             out[name] = getattr(section, name)
     return out
 
@@ -452,6 +457,7 @@ def load(flags: dict[str, Any], config_file: str | None = None) -> RunConfig:
     """Build and validate a run's config from given flags over an optional TOML file."""
     settings = read_toml(config_file) if config_file else {}
     settings.update(flags)
+    given = frozenset(settings)
     known = section_fields()
     settings.update(choice_defaults(settings, known))
     per_section: dict[type[Any], dict[str, Any]] = {cls: {} for cls in SECTIONS}
@@ -461,4 +467,4 @@ def load(flags: dict[str, Any], config_file: str | None = None) -> RunConfig:
     sections = {cls: cls(**values) for cls, values in per_section.items()}
     for section in sections.values():
         section.validate()
-    return RunConfig(sections)
+    return RunConfig(sections, given)

@@ -73,7 +73,8 @@ def _fit_to_group(cfg: Any, size: int) -> Any:
     candidates = [tc.workers] if given else range(1, size + 1)
     for workers in candidates:
         trial = config_mod.RunConfig(
-            {**cfg.sections, config_mod.TrainConfig: dataclasses.replace(tc, workers=workers)}
+            {**cfg.sections, config_mod.TrainConfig: dataclasses.replace(tc, workers=workers)},
+            cfg.given,
         )
         if layout.num_processes(trial) == size:
             return trial
@@ -101,7 +102,8 @@ def train(config: Any = None, trackers: Sequence[Any] = (), **settings: Any) -> 
     # every rank writes into rank 0's folder (a time stamp differs from process to process)
     out = str(broadcast_json(cfg.train.out or default_out(cfg.train.strategy)))
     cfg = config_mod.RunConfig(
-        {**cfg.sections, config_mod.TrainConfig: dataclasses.replace(cfg.train, out=out)}
+        {**cfg.sections, config_mod.TrainConfig: dataclasses.replace(cfg.train, out=out)},
+        cfg.given,
     )
     summary = run_trainer(cfg, trackers)
     return dict(broadcast_json(summary))

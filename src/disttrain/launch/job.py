@@ -155,7 +155,8 @@ def run_job(cfg: Any, argv: list[str]) -> int:
         if not cfg.train.out and not launched_by_us:  # torchrun, and no --out
             out = torchrun_default_out(cfg.train.strategy)
             cfg = config.RunConfig(
-                {**cfg.sections, config.TrainConfig: dataclasses.replace(cfg.train, out=out)}
+                {**cfg.sections, config.TrainConfig: dataclasses.replace(cfg.train, out=out)},
+                cfg.given,
             )
         return run_worker(cfg, launched_by_us)
     preflight(cfg)

@@ -45,7 +45,7 @@ def unread_settings(cfg: Any) -> dict[str, str]:
 
 
 def check_settings_read(cfg: Any) -> None:
-    """UsageError naming the first setting changed from its default that nothing reads."""
+    """UsageError naming the first setting given (or a component default) that nothing reads."""
     unread = unread_settings(cfg)
     if unread:
         raise UsageError(next(iter(unread.values())))
