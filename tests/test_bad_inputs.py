@@ -59,6 +59,13 @@ def _npz(**change: Any) -> Argv:
     return build
 
 
+def _earlier_results(tmp: Path) -> list[str]:
+    """An --out holding what a finished run leaves (no checkpoints): not replaced silently."""
+    (tmp / "earlier").mkdir()
+    (tmp / "earlier" / "summary.json").write_text("{}")
+    return ["--out", str(tmp / "earlier")]
+
+
 def _file(name: str, content: bytes, flag: str) -> Argv:
     def build(tmp: Path) -> list[str]:
         (tmp / name).write_bytes(content)
@@ -200,6 +207,16 @@ CASES: list[tuple[str, Argv, str]] = [
     ("toml-bad-choice", _toml('optimizer = "adagrad"\n'), "--optimizer must be one of"),
     ("toml-table", _toml("[train]\nworkers = 2\n"), "unknown key 'train'"),
     ("toml-binary", _file("run.toml", b"\xff\xfe\x00bin", "--config"), "is not valid TOML"),
+    # path flags, checked before anything is built (the refused run creates nothing)
+    ("out-unwritable", _flags("--out", "/proc/x"), "--out /proc/x: cannot write in /proc/x"),
+    ("out-a-file", _file("f", b"x", "--out"), "exists and is not a folder"),
+    (
+        "tensorboard-unwritable",
+        _flags("--tensorboard", "/proc/tb"),
+        "--tensorboard /proc/tb: cannot write in /proc/tb",
+    ),
+    ("timeline-a-folder", lambda tmp: ["--timeline", str(tmp)], "is a folder; name a .json file"),
+    ("out-earlier-results", _earlier_results, "already holds an earlier run's results (summary"),
     ("toml-bad-value", _toml("lr = -1.0\n"), "--lr must be positive"),
     # data files
     ("npz-missing-file", lambda tmp: ["--dataset", str(tmp / "d.npz")], "data file not found"),

@@ -161,7 +161,7 @@ class TrainConfig:
     )
     max_restarts: int = opt(0, "restart the workers from the last checkpoint after a failure")
     overwrite: bool = opt(
-        False, "delete the checkpoints another run left in --out instead of refusing to start"
+        False, "delete the checkpoints and results another run left in --out, not refuse"
     )
     min_workers: int = opt(
         0,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 from typing import Any
 
 from disttrain.comm.errors import UsageError
@@ -60,6 +63,7 @@ def preflight(cfg: Any) -> None:
     from disttrain.train.faults import parse_fault
 
     tc = cfg.train
+    check_paths(tc)
     strategy = strategies.get(tc.strategy)  # an unknown name: the registry's usage error
     collectives.get(tc.algorithm)  # an unknown name: the registry's usage error
     collectives.set_inter_algorithm(tc.inter_algorithm)  # one that crosses hosts, or exit 2
@@ -110,6 +114,43 @@ def preflight(cfg: Any) -> None:
             checkpoint.restore(tc.resume, 0, tc.world_size, None, f"--strategy {strategy.name}")
 
 
+def check_paths(tc: Any) -> None:
+    """The folders and files the run will write can be written: one line, before any work."""
+    for name in ("out", "tensorboard"):
+        path = getattr(tc, name)
+        _writable_folder(f"--{name} {path}", path)
+    if tc.timeline:
+        if os.path.isdir(tc.timeline):
+            raise UsageError(f"--timeline {tc.timeline}: is a folder; name a .json file")
+        _writable_folder(f"--timeline {tc.timeline}", os.path.dirname(os.path.abspath(tc.timeline)))
+
+
+def _writable_folder(what: str, path: str) -> None:
+    """UsageError unless ``path`` is, or can be made, a folder this process can write in.
+    Whatever this check creates, it removes again (a refused run leaves nothing)."""
+    if not path:
+        return
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"{what}: {path} exists and is not a folder")
+    made: list[str] = []
+    try:
+        missing, parent = [], os.path.abspath(path)
+        while not os.path.exists(parent):
+            missing.append(parent)
+            parent = os.path.dirname(parent)
+        for folder in reversed(missing):
+            os.mkdir(folder)
+            made.append(folder)
+        with tempfile.TemporaryFile(dir=path):  # /proc, read-only mounts: mkdir may pass
+            pass
+    except OSError as exc:
+        raise UsageError(f"{what}: cannot write in {path} ({exc.strerror})") from None
+    finally:
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+
+
 def _forward_one_batch(tc: Any, model: Any, data: Any) -> None:
     """One forward pass and loss of a worker's batch: a shape mistake in the model or the
     data is one line now, not a torch error per rank after every worker has started."""
@@ -143,9 +184,25 @@ def claim_run(tc: Any, out: str) -> str:
     """The run id of a run into ``out``, once pre-flight passed; before any worker starts.
 
     A fresh run draws a new one, ``--resume DIR`` continues DIR's run. An ``out``
-    that holds checkpoints (other than the resumed folder's own) is refused, exit
-    2, unless ``--overwrite``, which deletes them (disttrain.checkpoint.claim).
+    that holds checkpoints (other than the resumed folder's own) or an earlier run's
+    results (:data:`RESULTS`) is refused, exit 2, unless ``--overwrite``, which
+    deletes them (checkpoints: disttrain.checkpoint.claim).
     """
     from disttrain import checkpoint
 
-    return checkpoint.claim(out, tc.resume, tc.overwrite)
+    same = bool(tc.resume) and os.path.realpath(tc.resume) == os.path.realpath(out)
+    held = [n for n in RESULTS if os.path.isfile(os.path.join(out, n))] if not same else []
+    if held and not tc.overwrite:
+        raise UsageError(
+            f"--out {out} already holds an earlier run's results ({', '.join(held)}): choose "
+            "another folder with --out, or pass --overwrite to replace them"
+        )
+    run = checkpoint.claim(out, tc.resume, tc.overwrite)
+    for name in held:
+        os.remove(os.path.join(out, name))
+    return run
+
+
+#: what a finished run leaves in its --out: another run into it must not replace them
+#: silently (claim_run)
+RESULTS = ("summary.json", "metrics.jsonl", "model.pt")
