@@ -208,12 +208,12 @@ CASES: list[tuple[str, Argv, str]] = [
     ("toml-table", _toml("[train]\nworkers = 2\n"), "unknown key 'train'"),
     ("toml-binary", _file("run.toml", b"\xff\xfe\x00bin", "--config"), "is not valid TOML"),
     # path flags, checked before anything is built (the refused run creates nothing)
-    ("out-unwritable", _flags("--out", "/proc/x"), "--out /proc/x: cannot write in /proc/x"),
+    ("out-unwritable", _flags("--out", "/proc/x"), "--out /proc/x: cannot write in /proc ("),
     ("out-a-file", _file("f", b"x", "--out"), "exists and is not a folder"),
     (
         "tensorboard-unwritable",
         _flags("--tensorboard", "/proc/tb"),
-        "--tensorboard /proc/tb: cannot write in /proc/tb",
+        "--tensorboard /proc/tb: cannot write in /proc (",
     ),
     ("timeline-a-folder", lambda tmp: ["--timeline", str(tmp)], "is a folder; name a .json file"),
     ("out-earlier-results", _earlier_results, "already holds an earlier run's results (summary"),

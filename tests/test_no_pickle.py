@@ -6,7 +6,8 @@ cloudpickle, marshal or shelve; calling any ``*_object`` / ``*_object_list``
 collective of torch.distributed; ZeroMQ's ``send_pyobj``/``recv_pyobj``;
 ``torch.load`` without ``weights_only=True``; ``np.load`` with
 ``allow_pickle=True``; multiprocessing queues and pipes (they pickle). Each
-allowed exception is listed in ALLOWED with the reason it is not a wire.
+allowed exception is listed in ALLOWED with the reason it is not a wire, or, for
+the Horovod drop-in's ``*_object`` calls, the compatible API that promises it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("launch/spawn.py", "multiprocessing Queue"): (
         "the local runner of tests and benchmarks: its parent collects its own spawned "
         "children's results over an OS pipe on one host; no socket, and only the parent reads it"
+    ),
+    ("horovod/functions.py", "import pickle"): (
+        "Horovod's broadcast_object and allgather_object, whose API promises to pickle "
+        "arbitrary objects (docs/horovod.md says so, and that the ranks must trust each "
+        "other, as under Horovod); nothing else in disttrain.horovod pickles"
     ),
     ("checkpoint/dcp.py", "import pickle"): (
         "torch.distributed.checkpoint writes its .metadata index with pickle; we read it from "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
 from typing import Any
@@ -126,29 +125,24 @@ def check_paths(tc: Any) -> None:
 
 
 def _writable_folder(what: str, path: str) -> None:
-    """UsageError unless ``path`` is, or can be made, a folder this process can write in.
-    Whatever this check creates, it removes again (a refused run leaves nothing)."""
+    """UsageError unless ``path`` is a folder this process can write in, or can become one:
+    its nearest existing ancestor is a folder that takes a file. Nothing is left behind,
+    and the ranks of one job (``disttrain.train`` runs pre-flight in each) may check at once.
+    """
     if not path:
         return
     if os.path.exists(path) and not os.path.isdir(path):
         raise UsageError(f"{what}: {path} exists and is not a folder")
-    made: list[str] = []
+    nearest = os.path.abspath(path)
+    while not os.path.exists(nearest):
+        nearest = os.path.dirname(nearest)
+    if not os.path.isdir(nearest):
+        raise UsageError(f"{what}: {nearest} is not a folder")
     try:
-        missing, parent = [], os.path.abspath(path)
-        while not os.path.exists(parent):
-            missing.append(parent)
-            parent = os.path.dirname(parent)
-        for folder in reversed(missing):
-            os.mkdir(folder)
-            made.append(folder)
-        with tempfile.TemporaryFile(dir=path):  # /proc, read-only mounts: mkdir may pass
+        with tempfile.TemporaryFile(dir=nearest):  # /proc, read-only mounts: os.access says yes
             pass
     except OSError as exc:
-        raise UsageError(f"{what}: cannot write in {path} ({exc.strerror})") from None
-    finally:
-        for folder in reversed(made):
-            with contextlib.suppress(OSError):
-                os.rmdir(folder)
+        raise UsageError(f"{what}: cannot write in {nearest} ({exc.strerror})") from None
 
 
 def _forward_one_batch(tc: Any, model: Any, data: Any) -> None:
@@ -190,6 +184,8 @@ def claim_run(tc: Any, out: str) -> str:
     """
     from disttrain import checkpoint
 
+    # checkpoints first: their refusal names the run to resume; --overwrite deletes them
+    run = checkpoint.claim(out, tc.resume, tc.overwrite)
     same = bool(tc.resume) and os.path.realpath(tc.resume) == os.path.realpath(out)
     held = [n for n in RESULTS if os.path.isfile(os.path.join(out, n))] if not same else []
     if held and not tc.overwrite:
@@ -197,7 +193,6 @@ def claim_run(tc: Any, out: str) -> str:
             f"--out {out} already holds an earlier run's results ({', '.join(held)}): choose "
             "another folder with --out, or pass --overwrite to replace them"
         )
-    run = checkpoint.claim(out, tc.resume, tc.overwrite)
     for name in held:
         os.remove(os.path.join(out, name))
     return run
