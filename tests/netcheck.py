@@ -1,11 +1,20 @@
-"""Which addresses a process tree listens on, read from /proc (Linux only)."""
+"""Which processes of a tree live and which addresses they listen on, from /proc (Linux only)."""
 
 from __future__ import annotations
 
 import os
 import socket
 
-__all__ = ["descendants", "listening_addresses"]
+__all__ = ["alive", "descendants", "listening_addresses"]
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def descendants(pid: int) -> list[int]:

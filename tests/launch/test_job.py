@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from disttrain import checkpoint
-from tests.launch.test_tether import _alive, _training
-from tests.netcheck import descendants
+from tests.launch.test_tether import _training
+from tests.netcheck import alive, descendants
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,7 +50,7 @@ def test_a_signalled_launcher_says_one_line_and_leaves_nothing(
         _, err = proc.communicate(timeout=60)
     finally:
         for pid in [*descendants(proc.pid)[::-1], *tree]:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()
     assert proc.returncode == code, err
@@ -58,7 +58,7 @@ def test_a_signalled_launcher_says_one_line_and_leaves_nothing(
     last = err.strip().splitlines()[-1]
     assert re.fullmatch(rf"disttrain: {verb} at step \d+; last checkpoint at step \d+", last), err
     assert err.count(verb) == 1, err
-    assert not [p for p in tree if _alive(p)]
+    assert not [p for p in tree if alive(p)]
 
 
 def _default_sigint() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.netcheck import descendants, listening_addresses
+from tests.netcheck import alive, descendants, listening_addresses
 
 REPO = Path(__file__).resolve().parents[2]
 RUNS = {
@@ -25,14 +25,6 @@ RUNS = {
     "exec": ("--max-steps", "100000", "--threads", "2"),
     "ps": ("--strategy", "ps", "--ps-mode", "sync", "--max-steps", "100000"),
 }
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _training(out: Path, proc: subprocess.Popen[str], within: float = 120) -> None:
@@ -64,13 +56,13 @@ def test_workers_end_within_5_s_of_a_killed_launcher(run: str, how: str, tmp_pat
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         deadline = time.monotonic() + 5
-        while [p for p in tree if _alive(p)] and time.monotonic() < deadline:
+        while [p for p in tree if alive(p)] and time.monotonic() < deadline:
             time.sleep(0.05)
-        left = [p for p in tree if _alive(p)]
+        left = [p for p in tree if alive(p)]
         assert not left, f"alive 5 s after the launcher's SIGKILL: {left}"
         assert listening_addresses(tree) == []
     finally:  # nothing outlives the test, whatever failed
         for pid in [*descendants(proc.pid)[::-1], *tree]:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()

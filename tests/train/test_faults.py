@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from disttrain.train.faults import parse_fault
-from tests.netcheck import descendants, listening_addresses
+from tests.netcheck import alive, descendants, listening_addresses
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 5  # --timeout: a few seconds (startup skew on a loaded 2-core host stays below it)
@@ -79,14 +79,6 @@ def _shm() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _with_arg(text: str) -> list[int]:
     """Live processes whose command line holds ``text`` (the run's --out folder)."""
     found = []
@@ -97,7 +89,7 @@ def _with_arg(text: str) -> list[int]:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
-        if text.encode() in cmdline and _alive(int(entry)):
+        if text.encode() in cmdline and alive(int(entry)):
             found.append(int(entry))
     return found
 
@@ -107,7 +99,7 @@ def _left_behind(pids: set[int], out: Path, within: float = 0.5) -> list[int]:
     polled, so the answer comes as soon as none is left (at most ``within`` seconds)."""
     deadline = time.monotonic() + within
     while True:
-        left = [p for p in pids if _alive(p)] + _with_arg(str(out))
+        left = [p for p in pids if alive(p)] + _with_arg(str(out))
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.05)

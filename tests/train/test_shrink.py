@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from tests.harness import run_world
-from tests.train.test_faults import REPO, _alive, _Job, _with_arg
+from tests.netcheck import alive
+from tests.train.test_faults import REPO, _Job, _with_arg
 
 #: the survivors' answer window (3 s) is timing: run alone, after the parallel tests (Makefile)
 pytestmark = pytest.mark.alone
@@ -61,7 +62,7 @@ def _check_run(out: Path, reference: dict[str, torch.Tensor], lost: list[int]) -
 
 def _nothing_left(job: _Job, out: Path) -> None:
     time.sleep(0.5)  # let the kernel reap what ended
-    left = [p for p in job.pids if _alive(p)] + _with_arg(str(out))
+    left = [p for p in job.pids if alive(p)] + _with_arg(str(out))
     assert not left, f"processes left behind: {left}"
 
 

@@ -207,8 +207,12 @@ def launch(
         os.makedirs(calls, exist_ok=True)
         os.environ[rollcall.ENV] = calls  # how a hung worker gets named
     config = launch_config(cfg, nproc_per_node, tmp)
-    # one host, the CPU, one thread a worker: forked from here, not exec'd (forked.py)
-    fork = not multi_node(cfg) and cfg.device == "cpu" and cfg.threads == 1
+    # one host, the CPU, one thread a worker: forked from here, not exec'd (forked.py).
+    # Not live shrink or grow: with forked workers a survivor missed the 3 s answer window
+    # in 2 of 5 suite runs (test_one_of_four_killed_leaves_three_every_survivor_kept,
+    # cause not found); exec'd, it had passed every run since it ran alone
+    fork = (not multi_node(cfg) and cfg.device == "cpu" and cfg.threads == 1
+            and not cfg.live_shrink and not cfg.live_grow)  # fmt: skip
     try:
         with forked.forking(fork):
             elastic_launch(config, sys.executable)("-m", "disttrain", *argv)
