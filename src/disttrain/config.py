@@ -103,7 +103,12 @@ class TrainConfig:
     epochs: int = opt(10, "passes over the training set")
     max_steps: int = opt(0, "stop after this many steps (0: run all epochs)")
     batch_size: int = opt(64, "GLOBAL batch size, split evenly across data-parallel workers")
-    lr: float = opt(0.05, "learning rate (default: the optimizer's, adam 0.001, else 0.05)")
+    lr: float = opt(
+        0.05,
+        "learning rate (default: the optimizer's: "
+        + ", ".join(f"{name} {lr:g}" for name, lr in OPTIMIZER_LR.items())
+        + ")",
+    )
     optimizer: str = opt("momentum", "optimizer", tuple(OPTIMIZER_LR))
     momentum: float = opt(0.9, "momentum factor for --optimizer momentum")
     weight_decay: float = opt(0.0, "L2 weight decay")

@@ -23,7 +23,7 @@ from typing import Any
 
 from disttrain.comm.errors import UsageError
 from disttrain.comm.world import STORE_FILE_ENV
-from disttrain.launch.tether import LAUNCHER_ENV, tie
+from disttrain.launch.tether import tie
 
 __all__ = ["add_arguments", "run", "worker_env"]
 
@@ -69,7 +69,6 @@ def worker_env(rank: int, size: int, store: str) -> dict[str, str]:
             "HOROVOD_GLOO_IFACE": "lo",
             "PYTHONUNBUFFERED": "1",
             STORE_FILE_ENV: store,
-            LAUNCHER_ENV: str(os.getpid()),
         }
     )
     return env
@@ -106,8 +105,7 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
     except FileNotFoundError as exc:
         raise UsageError(f"run: cannot start {command[0]!r}: {exc.strerror}") from exc
     except KeyboardInterrupt:
-        _stop(procs)
-        return 130
+        return 130  # the processes are stopped below
     finally:
         _stop(procs)
         shutil.rmtree(folder, ignore_errors=True)

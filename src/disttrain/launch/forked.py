@@ -53,7 +53,8 @@ _DEFAULTED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, sig
 
 
 class _Forked:
-    """The part of ``subprocess.Popen`` the agent uses: ``pid``, ``poll``, ``wait``."""
+    """The part of ``subprocess.Popen`` the agent uses on Linux: ``pid``, ``poll``, ``wait``
+    (it signals through ``os.killpg(pid)``, the handler's ``close``)."""
 
     def __init__(self, pid: int, args: tuple[str, ...]) -> None:
         self.pid = pid
@@ -75,10 +76,6 @@ class _Forked:
             time.sleep(0.01)
         assert self.returncode is not None
         return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, sig)
 
 
 class _ForkingHandler(SubprocessHandler):
