@@ -1,35 +1,93 @@
-"""Which processes of a tree live and which addresses they listen on, from /proc (Linux only)."""
+"""Which processes of a tree live and which addresses they listen on, from /proc (Linux only).
+
+A pid alone does not name a process for long: this machine's ``pid_max`` is 32768 and
+the suite's processes and threads (they share the numbers) wrap it within minutes, so a
+pid recorded before a job ended may belong to another test's rank a few seconds later.
+A test that then killed "what is left" killed that rank (a CI run lost one so:
+"Connection reset by peer" in tests/collectives/test_base.py). :func:`descendants`
+therefore returns :class:`Proc`, a pid that remembers its process's start time;
+:func:`alive` and :func:`kill` act on that process only.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 
-__all__ = ["alive", "descendants", "listening_addresses"]
+__all__ = ["Proc", "alive", "descendants", "kill", "listening_addresses"]
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state first), or None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+class Proc(int):
+    """A pid, and its process's start time (clock ticks after boot, stat field 22): the two
+    together name one process for good. It is an ``int`` (the pid) everywhere else."""
+
+    start: int
+
+    def __new__(cls, pid: int, start: int) -> Proc:
+        self = super().__new__(cls, pid)
+        self.start = start
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Proc):  # a reused pid is another process
+            return int(self) == int(other) and self.start == other.start
+        return int(self) == other
+
+    __hash__ = int.__hash__
+
+    def __repr__(self) -> str:
+        return str(int(self))
 
 
 def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not); for a
+    :class:`Proc`, whether that very process runs (not a later one with its pid)."""
+    fields = _stat(pid)
+    if fields is None or fields[0] == "Z":
         return False
+    return not isinstance(pid, Proc) or int(fields[19]) == pid.start
 
 
-def descendants(pid: int) -> list[int]:
+def kill(proc: Proc, sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` to ``proc`` if that very process still runs. Through a pidfd: once
+    opened it names the process it found, so a pid freed and reused after the identity
+    check cannot receive the signal."""
+    try:
+        fd = os.pidfd_open(proc)
+    except ProcessLookupError:
+        return
+    try:
+        if alive(proc):
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(fd, sig)
+    finally:
+        os.close(fd)
+
+
+def descendants(pid: int) -> list[Proc]:
     """``pid`` and all its live descendants."""
-    children: dict[int, list[int]] = {}
+    children: dict[int, list[Proc]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
+        fields = _stat(int(entry))
+        if fields is None:
             continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
+        children.setdefault(int(fields[1]), []).append(Proc(int(entry), int(fields[19])))
+    root = _stat(pid)
+    out: list[Proc] = []
+    todo = [Proc(pid, int(root[19]) if root else -1)]
     while todo:
         p = todo.pop()
         out.append(p)

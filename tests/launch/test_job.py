@@ -20,7 +20,7 @@ import pytest
 
 from disttrain import checkpoint
 from tests.launch.test_tether import _training
-from tests.netcheck import alive, descendants
+from tests.netcheck import Proc, alive, descendants, kill
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,7 +40,7 @@ def test_a_signalled_launcher_says_one_line_and_leaves_nothing(
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True,
                             preexec_fn=_default_sigint)  # fmt: skip
-    tree: list[int] = []
+    tree: list[Proc] = []
     try:
         _training(out, proc)
         while checkpoint.latest(str(out)) is None:  # a step committed
@@ -49,9 +49,8 @@ def test_a_signalled_launcher_says_one_line_and_leaves_nothing(
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:
-        for pid in [*descendants(proc.pid)[::-1], *tree]:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        for p in [*descendants(proc.pid)[::-1], *tree]:
+            kill(p)
         proc.wait()
     assert proc.returncode == code, err
     assert "Traceback" not in err, err

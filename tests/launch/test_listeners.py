@@ -8,9 +8,7 @@ check does see a wildcard listener when there is one.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from disttrain.strategies import STRATEGIES
-from tests.netcheck import descendants, listening_addresses
+from tests.netcheck import descendants, kill, listening_addresses
 
 REPO = Path(__file__).resolve().parents[2]
 # each test starts a whole job; on the shared 2-core machine one took up to 140 s
@@ -68,9 +66,8 @@ def _listeners(tmp_path: Path, flags: list[str]) -> set[tuple[str, int]]:
         try:
             proc.wait(timeout=30)
         finally:
-            for pid in tree[1:]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            for p in tree[1:]:
+                kill(p)
     assert seen, "gloo always listens for its peers: no listener seen means the check is broken"
     return seen
 

@@ -1,7 +1,7 @@
 """A killed launcher takes its workers with it: SIGKILL of its pid or of its group.
 
 The job trains (a step logged) when its launcher is killed; every process of its tree
-recorded before the kill must be gone within 5 s, with no listening socket left.
+recorded before the kill must be gone within 5 s (so none holds a port).
 Forked workers (the CPU default) and exec'd ones (``--threads 2``) alike, and a
 parameter server's ranks.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.netcheck import alive, descendants, listening_addresses
+from tests.netcheck import Proc, alive, descendants, kill
 
 REPO = Path(__file__).resolve().parents[2]
 RUNS = {
@@ -45,7 +45,7 @@ def test_workers_end_within_5_s_of_a_killed_launcher(run: str, how: str, tmp_pat
            "--no-progress", "--out", str(out)]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-    tree: list[int] = []
+    tree: list[Proc] = []
     try:
         _training(out, proc)
         tree = [p for p in descendants(proc.pid) if p != proc.pid]
@@ -60,9 +60,7 @@ def test_workers_end_within_5_s_of_a_killed_launcher(run: str, how: str, tmp_pat
             time.sleep(0.05)
         left = [p for p in tree if alive(p)]
         assert not left, f"alive 5 s after the launcher's SIGKILL: {left}"
-        assert listening_addresses(tree) == []
     finally:  # nothing outlives the test, whatever failed
-        for pid in [*descendants(proc.pid)[::-1], *tree]:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        for p in [*descendants(proc.pid)[::-1], *tree]:
+            kill(p)
         proc.wait()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from typing import Any
 import torch
 
 from tests.harness import run_world
-from tests.netcheck import descendants, listening_addresses
+from tests.netcheck import descendants, kill, listening_addresses
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = {"model": "cnn", "dataset": "digits", "batch_size": 32, "progress": False, "seed": 3}
@@ -148,7 +147,7 @@ def test_servers_listen_on_loopback_only_and_a_dead_server_ends_the_job(tmp_path
         servers = [p for p in descendants(proc.pid) if _rank(p) == "2"]
         assert servers, "server rank 2 not found"
         for p in servers:
-            os.kill(p, signal.SIGKILL)
+            kill(p)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:

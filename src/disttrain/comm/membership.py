@@ -28,15 +28,15 @@ boundary, writes ``member-<g+1>/grow`` = ``AT|MEMBERS`` (compare_set: one decisi
 form the group under ``member-<g+1>/grown`` (its own prefix: a shrink of generation g+1
 meanwhile meets under ``.../group``, and the joiner's wait then ends at ``--timeout``).
 
-Each worker also leaves ``pid/<launch rank>`` = ``HOST PID`` at the start: a survivor
-need not wait the window for a worker whose process is gone, and the new rank 0 can end
-a lost worker that still runs on its host (one that hung: it would otherwise keep the job
-from ending).
+Each worker also leaves ``pid/<launch rank>`` = ``HOST PID START`` at the start: a
+survivor need not wait the window for a worker whose process is gone, and the new rank 0
+can end a lost worker that still runs on its host (one that hung: it would otherwise keep
+the job from ending). START, the process's start time, tells that process from a later
+one given the same pid (pids are reused: 32768 of them on many Linux hosts).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -103,8 +103,9 @@ class Membership:
         return self._key(f"member-{self.generation}/group")
 
     def publish_pid(self) -> None:
-        """Leave ``HOST PID`` of this process, for :meth:`end_lost`."""
-        self.store.set(self._key(f"pid/{self.me}"), f"{socket.gethostname()} {os.getpid()}")
+        """Leave ``HOST PID START`` of this process, for :meth:`end_lost`."""
+        me = os.getpid()
+        self.store.set(self._key(f"pid/{self.me}"), f"{socket.gethostname()} {me} {_start(me)}")
 
     def agree(self, done: int = 0) -> Change:
         """The next generation's members, as every survivor sees them (module docstring);
@@ -136,41 +137,42 @@ class Membership:
         self.members, self.generation = members, gen
         return change
 
-    def _local_pid(self, r: int) -> int | None:
-        """The process id of launch rank ``r`` if it ran on this host (None: unknown)."""
+    def _local(self, r: int) -> tuple[int, str] | None:
+        """(pid, start time) of launch rank ``r``'s process if it ran on this host."""
         key = self._key(f"pid/{r}")
         if not self.store.check([key]):
             return None
-        host, _, pid = self.store.get(key).decode().partition(" ")
-        return int(pid) if host == socket.gethostname() and pid.isdigit() else None
+        host, pid, start = [*self.store.get(key).decode().split(" "), "", ""][:3]
+        return (int(pid), start) if host == socket.gethostname() and pid.isdigit() else None
 
     def _ended(self, r: int) -> bool:
-        """True if launch rank ``r``'s process ran on this host and is gone (or a zombie)."""
-        pid = self._local_pid(r)
-        if pid is None:
+        """True if launch rank ``r``'s process ran on this host and is gone: no such pid, a
+        zombie (killed, not yet reaped by its supervisor), or a later process with its pid."""
+        known = self._local(r)
+        if known is None:
             return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-        try:  # killed but not yet reaped by its supervisor: a zombie ("Z")
-            with open(f"/proc/{pid}/stat") as fh:
-                return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
-        except (OSError, IndexError):
-            return False
+        fields = _stat(known[0])
+        return not fields or fields[0] == "Z" or fields[19] != known[1]
 
     def end_lost(self, lost: list[int]) -> list[int]:
         """SIGKILL the lost workers that still run on this host (a hung one); those ended."""
         ended = []
         for r in lost:
-            pid = self._local_pid(r)
-            if pid is None:
+            known = self._local(r)
+            if known is None:
                 continue
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-                ended.append(r)
+            try:  # a pidfd names the process it found: a pid reused after the check is safe
+                fd = os.pidfd_open(known[0])
+            except OSError:
+                continue
+            try:
+                if not self._ended(r):
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    ended.append(r)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
         return ended
 
     # --- live grow (train/grow.py) ------------------------------------------------------
@@ -237,3 +239,19 @@ class Membership:
     def closed(self) -> str | None:
         key = self._key("join/closed")
         return self.store.get(key).decode() if self.store.check([key]) else None
+
+
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command name (state first); [] if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+    return fields if len(fields) > 19 else []
+
+
+def _start(pid: int) -> str:
+    """The process's start time (clock ticks after boot, stat field 22); "" if it is gone."""
+    fields = _stat(pid)
+    return fields[19] if fields else ""

@@ -18,7 +18,8 @@ them. ``fn`` and ``args`` must be picklable (``fn`` a module-level function).
 Failures name the rank:
 - a rank that raised: :class:`RankError` with its exception and traceback text;
   the other ranks get ``grace`` seconds to finish or fail (their errors are
-  listed too, in the order they came), then are killed;
+  listed too, in the order they came: first one line each, then the tracebacks),
+  then are killed;
 - a rank that died without a result (killed, ``os._exit``, a crash in C++):
   :class:`RankError` with its exit code, or the signal that ended it;
 - ranks still running at ``timeout``: every rank is killed, and
@@ -59,6 +60,14 @@ __all__ = ["RankError", "WorldTimeout", "run_world"]
 
 class RankError(RuntimeError):
     """A rank raised or died; the message names it (with its traceback or exit code)."""
+
+
+def _report(errors: list[str]) -> str:
+    """Each failure's first line, in the order they came, then the tracebacks: a report
+    cut short (CI keeps the head and the tail) still names every rank and how it ended."""
+    heads = [e.splitlines()[0] for e in errors]
+    details = [e for e in errors if "\n" in e.strip()]
+    return "\n".join(heads) + ("\n\n" + "\n".join(details) if details else "")
 
 
 class WorldTimeout(RuntimeError):
@@ -250,7 +259,7 @@ def run_world(
             if errors and stop_at is None:
                 stop_at = time.monotonic() + grace
         if errors:
-            raise RankError("\n".join(errors))
+            raise RankError(_report(errors))
         return [out[r] for r in range(world_size)]
     finally:
         clean = not errors and len(out) == world_size
