@@ -109,7 +109,10 @@ def _checkpoint(kind: str) -> Argv:
             (part / ".metadata").write_bytes(b"not a checkpoint at all\n" * 4)
         elif kind == "pickle":  # DCP pickles its index: ours must not run what it names
             (part / ".metadata").write_bytes(pickle.dumps(Exploit(str(tmp / "pwned"))))
-        if kind != "uncommitted":
+        if kind == "other-model":  # what a run of --model cnn records (train/saver.py)
+            checkpoint.commit(str(root), 4, settings={"model": "cnn", "dataset": "digits",
+                                                      "strategy": "allreduce"})  # fmt: skip
+        elif kind != "uncommitted":
             checkpoint.commit(str(root), 4)
         if kind == "two-runs":  # another run's step 6 in the same folder
             checkpoint.save(str(root), 6, 0, 2, {"model": {"w": torch.ones(3)}}, run="b" * 32)
@@ -118,6 +121,8 @@ def _checkpoint(kind: str) -> Argv:
             return ["--resume", str(root), "--strategy", "pipeline"]
         if kind in ("zero-stage", "zero-foreign"):  # zero: shards of stage 2 / of no stage
             return ["--resume", str(root), "--strategy", "zero", "--zero-stage", "3"]
+        if kind == "complete":  # the checkpoint's step 4 is this run's last
+            return ["--resume", str(root), "--max-steps", "4"]
         return ["--resume", str(root)]
 
     return build
@@ -217,6 +222,12 @@ CASES: list[tuple[str, Argv, str]] = [
     ),
     ("timeline-a-folder", lambda tmp: ["--timeline", str(tmp)], "is a folder; name a .json file"),
     ("out-earlier-results", _earlier_results, "already holds an earlier run's results (summary"),
+    # 200 default workers need about 49 GB: more than this 24 GB kind of machine has
+    (
+        "workers-over-memory",
+        lambda tmp: ["--workers", "200", "--batch-size", "400"],
+        "200 worker processes need about",
+    ),
     ("toml-bad-value", _toml("lr = -1.0\n"), "--lr must be positive"),
     # data files
     ("npz-missing-file", lambda tmp: ["--dataset", str(tmp / "d.npz")], "data file not found"),
@@ -252,6 +263,16 @@ CASES: list[tuple[str, Argv, str]] = [
         "cannot change its layout: resume with --workers 4",
     ),
     ("resume-two-runs", _checkpoint("two-runs"), "holds the checkpoints of 2 runs"),
+    (
+        "resume-other-model",
+        _checkpoint("other-model"),
+        "its checkpoint was written with --model cnn, this run has --model mlp: resume with --model",
+    ),
+    (
+        "resume-complete",
+        _checkpoint("complete"),
+        "run already complete at step 4 (this run's budget: 4 steps); raise --epochs or --max-steps",
+    ),
     (
         "resume-zero-stage",
         _checkpoint("zero-stage"),

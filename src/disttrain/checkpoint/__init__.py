@@ -6,7 +6,8 @@ Layout under ``DIR/checkpoints/``::
     step-00000100/rank-00003/     worker 3's state: a DCP folder (.metadata, __0_0.distcp)
                                   plus state.json (format tag, run, step, structure)
     step-00000100/server-00000/   a named part (a parameter server's shard, by shard index)
-    step-00000100/COMMIT          {"format", "step", "run", "world_size"}: written last, by rank 0
+    step-00000100/COMMIT          {"format", "step", "run", "world_size", "settings"}: written
+                                  last, by rank 0 (settings: what a resume must match)
     .step-00000100.RUN.tmp/       the same step while it is being written (not a checkpoint)
 
 Every checkpoint belongs to one run, named by a run id (``uuid4().hex``) that the
@@ -58,6 +59,7 @@ __all__ = [
     "run_of",
     "runs",
     "save",
+    "saved_settings",
     "saved_world",
     "step_dir",
 ]
@@ -148,22 +150,26 @@ def save(
 
 def commit(
     root: str, step: int, keep: int = 2, run: str | None = None, world_size: int | None = None,
-    background: bool = False,
+    background: bool = False, settings: dict[str, Any] | None = None,
 ) -> Callable[[], None]:  # fmt: skip
     """Mark ``step`` of ``run`` complete (rank 0, after all ranks saved); drop its older steps.
 
     ``world_size``: the number of workers that wrote it (default: rank 0's part says).
     ``background``: on the writer thread, after the saves handed to it; the returned
-    function waits for the commit (at once without ``background``).
+    function waits for the commit (at once without ``background``). ``settings``: what a
+    resume must match (JSON values; :func:`saved_settings`).
     """
     run = _own(run)
     if background:
-        return _background.submit(lambda: _commit(root, step, keep, run, world_size))
-    _commit(root, step, keep, run, world_size)
+        return _background.submit(lambda: _commit(root, step, keep, run, world_size, settings))
+    _commit(root, step, keep, run, world_size, settings)
     return lambda: None
 
 
-def _commit(root: str, step: int, keep: int, run: str, world_size: int | None) -> None:
+def _commit(
+    root: str, step: int, keep: int, run: str, world_size: int | None,
+    settings: dict[str, Any] | None = None,
+) -> None:  # fmt: skip
     staging, final = _staging(root, step, run), step_dir(root, step)
     if os.path.exists(final):
         raise FileExistsError(f"checkpoint step {step} is already committed in {_base(root)}")
@@ -173,7 +179,8 @@ def _commit(root: str, step: int, keep: int, run: str, world_size: int | None) -
                 world_size = int(json.load(fh)["world_size"])
         except (OSError, ValueError, KeyError, TypeError):
             world_size = None
-    fields = {"format": FORMAT, "step": step, "run": run, "world_size": world_size}
+    fields = {"format": FORMAT, "step": step, "run": run, "world_size": world_size,
+              **({"settings": settings} if settings else {})}  # fmt: skip
     marker = json.dumps(fields).encode()
     write_atomic(os.path.join(staging, "COMMIT"), lambda fh: fh.write(marker))
     os.rename(staging, final)  # atomic: the step appears complete or not at all
@@ -325,6 +332,18 @@ def saved_world(root: str, step: int | None = None, run: str | None = None) -> i
             f"--resume: {step_dir(root, step)} is not a {FORMAT} checkpoint (its COMMIT "
             "names no format and worker count: written by an older disttrain?)"
         ) from None
+
+
+def saved_settings(root: str, step: int | None = None, run: str | None = None) -> dict[str, Any]:
+    """The settings ``commit`` recorded for ``run``'s newest (or the given) step ({}: none,
+    as in a checkpoint written before they were recorded)."""
+    run, step = _step_of(root, step, run)
+    try:
+        with open(os.path.join(step_dir(root, step), "COMMIT")) as fh:
+            settings = json.load(fh).get("settings", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return settings if isinstance(settings, dict) else {}
 
 
 def load(

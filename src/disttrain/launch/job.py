@@ -144,7 +144,7 @@ def _stopped_line(sig: int, out: str) -> str:
 
 def run_job(cfg: Any, argv: list[str]) -> int:
     from disttrain import config, strategies
-    from disttrain.launch.local import JobFailed, Stopped, launch
+    from disttrain.launch.local import JobFailed, Stopped, forks_workers, launch, multi_node
     from disttrain.train.progress import print_summary
 
     """Run ``disttrain train`` with the loaded config ``cfg``; ``argv`` is passed to workers."""
@@ -159,12 +159,18 @@ def run_job(cfg: Any, argv: list[str]) -> int:
                 cfg.given,
             )
         return run_worker(cfg, launched_by_us)
-    preflight(cfg)
+    model, data = preflight(cfg)
+    nproc = strategies.get(cfg.train.strategy).layout.num_processes(cfg)
+    if cfg.train.launcher == "local" and not multi_node(cfg.train):  # all on this host
+        from disttrain.launch import memory_plan
+
+        plan = memory_plan.estimate(cfg, model, data, forks_workers(cfg.train))
+        memory_plan.check(plan, nproc, memory_plan.available_bytes())
+    del model, data
     if cfg.train.launcher == "ray":
         from disttrain.launch.ray_train import check_layout
 
         check_layout(cfg)  # refused before --out is touched
-    nproc = strategies.get(cfg.train.strategy).layout.num_processes(cfg)
     out = cfg.train.out or default_out(cfg.train.strategy)
     # every worker and restart writes under this run; a Slurm step's agents got theirs
     run_id = os.environ.get(CLAIMED_RUN_ENV) or claim_run(cfg.train, out)

@@ -38,8 +38,8 @@ from disttrain.config import TrainConfig
 from disttrain.launch import forked, rendezvous, rollcall, tether
 
 __all__ = [
-    "CAUSES_ENV", "PEER_EXIT_CODE", "WORKER_ENV", "JobFailed", "Stopped", "launch",
-    "launch_config", "multi_node", "write_cause",
+    "CAUSES_ENV", "PEER_EXIT_CODE", "WORKER_ENV", "JobFailed", "Stopped", "forks_workers",
+    "launch", "launch_config", "multi_node", "write_cause",
 ]  # fmt: skip
 
 #: Set in every worker's environment: "run the training loop, do not launch".
@@ -136,6 +136,15 @@ def multi_node(cfg: TrainConfig) -> bool:
     return cfg.nnodes > 1 or bool(cfg.rdzv_endpoint)
 
 
+def forks_workers(cfg: TrainConfig) -> bool:
+    """One host, the CPU, one thread a worker: workers are forked from the launcher, not
+    exec'd (forked.py). Not live shrink or grow: with forked workers a survivor missed the
+    3 s answer window in 2 of 5 suite runs (test_one_of_four_killed_leaves_three_every_
+    survivor_kept, cause not found); exec'd, it had passed every run since it ran alone."""
+    return (not multi_node(cfg) and cfg.device == "cpu" and cfg.threads == 1
+            and not cfg.live_shrink and not cfg.live_grow)  # fmt: skip
+
+
 def launch_config(cfg: TrainConfig, nproc_per_node: int, tmp: str) -> LaunchConfig:
     """The elastic launcher's configuration for this node (``tmp``: the job's private folder).
 
@@ -207,14 +216,8 @@ def launch(
         os.makedirs(calls, exist_ok=True)
         os.environ[rollcall.ENV] = calls  # how a hung worker gets named
     config = launch_config(cfg, nproc_per_node, tmp)
-    # one host, the CPU, one thread a worker: forked from here, not exec'd (forked.py).
-    # Not live shrink or grow: with forked workers a survivor missed the 3 s answer window
-    # in 2 of 5 suite runs (test_one_of_four_killed_leaves_three_every_survivor_kept,
-    # cause not found); exec'd, it had passed every run since it ran alone
-    fork = (not multi_node(cfg) and cfg.device == "cpu" and cfg.threads == 1
-            and not cfg.live_shrink and not cfg.live_grow)  # fmt: skip
     try:
-        with forked.forking(fork):
+        with forked.forking(forks_workers(cfg)):
             elastic_launch(config, sys.executable)("-m", "disttrain", *argv)
     except SignalException as exc:  # the agent's handler of SIGINT and SIGTERM raised it
         raise Stopped(int(exc.sigval)) from None

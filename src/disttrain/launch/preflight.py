@@ -53,8 +53,9 @@ def check_settings_read(cfg: Any) -> None:
         raise UsageError(next(iter(unread.values())))
 
 
-def preflight(cfg: Any) -> None:
-    """Check everything that can be checked before a worker starts (exit 2 on failure)."""
+def preflight(cfg: Any) -> tuple[Any, Any]:
+    """Check everything that can be checked before a worker starts (exit 2 on failure);
+    the model and the data set it built for that (the launcher's memory plan reuses them)."""
     from disttrain import collectives, strategies
     from disttrain.data import load_dataset
     from disttrain.models import build_model
@@ -105,12 +106,43 @@ def preflight(cfg: Any) -> None:
     if tc.resume:
         from disttrain import checkpoint
 
+        check_resume_matches(cfg, len(data.x_train))
         # ours and complete, and of a layout the strategy can resume (its own check);
         # another number of workers only where the strategy reshards
         strategy.check_resume(cfg, model, checkpoint.load(tc.resume, 0, None))
         old = checkpoint.saved_world(tc.resume)
         if old != tc.world_size and not strategy.reshards:
             checkpoint.restore(tc.resume, 0, tc.world_size, None, f"--strategy {strategy.name}")
+    return model, data
+
+
+def check_resume_matches(cfg: Any, train_samples: int) -> None:
+    """UsageError if ``--resume`` names a run of another model, data set or strategy (the
+    settings its checkpoint recorded: train/saver.py), or one whose budget this run's
+    already met: it would load nothing it can use, or train no step."""
+    from disttrain import checkpoint
+    from disttrain.config import flag
+    from disttrain.train.saver import recorded_settings
+
+    tc = cfg.train
+    saved = checkpoint.saved_settings(tc.resume)
+    for name, value in recorded_settings(cfg).items():
+        if name in saved and saved[name] != value:
+            f = flag(name)
+            raise UsageError(
+                f"--resume {tc.resume}: its checkpoint was written with {f} {saved[name]}, "
+                f"this run has {f} {value}: resume with {f} {saved[name]}, or start a new run "
+                "without --resume"
+            )
+    step = checkpoint.latest(tc.resume) or 0
+    total = train_samples // tc.batch_size * tc.epochs  # GlobalBatchSampler's steps
+    if tc.max_steps:
+        total = min(total, tc.max_steps)
+    if step >= total:
+        raise UsageError(
+            f"--resume {tc.resume}: run already complete at step {step} (this run's budget: "
+            f"{total} steps); raise --epochs or --max-steps"
+        )
 
 
 def check_paths(tc: Any) -> None:

@@ -10,7 +10,17 @@ import torch.distributed as dist
 from disttrain import checkpoint, strategies
 from disttrain.train.step import StepRunner
 
-__all__ = ["Checkpoints", "rank_state"]
+__all__ = ["RECORDED", "Checkpoints", "rank_state", "recorded_settings"]
+
+#: The settings a checkpoint records and a ``--resume`` must match (pre-flight compares
+#: them): another model, data set or strategy cannot load the state. Each strategy checks
+#: its own layout settings itself (``Strategy.check_resume``: ZeRO's stage).
+RECORDED = ("model", "dataset", "strategy")
+
+
+def recorded_settings(cfg: Any) -> dict[str, Any]:
+    """What a checkpoint of a run of ``cfg`` (a RunConfig) records (:data:`RECORDED`)."""
+    return {name: cfg.get(name) for name in RECORDED}
 
 
 def rank_state(
@@ -37,8 +47,12 @@ class Checkpoints:
     committed step, as a crash mid-save does.
     """
 
-    def __init__(self, out_dir: str, strategy: strategies.Strategy, background: bool) -> None:
+    def __init__(
+        self, out_dir: str, strategy: strategies.Strategy, background: bool,
+        settings: dict[str, Any] | None = None,
+    ) -> None:  # fmt: skip
         self.out_dir, self.strategy, self.background = out_dir, strategy, background
+        self.settings = settings  # recorded in each COMMIT (recorded_settings)
         self.pending: tuple[int, Any] | None = None  # (step, wait for this worker's write)
         self.committing: Any = None  # wait for rank 0's background commit
 
@@ -73,7 +87,11 @@ class Checkpoints:
             dist.barrier(group=self.strategy.worker_group)
         if self.strategy.world.rank == 0:
             self.committing = checkpoint.commit(
-                self.out_dir, step, world_size=n, background=self.background
+                self.out_dir,
+                step,
+                world_size=n,
+                background=self.background,
+                settings=self.settings,
             )
 
     def close(self) -> None:

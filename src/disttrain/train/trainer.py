@@ -34,7 +34,7 @@ from disttrain.train.metrics import MetricsWriter, Throughput, Timers, write_sum
 from disttrain.train.oom import as_out_of_memory
 from disttrain.train.optimizers import make_optimizer
 from disttrain.train.progress import ProgressBar
-from disttrain.train.saver import Checkpoints
+from disttrain.train.saver import Checkpoints, recorded_settings
 from disttrain.train.schedules import LRSchedule
 from disttrain.train.shrink import Shrink, membership_for
 from disttrain.train.step import StepRunner
@@ -234,7 +234,7 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
         tc.lr, tc.batch_size, total_steps, sampler.steps_per_epoch, tc.lr_scaling,
         tc.base_batch_size, tc.warmup_epochs, tc.lr_schedule, tc.lr_gamma, tc.lr_step_epochs,
     )  # fmt: skip
-    saver = Checkpoints(out_dir, strategy, tc.async_checkpoint)
+    saver = Checkpoints(out_dir, strategy, tc.async_checkpoint, recorded_settings(cfg))
     membership = joiner.membership if joiner else membership_for(tc, world)
     changes: list[dict[str, Any]] = []  # summary.json's membership (shrink and grow)
     shrink = Shrink(tc, membership, changes) if membership and tc.live_shrink else None
