@@ -94,6 +94,19 @@ def broadcast_json(obj: Any, root: int = 0, group: ProcessGroup | None = None) -
     return json.loads(bytes(data.cpu().tolist()).decode())
 
 
+def _plain(value: Any) -> bool:
+    """A hyper-parameter JSON carries as it is: a number, flag, string or None, or a tuple or
+    list of them (Adam's ``betas``)."""
+    if isinstance(value, (tuple, list)):
+        return all(_plain(v) for v in value)
+    return value is None or isinstance(value, (int, float, bool, str))
+
+
+def _as_local(value: Any, local: Any) -> Any:
+    """``value`` from JSON in the type this rank's optimizer holds (a tuple came as a list)."""
+    return tuple(value) if isinstance(local, tuple) and isinstance(value, list) else value
+
+
 def broadcast_optimizer_state(
     optimizer: torch.optim.Optimizer, root_rank: int = 0, group: ProcessGroup | None = None
 ) -> None:
@@ -115,9 +128,7 @@ def broadcast_optimizer_state(
                 if torch.is_tensor(v) or isinstance(v, (int, float, bool))
             }
         for g in sd["param_groups"]:
-            layout["groups"].append(
-                {k: v for k, v in g.items() if k != "params" and isinstance(v, (int, float, bool))}
-            )
+            layout["groups"].append({k: v for k, v in g.items() if k != "params" and _plain(v)})
     layout = broadcast_json(layout, root_rank, group)
     state: dict[int, dict[str, Any]] = {}
     tensors: list[torch.Tensor] = []
@@ -137,6 +148,7 @@ def broadcast_optimizer_state(
     broadcast_tensors(tensors, root_rank, group)
     if me != root_rank:
         groups = [
-            {**g, **hyper} for g, hyper in zip(sd["param_groups"], layout["groups"], strict=True)
+            {**g, **{k: _as_local(v, g.get(k)) for k, v in hyper.items()}}
+            for g, hyper in zip(sd["param_groups"], layout["groups"], strict=True)
         ]
         optimizer.load_state_dict({"state": state, "param_groups": groups})
