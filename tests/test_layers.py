@@ -33,7 +33,7 @@ DOC = ROOT / "docs" / "architecture.md"
 LAYERS: tuple[tuple[str, ...], ...] = (
     # L0: no disttrain imports but each other's
     ("disttrain.registry", "disttrain.comm", "disttrain.timeline", "disttrain.config",
-     "disttrain.checkpoint"),
+     "disttrain.checkpoint", "disttrain.units"),
     # L1: the building blocks over the wire and over the data
     ("disttrain.collectives", "disttrain.compression", "disttrain.amp", "disttrain.data",
      "disttrain.models"),

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from disttrain.comm.errors import UsageError
+from disttrain.units import human_bytes
 
 __all__ = ["PROCESS_BYTES", "Plan", "available_bytes", "check", "estimate"]
 
@@ -109,10 +110,6 @@ def available_bytes() -> int | None:
     return None
 
 
-def gb(nbytes: float) -> str:
-    return f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.0f} MB"
-
-
 def check(plan: Plan, processes: int, available: int | None) -> None:
     """UsageError naming the largest number of processes that fits, if ``processes`` do
     not; a warning line if there are more processes than cores."""
@@ -122,11 +119,12 @@ def check(plan: Plan, processes: int, available: int | None) -> None:
         need = LAUNCHER_BYTES + processes * plan.total
         if need > available:
             fits = max(0, (available - LAUNCHER_BYTES) // plan.total)
+            h = human_bytes
             raise UsageError(
-                f"{processes} worker processes need about {gb(need)} ({gb(plan.total)} each: "
-                f"{gb(plan.process)} process, {gb(plan.model_state)} model state, "
-                f"{gb(plan.data + plan.activations)} data and activations), but this host has "
-                f"{gb(available)} available; at most {fits} fit: lower --workers"
+                f"{processes} worker processes need about {h(need)} ({h(plan.total)} each: "
+                f"{h(plan.process)} process, {h(plan.model_state)} model state, "
+                f"{h(plan.data + plan.activations)} data and activations), but this host has "
+                f"{h(available)} available; at most {fits} fit: lower --workers"
             )
     cores = len(os.sched_getaffinity(0))
     if processes > cores:

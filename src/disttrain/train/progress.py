@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from disttrain.units import human_bytes
+
 __all__ = ["ProgressBar", "print_summary", "title"]
 
 
@@ -82,7 +84,9 @@ def print_summary(summary: dict[str, Any], out_dir: str) -> None:
         "bytes_sent_per_rank",
     )  # fmt: skip
     for key in keys:
-        table.add_row(key, _fmt(summary.get(key)))
+        value = summary.get(key)
+        shown = human_bytes(value) if key.startswith("bytes") and value is not None else _fmt(value)
+        table.add_row(key, shown)
     for phase, seconds in summary["time_breakdown"].items():
         table.add_row(f"time: {phase} (s)", _fmt(seconds))
     table.add_row("outputs", out_dir)
