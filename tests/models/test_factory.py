@@ -4,6 +4,7 @@ pass before any worker starts."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -60,6 +61,19 @@ def test_a_factory_in_the_current_directory_is_imported_and_given_the_shapes(
         build_model("usermodels_t:language", digits)
 
 
+def test_a_path_to_a_python_file_is_loaded_from_that_file(
+    user_folder: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    elsewhere = tmp_path_factory.mktemp("models") / "mine.py"  # not the current folder
+    elsewhere.write_text(FACTORIES)
+    digits = load_dataset("digits")
+    for spec in (f"{elsewhere}:shaped", f"{os.path.relpath(elsewhere)}:shaped"):
+        model = build_model(spec, digits)
+        assert model[0].in_features == 64 and model[2].out_features == 10
+    with pytest.raises(UsageError, match=r"no such file .*nope\.py$"):
+        build_model(f"{elsewhere.parent / 'nope.py'}:shaped", digits)
+
+
 def test_a_missing_module_names_the_file_it_looked_for(user_folder: Path) -> None:
     with pytest.raises(UsageError) as info:
         build_model("nosuchmodels_t:make", load_dataset("digits"))
@@ -87,7 +101,6 @@ def test_preflight_runs_one_batch_and_names_a_shape_mistake_in_one_line(
 @pytest.mark.timeout(240)
 def test_the_real_command_trains_a_factory_from_the_current_directory(user_folder: Path) -> None:
     """No PYTHONPATH=.: the launcher and every worker import it from where the user stands."""
-    import os
     import subprocess
 
     src = str(Path(__file__).resolve().parents[2] / "src")

@@ -4,6 +4,7 @@ factories ``package.module:function``."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import os
 import sys
@@ -57,8 +58,32 @@ def _factory_kwargs(spec: str, func: Any, data: Dataset) -> dict[str, int]:
     return out
 
 
+def _import_file(spec: str, path: str) -> Any:
+    """The module in the file ``path`` (``--model path/to/file.py:function``), loaded once."""
+    full = os.path.abspath(path)
+    if not os.path.isfile(full):
+        raise UsageError(f"--model {spec!r}: no such file {full}")
+    name = "disttrain_model_" + "".join(c if c.isalnum() else "_" for c in full)
+    if name in sys.modules:
+        return sys.modules[name]
+    loader = importlib.util.spec_from_file_location(name, full)
+    if loader is None or loader.loader is None:
+        raise UsageError(f"--model {spec!r}: cannot load {full} as Python")
+    module = importlib.util.module_from_spec(loader)
+    sys.modules[name] = module  # as an import would: dataclasses and pickling find it
+    try:
+        loader.loader.exec_module(module)
+    except Exception as exc:  # the module raising on import
+        del sys.modules[name]
+        raise UsageError(f"--model {spec!r}: cannot import {full}: {exc}") from None
+    return module
+
+
 def _import(spec: str, module_name: str) -> Any:
-    """Import ``module_name`` as ``python -m`` would: the current directory first."""
+    """Import ``module_name`` as ``python -m`` would: the current directory first; a path
+    to a .py file (``dir/file.py``) is loaded from that file."""
+    if module_name.endswith(".py") or os.sep in module_name:
+        return _import_file(spec, module_name)
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)  # the console script's sys.path[0] is its bin folder
@@ -79,7 +104,9 @@ def _import(spec: str, module_name: str) -> Any:
 def _factory(spec: str, data: Dataset) -> nn.Module:
     module_name, _, func_name = spec.partition(":")
     if not module_name or not func_name:
-        raise UsageError(f"--model {spec!r}: use mlp, cnn, gpt or package.module:function")
+        raise UsageError(
+            f"--model {spec!r}: use mlp, cnn, gpt, package.module:function or path/file.py:function"
+        )
     module = _import(spec, module_name)
     func = getattr(module, func_name, None)
     if not callable(func):
@@ -97,8 +124,9 @@ def _factory(spec: str, data: Dataset) -> nn.Module:
 
 
 def build_model(name: str, data: Dataset) -> nn.Module:
-    """The model named by ``--model`` (a registered name or ``package.module:function``),
-    shaped for ``data``; an unknown name is the usage error listing the choices.
+    """The model named by ``--model`` (a registered name, ``package.module:function`` or
+    ``path/file.py:function``), shaped for ``data``; an unknown name is the usage error
+    listing the choices.
 
     A factory is imported from the current directory first (as ``python -m`` does) and
     may take any of ``in_features``, ``num_classes`` (and, for language data, ``vocab``
