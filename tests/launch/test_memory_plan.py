@@ -68,7 +68,8 @@ def test_more_processes_than_cores_get_one_warning_line(
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
     plan = Plan(process=1, model_state=0, data=0, activations=0)
     memory_plan.check(plan, 2, None)
+    memory_plan.check(plan, 3, None, workers=2)  # 2 workers and a parameter server
     assert capsys.readouterr().err == ""
     memory_plan.check(plan, 3, None)
     err = capsys.readouterr().err
-    assert err.startswith("warning: 3 worker processes on 2 cores") and err.count("\n") == 1
+    assert err.startswith("warning: 3 workers on 2 cores") and err.count("\n") == 1

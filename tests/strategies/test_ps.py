@@ -170,3 +170,13 @@ def test_bad_ps_settings_are_one_line_and_exit_2(capsys: Any) -> None:
         assert main(["train", "--strategy", "ps", "--workers", "2", *args]) == 2
         err = capsys.readouterr().err
         assert says in err and err.count("\n") == 1, err
+
+
+def test_async_reports_the_job_s_epochs_not_a_fast_worker_s_own(tmp_path: Path) -> None:
+    """2 steps an epoch (600 of digits' samples a batch), --epochs 1: 2 updates in all. Worker
+    1 is slow, so worker 0 (which writes the summary) runs into its own second epoch."""
+    flags = {**SMALL, "batch_size": 600, "epochs": 1, "workers": 2, "strategy": "ps",
+             "ps_mode": "async", "straggler": "1:4", "out": str(tmp_path / "a")}  # fmt: skip
+    summary = run_world(_train, 3, args=(flags,), timeout=150)[0]
+    assert summary["worker_steps"]["0"] > 1  # a step of its second pass over the data
+    assert summary["epochs"] == 1

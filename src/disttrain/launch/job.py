@@ -165,7 +165,7 @@ def run_job(cfg: Any, argv: list[str]) -> int:
         from disttrain.launch import memory_plan
 
         plan = memory_plan.estimate(cfg, model, data, forks_workers(cfg.train))
-        memory_plan.check(plan, nproc, memory_plan.available_bytes())
+        memory_plan.check(plan, nproc, memory_plan.available_bytes(), cfg.train.world_size)
     del model, data
     if cfg.train.launcher == "ray":
         from disttrain.launch.ray_train import check_layout

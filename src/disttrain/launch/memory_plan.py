@@ -110,9 +110,10 @@ def available_bytes() -> int | None:
     return None
 
 
-def check(plan: Plan, processes: int, available: int | None) -> None:
+def check(plan: Plan, processes: int, available: int | None, workers: int | None = None) -> None:
     """UsageError naming the largest number of processes that fits, if ``processes`` do
-    not; a warning line if there are more processes than cores."""
+    not; a warning line if there are more ``workers`` (default: all processes) than cores.
+    A parameter server's processes are not counted there: they mostly wait."""
     import sys
 
     if available is not None:
@@ -127,9 +128,10 @@ def check(plan: Plan, processes: int, available: int | None) -> None:
                 f"{h(available)} available; at most {fits} fit: lower --workers"
             )
     cores = len(os.sched_getaffinity(0))
-    if processes > cores:
+    workers = processes if workers is None else workers
+    if workers > cores:
         print(
-            f"warning: {processes} worker processes on {cores} cores: they take turns, so "
+            f"warning: {workers} workers on {cores} cores: they take turns, so "
             "steps are slower than with fewer workers (fine for trying a layout, not for "
             "timing one)",
             file=sys.stderr,

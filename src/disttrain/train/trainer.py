@@ -375,7 +375,9 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
         "world_size": world.world_size,
         "workers": len(per_rank),
         "steps": step,
-        "epochs": epochs_done,
+        # the job's passes over the data: an asynchronous worker's own count may pass the
+        # run's --epochs (its limits let one worker do the whole budget), the job's cannot
+        "epochs": min(epochs_done, tc.epochs),
         "global_batch_size": tc.batch_size,
         "parameters": sum(p.numel() for p in (whole or model).parameters()),
         "final_test_loss": test_loss,
