@@ -113,9 +113,16 @@ def test_compare_two_strategies_end_to_end(
          "--max-steps", "4", "--batch-size", "32", "--target", "0.01", "--out", out,
          "--run-timeout", "300"]
     )  # fmt: skip
-    assert code == 0, capsys.readouterr().err
+    shown = capsys.readouterr()
+    assert code == 0, shown.err
     with open(os.path.join(out, "runs.json")) as fh:
         runs = json.load(fh)
+    # the terminal ends with the main table, then where the report is
+    lines = shown.out.strip().splitlines()
+    assert lines[-1] == f"compare: wrote {out}/report.md and {out}/report.html"
+    for run in runs:
+        row = next(x for x in lines if x.startswith(f"│ {run['label']} "))
+        assert f"{run['summary']['final_accuracy']:.4f}" in row, shown.out
     with open(os.path.join(out, "report.md")) as fh:
         report = fh.read()
     assert [r["label"] for r in runs] == ["allreduce:ring", "localsgd:period=2", "zero:3"]

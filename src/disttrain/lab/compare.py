@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from disttrain.comm.errors import UsageError
-from disttrain.lab.report import RunResult, write_report
+from disttrain.lab.report import RunResult, print_results, write_report
 from disttrain.strategies.spec import RunSpec, parse_specs
 
 __all__ = ["add_arguments", "algorithms_table", "run", "table_algorithms"]
@@ -245,6 +245,7 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
     load = os.getloadavg()
     meta["load average at end"] = f"{load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}"
     paths = write_report(out, results, ns.target, meta, algorithms)
+    print_results(results, ns.target)
     print(f"compare: wrote {paths['md']} and {paths['html']}")
     failed = [r for r in results if r.summary is None]
     for r in failed:

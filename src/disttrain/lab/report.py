@@ -97,6 +97,30 @@ def result_rows(runs: list[RunResult], target: float) -> list[dict[str, str]]:
     return rows
 
 
+#: the results table's columns shown in the terminal (the report has them all)
+TERMINAL_COLUMNS = ("run", "status", "final test accuracy", "wall s", "samples/s", "bytes/rank",
+                    "time to", "speed-up to target vs first")  # fmt: skip
+
+
+def print_results(runs: list[RunResult], target: float) -> None:
+    """The results table's main columns, in the terminal (``compare`` ends with it)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = result_rows(runs, target)
+    names = [c for c in next((r for r in rows if r["status"] == "ok"), rows[0])
+             if c.startswith(TERMINAL_COLUMNS)]  # fmt: skip
+    table = Table(title=f"compare: {len(runs)} runs, target test accuracy {target:g}")
+    for i, name in enumerate(names):  # a narrow terminal wraps the figures, not the labels
+        table.add_column(name, justify="left" if i < 2 else "right", no_wrap=i == 0)
+    for row in rows:
+        table.add_row(*(row.get(name, "") for name in names))
+    console = Console()
+    if not console.is_terminal:  # a pipe or a file: no width to fit, so no wrapping
+        console = Console(width=160)
+    console.print(table)
+
+
 def speedup_lines(runs: list[RunResult], target: float) -> list[str]:
     """Sentences stating each run's time-to-target ratio against the first run."""
     if not runs:
