@@ -441,13 +441,13 @@ def _check_readme_train(text: str, tmp: Path) -> None:
 
 
 def _check_own_model(text: str, tmp: Path) -> None:
-    """The block is mymodels.py; the command below it (an indented block) trains it on an
-    .npz, from the folder holding mymodels.py, with the console script: the claim is that
-    disttrain imports from there as ``python -m`` would (``python -m disttrain`` would
-    put the folder on sys.path by itself, proving nothing)."""
-    (tmp / "mymodels.py").write_text(text)
-    readme = (REPO / "README.md").read_text()
-    line = re.search(r"^ {4}(\S*disttrain train --model mymodels:make .*)$", readme, re.M)
+    """The block trains mymodels.py (the block above it) on an .npz, from the folder
+    holding mymodels.py, with the console script: the claim is that disttrain imports from
+    there as ``python -m`` would (``python -m disttrain`` would put the folder on sys.path
+    by itself, proving nothing)."""
+    (factory,) = [b for b in BLOCKS if b.file == "README.md" and "# mymodels.py" in b.first]
+    (tmp / "mymodels.py").write_text(factory.text)
+    line = re.search(r"^(\S*disttrain train --model mymodels:make .*)$", text, re.M)
     assert line, "README.md: the command that trains mymodels:make is gone"
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(96, 8)).astype(np.float32), rng.integers(0, 3, 96).astype(np.int64)
@@ -458,6 +458,60 @@ def _check_own_model(text: str, tmp: Path) -> None:
     assert done.returncode == 0, _failed(args, done)
     s = _summary(Path(args[args.index("--out") + 1]))
     assert s["config"]["model"] == "mymodels:make" and s["world_size"] == 2
+
+
+def _run_all(text: str, tmp: Path) -> None:
+    """Every ``disttrain train`` line of the block runs under the budget, all at once (most
+    of a run is start-up and waiting, on 2 cores); every other line is checked by
+    :func:`_parse_rest`."""
+    lines = [a for a in _commands(text) if a[0] == "disttrain" and a[1] == "train"]
+    for i in range(len(lines)):
+        (tmp / f"line-{i}").mkdir()
+    runs = [_budgeted(_disttrain_args(a), tmp / f"line-{i}") for i, a in enumerate(lines)]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    procs = [subprocess.Popen([sys.executable, "-m", "disttrain", *args], cwd=REPO, env=env,
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for args in runs]  # fmt: skip
+    try:
+        for args, proc in zip(runs, procs, strict=True):
+            stdout, stderr = proc.communicate(timeout=240)
+            done = subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
+            assert done.returncode == 0, _failed(args, done)
+            s = _summary(Path(args[args.index("--out") + 1]))
+            assert s["strategy"] == _train_config(args).train.strategy
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    _parse_rest(text)
+
+
+def _parse_rest(text: str) -> None:
+    """The block's lines that are not ``disttrain train`` runs: benchmarks (minutes each; the
+    tests under tests/lab/bench run their code at small sizes) and root's commands are
+    accepted by the parser; ``python examples/X.py`` names a script that compiles."""
+    for argv in _commands(text):
+        if argv[0] == "python":
+            script = REPO / argv[1]
+            compile(script.read_text(), str(script), "exec")  # exists and parses
+        elif not (argv[0] == "disttrain" and argv[1] == "train"):
+            _accepts(_disttrain_args(argv))
+
+
+def _check_parsed(text: str, tmp: Path) -> None:
+    """Accepted by the parser: what runs in another test, which the entry names. Output
+    lines (``disttrain: ...``) are skipped, and a shell's trailing ``&``."""
+    for argv in _commands(text):
+        if argv[0].endswith(":"):
+            continue
+        argv = argv[:-1] if argv[-1] == "&" else argv
+        if argv[0] == "torchrun" or "torchrun" in argv[:2]:
+            _torchrun_accepts(argv[argv.index("torchrun") :])
+            continue
+        choices = [w for w in argv if "|" in w]  # a synopsis: `--model mlp|cnn|gpt`
+        for pick in choices[0].split("|") if choices else [""]:
+            _accepts(_disttrain_args([pick if "|" in w else w for w in argv]))
 
 
 def _check_multinode(text: str, tmp: Path) -> None:
@@ -572,6 +626,16 @@ def _check_ddp_hook(text: str, tmp: Path) -> None:
     for a, b in zip(first, second, strict=True):
         assert torch.equal(a, b)  # the hooked allreduce averaged the two ranks' gradients
     assert torch.allclose(first[0], torch.full((2, 4), 3.0))  # d(sum)/dW: 2 rows x mean(1, 2)
+
+
+def _check_compressor_hook(text: str, tmp: Path) -> None:
+    """PowerSGD rank 2 of a 2 x 4 weight is not the mean itself, but every rank applies the
+    same decoded sum: the gradients are equal across ranks and finite."""
+    import torch
+
+    first, second = _in_world(text, tmp, _after_ddp_hook)
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b) and bool(torch.isfinite(a).all())
 
 
 def _check_horovod_launch(text: str, tmp: Path) -> None:
@@ -777,8 +841,9 @@ ENTRIES: list[Entry] = [
     Entry("README.md", ".venv/bin/disttrain train --workers 4 --model cnn",
           f"{RUN}: cnn on 4 workers, --config + --lr (flag wins); --help in-process",
           _check_readme_train, 300),
-    Entry("README.md", "# mymodels.py",
-          f"{RUN}: written to tmp as mymodels.py, the indented command below it from there",
+    Entry("README.md", "# mymodels.py", "not a command: the file the next block trains"),
+    Entry("README.md", "disttrain train --model mymodels:make",
+          f"{RUN}: the block above written to tmp as mymodels.py, the command from there",
           _check_own_model, 180),
     Entry("README.md", "# the same command on each of 2 nodes",
           "parsed: disttrain's parser + config; torchrun's parser", _check_multinode),
@@ -790,12 +855,54 @@ ENTRIES: list[Entry] = [
     Entry("docs/cluster.md", "sudo disttrain cluster up", "parsed (needs root): each verb and "
           "the command after run --", _check_cluster),
     Entry("docs/cluster.md", "namespace dt-main-h0", "not a command: a diagram of the namespaces"),
+    Entry("docs/cluster.md", "--nnodes H --node-rank I",
+          "not a command: the flags `cluster run` appends (H, I, PID stand for numbers)"),
+    Entry("docs/collectives.md", "disttrain bench ring-segments",
+          "parsed: a benchmark of minutes (tests/lab/bench/test_modules.py runs it small)",
+          _check_parsed),
+    Entry("docs/compression.md", "from disttrain.dataparallel.ddp_hooks import CompressorHook",
+          "exec in a 2-rank world, then one step: the gradients of both ranks equal",
+          _check_compressor_hook, 180),
+    Entry("docs/compression.md", "disttrain train --workers 4 --strategy localsgd --period 16",
+          f"{RUN}: each train line, at once; benches and sudo parsed (tests/lab/bench runs "
+          "them small); the examples compile", _run_all, 300),
     Entry("docs/collectives.md", "from disttrain import collectives",
           "exec in a 2-rank world: tensor holds the sum", _check_collectives, 180),
     Entry("docs/data-parallel.md", "backward:   last layer's grad ready",
           "not a command: a diagram of one step"),
     Entry("docs/data-parallel.md", "import disttrain as dt",
           "exec in a 2-rank world: the ranks' parameters equal after it", _check_horovod_api, 180),
+    Entry("docs/data-parallel.md", "GLOO_SOCKET_IFNAME=lo torchrun",
+          "parsed by torchrun (its fixed port would collide in a parallel suite): "
+          "tests/test_api.py runs examples/horovod_style.py under torchrun", _check_parsed),
+    Entry("docs/data-parallel.md", "disttrain bench dp --workers 2 --model mlp|cnn|gpt",
+          "parsed, each model of the synopsis: tests/lab/bench runs the benchmark small",
+          _check_parsed),
+    Entry("docs/model-parallel.md", "train --strategy pipeline --workers 2 --schedule 1f1b",
+          f"{RUN}: each train line, at once; the pipeline benches parsed "
+          "(tests/lab/bench/test_pipeline.py runs them small)", _run_all, 300),
+    Entry("docs/reliability.md", "disttrain: error: worker rank 1 (pid 8898) was killed",
+          "not a command: output (tests/train/test_faults.py checks it)"),
+    Entry("docs/reliability.md", "disttrain: error: rank 1: NonFiniteGradient",
+          "not a command: output (tests/train/test_faults.py checks it)"),
+    Entry("docs/reliability.md", "disttrain: error: rank 0: OutOfMemory",
+          "not a command: output (the zero.md block's check matches it)"),
+    Entry("docs/reliability.md", "disttrain: error: worker rank 1 (pid 13789) hung",
+          "not a command: output (tests/train/test_faults.py checks it)"),
+    Entry("docs/reliability.md", "ranks called different collectives",
+          "not a command: output (tests/collectives/test_checks.py checks it)"),
+    Entry("docs/reliability.md", "disttrain: error: --out runs/a already holds checkpoints",
+          "not a command: output (out-of-another-run in tests/test_bad_inputs.py)"),
+    Entry("docs/reliability.md", "disttrain train --workers 3 --min-workers 2",
+          "parsed: the live shrink it shows is tests/train/test_shrink.py's (alone: its 3 s "
+          "answer window), the output lines below it as there", _check_parsed),
+    Entry("docs/reliability.md", "disttrain: error: rank 0: lost rank(s) 1, 2",
+          "not a command: output (tests/train/test_shrink.py checks it)"),
+    Entry("docs/reliability.md", "disttrain train --workers 2 --max-workers 3",
+          "parsed: the live grow it shows is tests/train/test_grow.py's (alone)",
+          _check_parsed),
+    Entry("docs/reliability.md", "disttrain: interrupted at step 212",
+          "not a command: output (tests/launch/test_job.py checks it)"),
     Entry("docs/data-parallel.md", "from disttrain.dataparallel.ddp_hooks import AlgorithmHook",
           "exec in a 2-rank world, then one step: averaged gradients", _check_ddp_hook, 180),
     Entry("docs/gpu.md", "make gpu-proof", "needs a GPU: make -n gpu-proof; bash -n its script",
