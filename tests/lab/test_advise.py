@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -159,6 +160,13 @@ def test_table_fits_the_terminal_and_ends_with_a_recommendation(
     assert "allreduce:ring" in "".join(lines)
     if columns >= 160:  # room for every column, the reasons included
         assert "why" in lines[header] and "compute ms" in lines[header], lines[header]
+    if "why" not in lines[header]:  # a row shown as "-" still says why, below the table
+        dashed = [x.split("│")[1].strip() for x in lines if x.startswith("│") and " - " in x]
+        assert dashed and all(any(x.startswith(f"  {d}") for x in lines) for d in dashed), lines
+    names = [h.strip() for h in lines[header].split("┃")]
+    figures = [i for i, h in enumerate(names) if h.endswith(("ms", "step", "/s", "worker"))]
+    for row in (x.split("│") for x in lines if x.startswith("│")):
+        assert not [row[i] for i in figures if re.search(r"\de[+-]\d", row[i])], row  # 1.2e+04
     last = lines[-1]  # one line naming the fastest row and why
     assert last.startswith("recommendation: for 25M parameters on 64 nodes at 10 Gbit/s: ")
     best = last.split(": ")[2].split(" (")[0]

@@ -241,6 +241,13 @@ def _inputs(args: argparse.Namespace) -> tuple[costmodel.Workload, int, list[Run
 _DROP_ORDER = ("compute ms", "samples/s", "MB/rank/step", "#", "efficiency", "why")
 
 
+def fixed(value: float) -> str:
+    """A figure in fixed point, never in scientific notation: 29,310 / 14.2 / 6.56 / 0.568."""
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}" if value else "0"
+
+
 def _table(rows: list[costmodel.Row], title: str, caption: str) -> None:
     """The ranked rows, as wide as the terminal ($COLUMNS; 80 when not a terminal): figures
     never wrap; "why" wraps in what is left, and the least needed columns go first."""
@@ -253,11 +260,11 @@ def _table(rows: list[costmodel.Row], title: str, caption: str) -> None:
         cell = {"#": str(i), "strategy": r.label}
         if p is not None:
             cell.update({
-                "step ms": f"{p.step_seconds * 1e3:.4g}",
-                "compute ms": f"{p.compute_seconds * 1e3:.4g}",
-                "comm ms": f"{p.comm_seconds * 1e3:.4g}",
-                "MB/rank/step": f"{p.bytes_per_rank / 1e6:.4g}",
-                "efficiency": f"{p.efficiency:.0%}", "samples/s": f"{p.samples_per_second:.4g}",
+                "step ms": fixed(p.step_seconds * 1e3),
+                "compute ms": fixed(p.compute_seconds * 1e3),
+                "comm ms": fixed(p.comm_seconds * 1e3),
+                "MB/rank/step": fixed(p.bytes_per_rank / 1e6),
+                "efficiency": f"{p.efficiency:.0%}", "samples/s": fixed(p.samples_per_second),
             })  # fmt: skip
         cell["memory/worker"] = size(m.total) if m is not None else "-"
         if r.fits is not None:
@@ -290,6 +297,10 @@ def _table(rows: list[costmodel.Row], title: str, caption: str) -> None:
     for c in cells:
         table.add_row(*(c.get(col, "-") for col in cols))
     console.print(table)
+    if "why" not in cols:  # too narrow for the reasons: each "-" still gets its own
+        for c in cells:
+            if any(c.get(col, "-") == "-" for col in cols):
+                console.print(f"  {c['strategy']}: {c['why'] or 'not modelled'}")
 
 
 def recommendation(rows: list[costmodel.Row], work: costmodel.Workload, net: costmodel.Network,
