@@ -863,6 +863,8 @@ ENTRIES: list[Entry] = [
     Entry("docs/compression.md", "from disttrain.dataparallel.ddp_hooks import CompressorHook",
           "exec in a 2-rank world, then one step: the gradients of both ranks equal",
           _check_compressor_hook, 180),
+    Entry("docs/compression.md", "warning: --compression onebit:0.5 sent 0",
+          "not a command: output (tests/compression/test_starved.py checks it)"),
     Entry("docs/compression.md", "disttrain train --workers 4 --strategy localsgd --period 16",
           f"{RUN}: each train line, at once; benches and sudo parsed (tests/lab/bench runs "
           "them small); the examples compile", _run_all, 300),

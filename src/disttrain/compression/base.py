@@ -126,6 +126,11 @@ class SparseCompressor(Compressor):
     def entries(self, payload: Payload) -> tuple[np.ndarray, np.ndarray]:
         """The sent indices (sorted, int64) and their float32 values."""
 
+    @property
+    @abstractmethod
+    def nominal_share(self) -> float:
+        """The share of entries it is meant to send (compression/starved.py warns far below)."""
+
     def decompress(self, payload: Payload) -> torch.Tensor:
         out = torch.zeros(payload.numel, dtype=torch.float32)
         self.add_into(out, payload)

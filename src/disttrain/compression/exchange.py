@@ -14,7 +14,7 @@ the same gradient that a run without compression would do (``vs_dense_allreduce`
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.distributed import ProcessGroup
@@ -24,6 +24,7 @@ from disttrain.comm import p2p, phases
 from disttrain.comm.meter import meter
 from disttrain.compression.base import CollectiveCompressor, Compressor, Payload
 from disttrain.compression.error_feedback import ErrorFeedback
+from disttrain.compression.starved import StarvedCheck
 
 __all__ = [
     "LENGTH_BYTES",
@@ -56,6 +57,8 @@ class CompressionStats:
     #: bytes the meter saw (length prefixes included)
     sent_bytes: int = 0
     exchanges: int = 0
+    #: warns once if a sparse compressor sends almost nothing (its payloads: ``count``)
+    starved: StarvedCheck = field(default_factory=lambda: StarvedCheck(None))
 
     @property
     def payload_compression(self) -> float:
@@ -177,6 +180,8 @@ def compressed_all_reduce(
             payload, mine = feedback.compress(flat)
         else:
             payload, mine = compressor.compress_and_decode(flat)
+    if stats is not None:
+        stats.starved.count(payload)
     if compressor.summable:
         if size > 1:
             collectives.all_reduce(payload.data, algorithm, group)

@@ -38,6 +38,10 @@ class TopK(SparseCompressor):
     def spec(self) -> str:
         return f"topk:{self.ratio:g}"
 
+    @property
+    def nominal_share(self) -> float:
+        return self.ratio
+
     def compress(self, tensor: torch.Tensor) -> Payload:
         return self.compress_and_decode(tensor)[0]
 

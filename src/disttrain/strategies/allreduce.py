@@ -39,6 +39,7 @@ from disttrain.compression.exchange import (
     compression_figures,
 )
 from disttrain.compression.registry import parse, section_of, sections
+from disttrain.compression.starved import StarvedCheck
 from disttrain.config import RunConfig, field_names, opt, register_section
 from disttrain.dataparallel.accumulate import accumulated_forward_backward
 from disttrain.dataparallel.average import average
@@ -140,7 +141,7 @@ class AllReduce(Strategy):
             self.communicates_during_backward = False
             self.compressor.configure(self.config)
             self.feedback = ErrorFeedback(self.compressor, enabled=cc.error_feedback)
-            self.stats = CompressionStats()
+            self.stats = CompressionStats(starved=StarvedCheck(self.compressor))
             # only summable payloads ride an allreduce; the others go to every peer
             self.algorithm = self.config.train.algorithm if self.compressor.summable else ""
             return

@@ -56,6 +56,7 @@ from disttrain.compression import (
 from disttrain.compression.base import CollectiveCompressor
 from disttrain.compression.exchange import compression_figures, dense_allreduce_bytes
 from disttrain.compression.registry import COMPRESSORS
+from disttrain.compression.starved import StarvedCheck
 from disttrain.config import RunConfig, opt, register_section
 from disttrain.dataparallel.average import average
 from disttrain.strategies.base import Strategy, average_states, register
@@ -168,7 +169,7 @@ class Decentralized(Strategy):
         self.ring = self.settings.topology == "ring" and self.size > 2
         # the ring never uses it (CHOCO's x - x̂ is its residual): --error-feedback is not read
         self.feedback = ErrorFeedback(self.compressor, enabled=not self.ring and cc.error_feedback)
-        self.stats = CompressionStats()
+        self.stats = CompressionStats(starved=StarvedCheck(self.compressor))
         self.entries_sent = 0
         self.claimed_bytes = 0
         self.payload_bytes = 0
@@ -201,6 +202,7 @@ class Decentralized(Strategy):
         prefix = 0 if self.compressor.fixed_wire_numel(payload.numel) else LENGTH_BYTES
         self.claimed_bytes += peers * (self.compressor.wire_bytes(payload) + prefix)
         if isinstance(self.compressor, SparseCompressor):
+            self.stats.starved.count(payload)
             idx = self.compressor.entries(payload)[0]  # O(entries), not a scan of ``sent``
             self.entries_sent += int(idx.size)
             self.entropy_bits_sum += empirical_entropy_bits(idx) * idx.size
