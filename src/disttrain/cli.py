@@ -85,9 +85,20 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _interactive(argv: list[str]) -> bool:
+    """A person watches a terminal (a launcher, not one of its workers; no --no-progress):
+    status lines then keep it from being silent until the first progress line."""
+    from disttrain.launch.worker import is_worker  # torch-free: this runs before torch loads
+
+    return (sys.stderr.isatty() and "--no-progress" not in argv and "-h" not in argv
+            and "--help" not in argv and not is_worker())  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in argv if not a.startswith("-")), None)
+    if chosen == "train" and _interactive(argv):  # torch loads next: seconds of silence
+        sys.stderr.write("disttrain: pre-flight: settings, data set, one batch of the model\n")
     try:
         load_plugins()  # before the parser: plug-ins may add settings, strategies, choices
         parser = build_parser(chosen if chosen in COMMANDS else None)
@@ -99,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"disttrain: error: {(str(exc).strip().splitlines() or ['?'])[0]}\n")
         return 2
     except KeyboardInterrupt:
-        from disttrain.launch.local import WORKER_ENV
+        from disttrain.launch.env import WORKER_ENV
 
         if os.environ.get(WORKER_ENV) != "1":  # our launcher says it for its workers, once
             sys.stderr.write("disttrain: interrupted\n")

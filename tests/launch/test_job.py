@@ -8,6 +8,7 @@ last checkpoint at step C``, no traceback, and no process of the job alive.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -62,3 +63,29 @@ def test_a_signalled_launcher_says_one_line_and_leaves_nothing(
 
 def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job ignores it
+
+
+@pytest.mark.timeout(120)
+def test_a_terminal_sees_pre_flight_then_the_workers_start_then_progress(tmp_path: Path) -> None:
+    """On a terminal (a pty here) the launcher says what it does before rank 0's progress
+    bar takes over: pre-flight, then the workers' start (an order, not a timing)."""
+    import pty
+
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    cmd = [sys.executable, "-m", "disttrain", "train", "--max-steps", "3", "--out",
+           str(tmp_path / "out")]  # fmt: skip
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the command on the pty
+        os.chdir(REPO)
+        os.execve(sys.executable, cmd, env)
+    seen = b""
+    with contextlib.suppress(OSError):  # EIO once the child has closed the pty
+        while chunk := os.read(fd, 4096):
+            seen += chunk
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, seen.decode(errors="replace")
+    text = seen.decode(errors="replace")
+    marks = ["disttrain: pre-flight: settings, data set, one batch of the model",
+             "disttrain: starting 2 worker process(es)", "step "]  # fmt: skip
+    where = [text.find(m) for m in marks]
+    assert -1 not in where and where == sorted(where), text[:2000]

@@ -142,6 +142,13 @@ def _stopped_line(sig: int, out: str) -> str:
     return f"{verb} at step {step}; {kept}"
 
 
+def _say(cfg: Any, line: str) -> None:
+    """A status line on an interactive terminal: between the command and the first
+    progress line (rank 0's bar) the terminal is never silent for long."""
+    if cfg.train.progress and sys.stderr.isatty():
+        sys.stderr.write(f"disttrain: {line}\n")
+
+
 def run_job(cfg: Any, argv: list[str]) -> int:
     from disttrain import config, strategies
     from disttrain.launch.local import JobFailed, Stopped, forks_workers, launch, multi_node
@@ -167,6 +174,7 @@ def run_job(cfg: Any, argv: list[str]) -> int:
         plan = memory_plan.estimate(cfg, model, data, forks_workers(cfg.train))
         memory_plan.check(plan, nproc, memory_plan.available_bytes(), cfg.train.world_size)
     del model, data
+    _say(cfg, f"starting {nproc} worker process(es) and their rendezvous")
     if cfg.train.launcher == "ray":
         from disttrain.launch.ray_train import check_layout
 

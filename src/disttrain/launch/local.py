@@ -36,14 +36,13 @@ from disttrain.collectives.shmseg import JOB_ENV, remove_leftovers
 from disttrain.comm.world import STORE_FILE_ENV
 from disttrain.config import TrainConfig
 from disttrain.launch import forked, rendezvous, rollcall, tether
+from disttrain.launch.env import WORKER_ENV
 
 __all__ = [
     "CAUSES_ENV", "PEER_EXIT_CODE", "WORKER_ENV", "JobFailed", "Stopped", "forks_workers",
     "launch", "launch_config", "multi_node", "write_cause",
 ]  # fmt: skip
 
-#: Set in every worker's environment: "run the training loop, do not launch".
-WORKER_ENV = "DISTTRAIN_WORKER"
 #: A worker exits with this code when it stops because a *peer* failed.
 PEER_EXIT_CODE = 3
 #: The folder where a failing worker leaves its one-line cause (file named by its rank), so

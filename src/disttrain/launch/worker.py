@@ -14,6 +14,8 @@ import sys
 import time
 from typing import Any
 
+from disttrain.launch.env import WORKER_ENV
+
 __all__ = [
     "CLAIMED_RUN_ENV", "default_out", "is_worker", "leave", "run_joiner", "run_worker",
     "torchrun_default_out",
@@ -30,8 +32,6 @@ def default_out(strategy: str) -> str:
 
 def is_worker() -> bool:
     """True inside a worker process: started by our launcher, or by ``torchrun``."""
-    from disttrain.launch.local import WORKER_ENV
-
     return os.environ.get(WORKER_ENV) == "1" or (
         "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ
     )
