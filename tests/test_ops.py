@@ -67,3 +67,18 @@ def test_the_api_names_horovod_users_expect() -> None:
     for name in ("allreduce", "allgather", "broadcast", "local_size", "cross_rank",
                  "cross_size", "join", "train", "train_loop"):  # fmt: skip
         assert name in dt.__all__ and callable(getattr(dt, name)), name
+
+
+def _late(late: int) -> int:
+    import time
+
+    import disttrain as dt
+
+    dt.join()  # one call first: each call counts its own arrivals
+    if dt.rank() == late:
+        time.sleep(1.0)
+    return dt.join()
+
+
+def test_join_returns_the_rank_that_arrived_last_on_every_rank() -> None:
+    assert run_world(_late, N, args=(1,), timeout=90) == [1] * N

@@ -14,7 +14,7 @@ clocks); for uneven inputs *with* gradient allreduces, ``with opt.join():`` of
 
 from __future__ import annotations
 
-import time
+import itertools
 from typing import Any, overload
 
 import torch
@@ -94,10 +94,20 @@ def broadcast_(tensor: torch.Tensor, root_rank: int = 0) -> torch.Tensor:
     return tensor
 
 
+#: each join() call's number, the same on every rank (every rank calls join() alike)
+_JOINS = itertools.count()
+
+
 def join() -> int:
-    """Wait until every rank has called ``join()``; return the rank that called it last."""
+    """Wait until every rank has called ``join()``; return the rank that called it last.
+
+    Arrivals are counted in the group's store (an atomic add): the rank whose add returns
+    the group's size came last. Not by clocks: two hosts' clocks differ by more than the
+    gaps between arrivals."""
     world.current()
-    arrived = torch.tensor([time.time()], dtype=torch.float64, device=_device())
-    every = [torch.zeros_like(arrived) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, arrived)
-    return max(range(len(every)), key=lambda r: (float(every[r]), r))
+    store = dist.distributed_c10d._get_default_store()  # the group's own, prefixed
+    key = f"disttrain/join/{next(_JOINS)}"
+    if store.add(key, 1) == dist.get_world_size():
+        store.set(f"{key}/last", str(dist.get_rank()))
+    dist.barrier()  # everyone has arrived, so the last has written its rank
+    return int(store.get(f"{key}/last"))
