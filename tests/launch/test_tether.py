@@ -64,3 +64,35 @@ def test_workers_end_within_5_s_of_a_killed_launcher(run: str, how: str, tmp_pat
         for p in [*descendants(proc.pid)[::-1], *tree]:
             kill(p)
         proc.wait()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["pid", "group"])
+def test_disttrain_run_s_processes_end_within_5_s_of_its_killed_launcher(how: str) -> None:
+    """Horovod's launcher (``disttrain run -np 2 COMMAND``) ties its processes alike."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    sleeper = [sys.executable, "-c", "import time; time.sleep(300)"]
+    proc = subprocess.Popen([sys.executable, "-m", "disttrain", "run", "-np", "2", *sleeper],
+                            env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+    tree: list[Proc] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(tree) < 2 and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[1]
+            tree = [p for p in descendants(proc.pid) if p != proc.pid]
+            time.sleep(0.1)
+        assert len(tree) == 2, tree
+        if how == "pid":
+            os.kill(proc.pid, signal.SIGKILL)
+        else:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while [p for p in tree if alive(p)] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [p for p in tree if alive(p)], "alive 5 s after the launcher's SIGKILL"
+    finally:
+        for p in [*descendants(proc.pid)[::-1], *tree]:
+            kill(p)
+        proc.wait()
