@@ -3,7 +3,9 @@
 The job trains (a step logged) when its launcher is killed; every process of its tree
 recorded before the kill must be gone within 5 s (so none holds a port).
 Forked workers (the CPU default) and exec'd ones (``--threads 2``) alike, and a
-parameter server's ranks.
+parameter server's ranks; Horovod's launcher (``disttrain run``); and the two other
+moments of a job: workers starting, and a checkpoint being written (no shared-memory
+segment of the job left either).
 """
 
 from __future__ import annotations
@@ -92,6 +94,58 @@ def test_disttrain_run_s_processes_end_within_5_s_of_its_killed_launcher(how: st
         while [p for p in tree if alive(p)] and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not [p for p in tree if alive(p)], "alive 5 s after the launcher's SIGKILL"
+    finally:
+        for p in [*descendants(proc.pid)[::-1], *tree]:
+            kill(p)
+        proc.wait()
+
+
+def _starting(out: Path, proc: subprocess.Popen[str]) -> bool:
+    """Workers exist, none has logged a step yet."""
+    return len(descendants(proc.pid)) >= 3 and not (out / "metrics.jsonl").exists()
+
+
+def _checkpointing(out: Path, proc: subprocess.Popen[str]) -> bool:
+    """A step's checkpoint is being written: its staging folder exists (not yet renamed)."""
+    folder = out / "checkpoints"
+    return folder.is_dir() and any(p.name.startswith(".step-") for p in folder.iterdir())
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    ("when", "ready"), [("start-up", _starting), ("checkpoint", _checkpointing)]
+)
+def test_a_launcher_killed_at_start_up_or_mid_checkpoint_leaves_nothing(
+    when: str, ready: object, tmp_path: Path
+) -> None:
+    """The same kill at the two other moments of a job: workers starting (before any step)
+    and a checkpoint being written (every step writes one). Nothing of the job is left:
+    no process, and no shared-memory segment of its tag."""
+    from tests.train.test_faults import _shm
+
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    flags = ["--max-steps", "100000", "--checkpoint-every", "1", "--algorithm", "shm"]
+    cmd = [sys.executable, "-m", "disttrain", "train", *flags, "--no-progress", "--out", str(out)]
+    shm_before = _shm()
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    tree: list[Proc] = []
+    try:
+        deadline = time.monotonic() + 120
+        assert callable(ready)
+        while not ready(out, proc):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
+            time.sleep(0.02)
+        tree = [p for p in descendants(proc.pid) if p != proc.pid]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while [p for p in tree if alive(p)] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert tree and not [p for p in tree if alive(p)], f"alive after a kill at {when}"
+        tag = f"disttrain-shm-j{proc.pid}x"
+        assert not [n for n in _shm() - shm_before if n.startswith(tag)]
     finally:
         for p in [*descendants(proc.pid)[::-1], *tree]:
             kill(p)
