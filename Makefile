@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: train test test-long test-times lint setup gpu-proof
+.PHONY: train test test-long test-times lint setup gpu-proof shape
 
 setup: $(STAMP)
 
@@ -44,6 +44,11 @@ test-long: $(STAMP)
 # Seconds per test file, slowest first (also written to test-times.txt).
 test-times: $(STAMP)
 	$(BIN)/python -m pytest -q $(XDIST) -m "not slow" -p tests.timing  # -m: the repo root on sys.path
+
+# The code's shape against issue 37's targets: plugin bases' members, long functions,
+# trainer.py's lines, '# fmt: skip' markers, RESULTS.md's lines (reads the source only).
+shape: $(STAMP)
+	$(BIN)/python benchmarks/shape.py
 
 # On a GPU machine only (the device tool): the CUDA tests with every candidate let through,
 # the one-GPU benchmark, and the rows for docs/gpu.md. Uses the machine's own torch.

@@ -402,6 +402,16 @@ MAKE_RUNS = {
 }
 
 
+def _check_shape(text: str, tmp: Path) -> None:
+    """``make shape`` runs (it reads the source only) and prints each figure the text names."""
+    (argv,) = _commands(text)
+    done = _sh(argv, REPO, timeout=120)
+    assert done.returncode == 0, _failed(argv, done)
+    for words in ("Strategy:", "AllReduceAlgorithm:", "Compressor:", "functions over 60 lines",
+                  "train/trainer.py:", "'# fmt: skip'", "benchmarks/RESULTS.md:"):  # fmt: skip
+        assert words in done.stdout, (words, done.stdout)
+
+
 def _check_make(text: str, tmp: Path) -> None:
     """``make T``: not run (``make test`` is the suite itself, ``gpu-proof`` needs a GPU);
     the Makefile has T, ``make -n T`` works and shows what the text says T runs, and a
@@ -852,6 +862,7 @@ ENTRIES: list[Entry] = [
           "parsed; k8s yaml parsed, its commands parsed; python -c in a 2-rank world",
           _check_engines, 300),
     Entry("README.md", "import disttrain as dt", "exec in a 2-rank world", _check_readme_api, 180),
+    Entry("docs/architecture.md", "make shape", f"{RUN}: every figure printed", _check_shape),
     Entry("docs/cluster.md", "sudo disttrain cluster up", "parsed (needs root): each verb and "
           "the command after run --", _check_cluster),
     Entry("docs/cluster.md", "namespace dt-main-h0", "not a command: a diagram of the namespaces"),

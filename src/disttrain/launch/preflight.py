@@ -104,16 +104,22 @@ def preflight(cfg: Any) -> tuple[Any, Any]:
     # After the strategy's own checks, which name impossible values more precisely.
     check_settings_read(cfg)
     if tc.resume:
-        from disttrain import checkpoint
-
-        check_resume_matches(cfg, len(data.x_train))
-        # ours and complete, and of a layout the strategy can resume (its own check);
-        # another number of workers only where the strategy reshards
-        strategy.check_resume(cfg, model, checkpoint.load(tc.resume, 0, None))
-        old = checkpoint.saved_world(tc.resume)
-        if old != tc.world_size and not strategy.reshards:
-            checkpoint.restore(tc.resume, 0, tc.world_size, None, f"--strategy {strategy.name}")
+        _check_resume(cfg, strategy, model, len(data.x_train))
     return model, data
+
+
+def _check_resume(cfg: Any, strategy: Any, model: Any, train_samples: int) -> None:
+    """``--resume DIR``: ours and complete, of this run's model, data set and strategy, not
+    already done, and of a layout the strategy can resume (its own check); another number
+    of workers only where the strategy reshards."""
+    from disttrain import checkpoint
+
+    tc = cfg.train
+    check_resume_matches(cfg, train_samples)
+    strategy.check_resume(cfg, model, checkpoint.load(tc.resume, 0, None))
+    old = checkpoint.saved_world(tc.resume)
+    if old != tc.world_size and not strategy.reshards:
+        checkpoint.restore(tc.resume, 0, tc.world_size, None, f"--strategy {strategy.name}")
 
 
 def check_resume_matches(cfg: Any, train_samples: int) -> None:
