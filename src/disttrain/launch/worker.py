@@ -10,6 +10,7 @@ the roll call that lets the launcher name a peer that hung. Under live shrink
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -71,6 +72,10 @@ def run_worker(cfg: Any, launched_by_us: bool) -> int:
     from disttrain.launch.supervise import run_supervised
 
     tether.tie_from_env()  # exec'd by our launcher: die with it (a forked one already is)
+    # The agent stops workers with the launcher's own signal: SIGINT ends a worker at once,
+    # as SIGTERM does. As a KeyboardInterrupt it could land inside torch.save, which turned
+    # it into a RuntimeError with a traceback (a Ctrl-C mid-checkpoint, 1 suite run in 3)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     lean.apply()  # no torch._dynamo unless something compiles: 0.8 s less per worker
 
     rank = int(os.environ.get("RANK", "0"))
