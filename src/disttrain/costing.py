@@ -293,10 +293,18 @@ def compressed_bytes(params: int, density: float, value_bits: int = 1) -> int:
     return math.ceil(kept * bits / 8) + 4  # + the int32 length prefix
 
 
+#: a step whose exposed communication is under this share of its compute is compute-bound
+COMPUTE_BOUND = 0.1
+
+
 def finish(name: str, n: int, compute: float, comm: float, sent: float, msgs: float,
            bound: str, reason: str, work: Workload, cal: Rates,
            note: str = "") -> Prediction:  # fmt: skip
-    """The prediction of a step of ``compute`` + exposed ``comm`` seconds."""
+    """The prediction of a step of ``compute`` + exposed ``comm`` seconds. Under
+    :data:`COMPUTE_BOUND` of the compute, the step is compute-bound whatever term the
+    strategy found largest (its reason follows "compute-bound; ")."""
+    if comm < COMPUTE_BOUND * compute and bound != "compute":
+        bound, reason = "compute", f"compute-bound; {reason}"
     step = compute + comm
     base = compute_seconds(replace(work, ranks_per_host=1), n, cal)
     eff = base / step if step > 0 else 1.0

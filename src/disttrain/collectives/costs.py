@@ -19,6 +19,9 @@ receives at the same time, as the emulated cluster's shaping does).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,6 +31,8 @@ __all__ = [
     "Costed",
     "Path",
     "max_rank_cost",
+    "priced_ranks_per_host",
+    "pricing_layout",
     "representative_ranks",
     "two_phase_path",
 ]
@@ -128,3 +133,25 @@ def two_phase_path(algo: Costed, nbytes: int, n: int, itemsize: int) -> Path:
     most = max_rank_cost(algo, nbytes, n, itemsize)
     return Path(c0.messages, most.bytes_sent, most.bytes_sent // 2, most.bytes_sent,
                 most.messages, f"2(n−1) = {c0.messages} steps", "2(n−1)/n·S")  # fmt: skip
+
+
+#: Ranks per host of the layout a cost model prices (its workload's), set around one
+#: prediction by :func:`pricing_layout`; None: a running job prices its own layout
+#: (``$LOCAL_WORLD_SIZE``). Without it ``disttrain advise --nodes 64``, run from a shell,
+#: priced the hierarchical allreduce as 64 ranks of one host: shared memory, 0 bytes sent.
+_RANKS_PER_HOST: ContextVar[int | None] = ContextVar("ranks_per_host", default=None)
+
+
+@contextmanager
+def pricing_layout(ranks_per_host: int) -> Iterator[None]:
+    """Within the block, algorithms that depend on the hosts price ``ranks_per_host``."""
+    token = _RANKS_PER_HOST.set(max(1, ranks_per_host))
+    try:
+        yield
+    finally:
+        _RANKS_PER_HOST.reset(token)
+
+
+def priced_ranks_per_host() -> int | None:
+    """The ranks per host a cost model prices now (None: the job's own layout)."""
+    return _RANKS_PER_HOST.get()

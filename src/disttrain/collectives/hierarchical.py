@@ -22,7 +22,8 @@ gathered through the group once per group (an int64 hash each: nothing pickled),
 the host and leader sub-groups are made by every rank of the job in one order, so a
 group of only part of the job's ranks can use it only when they share one host.
 
-Cost (``cost()``): the launcher's layout, ``$LOCAL_WORLD_SIZE`` = P ranks per host in
+Cost (``cost()``): the cost model's layout (its workload's ranks per host), or in a job the
+launcher's, ``$LOCAL_WORLD_SIZE`` = P ranks per host in
 rank order (torchrun numbers node i's ranks i·P..i·P+P-1), the last host taking the
 rest; the meter counts what the parts really do on the real hosts.
 """
@@ -48,7 +49,7 @@ from disttrain.collectives.base import (
     inter_algorithm,
     register,
 )
-from disttrain.collectives.costs import Path
+from disttrain.collectives.costs import Path, priced_ranks_per_host
 from disttrain.comm import world
 from disttrain.comm.commthread import CommThread
 from disttrain.comm.errors import UsageError
@@ -86,8 +87,10 @@ def host_key() -> int:
 
 
 def host_sizes(n: int) -> list[int]:
-    """Ranks per host for ``cost()``: ``$LOCAL_WORLD_SIZE`` each in rank order, the rest last."""
-    per = int(os.environ.get("LOCAL_WORLD_SIZE", n) or n)
+    """Ranks per host for ``cost()``: the cost model's layout where it prices one
+    (``costs.pricing_layout``), else ``$LOCAL_WORLD_SIZE`` (the job's), each in rank order,
+    the rest last."""
+    per = priced_ranks_per_host() or int(os.environ.get("LOCAL_WORLD_SIZE", n) or n)
     per = max(1, min(per, n))
     sizes = [per] * (n // per)
     return sizes + ([n % per] if n % per else [])

@@ -241,6 +241,29 @@ def _inputs(args: argparse.Namespace) -> tuple[costmodel.Workload, int, list[Run
 _DROP_ORDER = ("compute ms", "samples/s", "MB/rank/step", "#", "efficiency", "why")
 
 
+def count(n: float) -> str:
+    """A parameter count as --params takes it: 1.5B, 25M, 867K."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.4g}{unit}"
+    return f"{n:.0f}"
+
+
+def _lines_at_colons(label: str, width: int) -> str:
+    """A long spec cut after its colons into lines of at most ``width`` (a part longer than
+    that stays whole): ``decentralized:onebit:`` / ``density=0.01``, never ``density=0`` /
+    ``.01``."""
+    lines = [""]
+    for part in label.split(":"):
+        piece = part if not lines[-1] else f":{part}"
+        if lines[-1] and len(lines[-1]) + len(piece) > width:
+            lines[-1] += ":"
+            lines.append(part)
+        else:
+            lines[-1] += piece
+    return "\n".join(lines)
+
+
 def fixed(value: float) -> str:
     """A figure in fixed point, never in scientific notation: 29,310 / 14.2 / 6.56 / 0.568."""
     if abs(value) >= 1000:
@@ -257,7 +280,7 @@ def _table(rows: list[costmodel.Row], title: str, caption: str) -> None:
     cells = []
     for i, r in enumerate(rows, 1):
         p, m = r.step, r.memory
-        cell = {"#": str(i), "strategy": r.label}
+        cell = {"#": str(i), "strategy": _lines_at_colons(r.label, 30)}
         if p is not None:
             cell.update({
                 "step ms": fixed(p.step_seconds * 1e3),
@@ -300,7 +323,8 @@ def _table(rows: list[costmodel.Row], title: str, caption: str) -> None:
     if "why" not in cols:  # too narrow for the reasons: each "-" still gets its own
         for c in cells:
             if any(c.get(col, "-") == "-" for col in cols):
-                console.print(f"  {c['strategy']}: {c['why'] or 'not modelled'}")
+                label = c["strategy"].replace("\n", "")  # as written, not cut at its colons
+                console.print(f"  {label}: {c['why'] or 'not modelled'}")
 
 
 def recommendation(rows: list[costmodel.Row], work: costmodel.Workload, net: costmodel.Network,
@@ -324,13 +348,13 @@ def recommendation(rows: list[costmodel.Row], work: costmodel.Workload, net: cos
                 f"least memory is {least.label}'s {size(least.memory.total)}")  # fmt: skip
     best = preds[0]
     line = (
-        f"recommendation: for {work.params / 1e6:.4g}M parameters on {best.nodes} nodes at "
+        f"recommendation: for {count(work.params)} parameters on {best.nodes} nodes at "
         f"{8 / net.beta / 1e9:.4g} Gbit/s{within}: {best.strategy} "
-        f"({best.step_seconds * 1e3:.4g} ms a step, {best.efficiency:.0%} efficiency)"
+        f"({fixed(best.step_seconds * 1e3)} ms a step, {best.efficiency:.0%} efficiency)"
     )
     if len(preds) > 1 and preds[1].step_seconds > 0:
         ratio = preds[1].step_seconds / max(best.step_seconds, 1e-12)
-        line += f", {ratio:.3g}x as fast as the next ({preds[1].strategy})"
+        line += f", {ratio:.2f}x as fast as the next ({preds[1].strategy})"
     return line + f", because {best.reason}"
 
 
@@ -367,7 +391,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         rows = costmodel.assess(specs, work, nodes, net, cal, model, limit)
     except ValueError as exc:
         raise UsageError(f"--strategies: {exc}") from None
-    title = (f"{work.params / 1e6:.4g}M parameters, {nodes} nodes, global batch "
+    title = (f"{count(work.params)} parameters, {nodes} nodes, global batch "
              f"{work.batch_size}, α {net.alpha * 1e6:.3g} us, "
              f"{8 / net.beta / 1e9:.4g} Gbit/s, buckets {args.fusion_mb:g} MB, "
              f"{work.optimizer}, {work.precision}")  # fmt: skip

@@ -43,6 +43,7 @@ from typing import Any
 
 from torch import nn
 
+from disttrain.collectives.costs import pricing_layout
 from disttrain.comm.errors import UsageError
 from disttrain.costing import (
     Memory,
@@ -110,7 +111,8 @@ def predict(
     label = strategy.label if isinstance(strategy, RunSpec) else strategy
     try:
         spec = strategy if isinstance(strategy, RunSpec) else parse_one(strategy, model=True)
-        return STRATEGIES.get(spec.strategy).predict(spec, work, nodes, network, calibration)
+        with pricing_layout(work.ranks_per_host):  # the workload's hosts, not this shell's
+            return STRATEGIES.get(spec.strategy).predict(spec, work, nodes, network, calibration)
     except (UsageError, ValueError) as exc:
         raise _named(exc, label) from None
 

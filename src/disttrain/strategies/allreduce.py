@@ -301,8 +301,6 @@ class AllReduce(Strategy):
         reason = "one rank: nothing to send"
         if biggest is not None and n > 1:
             reason = costing.describe_allreduce(bound, biggest, max(sizes), len(sizes), net)
-        if exposed < 0.1 * compute:
-            bound, reason = "compute", f"compute-bound; comm {reason}"
         return costing.finish(spec.label, n, compute, exposed, sent, msgs, bound, reason,
                               work, cal)  # fmt: skip
 
@@ -345,8 +343,6 @@ class AllReduce(Strategy):
         if biggest is None or n == 1:
             reason = f"one rank: nothing to send; {compressor.spec} codec"
         comm = total + codec + cal.sync_seconds(n)  # its rounds end the step, as dense ones do
-        if comm < 0.1 * compute:
-            bound, reason = "compute", f"compute-bound; {reason}"
         return costing.finish(spec.label, n, compute, comm, sent, msgs, bound, reason,
                               work, cal)  # fmt: skip
 

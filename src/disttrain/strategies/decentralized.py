@@ -424,8 +424,6 @@ class Decentralized(Strategy):
             "reduction": f"reduction-bound: {peers} received tensors of {work.params:,} "
             "entries added",
         }[bound]
-        if comm < 0.1 * compute:
-            bound, reason = "compute", "compute-bound; " + reason
         note = "gossip: replicas differ" if ring else "error feedback"
         if spec.assumptions.get("density") is not None:
             note += f"; assumes {density:g} of the entries sent"

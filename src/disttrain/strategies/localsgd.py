@@ -183,7 +183,7 @@ class LocalSGD(Strategy):
                                             work.bytes_per_param)  # fmt: skip
         comm = t / period
         latency = path.steps * net.alpha > path.critical_bytes * net.beta
-        bound = "compute" if comm < 0.1 * compute else ("latency" if latency else "bandwidth")
+        bound = "latency" if latency else "bandwidth"  # or compute-bound: costing.finish
         reason = (f"one {alg} allreduce of the parameters every {period} steps: "
                   f"{costing.mb(path.bytes_per_rank / period)}/step")  # fmt: skip
         return costing.finish(spec.label, n, compute, comm, path.bytes_per_rank / period,

@@ -370,9 +370,7 @@ class Pipeline(Strategy):
             note += "; balance=time is measured in training: equal stages assumed"
         if stated is None:
             note += f"; assumes {per_sample:.3g} B of activations a sample (activation_bytes=)"
-        bound = "compute" if comm < 0.1 * compute else "latency"
-        if bound != "compute" and message * net.beta > net.alpha:
-            bound = "bandwidth"
+        bound = "bandwidth" if message * net.beta > net.alpha else "latency"  # or compute
         pred = costing.finish(spec.label, p, compute, comm, sends * message, sends, bound,
                               reason, work, cal, note)  # fmt: skip
         # the step without the bubble and the hand-offs: each rank's share of the work (an

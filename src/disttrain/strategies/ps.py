@@ -383,8 +383,6 @@ class ParameterServer(Strategy):
             if bound == "server"
             else f"worker link: 2S = {costing.mb(2 * s)} per step"
         )
-        if comm < 0.1 * compute:
-            bound, reason = "compute", "compute-bound; " + reason
         note = "stale gradients" if ps.ps_mode == "async" else ""
         return costing.finish(spec.label, n, compute, max(comm, 0.0), 2 * s, 2 * k, bound,
                               reason, work, cal, note)  # fmt: skip
