@@ -208,3 +208,39 @@ def test_a_new_run_into_an_old_runs_out_is_refused_and_overwrite_restarts_from_i
     logged = _steps(out)
     back = next(i for i in range(1, len(logged)) if logged[i] <= logged[i - 1])
     assert logged[back] == 11 and logged[-1] == 16, logged  # the restart went on from ITS step 10
+
+
+def _logged_steps(out: Path) -> list[int]:
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r["step"] for r in lines if "loss" in r]
+
+
+@pytest.mark.timeout(240)
+def test_a_resume_in_place_keeps_the_earlier_log_and_runs_the_later_steps_once(
+    tmp_path: Path,
+) -> None:
+    """--resume DIR --out DIR "deletes nothing": steps up to the checkpoint stay in
+    metrics.jsonl, the later ones (run again) appear once, from the resumed run."""
+    out = tmp_path / "run"
+    flags = ("--model", "mlp", "--batch-size", "32", "--checkpoint-every", "2", "--no-progress")
+    first = run_cli("train", *flags, "--max-steps", "5", "--out", str(out))
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert _logged_steps(out) == [1, 2, 3, 4, 5] and checkpoint.latest(str(out)) == 4
+    again = run_cli("train", *flags, "--max-steps", "7", "--resume", str(out), "--out", str(out))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resumed from step 4" in again.stderr
+    assert _logged_steps(out) == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_a_restart_with_nothing_committed_says_it_starts_again(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from disttrain.train.metrics import MetricsWriter
+    from disttrain.train.trainer import _say_where_it_goes_on
+
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    tc = SimpleNamespace(resume="", out=str(tmp_path))
+    _say_where_it_goes_on(tc, 0, "r" * 32, MetricsWriter(None))
+    assert capsys.readouterr().err == (
+        "disttrain: restart 1: no committed checkpoint yet, so training starts again from step 1\n"
+    )

@@ -132,6 +132,29 @@ def _agree_run(tc: Any, world: world_mod.World) -> str:
     return run or ""
 
 
+def _goes_on(tc: Any) -> bool:
+    """This run continues an earlier one's ``--out``: an elastic restart, or ``--resume DIR
+    --out DIR``. Its metrics.jsonl is kept (up to the step it goes on from)."""
+    restarted = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
+    in_place = bool(tc.resume and tc.out) and os.path.realpath(tc.resume) == os.path.realpath(
+        tc.out
+    )
+    return restarted or in_place
+
+
+def _say_where_it_goes_on(tc: Any, resumed: int, run_id: str, metrics: MetricsWriter) -> None:
+    """Rank 0: the step a resume or a restart goes on from, also when there is none to go
+    on from (a restart before the first commit trains again from step 1, and says so)."""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if resumed:  # a --resume, or an elastic restart from the last checkpoint
+        print(f"disttrain: resumed from step {resumed} of run {run_id}", file=sys.stderr)
+    elif restart != "0":
+        print(f"disttrain: restart {restart}: no committed checkpoint yet, so training starts "
+              "again from step 1", file=sys.stderr)  # fmt: skip
+    if _goes_on(tc):
+        metrics.keep_through(resumed)
+
+
 def _resume(
     tc: Any, strategy: strategies.Strategy, optimizer: torch.optim.Optimizer, runner: StepRunner
 ) -> int:
@@ -216,7 +239,7 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
         os.makedirs(out_dir, exist_ok=True)
     metrics = MetricsWriter(
         os.path.join(out_dir, "metrics.jsonl") if main and out_dir else None,
-        append=os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0",
+        append=_goes_on(tc),
     )
     tracking = [*trackers_for(tc, main), *trackers]
     # the epochs the run will show: a --max-steps inside an epoch ends in that epoch
@@ -249,8 +272,8 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
                                          strategy.data_world_size, tc.seed)  # fmt: skip
         else:
             resumed = _resume(tc, strategy, optimizer, runner)
-        if resumed and main:  # a --resume, or an elastic restart from the last checkpoint
-            print(f"disttrain: resumed from step {resumed} of run {run_id}", file=sys.stderr)
+        if main:
+            _say_where_it_goes_on(tc, resumed, run_id, metrics)
         step = resumed
         logged: dict[str, Any] | None = None  # this worker's last metrics.jsonl step line
         throughput.resumed_at(resumed)  # restored steps ran in another process's time
