@@ -19,6 +19,7 @@ class ProgressBar:
 
     def __init__(self, total_steps: int, enabled: bool, epochs: int = 0) -> None:
         self._progress: Progress | None = None
+        self._steps, self._epochs = total_steps, epochs
         if not enabled:
             return
         # epochs count from 1, as the summary table's ``epochs`` does: "epoch 10/10" at the end
@@ -38,10 +39,17 @@ class ProgressBar:
         self._progress.start()
 
     def update(self, step: int, epoch: int, loss: float, samples_per_second: float) -> None:
-        """``epoch`` counts from 0 (the loop's index); the bar shows it from 1."""
+        """``epoch`` counts from 0 (the loop's index); the bar shows it from 1. An
+        asynchronous worker's own count may pass the job's (it may do more than its share of
+        the budget): the bar stops at the job's totals."""
         if self._progress is not None:
+            shown = min(epoch + 1, self._epochs) if self._epochs else epoch + 1
             self._progress.update(
-                self._task, completed=step, epoch=epoch + 1, loss=loss, sps=samples_per_second
+                self._task,
+                completed=min(step, self._steps),
+                epoch=shown,
+                loss=loss,
+                sps=samples_per_second,
             )
 
     def close(self) -> None:

@@ -243,7 +243,8 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
     )
     tracking = [*trackers_for(tc, main), *trackers]
     # the epochs the run will show: a --max-steps inside an epoch ends in that epoch
-    shown_epochs = min(epoch_limit, -(-step_limit // sampler.steps_per_epoch))
+    # (the job's: an asynchronous worker's own limits are the whole budget, N times its share)
+    shown_epochs = min(tc.epochs, epoch_limit, -(-total_steps // sampler.steps_per_epoch))
     bar = ProgressBar(total_steps, enabled=main and tc.progress, epochs=shown_epochs)
     timers = Timers()
     step, epochs_done, loss_value = 0, 0, float("nan")
