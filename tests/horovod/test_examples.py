@@ -78,3 +78,13 @@ def test_mnist_trains_on_two_processes(tmp_path: Path) -> None:
     ]
     assert len(accuracies) == 2  # rank 0 reports each epoch, averaged over ranks
     assert accuracies[-1] > 20.0  # learnt something: chance is 10 %
+
+
+def test_disttrain_run_starts_a_bare_python_as_its_own_interpreter() -> None:
+    """``disttrain run -np 2 python x.py`` from a venv that is not activated: the processes
+    run the interpreter that runs disttrain (with torch), not the first python on PATH."""
+    from disttrain.horovod.runner import command_of
+
+    assert command_of(["python", "x.py", "--a"]) == [sys.executable, "x.py", "--a"]
+    assert command_of(["--", "python3", "x.py"]) == [sys.executable, "x.py"]
+    assert command_of(["/usr/bin/python3", "x.py"]) == ["/usr/bin/python3", "x.py"]  # as given

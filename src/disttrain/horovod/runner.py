@@ -25,7 +25,7 @@ from disttrain.comm.errors import UsageError
 from disttrain.comm.world import STORE_FILE_ENV
 from disttrain.launch.tether import tie
 
-__all__ = ["add_arguments", "run", "worker_env"]
+__all__ = ["add_arguments", "command_of", "run", "worker_env"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,8 +88,16 @@ def _stop(procs: list[subprocess.Popen[Any]]) -> None:
             p.wait()
 
 
+def command_of(cmd: list[str]) -> list[str]:
+    """The command each process runs: a bare ``python`` or ``python3`` is the interpreter
+    that runs disttrain (``disttrain run`` from a venv not activated found the system's,
+    without torch), as horovodrun users type it."""
+    cmd = cmd[1:] if cmd[:1] == ["--"] else cmd
+    return [sys.executable, *cmd[1:]] if cmd[:1] in (["python"], ["python3"]) else cmd
+
+
 def run(ns: argparse.Namespace, argv: list[str]) -> int:
-    command = ns.cmd[1:] if ns.cmd[:1] == ["--"] else ns.cmd
+    command = command_of(ns.cmd)
     if not command:
         raise UsageError("run: give the command to start, e.g. disttrain run -np 2 python x.py")
     if ns.np < 1:
