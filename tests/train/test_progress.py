@@ -42,3 +42,14 @@ def test_the_bar_stops_at_the_job_s_epochs_and_steps() -> None:
         )  # fmt: skip
     finally:
         bar.close()
+
+
+def test_rates_and_times_read_to_a_tenth_whatever_their_size(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """969.6192 and 7,002 samples/s were both shown: one rule for the column now."""
+    for rate, shown in ((969.6192, "969.6"), (7002.31, "7,002.3")):
+        summary = {"strategy": "allreduce", "world_size": 2, "samples_per_second": rate,
+                   "time_breakdown": {}}  # fmt: skip
+        print_summary(summary, "out")
+        assert f" {shown} " in capsys.readouterr().out

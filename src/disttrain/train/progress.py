@@ -61,8 +61,8 @@ class ProgressBar:
 def _fmt(value: Any) -> str:
     if value is None:
         return "-"
-    if isinstance(value, float):
-        return f"{value:,.4f}" if abs(value) < 1000 else f"{value:,.0f}"
+    if isinstance(value, float):  # losses to 4 places; rates and times to 0.1 (969.6, 7,002.3)
+        return f"{value:,.4f}" if abs(value) < 100 else f"{value:,.1f}"
     if isinstance(value, int):
         return f"{value:,}"
     return str(value)
