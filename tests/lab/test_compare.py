@@ -72,7 +72,7 @@ def test_bad_spec_grammar(text: str, message: str) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--strategies", "nope"], "'nope': unknown strategy"),
+        (["--strategies", "nope"], "--strategies: 'nope': unknown strategy"),  # the flag typed
         (["--strategies", "localsgd:period=x"], "is not a int"),
         (["--strategies", "allreduce:nope"], "'nope': unknown allreduce algorithm"),
         (["--strategies", "localsgd:period=0"], "--period must be >= 1"),  # checked like train does

@@ -147,7 +147,12 @@ def parse_specs(text: str, model: bool = False) -> list[RunSpec]:
     items = [t for t in (s.strip() for s in text.split(",")) if t]
     if not items:
         raise UsageError("--strategies: give at least one, e.g. 'allreduce:ring, ps:async'")
-    specs = [parse_one(t, model) for t in items]
+    specs = []
+    for item in items:
+        try:
+            specs.append(parse_one(item, model))
+        except UsageError as exc:  # the registry names --strategy; the user typed --strategies
+            raise UsageError(f"--strategies: {str(exc).removeprefix('--strategy ')}") from None
     seen: set[str] = set()
     for spec in specs:
         if spec.label in seen:
