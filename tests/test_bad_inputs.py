@@ -471,7 +471,11 @@ CASES: list[tuple[str, Argv, str]] = [
         _flags("--strategy", "diloco", "--average-optimizer-state"),
         "--average-optimizer-state is not used by --strategy diloco",
     ),
-    ("grad-dtype-removed", _flags("--grad-dtype", "fp16"), "unrecognized arguments: --grad-dtype"),
+    (
+        "grad-dtype-removed",
+        _flags("--grad-dtype", "fp16"),
+        "--grad-dtype was removed: 16-bit gradients are --compression fp16",
+    ),
     (
         "ps-softsync-in-sync-mode",
         _flags("--strategy", "ps", "--softsync", "1"),
@@ -547,16 +551,36 @@ def _check_one_line(err: str, expect: str) -> None:
     assert lines[0].startswith("disttrain"), lines[0]
 
 
-@pytest.mark.parametrize(("argv", "expect"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def _documented(case: str) -> str:
+    """docs/errors.md's message for ``case`` (its third column)."""
+    doc = (REPO / "docs" / "errors.md").read_text()
+    row = next(line for line in doc.splitlines() if line.startswith(f"| `{case}` |"))
+    return row.split(" | ")[2]
+
+
+def _check_documented_choices(case: str, err: str) -> None:
+    """Where docs/errors.md quotes a list of choices, it is today's (the registries grow:
+    the lists lacked zero, shm, hierarchical, inf and powersgd once)."""
+    for phrase in ("choose one of ", "must be one of "):
+        doc = _documented(case)
+        if phrase in doc:
+            assert err.strip().split(phrase, 1)[1] == doc.split(phrase, 1)[1], (case, err)
+
+
+@pytest.mark.parametrize(
+    ("case", "argv", "expect"), CASES, ids=[c[0] for c in CASES]
+)  # fmt: skip
 def test_bad_input_is_one_line_and_exit_2_before_any_worker(
-    argv: Argv, expect: str, no_launch: Path, capsys: pytest.CaptureFixture[str]
+    case: str, argv: Argv, expect: str, no_launch: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = no_launch / "out"
     args = ["train", "--no-progress", "--out", str(out), *argv(no_launch)]
     with pytest.raises(SystemExit) as exit_info:
         sys.exit(cli.main(args))
     assert exit_info.value.code == 2
-    _check_one_line(capsys.readouterr().err, expect)
+    err = capsys.readouterr().err
+    _check_one_line(err, expect)
+    _check_documented_choices(case, err)
     assert not out.exists(), "nothing should be written for a refused run"
     assert not (no_launch / "pwned").exists(), "unpickling ran code from a checkpoint"
 

@@ -35,6 +35,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: flags that were removed, and what does their job now (a look-alike would mislead:
+#: --grad-dtype got "did you mean --outer-dtype?", DiLoCo's own setting)
+REMOVED = {"--grad-dtype": "16-bit gradients are --compression fp16 (or bf16)"}
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit code 2 (no usage dump), with the
     one prefix every sub-command uses (``disttrain: error:``); no prefix abbreviations
@@ -49,11 +54,14 @@ class Parser(argparse.ArgumentParser):
         sys.exit(2)
 
     def _suggestion(self, message: str) -> str:
-        """``; did you mean --epochs?`` for the first unknown flag close to a known one."""
+        """``; did you mean --epochs?`` for the first unknown flag close to a known one; a
+        removed flag names what replaced it (:data:`REMOVED`) instead of a look-alike."""
         if not message.startswith("unrecognized arguments:"):
             return ""
         known = _option_strings(self)
         for word in message.split(":", 1)[1].split():
+            if word.split("=")[0] in REMOVED:
+                return f"; {word.split('=')[0]} was removed: {REMOVED[word.split('=')[0]]}"
             if word.startswith("--"):
                 close = difflib.get_close_matches(word.split("=")[0], known, n=1, cutoff=0.6)
                 if close:
