@@ -479,22 +479,33 @@ def _run_all(text: str, tmp: Path) -> None:
         (tmp / f"line-{i}").mkdir()
     runs = [_budgeted(_disttrain_args(a), tmp / f"line-{i}") for i, a in enumerate(lines)]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    procs = [subprocess.Popen([sys.executable, "-m", "disttrain", *args], cwd=REPO, env=env,
-                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for args in runs]  # fmt: skip
+    commands = [[sys.executable, "-m", "disttrain", *args] for args in runs]
+    for args, done in zip(runs, _at_once(commands, REPO, env, 240), strict=True):
+        s = _summary(Path(args[args.index("--out") + 1]))
+        assert s["strategy"] == _train_config(args).train.strategy, done.args
+    _parse_rest(text)
+
+
+def _at_once(
+    commands: list[list[str]], cwd: Path, env: dict[str, str], timeout: float
+) -> list[subprocess.CompletedProcess[str]]:
+    """Run ``commands`` all at once (most of each is start-up and waiting, on 2 cores);
+    each must exit 0. Their results, in order; none is left running."""
+    procs = [subprocess.Popen(argv, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE) for argv in commands]  # fmt: skip
+    results = []
     try:
-        for args, proc in zip(runs, procs, strict=True):
-            stdout, stderr = proc.communicate(timeout=240)
-            done = subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
-            assert done.returncode == 0, _failed(args, done)
-            s = _summary(Path(args[args.index("--out") + 1]))
-            assert s["strategy"] == _train_config(args).train.strategy
+        for argv, proc in zip(commands, procs, strict=True):
+            stdout, stderr = proc.communicate(timeout=timeout)
+            done = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+            assert done.returncode == 0, _failed(argv, done)
+            results.append(done)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
-    _parse_rest(text)
+    return results
 
 
 def _parse_rest(text: str) -> None:
@@ -658,22 +669,8 @@ def _check_horovod_launch(text: str, tmp: Path) -> None:
         "HOME": str(tmp),  # the example locks ~/.horovod_lock
         "PET_MASTER_PORT": str(_free_port()),  # torchrun's 29500 may be another test's
     }
-    commands = _commands(text)
-    # both at once: most of each is start-up and waiting, on 2 cores
-    procs = [subprocess.Popen(argv, cwd=tmp, env={**os.environ, **env}, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for argv in commands]  # fmt: skip
-    try:
-        for argv, proc in zip(commands, procs, strict=True):
-            stdout, stderr = proc.communicate(timeout=300)
-            done = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
-            assert done.returncode == 0, _failed(argv, done)
-            assert "Test set: Average loss" in done.stdout, _failed(argv, done)
-    finally:
-        for proc in procs:  # the other one, when one failed or timed out
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    for done in _at_once(_commands(text), tmp, {**os.environ, **env}, 300):
+        assert "Test set: Average loss" in done.stdout, _failed(done.args, done)
 
 
 def _check_compare(text: str, tmp: Path) -> None:

@@ -37,6 +37,21 @@ def _training(out: Path, proc: subprocess.Popen[str], within: float = 120) -> No
         time.sleep(0.1)
 
 
+def _kill_and_check(proc: subprocess.Popen[str], tree: list[Proc], how: str) -> None:
+    """SIGKILL the launcher (its pid, or its process group), then every process of
+    ``tree`` must be gone within 5 s."""
+    if how == "pid":
+        os.kill(proc.pid, signal.SIGKILL)
+    else:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 5
+    while [p for p in tree if alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [p for p in tree if alive(p)]
+    assert not left, f"alive 5 s after the launcher's SIGKILL ({how}): {left}"
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("how", ["pid", "group"])
 @pytest.mark.parametrize("run", list(RUNS))
@@ -52,16 +67,7 @@ def test_workers_end_within_5_s_of_a_killed_launcher(run: str, how: str, tmp_pat
         _training(out, proc)
         tree = [p for p in descendants(proc.pid) if p != proc.pid]
         assert len(tree) >= 2, tree
-        if how == "pid":
-            os.kill(proc.pid, signal.SIGKILL)
-        else:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-        deadline = time.monotonic() + 5
-        while [p for p in tree if alive(p)] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        left = [p for p in tree if alive(p)]
-        assert not left, f"alive 5 s after the launcher's SIGKILL: {left}"
+        _kill_and_check(proc, tree, how)
     finally:  # nothing outlives the test, whatever failed
         for p in [*descendants(proc.pid)[::-1], *tree]:
             kill(p)
@@ -85,15 +91,7 @@ def test_disttrain_run_s_processes_end_within_5_s_of_its_killed_launcher(how: st
             tree = [p for p in descendants(proc.pid) if p != proc.pid]
             time.sleep(0.1)
         assert len(tree) == 2, tree
-        if how == "pid":
-            os.kill(proc.pid, signal.SIGKILL)
-        else:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-        deadline = time.monotonic() + 5
-        while [p for p in tree if alive(p)] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not [p for p in tree if alive(p)], "alive 5 s after the launcher's SIGKILL"
+        _kill_and_check(proc, tree, how)
     finally:
         for p in [*descendants(proc.pid)[::-1], *tree]:
             kill(p)
@@ -138,12 +136,8 @@ def test_a_launcher_killed_at_start_up_or_mid_checkpoint_leaves_nothing(
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
             time.sleep(0.02)
         tree = [p for p in descendants(proc.pid) if p != proc.pid]
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-        deadline = time.monotonic() + 5
-        while [p for p in tree if alive(p)] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert tree and not [p for p in tree if alive(p)], f"alive after a kill at {when}"
+        assert tree, f"no process of the job found at {when}"
+        _kill_and_check(proc, tree, "pid")
         tag = f"disttrain-shm-j{proc.pid}x"
         assert not [n for n in _shm() - shm_before if n.startswith(tag)]
     finally:
