@@ -470,19 +470,29 @@ def _check_own_model(text: str, tmp: Path) -> None:
     assert s["config"]["model"] == "mymodels:make" and s["world_size"] == 2
 
 
+def _runs(argv: list[str]) -> bool:
+    """A line :func:`_run_all` runs: ``disttrain train``, or ``python examples/X.py`` (each a
+    ``disttrain train`` with its own flags first, taking more: the budget's)."""
+    example = argv[0] == "python" and argv[1].startswith("examples/")
+    return argv[:2] == ["disttrain", "train"] or example
+
+
 def _run_all(text: str, tmp: Path) -> None:
-    """Every ``disttrain train`` line of the block runs under the budget, all at once (most
-    of a run is start-up and waiting, on 2 cores); every other line is checked by
-    :func:`_parse_rest`."""
-    lines = [a for a in _commands(text) if a[0] == "disttrain" and a[1] == "train"]
-    for i in range(len(lines)):
+    """Every ``disttrain train`` and ``python examples/X.py`` line of the block runs under
+    the budget, all at once (most of a run is start-up and waiting, on 2 cores); every
+    other line is checked by :func:`_parse_rest`."""
+    lines = [a for a in _commands(text) if _runs(a)]
+    commands, outs = [], []
+    for i, argv in enumerate(lines):
         (tmp / f"line-{i}").mkdir()
-    runs = [_budgeted(_disttrain_args(a), tmp / f"line-{i}") for i, a in enumerate(lines)]
+        args = _budgeted(["train", *argv[2:]] if argv[0] == "python" else _disttrain_args(argv),
+                         tmp / f"line-{i}")  # fmt: skip
+        head = [str(REPO / argv[1])] if argv[0] == "python" else ["-m", "disttrain", "train"]
+        commands.append([sys.executable, *head, *args[1:]])
+        outs.append(Path(args[args.index("--out") + 1]))
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    commands = [[sys.executable, "-m", "disttrain", *args] for args in runs]
-    for args, done in zip(runs, _at_once(commands, REPO, env, 240), strict=True):
-        s = _summary(Path(args[args.index("--out") + 1]))
-        assert s["strategy"] == _train_config(args).train.strategy, done.args
+    for out, done in zip(outs, _at_once(commands, REPO, env, 240), strict=True):
+        assert _summary(out)["steps"] == STEPS, done.args
     _parse_rest(text)
 
 
@@ -509,14 +519,11 @@ def _at_once(
 
 
 def _parse_rest(text: str) -> None:
-    """The block's lines that are not ``disttrain train`` runs: benchmarks (minutes each; the
+    """The block's lines that :func:`_run_all` does not run: benchmarks (minutes each; the
     tests under tests/lab/bench run their code at small sizes) and root's commands are
-    accepted by the parser; ``python examples/X.py`` names a script that compiles."""
+    accepted by the parser."""
     for argv in _commands(text):
-        if argv[0] == "python":
-            script = REPO / argv[1]
-            compile(script.read_text(), str(script), "exec")  # exists and parses
-        elif not (argv[0] == "disttrain" and argv[1] == "train"):
+        if not _runs(argv):
             _accepts(_disttrain_args(argv))
 
 
@@ -874,8 +881,8 @@ ENTRIES: list[Entry] = [
     Entry("docs/compression.md", "warning: --compression onebit:0.5 sent 0",
           "not a command: output (tests/compression/test_starved.py checks it)"),
     Entry("docs/compression.md", "disttrain train --workers 4 --strategy localsgd --period 16",
-          f"{RUN}: each train line, at once; benches and sudo parsed (tests/lab/bench runs "
-          "them small); the examples compile", _run_all, 300),
+          f"{RUN}: each train line and example, at once; benches and sudo parsed "
+          "(tests/lab/bench runs them small)", _run_all, 300),
     Entry("docs/collectives.md", "from disttrain import collectives",
           "exec in a 2-rank world: tensor holds the sum", _check_collectives, 180),
     Entry("docs/data-parallel.md", "backward:   last layer's grad ready",

@@ -130,11 +130,11 @@ def test_the_fit_filter_and_the_recommendation() -> None:
             _row("zero:3", 15, 1_200, 2000), _row("pipeline", None, 1_000, 2000)]  # fmt: skip
     assert [r.label for r in fitting(rows)] == ["zero:2", "zero:3"]  # modelled and fitting
     line = recommendation(rows, work, net, limit=2_000_000_000)
-    assert ": zero:2 (12 ms a step" in line and "in 2 GB per worker" in line
+    assert ": zero:2 (12.0 ms a step" in line and "in 2 GB per worker" in line
     assert "as fast as the next (zero:3)" in line
     # without a limit: the fastest of all
     free = [Row(r.label, r.step, r.memory) for r in rows]
-    assert ": allreduce:ring (10 ms" in recommendation(free, work, net)
+    assert ": allreduce:ring (10.0 ms" in recommendation(free, work, net)
     # none fits: one line naming the least
     tight = [_row(r.label, r.step.step_seconds * 1e3 if r.step else None,
                   r.memory.total / 1e6 if r.memory else None, 500) for r in rows]  # fmt: skip

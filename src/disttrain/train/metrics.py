@@ -73,7 +73,6 @@ class MetricsWriter:
         #: the highest step with a training line (``loss``) in the file: a rank 0 that takes
         #: over after a membership change writes a step another worker ran only once
         self.last_step = 0
-        self.path = path
         cut = False  # the file ends in a line a crash cut short: start on a new line
         if append and path and os.path.exists(path):
             with open(path) as fh:
@@ -89,30 +88,6 @@ class MetricsWriter:
     def _saw(self, record: dict[str, Any]) -> None:
         if "loss" in record and isinstance(record.get("step"), int):
             self.last_step = max(self.last_step, record["step"])
-
-    def keep_through(self, step: int) -> None:
-        """A run that goes on from ``step`` (a resume in place, an elastic restart): the
-        lines of later steps, which it runs again, are dropped (atomically); the earlier
-        ones stay."""
-        if self._fh is None or self.path is None:
-            return
-        self._fh.close()
-        kept: list[str] = []
-        with open(self.path) as fh:
-            for line in fh:
-                with contextlib.suppress(ValueError, AttributeError):
-                    if json.loads(line).get("step", 0) > step:
-                        continue
-                kept.append(line if line.endswith("\n") else line + "\n")
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as fh:
-            fh.writelines(kept)
-        os.replace(tmp, self.path)
-        self.last_step = 0
-        for line in kept:
-            with contextlib.suppress(ValueError):
-                self._saw(json.loads(line))
-        self._fh = open(self.path, "a")  # noqa: SIM115
 
     def write(self, **record: Any) -> None:
         if self._fh is not None:

@@ -134,7 +134,8 @@ def _agree_run(tc: Any, world: world_mod.World) -> str:
 
 def _goes_on(tc: Any) -> bool:
     """This run continues an earlier one's ``--out``: an elastic restart, or ``--resume DIR
-    --out DIR``. Its metrics.jsonl is kept (up to the step it goes on from)."""
+    --out DIR``. Its metrics.jsonl is appended to: the log keeps what ran, a step run again
+    after the last checkpoint included (tests/test_elastic.py reads it so)."""
     restarted = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
     in_place = bool(tc.resume and tc.out) and os.path.realpath(tc.resume) == os.path.realpath(
         tc.out
@@ -142,7 +143,7 @@ def _goes_on(tc: Any) -> bool:
     return restarted or in_place
 
 
-def _say_where_it_goes_on(tc: Any, resumed: int, run_id: str, metrics: MetricsWriter) -> None:
+def _say_where_it_goes_on(resumed: int, run_id: str) -> None:
     """Rank 0: the step a resume or a restart goes on from, also when there is none to go
     on from (a restart before the first commit trains again from step 1, and says so)."""
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -151,8 +152,6 @@ def _say_where_it_goes_on(tc: Any, resumed: int, run_id: str, metrics: MetricsWr
     elif restart != "0":
         print(f"disttrain: restart {restart}: no committed checkpoint yet, so training starts "
               "again from step 1", file=sys.stderr)  # fmt: skip
-    if _goes_on(tc):
-        metrics.keep_through(resumed)
 
 
 def _resume(
@@ -274,7 +273,7 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
         else:
             resumed = _resume(tc, strategy, optimizer, runner)
         if main:
-            _say_where_it_goes_on(tc, resumed, run_id, metrics)
+            _say_where_it_goes_on(resumed, run_id)
         step = resumed
         logged: dict[str, Any] | None = None  # this worker's last metrics.jsonl step line
         throughput.resumed_at(resumed)  # restored steps ran in another process's time
