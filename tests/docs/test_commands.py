@@ -32,13 +32,12 @@ What is checked, and how:
   leaves to the reader (``model``, ``opt``, ``tensor``, ...: :func:`_namespace`).
 - **Not commands** (diagrams, before/after import lines) are entries without a check,
   with the reason.
-- **Not found**: indented code blocks (four spaces, no fence). README's one, the command
-  under ``mymodels.py``, is run by that block's entry; the others are listed in the
-  report of the issue that added this file.
-- **Cost**: about 40 commands, 20 of them real runs (each a fresh interpreter, most with 2
-  to 4 workers): about 105 s of CPU, 112 s wall with ``-n 3`` beside a full suite run
-  (load 8, 2026-11-28); the longest cases (``compare``'s four runs, the memory-limit
-  example) are collected first, so that ``-n 3`` does not end on one.
+- **Not found**: indented code blocks (four spaces, no fence). The docs have none: every
+  code block is fenced, so that this test finds it.
+- **Cost**: about 60 commands, 32 of them real runs (each a fresh interpreter, most with 2
+  to 4 workers; a "How to run" list's runs at once): the longest cases (``compare``'s four
+  runs, the memory-limit example, the two run lists) are collected first, so that ``-n 3``
+  does not end on one.
 """
 
 from __future__ import annotations
