@@ -98,7 +98,9 @@ class TrainConfig:
         always_read=False,
     )  # fmt: skip
     model: str = opt(
-        "mlp", "mlp, cnn, gpt, gpt2-small, or package.module:function returning an nn.Module"
+        "mlp",
+        "mlp, cnn, gpt, gpt2-small, or package.module:function (or path/file.py:function) "
+        "returning an nn.Module",
     )
     epochs: int = opt(10, "passes over the training set")
     max_steps: int = opt(0, "stop after this many steps (0: run all epochs)")
