@@ -42,6 +42,7 @@ from disttrain.costing import CAST_BYTES, STATE_COPIES
 from disttrain.lab import costmodel
 from disttrain.lab.calibration import DEFAULT_PATH, Calibration
 from disttrain.strategies.spec import RunSpec, parse_one, parse_specs
+from disttrain.units import human_bytes
 
 __all__ = ["add_arguments", "parse_bytes", "parse_count", "parse_duration", "recommendation", "run"]
 
@@ -88,12 +89,8 @@ def parse_bytes(text: str, flag: str) -> int:
     return int(value)
 
 
-def size(nbytes: float) -> str:
-    """``1.23 GB`` (decimal units, as --memory-per-worker reads them)."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.3g} {unit}"
-    return f"{nbytes:.0f} B"
+#: ``1.23 GB`` (decimal units, as --memory-per-worker reads them): the one formatter
+size = human_bytes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
