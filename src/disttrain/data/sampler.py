@@ -12,7 +12,15 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["GlobalBatchSampler"]
+__all__ = ["GlobalBatchSampler", "run_steps"]
+
+
+def run_steps(num_samples: int, batch_size: int, epochs: int, max_steps: int = 0) -> int:
+    """The steps a run's budget allows: whole global batches per epoch, times the epochs,
+    capped by ``max_steps`` (0: none). The trainer runs these; pre-flight refuses a resume
+    that has done them all."""
+    total = num_samples // batch_size * epochs  # GlobalBatchSampler.steps_per_epoch each
+    return min(total, max_steps) if max_steps else total
 
 
 class GlobalBatchSampler:

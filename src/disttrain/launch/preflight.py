@@ -128,6 +128,7 @@ def check_resume_matches(cfg: Any, train_samples: int) -> None:
     already met: it would load nothing it can use, or train no step."""
     from disttrain import checkpoint
     from disttrain.config import flag
+    from disttrain.data.sampler import run_steps
     from disttrain.train.saver import recorded_settings
 
     tc = cfg.train
@@ -141,9 +142,7 @@ def check_resume_matches(cfg: Any, train_samples: int) -> None:
                 "without --resume"
             )
     step = checkpoint.latest(tc.resume) or 0
-    total = train_samples // tc.batch_size * tc.epochs  # GlobalBatchSampler's steps
-    if tc.max_steps:
-        total = min(total, tc.max_steps)
+    total = run_steps(train_samples, tc.batch_size, tc.epochs, tc.max_steps)
     if step >= total:
         raise UsageError(
             f"--resume {tc.resume}: run already complete at step {step} (this run's budget: "

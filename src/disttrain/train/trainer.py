@@ -27,6 +27,7 @@ from disttrain.comm.meter import meter
 from disttrain.config import RunConfig
 from disttrain.data import Dataset, GlobalBatchSampler, load_dataset
 from disttrain.data.loader import BatchLoader
+from disttrain.data.sampler import run_steps
 from disttrain.models import build_model
 from disttrain.train.faults import parse_fault
 from disttrain.train.grow import Grow, Joiner, read_point
@@ -227,9 +228,7 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
     sampler = GlobalBatchSampler(
         len(data.x_train), tc.batch_size, strategy.data_rank, strategy.data_world_size, tc.seed
     )
-    total_steps = sampler.steps_per_epoch * tc.epochs
-    if tc.max_steps:
-        total_steps = min(total_steps, tc.max_steps)
+    total_steps = run_steps(len(data.x_train), tc.batch_size, tc.epochs, tc.max_steps)
     # asynchronous strategies let fast workers run more steps, until the shared budget is spent
     epoch_limit, step_limit = roles.limits(tc.epochs, total_steps)
     main = world.is_main and joiner is None
