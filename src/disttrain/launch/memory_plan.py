@@ -5,9 +5,10 @@ One worker holds, at its fullest (``estimate``):
 - its process: torch, gloo's buffers, the interpreter. Measured as the proportional set
   size (``Pss`` of /proc/PID/smaps_rollup, shared pages split among their users) of
   ``disttrain train --workers 8`` at its peak, less that of ``--workers 2``, per added
-  worker: about 145 MB forked (most of torch's pages stay shared with the launcher:
-  forked.py) and 290 MB exec'd (each worker imports torch itself). The figures below
-  round up;
+  worker: about 142 MiB forked (most of torch's pages stay shared with the launcher:
+  forked.py) and 292 MiB exec'd (each worker imports torch itself), with the launcher's
+  own about 300 MiB (``python benchmarks/worker_memory.py [--threads 2]``; RESULTS,
+  "Worker memory"). The figures below round up;
 - the strategy's own model state: parameters, gradients and optimizer state as its
   ``predict_memory`` gives them (ZeRO's shards, a pipeline's stage, ...);
 - its data set copy, and one batch's activations: every module's output for the
