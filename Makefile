@@ -41,7 +41,7 @@ test: lint
 test-long: $(STAMP)
 	$(BIN)/pytest -q -rs -m slow
 
-# Seconds per test file, slowest first (also written to test-times.txt).
+# CPU and wall seconds per test file, costliest first (also written to test-times.txt).
 test-times: $(STAMP)
 	$(BIN)/python -m pytest -q $(XDIST) -m "not slow" -p tests.timing  # -m: the repo root on sys.path
 

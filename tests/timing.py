@@ -2,32 +2,62 @@
 
 Each test's setup, call and teardown durations are added to its file's total (under
 pytest-xdist the controller sees every worker's reports), and at the end the files are
-printed slowest first, with their test counts, and written to ``test-times.txt``. Wall
+printed costliest (CPU) first, with their test counts, and written to ``test-times.txt``. Wall
 time under ``-n N`` is about the sum over N, so the totals rank files, not the run.
+
+The CPU column is what the suite pays on a 2-core machine: the test process's own CPU
+plus that of the children it waited for (subprocess runs; the fork server's ranks are
+not its children, so ``run_world`` tests show less than they cost).
 """
 
 from __future__ import annotations
 
+import resource
 from collections import Counter
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
 
 _seconds: Counter[str] = Counter()
+_cpu: Counter[str] = Counter()
 _tests: Counter[str] = Counter()
+_last_cpu = 0.0  # this test process's CPU seconds (own + waited-for children) at the last report
+
+
+def _cpu_now() -> float:
+    own, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None]:
+    """Attach the CPU spent since the last phase's report (runs where the test runs)."""
+    global _last_cpu
+    outcome = yield
+    now = _cpu_now()
+    if call.when == "setup" and _last_cpu == 0.0:
+        _last_cpu = now  # the first test: start-up is nobody's
+    outcome.get_result().user_properties.append(("cpu_s", now - _last_cpu))
+    _last_cpu = now
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     path = report.nodeid.split("::", 1)[0]
     _seconds[path] += report.duration
+    _cpu[path] += dict(report.user_properties).get("cpu_s", 0.0)
     if report.when == "call":
         _tests[path] += 1
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    lines = [f"{s:8.1f} s {_tests[p]:5d} tests  {p}" for p, s in _seconds.most_common()]
-    total = sum(_seconds.values())
-    lines.append(f"{total:8.1f} s {sum(_tests.values()):5d} tests  (all files, summed)")
+    row = "{:8.1f} cpu-s {:8.1f} s {:5d} tests  {}"
+    lines = [row.format(c, _seconds[p], _tests[p], p) for p, c in _cpu.most_common()]
+    total, cpu, tests = sum(_seconds.values()), sum(_cpu.values()), sum(_tests.values())
+    lines.append(row.format(cpu, total, tests, "(all files, summed)"))
     Path("test-times.txt").write_text("\n".join(lines) + "\n")
     terminalreporter.write_sep("=", "seconds per test file (test-times.txt)")
     for line in lines[:25] + lines[-1:]:
