@@ -1,26 +1,62 @@
 """disttrain: train PyTorch models with every classic distributed strategy, and measure each."""
 
+from __future__ import annotations
+
+import importlib
 import sys
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import disttrain.train as _train_package
-from disttrain import elastic
-from disttrain.comm.world import (
-    cross_rank,
-    cross_size,
-    init,
-    local_rank,
-    local_size,
-    rank,
-    shutdown,
-    size,
-)
-from disttrain.dataparallel.broadcast import broadcast_optimizer_state, broadcast_parameters
-from disttrain.launch.ray_train import train_loop
-from disttrain.ops import allgather, allreduce, allreduce_, broadcast, broadcast_, join
-from disttrain.optimizer import DistributedOptimizer
-from disttrain.sharded import ShardedOptimizer, shard_model
+import disttrain.train as _train_package  # a docstring only: no torch yet
+
+#: each name of the API -> the module that defines it, imported on first use (PEP 562).
+#: ``import disttrain`` then costs no torch import, so the ``disttrain`` command's first
+#: second (its own import) is interruptible: Ctrl-C there reaches cli.main's one line.
+_HOME = {
+    **dict.fromkeys(
+        ("cross_rank", "cross_size", "init", "local_rank", "local_size", "rank", "shutdown",
+         "size"), "disttrain.comm.world"),
+    **dict.fromkeys(("broadcast_optimizer_state", "broadcast_parameters"),
+                    "disttrain.dataparallel.broadcast"),
+    **dict.fromkeys(("allgather", "allreduce", "allreduce_", "broadcast", "broadcast_", "join"),
+                    "disttrain.ops"),
+    **dict.fromkeys(("ShardedOptimizer", "shard_model"), "disttrain.sharded"),
+    "DistributedOptimizer": "disttrain.optimizer",
+    "train_loop": "disttrain.launch.ray_train",
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name == "elastic":  # a module of the API, not a name in one
+        return importlib.import_module("disttrain.elastic")
+    if name not in _HOME:
+        raise AttributeError(f"module 'disttrain' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value  # the next use is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOME, "elastic"})
+
+
+if TYPE_CHECKING:  # the same names, for type checkers and editors
+    from disttrain import elastic
+    from disttrain.comm.world import (
+        cross_rank,
+        cross_size,
+        init,
+        local_rank,
+        local_size,
+        rank,
+        shutdown,
+        size,
+    )
+    from disttrain.dataparallel.broadcast import broadcast_optimizer_state, broadcast_parameters
+    from disttrain.launch.ray_train import train_loop
+    from disttrain.ops import allgather, allreduce, allreduce_, broadcast, broadcast_, join
+    from disttrain.optimizer import DistributedOptimizer
+    from disttrain.sharded import ShardedOptimizer, shard_model
 
 
 class _CallableTrainPackage(types.ModuleType):

@@ -125,5 +125,26 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def console() -> NoReturn:
+    """The ``disttrain`` command and ``python -m disttrain``: :func:`main`, then leave.
+
+    A worker leaves through :func:`~disttrain.launch.worker.leave`. A failed job (1) and
+    an interrupted one (130) leave at once: the launcher has cleaned up and said why (the
+    interpreter's teardown of torch took seconds on a loaded host), and a Ctrl-C that
+    landed in a C extension's nested run of Python code (torch's import) would else end
+    the process by SIGINT after the one line, CPython's rule for an unhandled one.
+    """
+    from disttrain.launch.worker import is_worker, leave
+
+    code = main()
+    if is_worker():
+        leave(code)
+    if code in (1, 130):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    console()

@@ -61,6 +61,27 @@ def test_a_signalled_launcher_says_one_line_and_leaves_nothing(
     assert not [p for p in tree if alive(p)]
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("entry", ["disttrain", "python -m disttrain"])
+def test_a_ctrl_c_in_the_first_second_is_one_line_too(entry: str, tmp_path: Path) -> None:
+    """Ctrl-C while the command still imports torch and runs pre-flight (0.05-0.9 s in):
+    one line, 130, no traceback. ``import disttrain`` loads torch only on first use, so
+    the signal lands inside ``cli.main`` and its one line."""
+    cmd = ([str(Path(sys.executable).with_name("disttrain"))] if entry == "disttrain"
+           else [sys.executable, "-m", "disttrain"])  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    for delay in (0.05, 0.3, 0.9):
+        proc = subprocess.Popen([*cmd, "train", "--max-steps", "5", "--out", str(tmp_path)],
+                                env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True,
+                                preexec_fn=_default_sigint)  # fmt: skip
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and "Traceback" not in err, (delay, proc.returncode, err)
+        assert err.strip().splitlines()[-1].startswith("disttrain: interrupted"), (delay, err)
+
+
 def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job ignores it
 
