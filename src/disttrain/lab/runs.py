@@ -1,4 +1,10 @@
-"""Run `disttrain train` from benchmarks: in a subprocess, returning its summary.json."""
+"""Run `disttrain train` from benchmarks: in a subprocess, returning its summary.json.
+
+The one way a benchmark or report starts a training run: :func:`train_run` (flags as a
+dict) and :func:`train_argv` (flags as the command line writes them). Each run uses the
+``disttrain`` package this module belongs to (its folder leads PYTHONPATH), whatever the
+caller's working directory.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RunFailed", "RunResult", "train_run"]
+__all__ = ["RunFailed", "RunResult", "train_argv", "train_run"]
+
+#: the folder holding the ``disttrain`` package that runs this module: its runs use it too
+SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class RunFailed(RuntimeError):
@@ -55,7 +64,7 @@ def train_run(
 def _run(
     flags: dict[str, Any], timeout: float, launcher: Sequence[str], out: str
 ) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "disttrain", "train", "--no-progress"]
+    argv: list[str] = []
     for name, value in flags.items():
         flag = "--" + name.replace("_", "-")
         if value is True:
@@ -64,15 +73,26 @@ def _run(
             argv.append("--no-" + name.replace("_", "-"))
         else:
             argv += [flag, str(value)]
-    result = subprocess.run(
-        [*launcher, *argv, "--out", out], capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
+    return train_argv(argv, out, timeout, launcher)
+
+
+def train_argv(
+    argv: Sequence[str], out: str, timeout: float = 1800, launcher: Sequence[str] = ()
+) -> dict[str, Any]:
+    """``[*launcher] disttrain train --no-progress *argv --out out``: its summary.json, with
+    metrics.jsonl's lines under ``"metrics"``; :class:`RunFailed` names the failed command
+    and its last line of stderr."""
+    cmd = [sys.executable, "-m", "disttrain", "train", "--no-progress", *argv, "--out", out]
+    path = os.environ.get("PYTHONPATH", "")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": f"{SRC}{os.pathsep}{path}" if path else SRC}  # fmt: skip
+    result = subprocess.run([*launcher, *cmd], capture_output=True, text=True, timeout=timeout,
+                            env=env)  # fmt: skip
     if result.returncode != 0:
         tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RunFailed(f"{' '.join(argv[3:])}: {tail}")
+        raise RunFailed(f"train {' '.join(argv)}: {tail}")
     with open(os.path.join(out, "summary.json")) as fh:
         summary: dict[str, Any] = json.load(fh)
     with open(os.path.join(out, "metrics.jsonl")) as fh:
-        summary["metrics"] = [json.loads(line) for line in fh]
+        summary["metrics"] = [json.loads(line) for line in fh if line.strip()]
     return summary

@@ -13,10 +13,8 @@ Needs root (network namespaces). The machine is shared: figures are noisy.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
@@ -25,18 +23,15 @@ __all__ = ["add_arguments", "run"]
 NAME = "bench"
 
 
-def _train_args(args: argparse.Namespace, out: str) -> list[str]:
-    return ["train", "--strategy", args.strategy, "--model", "mlp", "--dataset", "digits",
-            "--max-steps", str(args.max_steps), "--epochs", "1", "--no-progress",
-            "--out", out]  # fmt: skip
+def _train_args(args: argparse.Namespace) -> list[str]:
+    return ["--strategy", args.strategy, "--model", "mlp", "--dataset", "digits",
+            "--max-steps", str(args.max_steps), "--epochs", "1"]  # fmt: skip
 
 
-def _samples_per_s(cmd: list[str], out: str, timeout: float) -> float:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    with open(os.path.join(out, "summary.json")) as fh:
-        return float(json.load(fh)["samples_per_second"])
+def _samples_per_s(argv: list[str], out: str, timeout: float, launcher: list[str]) -> float:
+    from disttrain.lab.runs import train_argv
+
+    return float(train_argv(argv, out, timeout, launcher)["samples_per_second"])
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -59,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
     goodput: dict[str, list[float]] = {r: [] for r in rates}
     for rep in range(args.repeats):
         out = os.path.join(tmp, f"anchor-{rep}")
-        local = [*dt, *_train_args(args, out), "--workers", str(args.hosts)]
-        anchor.append(_samples_per_s(local, out, 600))
+        local = [*_train_args(args), "--workers", str(args.hosts)]
+        anchor.append(_samples_per_s(local, out, 600, []))
         print(f"repeat {rep}: anchor (1 host x {args.hosts} workers) {anchor[-1]:.1f} samples/s")
         for rate in rates:
             c = cluster.plan(NAME, args.hosts, rate)
@@ -70,9 +65,9 @@ def run(args: argparse.Namespace) -> int:
                 link = linkprobe.measure(c.hosts[0], c.hosts[1], c.rate_bits, seconds=1.0)
                 goodput[rate].append(link.bits_per_s)
                 out = os.path.join(tmp, f"{rate}-{rep}")
-                run = [*dt, "cluster", "run", "--name", NAME, "--timeout", "900", "--",
-                       *dt, *_train_args(args, out), "--workers", "1"]  # fmt: skip
-                shaped[rate].append(_samples_per_s(run, out, 1000))
+                run = [*dt, "cluster", "run", "--name", NAME, "--timeout", "900", "--"]
+                argv = [*_train_args(args), "--workers", "1"]
+                shaped[rate].append(_samples_per_s(argv, out, 1000, run))
             finally:
                 cluster.down(NAME)
             print(f"repeat {rep}: {rate}: link {link.bits_per_s / 1e6:.0f} Mbit/s, "

@@ -15,32 +15,21 @@ servers table).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
-from pathlib import Path
 from typing import Any
 
-__all__ = ["add_arguments", "run"]
+from disttrain.lab.runs import train_argv
 
-#: the folder holding the ``disttrain`` package that runs this bench: its runs use it too
-SRC = Path(__file__).resolve().parents[3]  # .../src: lab/bench/ps.py is 3 levels below
+__all__ = ["add_arguments", "run"]
 
 
 def train(flags: list[str], timeout: float = 900) -> dict[str, Any]:
     """One ``disttrain train`` run; its summary.json."""
     with tempfile.TemporaryDirectory(prefix="ps-bench-") as out:
-        cmd = [sys.executable, "-m", "disttrain", "train", "--no-progress", *flags, "--out", out]
-        path = os.environ.get("PYTHONPATH", "")
-        env = {**os.environ, "PYTHONPATH": f"{SRC}:{path}" if path else str(SRC)}
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{shlex.join(cmd)} failed:\n{proc.stderr[-2000:]}")
-        return json.loads((Path(out) / "summary.json").read_text())
+        return train_argv(flags, out, timeout)
 
 
 def median_runs(flags: list[str], repeats: int) -> tuple[list[dict[str, Any]], dict[str, float]]:

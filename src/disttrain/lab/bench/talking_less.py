@@ -30,10 +30,8 @@ against the samples seen.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from typing import Any
@@ -186,14 +184,10 @@ def base_flags(workload: str, pycode_chars: int | None) -> list[str]:
 
 def run_one(flags: list[str], out: str, timeout: float) -> dict[str, Any]:
     """One run's summary, with rank 0's (step, training loss) curve under ``"curve"``."""
-    cmd = [sys.executable, "-m", "disttrain", "train", "--workers", "4", "--no-progress"]
-    cmd += [*flags, "--out", out]
-    subprocess.run(cmd, check=True, timeout=timeout, capture_output=True)
-    with open(os.path.join(out, "summary.json")) as fh:
-        summary: dict[str, Any] = json.load(fh)
-    with open(os.path.join(out, "metrics.jsonl")) as fh:
-        lines = [json.loads(line) for line in fh if line.strip()]
-    summary["curve"] = [(m["step"], m["loss"]) for m in lines if "loss" in m]
+    from disttrain.lab.runs import train_argv
+
+    summary = train_argv(["--workers", "4", *flags], out, timeout)
+    summary["curve"] = [(m["step"], m["loss"]) for m in summary["metrics"] if "loss" in m]
     if summary["config"]["dataset"] == "pycode":
         summary["validation_loss"], summary["test_half_loss"] = held_out_halves(out, summary)
     return summary
