@@ -101,6 +101,7 @@ def _checks() -> dict[str, Any]:
     mine = sets[r]
     got["set_sum"] = hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=mine).item()
     got["set_removed"] = [hvd.remove_process_set(s) for s in sets]
+    got.update(_adasum_checks(r, n))
     # objects, then join: rank 0 joins first and serves rank 1's allreduce with zeros
     got["object"] = hvd.broadcast_object({"from": r}, root_rank=1)
     got["objects"] = hvd.allgather_object(("r", r))
@@ -172,3 +173,116 @@ def test_process_sets_objects_and_join(results: list[dict[str, Any]]) -> None:
         assert got["objects"] == [("r", 0), ("r", 1)]
         assert got["last"] == 1
     assert results[1]["joined_sum"] == [5.0, 5.0]  # the joined rank added zeros
+
+
+# --- hvd.Adasum ---------------------------------------------------------------------------
+def _adasum_checks(r: int, n: int) -> dict[str, Any]:
+    """hvd.Adasum in the world above: every form's relative error against the formula
+    (the reference of tests/collectives/test_adasum.py on every rank's known input), and
+    Horovod's refusals."""
+    import disttrain.horovod as hvd
+    from tests.collectives.test_adasum import reference
+
+    def inputs(dtype: torch.dtype, length: int, seed: int) -> list[torch.Tensor]:
+        gen = torch.Generator().manual_seed(seed)
+        common = torch.randn(length, generator=gen, dtype=torch.float64)
+        noise = [torch.randn(length, generator=gen, dtype=torch.float64) for _ in range(n)]
+        return [(common + e * (k + 1)).to(dtype) for k, e in enumerate(noise)]
+
+    def error(got: torch.Tensor, vectors: list[torch.Tensor], scale: float = 1.0) -> float:
+        want = reference([v.flatten() for v in vectors]) * scale
+        return float((got.flatten().double() - want).abs().max() / want.abs().max())
+
+    got: dict[str, Any] = {}
+    xs = [x.reshape(3, 5) for x in inputs(torch.float32, 15, 1)]
+    x = xs[r].clone()
+    got["ada_f32"] = error(hvd.allreduce(x, op=hvd.Adasum), xs)
+    got["ada_input_kept"] = torch.equal(x, xs[r])
+    ys = inputs(torch.float64, 7, 2)
+    y = ys[r].clone()  # Adasum(0.5 x) * 3 = 1.5 Adasum(x): no division by the size
+    hvd.allreduce_(y, op=hvd.Adasum, prescale_factor=0.5, postscale_factor=3.0)
+    got["ada_f64_scaled"] = error(y, ys, 1.5)
+    hs = inputs(torch.float16, 9, 3)
+    h = hvd.synchronize(hvd.allreduce_async(hs[r], op=hvd.Adasum))
+    got["ada_f16_async"] = (h.dtype, error(h, hs))
+    gs = [inputs(torch.float32, 4 + k, 4 + k) for k in range(2)]  # per tensor, not fused
+    grouped = hvd.grouped_allreduce([g[r] for g in gs], op=hvd.Adasum)
+    got["ada_grouped"] = [error(t, g) for t, g in zip(grouped, gs, strict=True)]
+    g = torch.ones(3, requires_grad=True)
+    hvd.allreduce(g * 2, op=hvd.Adasum).sum().backward()  # backward: Adasum(1, 1) = 1
+    got["ada_grad"] = g.grad.tolist() if g.grad is not None else None
+    for key, call in {
+        "ada_int": lambda: hvd.allreduce(torch.ones(2, dtype=torch.int32), op=hvd.Adasum),
+        "ada_set": lambda: hvd.allreduce(
+            torch.ones(2), op=hvd.Adasum, process_set=hvd.ProcessSet([0])
+        ),
+        "ada_mismatch": lambda: hvd.allreduce(torch.ones(2), op=hvd.Adasum if r else hvd.Sum),
+    }.items():
+        try:
+            call()
+            got[key] = "no error"
+        except (hvd.HorovodInternalError, NotImplementedError) as exc:
+            got[key] = (type(exc).__name__, str(exc))
+    return got
+
+
+def test_adasum_allreduce_equals_the_formula(results: list[dict[str, Any]]) -> None:
+    """Tolerance: max error over max |expected|, 1e-6 float32, 1e-12 float64, 5e-3 float16."""
+    for got in results:
+        assert got["ada_f32"] <= 1e-6 and got["ada_input_kept"]
+        assert got["ada_f64_scaled"] <= 1e-12
+        assert got["ada_f16_async"][0] == torch.float16 and got["ada_f16_async"][1] <= 5e-3
+        assert max(got["ada_grouped"]) <= 1e-6
+        assert got["ada_grad"] == [2.0] * 3
+
+
+def test_adasum_refusals_are_horovods(results: list[dict[str, Any]]) -> None:
+    for got in results:
+        assert got["ada_int"][0] == "HorovodInternalError"
+        assert got["ada_set"] == (
+            "NotImplementedError",
+            "Adasum does not support non-global process sets yet.",
+        )
+        assert got["ada_mismatch"][0] == "HorovodInternalError"
+        assert "mismatched" in got["ada_mismatch"][1]
+
+
+def _three_ranks() -> dict[str, Any]:
+    from torch import nn
+
+    import disttrain.horovod as hvd
+
+    hvd.init()
+    got: dict[str, Any] = {}
+    model = nn.Linear(2, 1)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        named_parameters=model.named_parameters(),
+        op=hvd.Adasum,
+    )  # built, as Horovod's; its first reduction refuses
+    for key, call in {
+        "allreduce": lambda: hvd.allreduce(torch.ones(2), op=hvd.Adasum),
+        "grouped_async": lambda: hvd.grouped_allreduce_async_([torch.ones(2)], op=hvd.Adasum),
+        "optimizer": lambda: model(torch.ones(1, 2)).sum().backward(),
+    }.items():
+        try:
+            call()
+            got[key] = "no error"
+        except NotImplementedError as exc:
+            got[key] = str(exc)
+    got["sum_after"] = hvd.allreduce(torch.ones(1), op=hvd.Sum).item()  # the engine goes on
+    del opt
+    hvd.shutdown()
+    return got
+
+
+def test_adasum_on_three_ranks_is_refused_as_horovod_does() -> None:
+    """Horovod's CPU Adasum needs a power-of-two size (horovod/torch/mpi_ops.py)."""
+    message = "Running Adasum with non-power of 2 ranks is not supported yet."
+    for got in run_world(_three_ranks, world_size=3, timeout=120, collective_timeout=30):
+        assert got == {
+            "allreduce": message,
+            "grouped_async": message,
+            "optimizer": message,
+            "sum_after": 3.0,
+        }

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from disttrain import ops as dt_ops
+from disttrain.collectives import adasum
 from disttrain.horovod import engine
 from disttrain.horovod.compression import Compressor, NoneCompressor
 from disttrain.horovod.engine import Call
@@ -158,14 +159,40 @@ def _submit(
 
 
 # --- allreduce ------------------------------------------------------------------------------
+def _adasum_call(out: torch.Tensor, pre: float, post: float, process_set: ProcessSet) -> Call:
+    """Adasum of ``out`` over the global set, in place (collectives/adasum.py), as Horovod's
+    CPU path: prescale, Adasum, postscale, and no division by the size (its divisor is 1).
+
+    Horovod's refusals, at the call (horovod/torch/mpi_ops.py): a non-global set, then a
+    size that is not a power of two (NotImplementedError). A dtype its Adasum cannot reduce
+    (only float16/32/64) is a HorovodInternalError; Horovod raises that one at synchronize.
+    """
+    if process_set.process_set_id != 0:
+        raise NotImplementedError("Adasum does not support non-global process sets yet.")
+    group, ranks = resolve(process_set)
+    if len(ranks) & (len(ranks) - 1):
+        raise NotImplementedError("Running Adasum with non-power of 2 ranks is not supported yet.")
+    if out.dtype not in adasum.DTYPES:
+        raise HorovodInternalError(f"Adasum: unsupported data type {out.dtype}")
+
+    def body() -> torch.Tensor:
+        _scale_(out, pre)
+        adasum.adasum_(out, group)
+        _scale_(out, post)
+        return out
+
+    sig = f"allreduce|{out.dtype}|{list(out.shape)}|Adasum|{pre!r}|{post!r}"
+    return Call(engine.ADASUM, sig, body, out.numel(), out.dtype)
+
+
 def _allreduce_call(
     out: torch.Tensor, op: int, pre: float, post: float, process_set: ProcessSet
 ) -> Call:
     """Reduce ``out`` in place over the set (it already holds this rank's input)."""
     _check(out, _REDUCIBLE)
+    if op == Adasum:
+        return _adasum_call(out, pre, post, process_set)
     group, ranks = resolve(process_set)
-    if op == Adasum:  # not yet: docs/horovod.md
-        raise NotImplementedError("hvd.Adasum is not implemented in disttrain.horovod yet")
     post_eff = post / len(ranks) if op == Average else post
     wire = _WIDENED.get(out.dtype, out.dtype)
 

@@ -263,6 +263,90 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
 
 
+class _DistributedAdasumOptimizer(_DistributedOptimizer):
+    """Horovod's ``_DistributedAdasumOptimizer`` (horovod/torch/optimizer.py): Adasum of each
+    rank's *update*, not of its gradients. Once a parameter's gradient is ready, the
+    wrapped optimizer steps that parameter alone on this rank's gradient; the change it
+    made (delta = after - before) is reduced with Adasum, and ``step()`` sets the
+    parameter to before + Adasum(deltas). The optimizer's state (momentum, Adam's
+    moments) stays each rank's own, as in Horovod. Launches go in the base class's one
+    fixed order; ``groups``, ``sparse_as_dense`` and the scale factors do not apply.
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        named_parameters: Any,
+        compression: type[Compressor],
+        backward_passes_per_step: int,
+    ) -> None:
+        super().__init__(
+            params,
+            named_parameters,
+            compression,
+            backward_passes_per_step,
+            Adasum,
+            1.0,
+            None,
+            False,
+            global_process_set,
+        )
+        trained = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+        for p in trained:  # Horovod starts every gradient at zero
+            p.grad = torch.zeros_like(p)
+        self._start = {p: torch.zeros_like(p, requires_grad=False) for p in trained}
+
+    def _local_step(self, p: nn.Parameter) -> None:
+        """The wrapped optimizer's step on ``p`` alone; ``p`` then holds its change."""
+        stashed = [g["params"] for g in self.param_groups]
+        for g in self.param_groups:
+            g["params"] = [p] if any(q is p for q in g["params"]) else []
+        start = self._start[p]
+        try:
+            with torch.no_grad():
+                start.copy_(p)
+            super(_DistributedOptimizer, self).step()  # the wrapped class's own step
+        finally:
+            for g, kept in zip(self.param_groups, stashed, strict=True):
+                g["params"] = kept
+        with torch.no_grad():
+            p.sub_(start)
+
+    def _launch(self, unit: list[nn.Parameter]) -> None:
+        for p in unit:  # one parameter per unit: groups are not built for Adasum
+            self._local_step(p)
+            compressed, ctx = self.compression.compress(p.data)
+            name = self._parameter_names[p]
+            handle = allreduce_async_(compressed, name=name, op=Adasum)
+            self._launched.append(([p], handle, [ctx]))
+            self._handles[p] = handle
+
+    def synchronize(self) -> None:
+        """Nothing to do: ``step()`` waits for the deltas (Horovod's is a no-op too)."""
+
+    @contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        raise AssertionError(
+            "Skipping synchronization is not supported when using Adasum optimizer."
+        )
+        yield  # a generator, so that the error comes at ``with``, as Horovod's
+
+    def step(self, closure: Callable[[], float] | None = None) -> Any:
+        """Step the parameters not launched yet (on whatever gradient they hold), then
+        set every parameter to its start plus the Adasum of the ranks' deltas."""
+        loss = closure() if closure is not None else None
+        self._ready.update(self._delay)
+        self._launch_ready()
+        for unit, handle, contexts in self._launched:
+            delta = self.compression.decompress(synchronize(handle), contexts[0])
+            p, start = unit[0], self._start[unit[0]]
+            with torch.no_grad():
+                start.add_(delta)
+                p.copy_(start)
+        self._reset()
+        return loss
+
+
 def DistributedOptimizer(  # Horovod's name for a factory
     optimizer: torch.optim.Optimizer,
     named_parameters: Iterable[tuple[str, nn.Parameter]] | None = None,
@@ -277,8 +361,8 @@ def DistributedOptimizer(  # Horovod's name for a factory
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer``: ``step()`` applies gradients reduced (``op``) over the set.
 
-    ``op=hvd.Adasum`` reduces the gradients with Adasum (Horovod applies Adasum to each
-    rank's optimizer *update* instead: docs/horovod.md, "Differences").
+    ``op=hvd.Adasum`` on more than one rank: each rank steps on its own gradients and the
+    updates are combined with Adasum (:class:`_DistributedAdasumOptimizer`, as Horovod).
     """
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
@@ -291,9 +375,14 @@ def DistributedOptimizer(  # Horovod's name for a factory
         groups = groups if groups is not None else num_groups
     if backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
-    if op == Adasum and process_set is not global_process_set:
-        raise NotImplementedError("Adasum does not support non-global process sets yet.")
     base = optimizer.__class__
+    if op == Adasum and engine.current_size() > 1:  # one rank: the plain class, as Horovod
+        if process_set is not global_process_set:
+            raise NotImplementedError("Adasum does not support non-global process sets yet.")
+        adasum = type(base.__name__, (_DistributedAdasumOptimizer, base), {"__module__": __name__})
+        return adasum(
+            optimizer.param_groups, named_parameters, compression, backward_passes_per_step
+        )
     cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": __name__})
     return cls(
         optimizer.param_groups,
