@@ -3,15 +3,30 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import types
 from typing import TYPE_CHECKING, Any
 
 import disttrain.train as _train_package  # a docstring only: no torch yet
 
+
+def _is_the_command() -> bool:
+    """This process runs the ``disttrain`` command (its script, or ``python -m disttrain``)."""
+    argv = getattr(sys, "orig_argv", sys.argv)
+    as_module = any(a == "-m" and argv[i + 1 : i + 2] == ["disttrain"] for i, a in enumerate(argv))
+    return os.path.basename(sys.argv[0]) == "disttrain" or as_module
+
+
+if not _is_the_command():
+    # a script's process: world.py's early import must come before any process group the
+    # script forms, or destroy_process_group() cannot free it (comm/world.py says why)
+    import disttrain.comm.world  # noqa: F401
+
 #: each name of the API -> the module that defines it, imported on first use (PEP 562).
-#: ``import disttrain`` then costs no torch import, so the ``disttrain`` command's first
-#: second (its own import) is interruptible: Ctrl-C there reaches cli.main's one line.
+#: In the ``disttrain`` command, ``import disttrain`` then costs no torch import, so the
+#: command's first second (torch's import) is interruptible: Ctrl-C there reaches
+#: cli.main's one line.
 _HOME = {
     **dict.fromkeys(
         ("cross_rank", "cross_size", "init", "local_rank", "local_size", "rank", "shutdown",

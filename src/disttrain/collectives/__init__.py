@@ -24,8 +24,9 @@ from disttrain.collectives.base import (
 )
 from disttrain.registry import import_submodules
 
-#: Modules of this package that are helpers, not algorithms.
-HELPERS = ("base", "checks", "chunks", "costs", "folding", "paths", "scratch", "shmseg")
+#: Modules of this package that are not allreduce algorithms (adasum: Horovod's reduction,
+#: not a sum; disttrain.horovod imports it when asked for).
+HELPERS = ("adasum", "base", "checks", "chunks", "costs", "folding", "paths", "scratch", "shmseg")
 
 __all__ = [
     "ALGORITHMS",
