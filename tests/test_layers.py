@@ -310,3 +310,17 @@ def test_the_train_command_imports_no_lab_or_cluster_module() -> None:
     )
     assert helped.returncode == 0, helped.stderr[-2000:]
     assert "--strategy" in helped.stdout
+
+
+def test_strategies_never_import_the_data_package() -> None:
+    """A strategy gets what it needs of the data from the trainer (the pipeline's time
+    balance: ``prepare_model``'s sample), so a worker's strategy never loads a data set."""
+    graph = import_graph()
+    found = [
+        f"{name} -> {target} (line {line})"
+        for name, targets in graph.items()
+        if unit_of(name) == "disttrain.strategies"
+        for target, line in targets.items()
+        if unit_of(target) == "disttrain.data"
+    ]
+    assert not found, found

@@ -60,7 +60,7 @@ def reference(net: nn.Module, data: Batches) -> tuple[nn.Module, list[float]]:
 
 def train(strategy: Any, net: nn.Module, data: Batches) -> tuple[nn.Module, list[float]]:
     """Drive ``strategy`` as the trainer does; its local part and rank 0's logged losses."""
-    part = strategy.prepare_model(net)
+    part = strategy.prepare_model(net, data[0][0])
     opt = _optimizer(part.parameters())
     strategy.setup(part, opt)
     losses = []

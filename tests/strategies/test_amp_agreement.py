@@ -42,7 +42,7 @@ def _trace(flags: dict[str, Any], steps: int, inject: str) -> Trace | None:
         torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)
     )  # fmt: skip
     strategy = strategies.get(cfg.train.strategy)(cfg, world.current(), loss_fn)
-    model = strategy.prepare_model(model)
+    model = strategy.prepare_model(model, torch.randn(cfg.train.batch_size, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     strategy.setup(model, optimizer)
     if not strategy.roles.is_worker:  # a parameter server: serve until the workers are done

@@ -51,7 +51,6 @@ def _run_cases(
     for case in CASES if cases is None else cases:
         cfg = ref.config(workers=world_size, strategy="pipeline", batch_size=24, **case)
         strategy = Pipeline(cfg, world.current(), loss_fn)
-        strategy.time_sample = data[0][0]
         _, losses = ref.train(strategy, make(), data)
         worst = 0.0
         for name, p in (np for c in strategy.runner.chunks for np in c.named_parameters()):

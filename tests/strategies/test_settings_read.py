@@ -60,7 +60,7 @@ def _read_by_a_run(flags: dict[str, Any], steps: int) -> tuple[list[str], list[s
     )  # fmt: skip
     cls.validate_config(cfg, model)
     strategy = cls(cfg, world.current(), loss_fn)
-    model = strategy.prepare_model(model)
+    model = strategy.prepare_model(model, torch.randn(cfg.train.batch_size, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     strategy.setup(model, optimizer)
     if not strategy.roles.is_worker:  # a parameter server serves until the workers are done

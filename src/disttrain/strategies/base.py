@@ -2,7 +2,7 @@
 
 The trainer drives every strategy through the same points of a step:
 
-    model = strategy.prepare_model(model)      # a shard of it, for model parallelism
+    model = strategy.prepare_model(model, x)   # a shard of it, for model parallelism
     optimizer = make_optimizer(model.parameters())
     strategy.setup(model, optimizer)           # replicas made consistent
     each step:  strategy.before_step(step)
@@ -167,8 +167,10 @@ class Strategy:
         return None
 
     # --- the step ------------------------------------------------------------------
-    def prepare_model(self, model: nn.Module) -> nn.Module:
-        """The part of ``model`` this process holds (all of it, by default)."""
+    def prepare_model(self, model: nn.Module, sample: torch.Tensor) -> nn.Module:
+        """The part of ``model`` this process holds (all of it, by default). ``sample``: a
+        batch of the data set's inputs (the pipeline's ``--balance time`` times layers on
+        it), handed over by the trainer: a strategy never loads data itself."""
         return model
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -115,8 +115,8 @@ class Hybrid(Strategy):
     def data_world_size(self) -> int:
         return self.dp
 
-    def prepare_model(self, model: nn.Module) -> nn.Module:
-        return self.inner.prepare_model(model)
+    def prepare_model(self, model: nn.Module, sample: torch.Tensor) -> nn.Module:
+        return self.inner.prepare_model(model, sample)
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         super().setup(model, optimizer)

@@ -154,8 +154,6 @@ class Pipeline(Strategy):
     def __init__(self, config: RunConfig, world: World, loss_fn: LossFn) -> None:
         super().__init__(config, world, loss_fn)
         self.pc: ParallelConfig = config.section(ParallelConfig)
-        #: the input ``--balance time`` measures layers on (None: the head of ``--dataset``)
-        self.time_sample: torch.Tensor | None = None
         self.bind(None, list(range(world.world_size)), config.train.batch_size)
 
     def bind(self, group: ProcessGroup | None, ranks: list[int], batch: int) -> None:
@@ -190,7 +188,7 @@ class Pipeline(Strategy):
         return 1 if self.pc.schedule == "none" else self.pc.microbatches
 
     # --- splitting ------------------------------------------------------------------
-    def _sizes(self, model: nn.Sequential) -> list[int]:
+    def _sizes(self, model: nn.Sequential, sample: torch.Tensor) -> list[int]:
         spec = self.pc.balance_spec()
         cuts = self.stages * self.chunks
         if isinstance(spec, list):
@@ -200,10 +198,8 @@ class Pipeline(Strategy):
         # "time": measured on stage 0 only, so that every stage agrees on the split
         sizes = torch.zeros(cuts, dtype=torch.int64)
         if self.stage == 0:
-            n = self.batch // self.microbatches
-            sample = self._sample(n) if self.time_sample is None else self.time_sample[:n]
-            layers = list(model)
-            costs = placement.time_costs(layers, sample)
+            layers = list(model)  # timed on one micro-batch, as each stage runs them
+            costs = placement.time_costs(layers, sample[: self.batch // self.microbatches])
             owns = placement.owns_parameters(layers)
             sizes = torch.tensor(placement.partition_layers(costs, owns, cuts))
         if self.stages > 1:
@@ -211,15 +207,10 @@ class Pipeline(Strategy):
                 dist.broadcast(sizes, src=p2p.global_rank(self.group, 0), group=self.group)
         return [int(n) for n in sizes]
 
-    def _sample(self, n: int) -> torch.Tensor:
-        from disttrain.data import load_dataset
-
-        return load_dataset(self.config.data).x_train[:n]
-
-    def prepare_model(self, model: nn.Module) -> nn.Module:
+    def prepare_model(self, model: nn.Module, sample: torch.Tensor) -> nn.Module:
         placement.check_sequential(model, self.name)
         assert isinstance(model, nn.Sequential)
-        self.sizes = self._sizes(model)
+        self.sizes = self._sizes(model, sample)
         # measured (time) cuts are known only now; every rank has the same sizes, so all stop
         placement.check_every_rank_trains(list(model), self.stages, self.chunks, self.sizes,
                                           self.pc.balance)  # fmt: skip

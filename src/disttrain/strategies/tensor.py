@@ -83,7 +83,7 @@ class TensorParallel(Strategy):
     def data_world_size(self) -> int:
         return 1  # every shard sees the whole batch
 
-    def prepare_model(self, model: nn.Module) -> nn.Module:
+    def prepare_model(self, model: nn.Module, sample: torch.Tensor) -> nn.Module:
         placement.check_sequential(model, self.name)
         assert isinstance(model, nn.Sequential)
         self.full = model if self.shard == 0 else None

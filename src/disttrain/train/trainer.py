@@ -217,7 +217,8 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
     data = load_dataset(cfg.data)
     torch.manual_seed(tc.seed)  # every rank builds the same initial model
     strategy = strategies.get(tc.strategy)(cfg, world, loss_fn)
-    model = strategy.prepare_model(build_model(tc.model, data)).to(world.device)
+    sample = data.x_train[: tc.batch_size]  # what --balance time measures layers on
+    model = strategy.prepare_model(build_model(tc.model, data), sample).to(world.device)
     optimizer = make_optimizer(model.parameters(), tc)
     strategy.setup(model, optimizer)
     roles = strategy.roles  # who trains and who serves (parameter servers)
