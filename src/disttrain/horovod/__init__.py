@@ -74,6 +74,7 @@ from disttrain.horovod.process_sets import (
     global_process_set,
     remove_process_set,
 )
+from disttrain.horovod.sync_batch_norm import SyncBatchNorm
 
 __version__ = "0.28.1"  # the Horovod API this follows
 
@@ -89,6 +90,7 @@ __all__ = [
     "ProcessSet",
     "Product",
     "Sum",
+    "SyncBatchNorm",
     "add_process_set",
     "allgather",
     "allgather_async",
