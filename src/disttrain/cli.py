@@ -17,6 +17,7 @@ import sys
 from typing import Any, NoReturn
 
 from disttrain.comm.errors import UsageError
+from disttrain.launch import collector
 from disttrain.registry import load_plugins
 
 __all__ = ["COMMANDS", "Parser", "build_parser", "main"]
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("disttrain: pre-flight: settings, data set, one batch of the model\n")
     try:
         load_plugins()  # before the parser: plug-ins may add settings, strategies, choices
+        collector.imports_done()  # torch and every plug-in are in: the collector back on
         parser = build_parser(chosen if chosen in COMMANDS else None)
         ns = parser.parse_args(argv)
         module = importlib.import_module(COMMANDS[ns.command][0])
@@ -136,6 +138,7 @@ def console() -> NoReturn:
     """
     from disttrain.launch.worker import is_worker, leave
 
+    collector.imports_begin()  # torch's import, next: no collections that free nothing
     code = main()
     if is_worker():
         leave(code)
