@@ -4,6 +4,7 @@ scripts unchanged on CPU over gloo (docs/horovod.md: the migration page, what di
 Launch with ``disttrain run -np 2 python train.py`` or with ``torchrun``.
 """
 
+from disttrain.horovod import elastic
 from disttrain.horovod.basics import (
     ccl_built,
     cross_rank,
@@ -114,6 +115,7 @@ __all__ = [
     "cross_size",
     "cuda_built",
     "ddl_built",
+    "elastic",
     "global_process_set",
     "gloo_built",
     "gloo_enabled",

@@ -1,0 +1,169 @@
+"""Horovod's ``hvd.elastic.TorchState``: a training state committed in memory, rolled back
+on a recoverable error and synced from rank 0 when :func:`disttrain.horovod.elastic.run`
+(re)starts the training function.
+
+Every keyword (``model`` and ``optimizer`` too) becomes an attribute. A module, an
+optimizer, a learning-rate scheduler and an :class:`ElasticSampler` are kept by their
+``state_dict`` (a handler each, as Horovod's); any other value is kept as it is. Setting
+a handled attribute to a new object commits that object at once (Horovod's rule).
+
+Why not ``dt.elastic.State`` (:mod:`disttrain.elastic`): that one writes every commit to
+disk for a job that restarts, and keeps JSON values only; Horovod's commits stay in memory
+and its values are any Python object (synced by ``broadcast_object``, which pickles).
+A commit here therefore does not outlive the process (docs/horovod.md).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from disttrain.horovod import basics
+from disttrain.horovod.elastic.sampler import ElasticSampler
+from disttrain.horovod.functions import (
+    allgather_object,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
+
+__all__ = ["TorchState"]
+
+
+class _Handler:
+    """One object kept by its ``state_dict``: ``save`` snapshots it, ``restore`` loads the
+    snapshot (a copy: ``load_state_dict`` may keep the tensors it is given, and later steps
+    must not move the snapshot), ``sync`` takes rank 0's."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        # a plain copy, even for a sampler: making the state must not be a collective
+        self.saved: Any = copy.deepcopy(value.state_dict())
+
+    def snapshot(self) -> Any:
+        return copy.deepcopy(self.value.state_dict())
+
+    def save(self) -> None:
+        self.saved = self.snapshot()
+
+    def restore(self) -> None:
+        self.value.load_state_dict(copy.deepcopy(self.saved))
+
+    def sync(self) -> None:
+        self.value.load_state_dict(broadcast_object(self.value.state_dict(), 0))
+
+    def set_value(self, value: Any) -> None:
+        self.value = value
+        self.save()
+
+
+class _Model(_Handler):
+    def sync(self) -> None:
+        broadcast_parameters(self.value.state_dict(), root_rank=0)  # tensors, no pickle
+
+
+class _Optimizer(_Handler):
+    def sync(self) -> None:
+        broadcast_optimizer_state(self.value, root_rank=0)
+
+
+class _Sampler(_Handler):
+    def snapshot(self) -> Any:
+        # record_indices keeps each rank's own indices: the commit holds every rank's
+        state = copy.deepcopy(self.value.state_dict())
+        if basics.is_initialized() and basics.size() > 1:
+            mine = sorted(self.value.processed_indices)
+            state["processed_indices"] = set().union(*allgather_object(mine, name="sampler"))
+        return state
+
+
+def _handler(value: Any) -> _Handler | None:
+    kinds: list[tuple[type, type[_Handler]]] = [
+        (torch.nn.Module, _Model),
+        (torch.optim.Optimizer, _Optimizer),
+        (torch.optim.lr_scheduler.LRScheduler, _Handler),
+        (ElasticSampler, _Sampler),
+    ]
+    for kind, handler in kinds:
+        if isinstance(value, kind):
+            return handler(value)
+    return None
+
+
+class TorchState:
+    """``TorchState(model=None, optimizer=None, **kwargs)``: see the module doc."""
+
+    _handlers: dict[str, _Handler]
+    _reset_callbacks: list[Callable[[], None]]
+    _saved: dict[str, Any]  # the values without a handler, as last committed
+
+    def __init__(
+        self,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        **kwargs: Any,
+    ) -> None:
+        values = {**kwargs, "model": model, "optimizer": optimizer}
+        handlers = {k: h for k, v in values.items() if (h := _handler(v)) is not None}
+        object.__setattr__(self, "_handlers", handlers)
+        object.__setattr__(self, "_reset_callbacks", [])
+        # the other values, as last committed (a copy: in-place changes are not commits)
+        plain = {k: v for k, v in values.items() if k not in handlers}
+        object.__setattr__(self, "_saved", copy.deepcopy(plain))
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._handlers:
+            self._handlers[name].set_value(value)
+        object.__setattr__(self, name, value)
+
+    # --- Horovod's State -------------------------------------------------------------
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
+        """Call ``callbacks`` after every reset (before the state is synced again)."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        self.reset()
+        for callback in self._reset_callbacks:
+            callback()
+
+    def reset(self) -> None:
+        """Hook for subclasses: runs at a reset, before the callbacks (Horovod's)."""
+
+    def commit(self) -> None:
+        """Snapshot the state in memory (collective when it holds an ElasticSampler)."""
+        self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Nothing to check: the world of a torchrun round never changes; a lost or new
+        worker restarts the round instead, so no HostsUpdatedInterrupt is ever raised."""
+
+    def save(self) -> None:
+        for handler in self._handlers.values():
+            handler.save()
+        saved = {k: getattr(self, k) for k in self._saved}
+        object.__setattr__(self, "_saved", copy.deepcopy(saved))
+
+    def restore(self) -> None:
+        """Roll back to the last commit."""
+        for handler in self._handlers.values():
+            handler.restore()
+        self._set_saved()
+
+    def sync(self) -> None:
+        """Every rank takes rank 0's state: its handled objects as they are now and its
+        other values as last committed (Horovod's rule; uncommitted ones are dropped)."""
+        for handler in self._handlers.values():
+            handler.sync()
+        if self._saved:
+            object.__setattr__(self, "_saved", broadcast_object(self._saved, 0, name="state"))
+            self._set_saved()
+
+    def _set_saved(self) -> None:
+        for name, value in copy.deepcopy(self._saved).items():
+            object.__setattr__(self, name, value)
