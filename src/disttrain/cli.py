@@ -17,7 +17,7 @@ import sys
 from typing import Any, NoReturn
 
 from disttrain.comm.errors import UsageError
-from disttrain.launch import collector
+from disttrain.launch import startup
 from disttrain.registry import load_plugins
 
 __all__ = ["COMMANDS", "Parser", "build_parser", "main"]
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("disttrain: pre-flight: settings, data set, one batch of the model\n")
     try:
         load_plugins()  # before the parser: plug-ins may add settings, strategies, choices
-        collector.imports_done()  # torch and every plug-in are in: the collector back on
+        startup.imports_done()  # torch and every plug-in are in: the collector back on
         parser = build_parser(chosen if chosen in COMMANDS else None)
         ns = parser.parse_args(argv)
         module = importlib.import_module(COMMANDS[ns.command][0])
@@ -130,15 +130,16 @@ def main(argv: list[str] | None = None) -> int:
 def console() -> NoReturn:
     """The ``disttrain`` command and ``python -m disttrain``: :func:`main`, then leave.
 
-    A worker leaves through :func:`~disttrain.launch.worker.leave`. A failed job (1) and
-    an interrupted one (130) leave at once: the launcher has cleaned up and said why (the
-    interpreter's teardown of torch took seconds on a loaded host), and a Ctrl-C that
-    landed in a C extension's nested run of Python code (torch's import) would else end
-    the process by SIGINT after the one line, CPython's rule for an unhandled one.
+    Until pre-flight has passed, a Ctrl-C leaves at once with its one line
+    (:mod:`disttrain.launch.startup`). A worker leaves through
+    :func:`~disttrain.launch.worker.leave`. A failed job (1) and an interrupted one (130)
+    leave at once: the launcher has cleaned up and said why (the interpreter's teardown of
+    torch took seconds on a loaded host), and a KeyboardInterrupt caught after torch's
+    import could still end the process by SIGINT, CPython's rule for an unhandled one.
     """
     from disttrain.launch.worker import is_worker, leave
 
-    collector.imports_begin()  # torch's import, next: no collections that free nothing
+    startup.begin()  # torch's import next: no collections; a Ctrl-C leaves at once
     code = main()
     if is_worker():
         leave(code)

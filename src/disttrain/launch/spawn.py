@@ -52,7 +52,7 @@ import torch
 from disttrain.collectives.shmseg import JOB_ENV, remove_leftovers
 from disttrain.comm import world
 from disttrain.comm.world import STORE_FILE_ENV
-from disttrain.launch import collector, lean, malloc
+from disttrain.launch import lean, malloc, startup
 from disttrain.registry import load_plugins
 
 __all__ = ["RankError", "WorldTimeout", "run_world"]
@@ -129,7 +129,7 @@ def _entry(
         }
     )
     try:
-        collector.freeze()  # the fork server's imports: never walked by this rank's collector
+        startup.freeze()  # the fork server's imports: never walked by this rank's collector
         lean.apply()  # as our workers: no torch._dynamo unless something compiles
         malloc.keep_freed_buffers()  # as our workers: freed model-sized buffers reused
         load_plugins()  # a spawned rank starts afresh: the plug-ins' algorithms too

@@ -68,7 +68,7 @@ def torchrun_default_out(strategy: str) -> str:
 
 def run_worker(cfg: Any, launched_by_us: bool) -> int:
     from disttrain import strategies
-    from disttrain.launch import collector, lean, malloc, tether
+    from disttrain.launch import lean, malloc, startup, tether
     from disttrain.launch.supervise import run_supervised
 
     tether.tie_from_env()  # exec'd by our launcher: die with it (a forked one already is)
@@ -78,7 +78,7 @@ def run_worker(cfg: Any, launched_by_us: bool) -> int:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     lean.apply()  # no torch._dynamo unless something compiles: 0.8 s less per worker
     malloc.keep_freed_buffers()  # a step's model-sized buffers: no fresh pages each step
-    collector.freeze()  # the launcher's and this worker's imports: never walked again
+    startup.freeze()  # the launcher's and this worker's imports: never walked again
 
     rank = int(os.environ.get("RANK", "0"))
     tether.name(rank)

@@ -1,4 +1,4 @@
-"""launch/collector.py: the command's imports run without the cyclic collector, then are
+"""launch/startup.py: the command's imports run without the cyclic collector, then are
 frozen out of its sight; a process that did not turn it off is left as it was. Each case
 in a fresh process (the collector's state is the process's)."""
 
@@ -13,13 +13,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 _CASE = """
 import gc, json
-from disttrain.launch import collector
-collector.imports_done()  # nobody turned it off: nothing changes
+from disttrain.launch import startup
+startup.imports_done()  # nobody turned it off: nothing changes
 untouched = (gc.isenabled(), gc.get_freeze_count())
-collector.imports_begin()
+startup.begin()
 off = gc.isenabled()
 import torch  # what the command imports next
-collector.imports_done()
+startup.imports_done()
 print(json.dumps([untouched, off, gc.isenabled(), gc.get_freeze_count()]))
 """
 
