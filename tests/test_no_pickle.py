@@ -33,7 +33,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("horovod/functions.py", "import pickle"): (
         "Horovod's broadcast_object and allgather_object, whose API promises to pickle "
         "arbitrary objects (docs/horovod.md says so, and that the ranks must trust each "
-        "other, as under Horovod); nothing else in disttrain.horovod pickles"
+        "other, as under Horovod); nothing else in disttrain.horovod pickles (hvd.elastic's "
+        "TorchState syncs its plain values through these two calls, as Horovod's does)"
     ),
     ("checkpoint/dcp.py", "import pickle"): (
         "torch.distributed.checkpoint writes its .metadata index with pickle; we read it from "

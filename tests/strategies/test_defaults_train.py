@@ -20,6 +20,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,47 @@ def _train_row(
         return _accuracy(folder / "named"), f"{label} with {' '.join(extra)}"
     assert done.returncode == 0, done.stderr
     return _accuracy(folder / "run"), label
+
+
+#: Each row with each other ``--optimizer`` (the rows above use the default, momentum):
+#: every strategy and compressor trains with every optimizer's own default lr
+#: (config.OPTIMIZER_LR), held to the same band against allreduce with that optimizer.
+#: ``make test-long``; results: benchmarks/RESULTS.md, "Defaults train".
+OTHER_OPTIMIZERS = [name for name in OPTIMIZER_LR if name != "momentum"]
+OPTIMIZER_CASES = [
+    pytest.param(name, label, flags, optimizer, id=f"{label} {optimizer}")
+    for optimizer in OTHER_OPTIMIZERS
+    for name, rows in ROWS.items()
+    for label, flags in rows
+]  # fmt: skip
+_optimizer_anchors: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module")
+def optimizer_anchor(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], float]:
+    """allreduce's accuracy after EPOCHS with ``optimizer`` (one run each, then cached)."""
+
+    def get(optimizer: str) -> float:
+        if optimizer not in _optimizer_anchors:
+            out = tmp_path_factory.mktemp(f"anchor-{optimizer}") / "run"
+            done = _train(out, "--optimizer", optimizer)
+            assert done.returncode == 0, done.stderr
+            _optimizer_anchors[optimizer] = _accuracy(out)
+        return _optimizer_anchors[optimizer]
+
+    return get
+
+
+@pytest.mark.slow  # make test-long: 2 optimizers x 15 rows, about 10 minutes
+@pytest.mark.xdist_group("defaults-train")
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize(("strategy", "label", "flags", "optimizer"), OPTIMIZER_CASES)
+def test_defaults_train_with_each_optimizer(
+    strategy: str, label: str, flags: list[str], optimizer: str,
+    optimizer_anchor: Callable[[str], float], tmp_path: Path,
+) -> None:  # fmt: skip
+    _within_band(tmp_path, strategy, label, [*flags, "--optimizer", optimizer],
+                 optimizer_anchor(optimizer), BAND, EPOCHS)  # fmt: skip
 
 
 #: The fast sibling in ``make test`` (the 5-epoch, 3-point band above is ``make
