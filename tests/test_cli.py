@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from disttrain.cli import main
+from tests import zygote
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,7 +24,7 @@ def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str
         **os.environ,
         "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
     }
-    return subprocess.run(
+    return zygote.run(
         [sys.executable, "-m", "disttrain", *args],
         capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO,
     )  # fmt: skip
@@ -122,7 +123,7 @@ def test_killing_one_of_three_workers_ends_the_job_naming_the_rank(tmp_path: Pat
     timeout = 10
     out = tmp_path / "k"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    proc = subprocess.Popen(
+    proc = zygote.popen(
         [sys.executable, "-m", "disttrain", "train", "--workers", "3", "--batch-size", "48",
          "--timeout", str(timeout), "--inject-fault", "kill:rank=1:step=5", "--no-progress",
          "--out", str(out)],

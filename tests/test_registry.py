@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 
 from disttrain import registry
 from disttrain.comm.errors import UsageError
+from tests import zygote
 
 
 def test_unknown_name_is_a_usage_error_listing_the_choices() -> None:
@@ -41,7 +41,7 @@ SHARED: registry.Registry[int] = registry.Registry("thing")
 
 def test_a_bad_plugin_is_one_line_and_exit_2(tmp_path: Path) -> None:
     env = {**os.environ, registry.PLUGINS_ENV: "no_such_module_dt"}
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, "-m", "disttrain", "train", "--workers", "1", "--max-steps", "1"],
         env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip

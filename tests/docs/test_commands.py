@@ -61,6 +61,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests import zygote
 from tests.harness import run_world
 from tests.test_api import _free_port
 from tests.test_cli import run_cli
@@ -178,7 +179,7 @@ def _sh(argv: list[str], cwd: Path, env: dict[str, str] | None = None,
         timeout: float = 180) -> subprocess.CompletedProcess[str]:  # fmt: skip
     """A command that is not ``python -m disttrain`` from the repository (run_cli's case)."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})}
-    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return zygote.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def _summary(out: Path) -> dict[str, Any]:
@@ -500,7 +501,7 @@ def _at_once(
 ) -> list[subprocess.CompletedProcess[str]]:
     """Run ``commands`` all at once (most of each is start-up and waiting, on 2 cores);
     each must exit 0. Their results, in order; none is left running."""
-    procs = [subprocess.Popen(argv, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
+    procs = [zygote.popen(argv, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE) for argv in commands]  # fmt: skip
     results = []
     try:

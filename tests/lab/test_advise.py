@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from disttrain.cli import main
 from disttrain.comm.errors import UsageError
 from disttrain.lab.advise import parse_count, parse_duration
 from disttrain.lab.calibration import Calibration
+from tests import zygote
 
 
 def test_units() -> None:
@@ -139,7 +139,7 @@ def test_bad_input_is_one_line_and_exit_2(
 
 
 def test_bad_input_from_the_command_line() -> None:
-    proc = subprocess.run([sys.executable, "-m", "disttrain", "advise", "--params", "25M",
+    proc = zygote.run([sys.executable, "-m", "disttrain", "advise", "--params", "25M",
                            "--bandwidth", "100mbps!"], capture_output=True, text=True,
                           timeout=120)  # fmt: skip
     assert proc.returncode == 2

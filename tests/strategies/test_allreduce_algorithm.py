@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import torch
+
+from tests import zygote
 
 
 def _train(algorithm: str, out: str) -> dict[str, torch.Tensor]:
     cmd = [sys.executable, "-m", "disttrain", "train", "--workers", "2", "--max-steps", "6"]
     cmd += ["--batch-size", "32", "--algorithm", algorithm, "--out", out, "--no-progress"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+    done = zygote.run(cmd, capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, done.stderr[-2000:]
     state: dict[str, torch.Tensor] = torch.load(os.path.join(out, "model.pt"))
     return state
@@ -31,7 +32,7 @@ def test_ring_and_native_reach_the_same_parameters(tmp_path: object) -> None:
 
 def test_unknown_algorithm_is_a_usage_error() -> None:
     cmd = [sys.executable, "-m", "disttrain", "train", "--algorithm", "nope"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    done = zygote.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert (
         "--algorithm 'nope': unknown allreduce algorithm" in done.stderr

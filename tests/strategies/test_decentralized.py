@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests import zygote
 from tests.harness import SharedWorlds
 from tests.strategies.test_localsgd import params, run, tiny_mlp
 
@@ -152,11 +153,10 @@ def test_bad_settings_are_usage_errors() -> None:
     ],
 )
 def test_cli_bad_flags_exit_2_with_one_line(flags: list[str]) -> None:
-    import subprocess
     import sys
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, "-m", "disttrain", "train", *flags],
         capture_output=True, text=True, timeout=60, env=env,
     )  # fmt: skip

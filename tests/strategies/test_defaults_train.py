@@ -28,6 +28,7 @@ import pytest
 from disttrain.config import OPTIMIZER_LR
 from disttrain.ps.consistency import MODES
 from disttrain.strategies import STRATEGIES
+from tests import zygote
 
 REPO = Path(__file__).resolve().parents[2]
 EPOCHS = 5
@@ -83,7 +84,7 @@ def _train(out: Path, *flags: str, epochs: int = EPOCHS) -> subprocess.Completed
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     cmd = [sys.executable, "-m", "disttrain", "train", "--epochs", str(epochs),
            "--no-progress", "--out", str(out), *flags]  # fmt: skip
-    return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=540)
+    return zygote.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=540)
 
 
 def _accuracy(out: Path) -> float:

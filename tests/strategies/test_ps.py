@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from tests import zygote
 from tests.harness import run_world
 from tests.netcheck import descendants, kill, listening_addresses
 
@@ -89,7 +90,7 @@ def _cli(args: list[str], out: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
     cmd = [sys.executable, "-m", "disttrain", "train", "--strategy", "ps", "--model", "cnn",
            "--no-progress", "--batch-size", "32", "--out", str(out), *args]  # fmt: skip
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return zygote.popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def test_a_killed_worker_is_dropped_in_async_and_the_rest_finish(tmp_path: Path) -> None:

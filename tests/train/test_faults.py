@@ -23,6 +23,7 @@ import pytest
 
 from disttrain.collectives.shmseg import PREFIX
 from disttrain.train.faults import parse_fault
+from tests import zygote
 from tests.netcheck import alive, descendants, kill
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,7 +112,7 @@ class _Job:
 
     def __init__(self, args: list[str]) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-        self.proc = subprocess.Popen(
+        self.proc = zygote.popen(
             [sys.executable, "-m", "disttrain", "train", *args], env=env, cwd=REPO,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip

@@ -12,7 +12,6 @@ the way a real fault's does.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from torch import nn
 
 from disttrain.dataparallel.fusion import FlatBucket
 from disttrain.train.faults import ActivationGuard, NonFiniteGradient, check_bucket, parse_fault
+from tests import zygote
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,7 +43,7 @@ def test_nan_in_rank_1_forward_names_rank_1_with_overlap(
         "--epochs", "1", "--inject-fault", "nan:rank=1:step=3", "--no-progress",
         "--timeout", "20", "--out", str(tmp_path / "run"), *flags,
     ]  # fmt: skip
-    done = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
+    done = zygote.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
     err = done.stderr
     assert done.returncode == 1, err
     assert "injecting fault nan at step 3" in err, err

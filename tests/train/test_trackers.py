@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from disttrain.train.trackers import TensorBoardTracker, flatten_numbers
+from tests import zygote
 
 event_accumulator = pytest.importorskip(
     "tensorboard.backend.event_processing.event_accumulator",
@@ -65,7 +65,7 @@ def test_compare_writes_one_tensorboard_run_per_spec_with_every_figure(tmp_path:
         "--tensorboard", str(board), "--out", str(tmp_path / "report"), "--no-progress",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=450)
+    proc = zygote.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=450)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     runs = sorted(p.name for p in board.iterdir())
     assert runs == ["1-decentralized_onebit", "2-ps_async", "3-pipeline"], runs

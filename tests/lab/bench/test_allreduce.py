@@ -11,11 +11,12 @@ import pytest
 
 from disttrain.comm.errors import UsageError
 from disttrain.lab.bench.allreduce import parse_size
+from tests import zygote
 
 
 def _bench(*flags: str) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "disttrain", "bench", "allreduce", "--no-progress", *flags]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return zygote.run(cmd, capture_output=True, text=True, timeout=120)
 
 
 def test_parse_size_uses_binary_units() -> None:

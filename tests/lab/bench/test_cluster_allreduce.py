@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from disttrain import cli
+from tests import zygote
 
 HAVE_NETNS = os.geteuid() == 0 and all(shutil.which(t) for t in ("ip", "tc", "unshare"))
 
@@ -37,7 +37,7 @@ def test_a_layout_that_does_not_fit_the_hosts_is_one_line_and_exit_2(
 @pytest.mark.timeout(240)
 def test_hierarchical_on_a_host_of_three_and_a_host_of_one(tmp_path: Path) -> None:
     out = tmp_path / "rows.json"
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, "-m", "disttrain", "bench", "cluster-allreduce", "--ranks-per-host",
          "3,1", "--rate", "1gbit", "--sizes", "4KB,1MB", "--algorithms", "hierarchical",
          "--iters", "1", "--warmup", "0", "--no-progress", "--json", str(out)],

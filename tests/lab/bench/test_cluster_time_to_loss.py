@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 
 from disttrain import cli
 from disttrain.lab.bench.cluster_time_to_loss import mean_curve, time_to_loss
+from tests import zygote
 
 HAVE_NETNS = os.geteuid() == 0 and all(shutil.which(t) for t in ("ip", "tc", "unshare"))
 
@@ -53,7 +53,7 @@ def test_bad_input_is_one_line_and_exit_2(
 @pytest.mark.timeout(300)
 def test_sync_and_diloco_on_two_hosts(tmp_path: Path) -> None:
     out = tmp_path / "rows.json"
-    proc = subprocess.run(
+    proc = zygote.run(
         [sys.executable, "-m", "disttrain", "bench", "cluster-time-to-loss", "--hosts", "2",
          "--rates", "1gbit", "--workload", "digits", "--max-steps", "20", "--log-every", "2",
          "--window", "10", "--strategies", "allreduce:ring, diloco:period=5:algorithm=ring",

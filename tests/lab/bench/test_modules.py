@@ -13,6 +13,7 @@ import pytest
 
 from disttrain.lab.bench import benches
 from disttrain.lab.bench._variants import InRanks
+from tests import zygote
 
 MOVED = (
     "allreduce-ceiling", "cluster-bandwidth", "costmodel-validation", "index-coding",
@@ -29,7 +30,7 @@ def _record(tag: str) -> None:
 
 def _bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "disttrain", "bench", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return zygote.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize("name", MOVED)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 
 from disttrain.comm.errors import UsageError
 from disttrain.lab.bench import benches
+from tests import zygote
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -35,7 +35,7 @@ def test_a_small_matrix_runs_and_meets_the_tolerance(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "disttrain", "bench", "zero-equivalence", "--workers", "2",
            "--models", "mlp", "--optimizers", "sgd", "--steps", "3",
            "--json", str(out)]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    done = zygote.run(cmd, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     (row,) = json.loads(out.read_text())["rows"]
     assert (row["model"], row["optimizer"], row["workers"]) == ("mlp", "sgd", 2)
