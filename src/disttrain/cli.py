@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser(chosen if chosen in COMMANDS else None)
         ns = parser.parse_args(argv)
         module = importlib.import_module(COMMANDS[ns.command][0])
+        startup.runs()  # its Ctrl-C handling from here on
         return int(module.run(ns, argv))
     except UsageError as exc:
         # the contract is one line; a multi-line text from a library is cut to its first
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 def console() -> NoReturn:
     """The ``disttrain`` command and ``python -m disttrain``: :func:`main`, then leave.
 
-    Until pre-flight has passed, a Ctrl-C leaves at once with its one line
+    Until the sub-command runs, a Ctrl-C leaves at once with its one line
     (:mod:`disttrain.launch.startup`). A worker leaves through
     :func:`~disttrain.launch.worker.leave`. A failed job (1) and an interrupted one (130)
     leave at once: the launcher has cleaned up and said why (the interpreter's teardown of

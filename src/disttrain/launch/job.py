@@ -17,7 +17,6 @@ import sys
 from typing import Any
 
 from disttrain.comm.errors import UsageError
-from disttrain.launch import startup
 from disttrain.launch.preflight import claim_run, preflight
 from disttrain.launch.worker import (
     CLAIMED_RUN_ENV,
@@ -175,7 +174,6 @@ def run_job(cfg: Any, argv: list[str]) -> int:
         plan = memory_plan.estimate(cfg, model, data, forks_workers(cfg.train))
         memory_plan.check(plan, nproc, memory_plan.available_bytes(), cfg.train.world_size)
     del model, data
-    startup.job_starts()  # a Ctrl-C from here on stops the job's processes
     _say(cfg, f"starting {nproc} worker process(es) and their rendezvous")
     if cfg.train.launcher == "ray":
         from disttrain.launch.ray_train import check_layout

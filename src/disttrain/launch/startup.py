@@ -1,5 +1,5 @@
-"""The command's start-up, until a job exists: Python's cyclic collector kept out of
-torch's import, and a Ctrl-C that leaves at once.
+"""The command's start-up, until its sub-command runs: Python's cyclic collector kept out
+of torch's import, and a Ctrl-C that leaves at once.
 
 The collector: torch's import makes about 170,000 objects that live as long as the
 process. With the collector on, the import runs some 400 collections that free nothing,
@@ -12,8 +12,10 @@ advise the same before a fork, which is how our workers and ``run_world``'s rank
 
 Ctrl-C: a KeyboardInterrupt raised inside an import leaves half-imported modules behind
 (a later ``numpy.ndarray`` then failed with a traceback), and a library's bare ``except``
-can swallow it (the run went on). Until the job's processes start, nothing needs undoing,
-so the signal's handler writes the one line and exits 130 there and then.
+can swallow it (the run went on). Until the sub-command runs, nothing needs undoing, so
+the signal's handler writes the one line and exits 130 there and then; from there on each
+sub-command handles its KeyboardInterrupt (``cluster run`` ends its nodes' processes,
+``train`` its workers).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import signal
 import sys
 from types import FrameType
 
-__all__ = ["begin", "freeze", "imports_done", "job_starts"]
+__all__ = ["begin", "freeze", "imports_done", "runs"]
 
 
 def _leave_at_once(signum: int, frame: FrameType | None) -> None:
@@ -48,9 +50,8 @@ def imports_done() -> None:
         gc.enable()
 
 
-def job_starts() -> None:
-    """Pre-flight passed and the job's processes start next: a Ctrl-C from here on stops
-    them (a KeyboardInterrupt, then torch's agent's handler) and names the step reached."""
+def runs() -> None:
+    """The sub-command runs next: a Ctrl-C is a KeyboardInterrupt again, which it handles."""
     if signal.getsignal(signal.SIGINT) is _leave_at_once:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
