@@ -16,14 +16,10 @@ Wire: the index code (:mod:`index_coding`), then ceil(n/8) bytes of sign bits
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
-from disttrain.comm.errors import UsageError
 from disttrain.compression.base import (
     COMPRESSORS,
     SPARSE_DEFAULTS,
@@ -89,34 +85,11 @@ class OneBit(SparseCompressor):
         return coded_bytes(idx.size, k, gaps) + math.ceil(idx.size / 8)
 
 
-@dataclass(frozen=True)
-class _OneBitKind(CompressorKind):
-    """One-bit trains with its own optimizer default only, unless the lr is chosen too.
-
-    Another ``--optimizer`` drops its lr default (config.choice_defaults), and with that
-    optimizer's own lr it did not train: the default workload after 3 epochs gave 0.628
-    with momentum and 0.594 with adam, against 0.928 with sgd at lr 0.5 (benchmarks/
-    RESULTS.md, "Defaults that train", each optimizer). top-k, with the same defaults,
-    trains with each (0.889-0.922), so the rule is one-bit's own."""
-
-    def defaults_for(self, settings: Mapping[str, Any]) -> dict[str, Any]:
-        mine = self.setting_defaults["optimizer"]
-        chosen = settings.get("optimizer", mine)
-        if chosen != mine and "lr" not in settings:
-            raise UsageError(
-                f"--compression {settings.get('compression', 'onebit')} with --optimizer "
-                f"{chosen} at its default lr does not train (0.63 or less after 3 epochs of "
-                f"the default run): use `--optimizer {mine}` (onebit's default, lr "
-                f"{self.setting_defaults['lr']:g}), or give --lr"
-            )
-        return dict(self.setting_defaults)
-
-
 # A bare `onebit` in a compare spec means tau 0.03: the threshold that kept accuracy on
 # digits/mlp with about 4,000x fewer bytes (benchmarks/RESULTS.md, "Talking less").
 COMPRESSORS.add(
     "onebit",
-    _OneBitKind(
+    CompressorKind(
         OneBit,
         "TAU",
         "threshold TAU > 0",
