@@ -95,6 +95,8 @@ class Command:
 
     def poll(self) -> int | None:
         if self.returncode is None and select.select([self._status], [], [], 0)[0]:
+            # nothing written: the zygote itself is gone (killed with the test process's
+            # tree), and with it the exit code; -9 says "killed", as it most likely was
             self.returncode = int(os.read(self._status, 64) or b"-9")
             os.close(self._status)
         return self.returncode
@@ -256,6 +258,14 @@ def _serve(path: str) -> None:
     srv.bind(path + ".tmp")
     os.rename(path + ".tmp", path)  # the client waits for the name: bound by now
     srv.listen(16)
+    try:
+        _loop(srv, parent)
+    finally:  # the socket and its folder (tempfile.mkdtemp in _socket) go with the zygote
+        os.unlink(path)
+        os.rmdir(os.path.dirname(path))
+
+
+def _loop(srv: socket.socket, parent: int) -> None:
     status: dict[int, int] = {}  # child pid -> the write end its exit code goes to
     while os.getppid() == parent:  # ends with the test process
         if select.select([srv], [], [], 0.05)[0]:

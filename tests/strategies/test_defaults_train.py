@@ -153,8 +153,20 @@ def _train_row(
 #: (config.OPTIMIZER_LR), held to the same band against allreduce with that optimizer.
 #: ``make test-long``; results: benchmarks/RESULTS.md, "Defaults train".
 OTHER_OPTIMIZERS = [name for name in OPTIMIZER_LR if name != "momentum"]
+#: Rows known not to train with an optimizer, as KNOWN_BAD above (not run).
+KNOWN_BAD_WITH: dict[str, str] = {
+    f"decentralized onebit {optimizer}": (
+        f"3 epochs: {acc} with --optimizer {optimizer} at its own lr, 0.928 with one-bit's "
+        "default sgd at 0.5 (a given optimizer drops that lr; benchmarks/RESULTS.md, "
+        "'Defaults that train'): a refusal naming --optimizer sgd, with --momentum-correction "
+        "left free, is to come (issue 35)"
+    )
+    for optimizer, acc in (("adam", "0.594"),)
+}
 OPTIMIZER_CASES = [
-    pytest.param(name, label, flags, optimizer, id=f"{label} {optimizer}")
+    pytest.param(name, label, flags, optimizer, id=f"{label} {optimizer}",
+                 marks=[pytest.mark.xfail(run=False, reason=KNOWN_BAD_WITH[f"{label} {optimizer}"])]
+                 if f"{label} {optimizer}" in KNOWN_BAD_WITH else [])
     for optimizer in OTHER_OPTIMIZERS
     for name, rows in ROWS.items()
     for label, flags in rows
