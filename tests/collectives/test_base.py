@@ -18,6 +18,7 @@ rank at the same example instead of leaving the others waiting.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -73,6 +74,9 @@ def _examples(examples: int) -> dict[str, Any]:
                 seen.append((algorithm, len(members[gi]), length, dtype))
             except Exception as exc:
                 error = f"rank {me}: {type(exc).__name__}: {exc}"
+                # said now: if the ranks' collectives went out of step, gloo aborts the
+                # process at the next one and this line is all that is left of the cause
+                print(f"example gi={gi} {algorithm} {dtype} {length}: {error}", file=sys.stderr)
         flag = torch.tensor([1 if error else 0])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if error:
@@ -101,6 +105,11 @@ def _examples(examples: int) -> dict[str, Any]:
             sent = (meter.bytes_sent, meter.messages_sent)
         finally:
             collectives.set_length_check(old)
+        # every collective of the example comes before any check, so a check that fails on
+        # one rank never leaves it in a different collective from the others
+        everyone = [torch.empty_like(data) for _ in range(n)]
+        if n > 1 and length:
+            dist.all_gather(everyone, data, group=group)
         assert out is data, "all_reduce must work in place and return its argument"
         if normal and floating:
             tol = 1e-5 if dtype == "float32" else 1e-12
@@ -114,8 +123,6 @@ def _examples(examples: int) -> dict[str, Any]:
         want = (cost.bytes_sent + extra[0], cost.messages + extra[1])
         assert sent == want, f"{algorithm} n={n} rank {rank}: meter {sent} != cost {want}"
         if n > 1 and length:
-            everyone = [torch.empty_like(data) for _ in range(n)]
-            dist.all_gather(everyone, data, group=group)
             assert all(torch.equal(e, data) for e in everyone), "ranks disagree bitwise"
 
     example()
