@@ -5,7 +5,8 @@ recorded before the kill must be gone within 5 s (so none holds a port).
 Forked workers (the CPU default) and exec'd ones (``--threads 2``) alike, and a
 parameter server's ranks; Horovod's launcher (``disttrain run``); and the two other
 moments of a job: workers starting, and a checkpoint being written (no shared-memory
-segment of the job left either).
+segment of the job left either). The job folder a SIGKILLed launcher cannot remove is
+swept by the next launch.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+from disttrain.launch import jobdir
 from tests.netcheck import Proc, alive, descendants, kill
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,6 +53,11 @@ def _kill_and_check(proc: subprocess.Popen[str], tree: list[Proc], how: str) -> 
         time.sleep(0.05)
     left = [p for p in tree if alive(p)]
     assert not left, f"alive 5 s after the launcher's SIGKILL ({how}): {left}"
+    # its job folder outlives it (nothing runs to remove it); the next launch sweeps it
+    folders = list(Path(tempfile.gettempdir()).glob(f"disttrain-*-{proc.pid}.*"))
+    assert folders, "the launcher's job folder is named for it"
+    jobdir.sweep()
+    assert not [f for f in folders if f.exists()]
 
 
 @pytest.mark.timeout(180)

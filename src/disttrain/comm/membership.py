@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 from disttrain.comm.errors import LeftOut
+from disttrain.comm.procstat import ended, start_time
 
 __all__ = ["Change", "Membership", "answer_window"]
 
@@ -105,7 +106,7 @@ class Membership:
     def publish_pid(self) -> None:
         """Leave ``HOST PID START`` of this process, for :meth:`end_lost`."""
         me = os.getpid()
-        self.store.set(self._key(f"pid/{self.me}"), f"{socket.gethostname()} {me} {_start(me)}")
+        self.store.set(self._key(f"pid/{self.me}"), f"{socket.gethostname()} {me} {start_time(me)}")
 
     def agree(self, done: int = 0) -> Change:
         """The next generation's members, as every survivor sees them (module docstring);
@@ -151,8 +152,7 @@ class Membership:
         known = self._local(r)
         if known is None:
             return False
-        fields = _stat(known[0])
-        return not fields or fields[0] == "Z" or fields[19] != known[1]
+        return ended(*known)
 
     def end_lost(self, lost: list[int]) -> list[int]:
         """SIGKILL the lost workers that still run on this host (a hung one); those ended."""
@@ -239,19 +239,3 @@ class Membership:
     def closed(self) -> str | None:
         key = self._key("join/closed")
         return self.store.get(key).decode() if self.store.check([key]) else None
-
-
-def _stat(pid: int) -> list[str]:
-    """/proc/PID/stat's fields after the command name (state first); [] if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
-    return fields if len(fields) > 19 else []
-
-
-def _start(pid: int) -> str:
-    """The process's start time (clock ticks after boot, stat field 22); "" if it is gone."""
-    fields = _stat(pid)
-    return fields[19] if fields else ""

@@ -17,12 +17,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
 from disttrain.comm.errors import UsageError
 from disttrain.comm.world import STORE_FILE_ENV
+from disttrain.launch import jobdir
 from disttrain.launch.tether import tie
 
 __all__ = ["add_arguments", "command_of", "run", "worker_env"]
@@ -102,7 +102,7 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
         raise UsageError("run: give the command to start, e.g. disttrain run -np 2 python x.py")
     if ns.np < 1:
         raise UsageError(f"run: -np must be at least 1, got {ns.np}")
-    folder = tempfile.mkdtemp(prefix="disttrain-run-")
+    folder = jobdir.make("run")
     me = os.getpid()
     procs: list[subprocess.Popen[Any]] = []
     try:

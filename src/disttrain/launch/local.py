@@ -22,7 +22,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import uuid
 from typing import Any
 
@@ -35,7 +34,7 @@ from disttrain.checkpoint import RUN_ENV
 from disttrain.collectives.shmseg import JOB_ENV, remove_leftovers
 from disttrain.comm.world import STORE_FILE_ENV
 from disttrain.config import TrainConfig
-from disttrain.launch import forked, rendezvous, rollcall, tether
+from disttrain.launch import forked, jobdir, rendezvous, rollcall, tether
 from disttrain.launch.env import WORKER_ENV
 
 __all__ = [
@@ -194,7 +193,7 @@ def launch(
     reaches every worker, of every restart, through ``DISTTRAIN_RUN_ID``.
     """
     _quiet_torch_elastic()
-    tmp = tempfile.mkdtemp(prefix="disttrain-job-")
+    tmp = jobdir.make("job")
     calls = os.path.join(tmp, "rollcall")
     causes = os.path.join(tmp, "causes")
     os.makedirs(causes)

@@ -40,7 +40,6 @@ import queue
 import shutil
 import signal
 import sys
-import tempfile
 import time
 import traceback
 import uuid
@@ -52,7 +51,7 @@ import torch
 from disttrain.collectives.shmseg import JOB_ENV, remove_leftovers
 from disttrain.comm import world
 from disttrain.comm.world import STORE_FILE_ENV
-from disttrain.launch import lean, malloc, startup
+from disttrain.launch import jobdir, lean, malloc, startup
 from disttrain.registry import load_plugins
 
 __all__ = ["RankError", "WorldTimeout", "run_world"]
@@ -200,7 +199,7 @@ def run_world(
     # the ranks' shared-memory segments carry this tag: what a killed rank left is removed;
     # the whole environment travels: the fork server holds the one it started with
     env = {**os.environ, JOB_ENV: f"w{os.getpid()}x{uuid.uuid4().hex[:8]}", **(env or {})}
-    folder = tempfile.mkdtemp(prefix="disttrain-world-")
+    folder = jobdir.make("world")
     store = os.path.join(folder, "store")  # world.init adds the restart round: store.0
     results = ctx.Queue()
     procs = [
