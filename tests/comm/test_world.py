@@ -11,6 +11,7 @@ imported first, the gloo threads are gone after ``destroy_process_group()``.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -78,3 +79,22 @@ def test_shutdown_hooks_run_once_each_before_the_group_goes(
     world.init()
     world.shutdown()
     assert seen == [True]
+
+
+def test_a_single_process_s_store_files_go_at_shutdown_and_at_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from disttrain.comm import world
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    world.init()
+    assert sorted(p.name for p in tmp_path.iterdir())  # the reserved name and its store
+    world.shutdown()
+    assert not list(tmp_path.iterdir()), "a plain process's store files outlive it"
+    # a script that never calls shutdown: the files go when it exits
+    code = "from disttrain.comm import world; world.init(); print(world.job_store_path())"
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120, check=True)  # fmt: skip
+    assert out.stdout.startswith(str(tmp_path))
+    assert not list(tmp_path.iterdir())

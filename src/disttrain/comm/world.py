@@ -14,7 +14,9 @@ is pinned to the loopback interface. Nothing then listens beyond 127.0.0.1.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import glob
 import os
 import socket
 import tempfile
@@ -92,6 +94,7 @@ _generation = 0
 _store: dist.Store | None = None
 #: The file of that store when it is a file store (a single-host job's): a joiner opens it
 _store_path: str | None = None
+_reserved: str | None = None  # a single process's store name (_private_store)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -149,7 +152,7 @@ def init(
         # A plain single process: a private file store, so collectives still work.
         if world_size != 1:
             raise UsageError("WORLD_SIZE > 1 but neither MASTER_ADDR nor a store file is set")
-        store_file = tempfile.mkstemp(prefix="disttrain-store-")[1]
+        store_file = _private_store()
     pg_timeout = timedelta(seconds=timeout)
     if store_file is not None:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -180,6 +183,25 @@ def init(
     place = _placement(rank, world_size, adopted=False)
     _world = World(rank, world_size, place[0], backend, torch_device, timeout, *place[1:])
     return _world
+
+
+def _private_store() -> str:
+    """A single process's store file: a unique name reserved in the temp dir; the name and
+    the store files made from it (``NAME.0``, ...) go at :func:`shutdown` or at exit."""
+    global _reserved
+    if _reserved is None:
+        _reserved = tempfile.mkstemp(prefix="disttrain-store-")[1]
+        atexit.register(_remove_reserved)
+    return _reserved
+
+
+def _remove_reserved() -> None:
+    global _reserved
+    if _reserved is not None:
+        for path in [_reserved, *glob.glob(glob.escape(_reserved) + ".*")]:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    _reserved = None
 
 
 def _placement(rank: int, world_size: int, adopted: bool) -> tuple[int, int, int, int]:
@@ -289,6 +311,7 @@ def shutdown() -> None:
         dist.destroy_process_group()
         _generation += 1  # a later init in this process meets on fresh keys
     _world = _store = _store_path = None
+    _remove_reserved()
 
 
 def job_store() -> dist.Store:
