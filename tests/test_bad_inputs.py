@@ -380,6 +380,13 @@ CASES: list[tuple[str, Argv, str]] = [
     ("compression-spec", _flags("--compression", "topk:many"), "--compression 'topk:many'"),
     ("compression-name", _flags("--compression", "zip"), "choose one of none"),
     (
+        "onebit-optimizer",
+        _flags(
+            "--strategy", "decentralized", "--compression", "onebit:0.01", "--optimizer", "adam"
+        ),
+        "with --optimizer adam at its default lr does not train",
+    ),
+    (
         "algorithm-name",
         _flags("--algorithm", "gossip"),
         "--algorithm 'gossip': unknown allreduce algorithm",

@@ -94,6 +94,8 @@ def test_momentum_correction_keeps_replicas_identical() -> None:
     ("args", "says"),
     [
         (["--momentum-correction", "--optimizer", "adam"], "use --optimizer momentum"),
+        # one-bit at momentum's own lr: 0.63 after 3 epochs; the correction or sgd train
+        (["--optimizer", "momentum"], "use `--optimizer sgd` (onebit's default, lr 0.5), add"),
         (
             [
                 "--active-warmup-steps",
@@ -120,3 +122,11 @@ def test_bad_option_combinations_are_one_line_and_exit_2(
     assert main([*base, *args]) == 2
     err = capsys.readouterr().err
     assert says in err and err.count("\n") == 1, err
+
+
+def test_momentum_correction_brings_momentum_at_its_own_lr_to_one_bit() -> None:
+    from disttrain import config
+
+    cfg = config.load({"strategy": "decentralized", "compression": ONEBIT,
+                       "momentum_correction": True})  # fmt: skip
+    assert (cfg.train.optimizer, cfg.train.lr) == ("momentum", 0.05)

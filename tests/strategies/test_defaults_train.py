@@ -148,29 +148,21 @@ def _train_row(
     return _accuracy(folder / "run"), label
 
 
-#: Each row with each other ``--optimizer`` (the rows above use the default, momentum):
+#: Each row with each other ``--optimizer`` than the run's default, momentum (a row whose
+#: component has its own, as one-bit's and top-k's sgd, is also run with adam and sgd's
+#: own lr here; one-bit with an explicit momentum is refused, tests/test_bad_inputs.py):
 #: every strategy and compressor trains with every optimizer's own default lr
 #: (config.OPTIMIZER_LR), held to the same band against allreduce with that optimizer.
 #: ``make test-long``; results: benchmarks/RESULTS.md, "Defaults train".
 OTHER_OPTIMIZERS = [name for name in OPTIMIZER_LR if name != "momentum"]
-#: Rows known not to train with an optimizer, as KNOWN_BAD above (not run).
-KNOWN_BAD_WITH: dict[str, str] = {
-    f"decentralized onebit {optimizer}": (
-        f"3 epochs: {acc} with --optimizer {optimizer} at its own lr, 0.928 with one-bit's "
-        "default sgd at 0.5 (a given optimizer drops that lr; benchmarks/RESULTS.md, "
-        "'Defaults that train'): a refusal naming --optimizer sgd, with --momentum-correction "
-        "left free, is to come (issue 35)"
-    )
-    for optimizer, acc in (("adam", "0.594"),)
-}
+#: A row refused with an optimizer (one-bit with adam: config says why) is run through
+#: the flags its refusal names (``_train_row``), as the rows above.
 OPTIMIZER_CASES = [
-    pytest.param(name, label, flags, optimizer, id=f"{label} {optimizer}",
-                 marks=[pytest.mark.xfail(run=False, reason=KNOWN_BAD_WITH[f"{label} {optimizer}"])]
-                 if f"{label} {optimizer}" in KNOWN_BAD_WITH else [])
+    pytest.param(name, label, flags, optimizer, id=f"{label} {optimizer}")
     for optimizer in OTHER_OPTIMIZERS
     for name, rows in ROWS.items()
     for label, flags in rows
-]  # fmt: skip
+]
 _optimizer_anchors: dict[str, float] = {}
 
 

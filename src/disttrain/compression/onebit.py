@@ -16,10 +16,14 @@ Wire: the index code (:mod:`index_coding`), then ceil(n/8) bytes of sign bits
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
+from disttrain.comm.errors import UsageError
 from disttrain.compression.base import (
     COMPRESSORS,
     SPARSE_DEFAULTS,
@@ -85,11 +89,38 @@ class OneBit(SparseCompressor):
         return coded_bytes(idx.size, k, gaps) + math.ceil(idx.size / 8)
 
 
+@dataclass(frozen=True)
+class _OneBitKind(CompressorKind):
+    """One-bit trains with its own optimizer default, with DGC's momentum correction, or
+    with an lr chosen for the optimizer given; not with another optimizer's own lr.
+
+    Measured on the default workload after 3 epochs (benchmarks/RESULTS.md, "Defaults that
+    train", each optimizer): sgd at lr 0.5 (its default) 0.928; momentum at its lr 0.05
+    0.628, adam at 0.001 0.594. top-k trains with each (0.889-0.922): the rule is one-bit's.
+    ``--momentum-correction`` (the decentralized strategy's; SPARSE_DEFAULTS: 0.914 after 5
+    epochs) replaces the optimizer's momentum, so it brings ``--optimizer momentum``."""
+
+    def defaults_for(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        if settings.get("momentum_correction"):
+            return {"optimizer": "momentum"}  # the strategy refuses another optimizer
+        mine = self.setting_defaults["optimizer"]
+        chosen = settings.get("optimizer", mine)
+        if chosen != mine and "lr" not in settings:
+            also = ", add --momentum-correction" if chosen == "momentum" else ""
+            raise UsageError(
+                f"--compression {settings.get('compression', 'onebit')} with --optimizer "
+                f"{chosen} at its default lr does not train (0.63 or less after 3 epochs of "
+                f"the default run): use `--optimizer {mine}` (onebit's default, lr "
+                f"{self.setting_defaults['lr']:g}){also}, or give --lr"
+            )
+        return dict(self.setting_defaults)
+
+
 # A bare `onebit` in a compare spec means tau 0.03: the threshold that kept accuracy on
 # digits/mlp with about 4,000x fewer bytes (benchmarks/RESULTS.md, "Talking less").
 COMPRESSORS.add(
     "onebit",
-    CompressorKind(
+    _OneBitKind(
         OneBit,
         "TAU",
         "threshold TAU > 0",
