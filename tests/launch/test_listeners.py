@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from disttrain.strategies import STRATEGIES
+from tests import zygote
 from tests.netcheck import descendants, kill, listening_addresses
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,7 +42,7 @@ RUNS: dict[str, list[str]] = {
 def _listeners(tmp_path: Path, flags: list[str]) -> set[tuple[str, int]]:
     """Every (address, port) the job's process tree listens on while it trains."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    proc = subprocess.Popen(
+    proc = zygote.popen(
         [sys.executable, "-m", "disttrain", "train", "--workers", "2", "--epochs", "30",
          "--no-progress", "--out", str(tmp_path / "o"), *flags],
         env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
