@@ -23,8 +23,12 @@ def main(log: str, machine_file: str) -> int:
         passed = []
     with open(machine_file) as fh:
         machine = "; ".join(line.strip() for line in fh if line.strip())
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or "unknown"  # fmt: skip
+    commit = (
+        subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        or "unknown"
+    )
     today = datetime.date.today().isoformat()
     by_combo: dict[str, list[dict[str, str]]] = {}
     for entry in passed:

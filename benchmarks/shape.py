@@ -61,8 +61,10 @@ def base_rows() -> Iterator[str]:
         plugins = _plugins(base, registry)
         overriders = {m: [p for p in plugins if m in vars(p)] for m in own}
         alone = sorted(m for m, ps in overriders.items() if len(ps) == 1)
-        yield (f"{name}: {len(own)} members (target <= {TARGETS[name]}); overridden by one "
-               f"plugin alone: {len(alone)} ({', '.join(alone) or '-'})")  # fmt: skip
+        yield (
+            f"{name}: {len(own)} members (target <= {TARGETS[name]}); overridden by one "
+            f"plugin alone: {len(alone)} ({', '.join(alone) or '-'})"
+        )
 
 
 def long_functions() -> list[tuple[int, str]]:

@@ -39,8 +39,20 @@ def peak_mib(workers: int, extra: list[str]) -> int:
     """The job's peak Pss, sampled every 0.3 s while ``--workers N`` trains 300 steps."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-m", "disttrain", "train", "--workers", str(workers),
-               "--max-steps", "300", "--no-progress", "--out", out, *extra]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "disttrain",
+            "train",
+            "--workers",
+            str(workers),
+            "--max-steps",
+            "300",
+            "--no-progress",
+            "--out",
+            out,
+            *extra,
+        ]
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         peak = 0
         while proc.poll() is None:
@@ -53,8 +65,10 @@ def main() -> int:
     extra = sys.argv[1:]
     two, eight = peak_mib(2, extra), peak_mib(8, extra)
     how = " ".join(extra) or "forked"
-    print(f"peak Pss: 2 workers {two} MiB, 8 workers {eight} MiB; "
-          f"one more worker {(eight - two) / 6:.0f} MiB ({how})")  # fmt: skip
+    print(
+        f"peak Pss: 2 workers {two} MiB, 8 workers {eight} MiB; "
+        f"one more worker {(eight - two) / 6:.0f} MiB ({how})"
+    )
     return 0
 
 

@@ -46,9 +46,12 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 
     opt = dt.DistributedOptimizer(
-        opt, named_parameters=model.named_parameters(), algorithm=args.algorithm,
-        fusion_mb=args.fusion_mb, compression=None,
-    )  # fmt: skip
+        opt,
+        named_parameters=model.named_parameters(),
+        algorithm=args.algorithm,
+        fusion_mb=args.fusion_mb,
+        compression=None,
+    )
     dt.broadcast_parameters(model.state_dict(), root_rank=0)
     dt.broadcast_optimizer_state(opt, root_rank=0)
 

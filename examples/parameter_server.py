@@ -20,9 +20,28 @@ import sys
 
 from disttrain.cli import main
 
-ARGS = ["train", "--strategy", "ps", "--ps-mode", "async", "--staleness-lr",
-        "--workers", "4", "--servers", "2", "--straggler", "3:4", "--model", "cnn",
-        "--optimizer", "sgd", "--lr", "0.1", "--epochs", "5"]  # fmt: skip
+ARGS = [
+    "train",
+    "--strategy",
+    "ps",
+    "--ps-mode",
+    "async",
+    "--staleness-lr",
+    "--workers",
+    "4",
+    "--servers",
+    "2",
+    "--straggler",
+    "3:4",
+    "--model",
+    "cnn",
+    "--optimizer",
+    "sgd",
+    "--lr",
+    "0.1",
+    "--epochs",
+    "5",
+]
 
 if __name__ == "__main__":
     sys.exit(main([*ARGS, *sys.argv[1:]]))

@@ -12,8 +12,20 @@ import sys
 from disttrain.cli import main
 from disttrain.parallel.pipeline.schedule import gpipe, render
 
-ARGS = ["train", "--strategy", "pipeline", "--workers", "2", "--schedule", "gpipe",
-        "--microbatches", "4", "--epochs", "2", "--no-progress"]  # fmt: skip
+ARGS = [
+    "train",
+    "--strategy",
+    "pipeline",
+    "--workers",
+    "2",
+    "--schedule",
+    "gpipe",
+    "--microbatches",
+    "4",
+    "--epochs",
+    "2",
+    "--no-progress",
+]
 
 if __name__ == "__main__":
     print(render(gpipe(4, 2)), end="\n\n")  # what each stage does at each tick

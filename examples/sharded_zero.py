@@ -44,12 +44,16 @@ def main() -> None:
     if args.stage == 3:
         model = dt.shard_model(model, algorithm=args.algorithm)
     opt = dt.ShardedOptimizer(
-        model.parameters(), torch.optim.Adam, lr=args.lr, algorithm=args.algorithm,
+        model.parameters(),
+        torch.optim.Adam,
+        lr=args.lr,
+        algorithm=args.algorithm,
         **({} if args.stage == 3 else {"stage": args.stage}),
-    )  # fmt: skip
+    )
 
-    sampler = GlobalBatchSampler(len(data.x_train), args.batch_size, dt.rank(), dt.size(),
-                                 args.seed)  # fmt: skip
+    sampler = GlobalBatchSampler(
+        len(data.x_train), args.batch_size, dt.rank(), dt.size(), args.seed
+    )
     step, loss = 0, torch.zeros(())
     for epoch in range(args.max_steps // sampler.steps_per_epoch + 1):
         for indices in sampler.epoch(epoch)[: args.max_steps - step]:
@@ -63,8 +67,10 @@ def main() -> None:
     full_model = model.full_state_dict() if args.stage == 3 else model.state_dict()
     full_optimizer = opt.full_state_dict()
     if dt.rank() == 0:
-        print(f"rank 0: {step} steps, last loss {loss.item():.4f}, world size {dt.size()}, "
-              f"stage {args.stage}")  # fmt: skip
+        print(
+            f"rank 0: {step} steps, last loss {loss.item():.4f}, world size {dt.size()}, "
+            f"stage {args.stage}"
+        )
         if args.out:
             torch.save({"model": full_model, "optimizer": full_optimizer}, args.out)
     opt.close()

@@ -40,9 +40,11 @@ def main() -> None:
     model = mlp(64, 10, (256, 256)) if args.model == "mlp" else cnn(64, 10)
     opt = torch.optim.SGD(model.parameters(), lr=0.01 * dt.size())
     opt = dt.DistributedOptimizer(
-        opt, named_parameters=model.named_parameters(), algorithm=args.algorithm,
+        opt,
+        named_parameters=model.named_parameters(),
+        algorithm=args.algorithm,
         compression="fp16" if args.fp16_allreduce else None,
-    )  # fmt: skip
+    )
     dt.broadcast_parameters(model.state_dict(), root_rank=0)
     dt.broadcast_optimizer_state(opt, root_rank=0)
     data = torch.randn(args.batch_size, 64)
@@ -69,8 +71,10 @@ def main() -> None:
     mean = statistics.mean(rates)
     spread = 1.96 * statistics.stdev(rates) if len(rates) > 1 else 0.0
     log(f"Samples/sec per worker: {mean:.1f} +-{spread:.1f}")
-    log(f"Total samples/sec on {dt.size()} worker(s): {dt.size() * mean:.1f} "
-        f"+-{dt.size() * spread:.1f}")  # fmt: skip
+    log(
+        f"Total samples/sec on {dt.size()} worker(s): {dt.size() * mean:.1f} "
+        f"+-{dt.size() * spread:.1f}"
+    )
     opt.close()
     dt.shutdown()
 

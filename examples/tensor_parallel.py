@@ -11,8 +11,18 @@ import sys
 
 from disttrain.cli import main
 
-ARGS = ["train", "--strategy", "tensor", "--workers", "2", "--tensor-mode", "megatron",
-        "--epochs", "2", "--no-progress"]  # fmt: skip
+ARGS = [
+    "train",
+    "--strategy",
+    "tensor",
+    "--workers",
+    "2",
+    "--tensor-mode",
+    "megatron",
+    "--epochs",
+    "2",
+    "--no-progress",
+]
 
 if __name__ == "__main__":
     sys.exit(main([*ARGS, *sys.argv[1:]]))  # flags given here come later: they win

@@ -24,11 +24,15 @@ def main() -> None:
     dist.init_process_group("gloo")  # the engine's group: disttrain adopts it
     summary = dt.train(settings)
     line = {
-        "rank": dt.rank(), "local_rank": dt.local_rank(), "local_size": dt.local_size(),
-        "cross_rank": dt.cross_rank(), "cross_size": dt.cross_size(),
-        "accuracy": summary["final_accuracy"], "run_id": summary["run_id"],
+        "rank": dt.rank(),
+        "local_rank": dt.local_rank(),
+        "local_size": dt.local_size(),
+        "cross_rank": dt.cross_rank(),
+        "cross_size": dt.cross_size(),
+        "accuracy": summary["final_accuracy"],
+        "run_id": summary["run_id"],
         "workers": summary["workers"],
-    }  # fmt: skip
+    }
     print(json.dumps(line), flush=True)
     dist.destroy_process_group()  # the group is the script's: disttrain left it open
 

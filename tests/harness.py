@@ -45,8 +45,12 @@ class SharedWorlds:
     failing case named.
     """
 
-    def __init__(self, jobs: dict[str, tuple[int, Callable[..., Any], tuple[Any, ...]]],
-                 timeout: float, collective_timeout: float = 30.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        jobs: dict[str, tuple[int, Callable[..., Any], tuple[Any, ...]]],
+        timeout: float,
+        collective_timeout: float = 30.0,
+    ) -> None:
         self.jobs = jobs
         self.timeout = timeout
         self.collective_timeout = collective_timeout
@@ -58,9 +62,12 @@ class SharedWorlds:
             jobs = [(n, fn, args) for n, (s, fn, args) in self.jobs.items() if s == size]
             try:
                 self._done[size] = run_world(
-                    _in_turn, size, args=(jobs,), timeout=self.timeout,
+                    _in_turn,
+                    size,
+                    args=(jobs,),
+                    timeout=self.timeout,
                     collective_timeout=self.collective_timeout,
-                )  # fmt: skip
+                )
             except (RankError, WorldTimeout) as exc:
                 self._done[size] = exc
         done = self._done[size]

@@ -49,13 +49,30 @@ def _single_process_reference() -> dict[str, torch.Tensor]:
 def _torchrun(tmp_path: Path, *extra: str) -> dict[str, torch.Tensor]:
     out = tmp_path / "model.pt"
     cmd = [
-        str(TORCHRUN), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-        "--master-port", str(_free_port()), "examples/horovod_style.py",
-        "--max-steps", str(STEPS), "--batch-size", str(BATCH),
-        "--hidden", ",".join(map(str, HIDDEN)), "--out", str(out), *extra,
-    ]  # fmt: skip
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"}  # fmt: skip
+        str(TORCHRUN),
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        "examples/horovod_style.py",
+        "--max-steps",
+        str(STEPS),
+        "--batch-size",
+        str(BATCH),
+        "--hidden",
+        ",".join(map(str, HIDDEN)),
+        "--out",
+        str(out),
+        *extra,
+    ]
+    env = {
+        **os.environ,
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}",
+    }
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert f"rank 0: {STEPS} steps" in proc.stdout
@@ -63,9 +80,17 @@ def _torchrun(tmp_path: Path, *extra: str) -> dict[str, torch.Tensor]:
 
 
 def test_public_api_is_the_horovod_surface() -> None:
-    for name in ("init", "rank", "size", "local_rank", "DistributedOptimizer",
-                 "broadcast_parameters", "broadcast_optimizer_state", "ShardedOptimizer",
-                 "shard_model"):  # fmt: skip
+    for name in (
+        "init",
+        "rank",
+        "size",
+        "local_rank",
+        "DistributedOptimizer",
+        "broadcast_parameters",
+        "broadcast_optimizer_state",
+        "ShardedOptimizer",
+        "shard_model",
+    ):
         assert name in dt.__all__ and callable(getattr(dt, name))
 
 

@@ -96,8 +96,12 @@ def _checkpoint(kind: str) -> Argv:
             return ["--resume", str(root)]
         state: dict[str, Any] = {"model": {"w": torch.ones(3)}}
         if kind == "zero-stage":  # ZeRO stage 2 shards (of 2 workers, one 3-element group)
-            state["strategy"] = {"stage": 2, "world_size": 2, "group_numels": [3],
-                                 "shards": [torch.ones(2)]}  # fmt: skip
+            state["strategy"] = {
+                "stage": 2,
+                "world_size": 2,
+                "group_numels": [3],
+                "shards": [torch.ones(2)],
+            }
         checkpoint.save(str(root), 4, 0, 4 if kind == "world" else 2, state)
         part = next((root / "checkpoints").glob(".step-00000004.*.tmp/rank-00000"))
         if kind == "foreign":  # a state.json without our format tag
@@ -110,8 +114,11 @@ def _checkpoint(kind: str) -> Argv:
         elif kind == "pickle":  # DCP pickles its index: ours must not run what it names
             (part / ".metadata").write_bytes(pickle.dumps(Exploit(str(tmp / "pwned"))))
         if kind == "other-model":  # what a run of --model cnn records (train/saver.py)
-            checkpoint.commit(str(root), 4, settings={"model": "cnn", "dataset": "digits",
-                                                      "strategy": "allreduce"})  # fmt: skip
+            checkpoint.commit(
+                str(root),
+                4,
+                settings={"model": "cnn", "dataset": "digits", "strategy": "allreduce"},
+            )
         elif kind != "uncommitted":
             checkpoint.commit(str(root), 4)
         if kind == "two-runs":  # another run's step 6 in the same folder
@@ -574,9 +581,7 @@ def _check_documented_choices(case: str, err: str) -> None:
             assert err.strip().split(phrase, 1)[1] == doc.split(phrase, 1)[1], (case, err)
 
 
-@pytest.mark.parametrize(
-    ("case", "argv", "expect"), CASES, ids=[c[0] for c in CASES]
-)  # fmt: skip
+@pytest.mark.parametrize(("case", "argv", "expect"), CASES, ids=[c[0] for c in CASES])
 def test_bad_input_is_one_line_and_exit_2_before_any_worker(
     case: str, argv: Argv, expect: str, no_launch: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -613,8 +618,18 @@ def test_data_parallel_strategies_still_need_the_batch_to_split(
     no_launch: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     for strategy in ("allreduce", "localsgd", "decentralized", "ps"):
-        args = ["train", "--no-progress", "--strategy", strategy, "--workers", "3",
-                "--batch-size", "64", "--out", str(no_launch / strategy)]  # fmt: skip
+        args = [
+            "train",
+            "--no-progress",
+            "--strategy",
+            strategy,
+            "--workers",
+            "3",
+            "--batch-size",
+            "64",
+            "--out",
+            str(no_launch / strategy),
+        ]
         assert cli.main(args) == 2, strategy
         _check_one_line(capsys.readouterr().err, "not divisible by the 3 workers")
 
@@ -641,8 +656,11 @@ def test_the_real_command_exits_2_with_one_line(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = subprocess.run(
         [sys.executable, "-m", "disttrain", "train", "--workers", "0", "--out", str(tmp_path)],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     _check_one_line(proc.stderr, "--workers must be positive")
 
@@ -663,8 +681,11 @@ def test_a_setting_nothing_reads_is_refused_by_the_real_command(
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "disttrain", "train", *argv, "--out", str(out)],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     _check_one_line(proc.stderr, expect)
     assert not out.exists()

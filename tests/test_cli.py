@@ -26,8 +26,12 @@ def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str
     }
     return zygote.run(
         [sys.executable, "-m", "disttrain", *args],
-        capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=REPO,
+    )
 
 
 def _write_npz(path: Path, **arrays: np.ndarray) -> str:
@@ -124,11 +128,29 @@ def test_killing_one_of_three_workers_ends_the_job_naming_the_rank(tmp_path: Pat
     out = tmp_path / "k"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = zygote.popen(
-        [sys.executable, "-m", "disttrain", "train", "--workers", "3", "--batch-size", "48",
-         "--timeout", str(timeout), "--inject-fault", "kill:rank=1:step=5", "--no-progress",
-         "--out", str(out)],
-        env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "disttrain",
+            "train",
+            "--workers",
+            "3",
+            "--batch-size",
+            "48",
+            "--timeout",
+            str(timeout),
+            "--inject-fault",
+            "kill:rank=1:step=5",
+            "--no-progress",
+            "--out",
+            str(out),
+        ],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         # rank 0 logs step 4 just before rank 1 kills itself entering step 5
         metrics = out / "metrics.jsonl"
@@ -151,9 +173,17 @@ def test_killing_one_of_three_workers_ends_the_job_naming_the_rank(tmp_path: Pat
 
 def test_a_raising_worker_is_named_with_its_error(tmp_path: Path) -> None:
     result = run_cli(
-        "train", "--workers", "2", "--timeout", "10", "--inject-fault", "raise:rank=1:step=3",
-        "--out", str(tmp_path / "r"), timeout=240,
-    )  # fmt: skip
+        "train",
+        "--workers",
+        "2",
+        "--timeout",
+        "10",
+        "--inject-fault",
+        "raise:rank=1:step=3",
+        "--out",
+        str(tmp_path / "r"),
+        timeout=240,
+    )
     assert result.returncode == 1
     assert "worker rank 1" in result.stderr and "injected fault" in result.stderr, result.stderr
     # the last line is the root cause as rank 1 said it, not torch elastic's advice
@@ -192,8 +222,12 @@ def test_train_help_has_one_group_per_settings_section_with_registry_choices(
             assert _title(cls) in titles, (cls, titles)
         for title in getattr(cls, "GROUPS", {}):
             assert title in titles, (title, titles)
-    for registry, flag in ((STRATEGIES, "--strategy"), (ALGORITHMS, "--algorithm"),
-                           (MODELS, "--model"), (SCHEDULES, "--schedule")):  # fmt: skip
+    for registry, flag in (
+        (STRATEGIES, "--strategy"),
+        (ALGORITHMS, "--algorithm"),
+        (MODELS, "--model"),
+        (SCHEDULES, "--schedule"),
+    ):
         block = " ".join(text.split(f"  {flag} ")[1].split("\n  --")[0].split())
         assert f"choices: {', '.join(registry.names())}" in block, (flag, block)
     for line in text.split("\n  --"):

@@ -18,18 +18,35 @@ import torch
 from tests.test_api import TORCHRUN, _free_port
 
 REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
-       "PYTHONPATH": str(REPO / "src")}  # fmt: skip
+ENV = {
+    **os.environ,
+    "GLOO_SOCKET_IFNAME": "lo",
+    "OMP_NUM_THREADS": "1",
+    "PYTHONPATH": str(REPO / "src"),
+}
 
 
 def _run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     # the c10d rendezvous: each restart round meets afresh (with --master-addr's static
     # one, the store keeps the first round's gloo addresses and a restarted rank may dial
     # a dead one)
-    cmd = [str(TORCHRUN), "--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "1",
-           "--monitor-interval", "0.2", "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
-           str(REPO / "examples" / "elastic_state.py"), *args]  # fmt: skip
+    cmd = [
+        str(TORCHRUN),
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "--monitor-interval",
+        "0.2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{_free_port()}",
+        str(REPO / "examples" / "elastic_state.py"),
+        *args,
+    ]
     return subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=240)
 
 
@@ -40,8 +57,7 @@ def test_a_killed_worker_resumes_from_the_last_commit_and_ends_as_undisturbed(
     straight = _run(tmp_path, "--root", "a", "--out", "a.pt")
     assert straight.returncode == 0, straight.stderr[-3000:]
     assert "round 0: resumed=False from epoch 0, ended at 4" in straight.stdout
-    killed = _run(tmp_path, "--root", "b", "--out", "b.pt", "--kill-rank", "1",
-                  "--kill-epoch", "2")  # fmt: skip
+    killed = _run(tmp_path, "--root", "b", "--out", "b.pt", "--kill-rank", "1", "--kill-epoch", "2")
     assert killed.returncode == 0, killed.stderr[-3000:]
     assert "round 1: resumed=True from epoch 2, ended at 4" in killed.stdout, killed.stdout
     a, b = torch.load(tmp_path / "a.pt"), torch.load(tmp_path / "b.pt")

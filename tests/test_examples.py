@@ -47,9 +47,18 @@ def test_the_command_line_examples_train_under_the_budget(tmp_path: Path) -> Non
     ]
     assert names == ["parameter_server.py", "pipeline_gpipe.py", "tensor_parallel.py"]
     outs = [tmp_path / n.removesuffix(".py") for n in names]
-    commands = [[sys.executable, str(REPO / "examples" / n), "--max-steps", str(STEPS),
-                 "--no-progress", "--out", str(out)]
-                for n, out in zip(names, outs, strict=True)]  # fmt: skip
+    commands = [
+        [
+            sys.executable,
+            str(REPO / "examples" / n),
+            "--max-steps",
+            str(STEPS),
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+        for n, out in zip(names, outs, strict=True)
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     done = _at_once(commands, REPO, env, 240)
     for name, out in zip(names, outs, strict=True):
@@ -63,10 +72,23 @@ def test_the_command_line_examples_train_under_the_budget(tmp_path: Path) -> Non
 @pytest.mark.timeout(180)
 def test_the_ddp_comm_hook_example_trains_under_torchrun() -> None:
     """As its docstring runs it, on a free port (--standalone) and with 3 steps."""
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "GLOO_SOCKET_IFNAME": "lo",
-           "OMP_NUM_THREADS": "1"}  # fmt: skip
-    cmd = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node",
-           "2", "examples/ddp_comm_hook.py", "--algorithm", "ring", "--steps", "3"]  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO / "src"),
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+    }
+    cmd = [
+        str(Path(sys.executable).with_name("torchrun")),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "examples/ddp_comm_hook.py",
+        "--algorithm",
+        "ring",
+        "--steps",
+        "3",
+    ]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, done.stderr[-3000:]
     match = re.search(r"^ring: 3 steps, last loss (\S+)$", done.stdout, re.M)

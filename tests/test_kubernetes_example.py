@@ -31,24 +31,34 @@ REPLICA_SPEC = {
         "template": {
             "type": "object",
             "required": ["spec"],
-            "properties": {"spec": {
-                "type": "object", "required": ["containers"],
-                "properties": {"containers": {
-                    "type": "array", "minItems": 1,
-                    "items": {"type": "object", "required": ["name"],
-                              "properties": {"name": {"type": "string"},
-                                             "command": {"type": "array",
-                                                         "items": {"type": "string"}},
-                                             "args": {"type": "array",
-                                                      "items": {"type": "string"}}}},
-                    # the operator sets torchrun's environment in the container named pytorch
-                    "contains": {"properties": {"name": {"const": "pytorch"}}},
-                }},
-            }},
+            "properties": {
+                "spec": {
+                    "type": "object",
+                    "required": ["containers"],
+                    "properties": {
+                        "containers": {
+                            "type": "array",
+                            "minItems": 1,
+                            "items": {
+                                "type": "object",
+                                "required": ["name"],
+                                "properties": {
+                                    "name": {"type": "string"},
+                                    "command": {"type": "array", "items": {"type": "string"}},
+                                    "args": {"type": "array", "items": {"type": "string"}},
+                                },
+                            },
+                            # the operator sets torchrun's environment in the container
+                            # named pytorch
+                            "contains": {"properties": {"name": {"const": "pytorch"}}},
+                        }
+                    },
+                }
+            },
         },
     },
     "additionalProperties": False,
-}  # fmt: skip
+}
 SCHEMA = {
     "type": "object",
     "required": ["apiVersion", "kind", "metadata", "spec"],
@@ -63,12 +73,16 @@ SCHEMA = {
                 "elasticPolicy": {
                     "type": "object",
                     "properties": {
-                        "minReplicas": INT32, "maxReplicas": INT32, "maxRestarts": INT32,
+                        "minReplicas": INT32,
+                        "maxReplicas": INT32,
+                        "maxRestarts": INT32,
                         "nProcPerNode": INT32,
                         "rdzvBackend": {"enum": ["c10d", "etcd", "etcd-v2"]},
-                        "rdzvHost": {"type": "string"}, "rdzvPort": INT32,
+                        "rdzvHost": {"type": "string"},
+                        "rdzvPort": INT32,
                         "rdzvId": {"type": "string"},
-                        "rdzvConf": {"type": "array"}, "standalone": {"type": "boolean"},
+                        "rdzvConf": {"type": "array"},
+                        "standalone": {"type": "boolean"},
                         "metrics": {"type": "array"},
                     },
                     "additionalProperties": False,
@@ -83,7 +97,7 @@ SCHEMA = {
             "additionalProperties": False,
         },
     },
-}  # fmt: skip
+}
 
 
 def _job() -> dict[str, Any]:

@@ -32,11 +32,22 @@ DOC = ROOT / "docs" / "architecture.md"
 #: of its own layer (without a cycle) and of lower layers, never of higher ones.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # L0: no disttrain imports but each other's
-    ("disttrain.registry", "disttrain.comm", "disttrain.timeline", "disttrain.config",
-     "disttrain.checkpoint", "disttrain.units"),
+    (
+        "disttrain.registry",
+        "disttrain.comm",
+        "disttrain.timeline",
+        "disttrain.config",
+        "disttrain.checkpoint",
+        "disttrain.units",
+    ),
     # L1: the building blocks over the wire and over the data
-    ("disttrain.collectives", "disttrain.compression", "disttrain.amp", "disttrain.data",
-     "disttrain.models"),
+    (
+        "disttrain.collectives",
+        "disttrain.compression",
+        "disttrain.amp",
+        "disttrain.data",
+        "disttrain.models",
+    ),
     # L2: the machinery strategies are built from
     ("disttrain.dataparallel", "disttrain.ps", "disttrain.parallel", "disttrain.costing"),
     # L3: how replicas agree, one file per strategy
@@ -46,9 +57,17 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # L5: starting jobs, the emulated cluster, benchmarks and reports
     ("disttrain.launch", "disttrain.cluster", "disttrain.lab"),
     # L6: the command and the Horovod-style API
-    ("disttrain.cli", "disttrain.__main__", "disttrain", "disttrain.optimizer", "disttrain.ops",
-     "disttrain.elastic", "disttrain.sharded", "disttrain.horovod"),
-)  # fmt: skip
+    (
+        "disttrain.cli",
+        "disttrain.__main__",
+        "disttrain",
+        "disttrain.optimizer",
+        "disttrain.ops",
+        "disttrain.elastic",
+        "disttrain.sharded",
+        "disttrain.horovod",
+    ),
+)
 
 #: Module cycles tolerated for now, each as the set of its modules.
 KNOWN_MODULE_CYCLES: list[frozenset[str]] = []

@@ -19,9 +19,15 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "disttrain"
 
 PICKLING_MODULES = {"pickle", "_pickle", "cPickle", "dill", "cloudpickle", "marshal", "shelve"}
 OBJECT_COLLECTIVES = {
-    "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
-    "send_object_list", "recv_object_list", "send_pyobj", "recv_pyobj",
-}  # fmt: skip
+    "all_gather_object",
+    "broadcast_object_list",
+    "gather_object",
+    "scatter_object_list",
+    "send_object_list",
+    "recv_object_list",
+    "send_pyobj",
+    "recv_pyobj",
+}
 MP_PICKLERS = {"Queue", "SimpleQueue", "JoinableQueue", "Pipe", "Manager"}
 
 #: (file relative to src/disttrain, rule) -> why it is not a wire of ours.
@@ -106,11 +112,18 @@ np.load(path, allow_pickle=False)
 """
     rules = [rule for _, rule in violations(snippet)]
     assert rules == [
-        "import pickle", "import cloudpickle", "import dill", "all_gather_object",
-        "broadcast_object_list", "recv_object_list", "recv_pyobj",
-        "torch.load without weights_only=True", "torch.load without weights_only=True",
-        "np.load with allow_pickle", "multiprocessing Queue",
-    ], rules  # fmt: skip
+        "import pickle",
+        "import cloudpickle",
+        "import dill",
+        "all_gather_object",
+        "broadcast_object_list",
+        "recv_object_list",
+        "recv_pyobj",
+        "torch.load without weights_only=True",
+        "torch.load without weights_only=True",
+        "np.load with allow_pickle",
+        "multiprocessing Queue",
+    ], rules
 
 
 def test_nothing_in_src_unpickles() -> None:

@@ -64,8 +64,17 @@ def test_collectives_of_tensors_and_numbers_match_the_sums_by_hand() -> None:
 
 
 def test_the_api_names_horovod_users_expect() -> None:
-    for name in ("allreduce", "allgather", "broadcast", "local_size", "cross_rank",
-                 "cross_size", "join", "train", "train_loop"):  # fmt: skip
+    for name in (
+        "allreduce",
+        "allgather",
+        "broadcast",
+        "local_size",
+        "cross_rank",
+        "cross_size",
+        "join",
+        "train",
+        "train_loop",
+    ):
         assert name in dt.__all__ and callable(getattr(dt, name)), name
 
 

@@ -50,8 +50,10 @@ def _train(algorithm: str, steps_by_rank: list[int], accumulate: bool) -> Any:
                 p.add_(1.0)
     opt = dt.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-        named_parameters=model.named_parameters(), algorithm=algorithm, fusion_mb=0.001,
-    )  # fmt: skip
+        named_parameters=model.named_parameters(),
+        algorithm=algorithm,
+        fusion_mb=0.001,
+    )
     dt.broadcast_parameters(model.state_dict(), root_rank=0)
     dt.broadcast_optimizer_state(opt, root_rank=0)
     shard = slice(r * BATCH // n, (r + 1) * BATCH // n)

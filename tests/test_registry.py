@@ -43,8 +43,12 @@ def test_a_bad_plugin_is_one_line_and_exit_2(tmp_path: Path) -> None:
     env = {**os.environ, registry.PLUGINS_ENV: "no_such_module_dt"}
     proc = zygote.run(
         [sys.executable, "-m", "disttrain", "train", "--workers", "1", "--max-steps", "1"],
-        env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "DISTTRAIN_PLUGINS: cannot import no_such_module_dt" in lines[0]

@@ -63,8 +63,9 @@ def _train_sharded(stage: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]
         model = dt.shard_model(model)
         opt = dt.ShardedOptimizer(model.parameters(), torch.optim.Adam, lr=LR)
     else:
-        opt = dt.ShardedOptimizer(model.parameters(), torch.optim.Adam, lr=LR, stage=stage,
-                                  fusion_mb=0.002)  # several buckets  # fmt: skip
+        opt = dt.ShardedOptimizer(
+            model.parameters(), torch.optim.Adam, lr=LR, stage=stage, fusion_mb=0.002
+        )  # several buckets
     for indices in batches:
         mine = indices[r * BATCH // n : (r + 1) * BATCH // n]
         opt.zero_grad()
@@ -88,8 +89,9 @@ def _check(got: tuple[dict[str, torch.Tensor], dict[str, Any]]) -> None:
     for i, entry in want_opt["state"].items():
         assert entry.keys() == optim["state"][i].keys()
         for key, value in entry.items():
-            assert torch.allclose(optim["state"][i][key].float(), value.float(), atol=1e-5,
-                                  rtol=0), (i, key)  # fmt: skip
+            assert torch.allclose(
+                optim["state"][i][key].float(), value.float(), atol=1e-5, rtol=0
+            ), (i, key)
     # both load into the plain model and the plain optimizer
     data, _ = _batches()
     plain = mlp(data.in_features, data.num_classes, HIDDEN)
@@ -159,13 +161,33 @@ def _free_port() -> int:
 def test_the_example_under_torchrun_equals_one_process(tmp_path: Path) -> None:
     out = tmp_path / "state.pt"
     cmd = [
-        str(TORCHRUN), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-        "--master-port", str(_free_port()), "examples/sharded_zero.py", "--stage", "3",
-        "--max-steps", str(STEPS), "--batch-size", str(BATCH), "--lr", str(LR),
-        "--hidden", ",".join(map(str, HIDDEN)), "--out", str(out),
-    ]  # fmt: skip
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"}  # fmt: skip
+        str(TORCHRUN),
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        "examples/sharded_zero.py",
+        "--stage",
+        "3",
+        "--max-steps",
+        str(STEPS),
+        "--batch-size",
+        str(BATCH),
+        "--lr",
+        str(LR),
+        "--hidden",
+        ",".join(map(str, HIDDEN)),
+        "--out",
+        str(out),
+    ]
+    env = {
+        **os.environ,
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}",
+    }
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert f"rank 0: {STEPS} steps" in proc.stdout and "world size 2, stage 3" in proc.stdout

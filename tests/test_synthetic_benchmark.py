@@ -19,12 +19,26 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_synthetic_benchmark_runs_under_torchrun(tmp_path: Path) -> None:
     cmd = [
-        str(TORCHRUN), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-        "--master-port", str(_free_port()), str(REPO / "examples" / "synthetic_benchmark.py"),
-        "--num-iters", "3", "--num-batches-per-iter", "2", "--fp16-allreduce",
-    ]  # fmt: skip
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(REPO / "src")}  # fmt: skip
+        str(TORCHRUN),
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        str(REPO / "examples" / "synthetic_benchmark.py"),
+        "--num-iters",
+        "3",
+        "--num-batches-per-iter",
+        "2",
+        "--fp16-allreduce",
+    ]
+    env = {
+        **os.environ,
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(REPO / "src"),
+    }
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     out = proc.stdout

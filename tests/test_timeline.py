@@ -141,10 +141,17 @@ def test_merge_writes_one_valid_trace(tmp_path: Path) -> None:
     parts = tmp_path / "parts"
     parts.mkdir()
     base = 5_000_000_000
-    _part(parts, 1, "h", 0, [
-        _x("backward", "compute", base + 3000, 4000), _x("step", "compute", base + 1000, 9000),
-        _x("allreduce bucket 0", "comm", base + 4000, 1000, args={"bucket": 0, "bytes": 40}),
-    ])  # fmt: skip
+    _part(
+        parts,
+        1,
+        "h",
+        0,
+        [
+            _x("backward", "compute", base + 3000, 4000),
+            _x("step", "compute", base + 1000, 9000),
+            _x("allreduce bucket 0", "comm", base + 4000, 1000, args={"bucket": 0, "bytes": 40}),
+        ],
+    )
     _part(parts, 0, "h", 0, [_x("forward", "compute", base, 2000, args={"microbatch": 0})])
     (parts / "rank2.json.tmp").write_text("{half a part")  # never read
     out = tmp_path / "trace.json"
@@ -154,9 +161,14 @@ def test_merge_writes_one_valid_trace(tmp_path: Path) -> None:
     lanes = check_trace(trace)
     assert set(lanes) == {(0, "compute"), (1, "compute"), (1, "comm")}
     assert lanes[0, "compute"][0] == {
-        "name": "forward", "ph": "X", "pid": 0, "tid": 1, "ts": 0.0, "dur": 2.0,
+        "name": "forward",
+        "ph": "X",
+        "pid": 0,
+        "tid": 1,
+        "ts": 0.0,
+        "dur": 2.0,
         "args": {"microbatch": 0},
-    }  # fmt: skip
+    }
     # the enclosing step comes before the backward inside it; microseconds from the first event
     assert [(e["name"], e["ts"], e["dur"]) for e in lanes[1, "compute"]] == [
         ("step", 1.0, 9.0),
@@ -169,10 +181,17 @@ def test_merge_writes_one_valid_trace(tmp_path: Path) -> None:
 
 def test_overlapping_async_spans_get_sub_lanes(tmp_path: Path) -> None:
     # gloo may run two collectives side by side: they overlap without nesting
-    _part(tmp_path, 0, "h", 0, [
-        _x("b0", "comm", 0, 100, **{"async": True}), _x("b1", "comm", 50, 100, **{"async": True}),
-        _x("b2", "comm", 120, 10, **{"async": True}),
-    ])  # fmt: skip
+    _part(
+        tmp_path,
+        0,
+        "h",
+        0,
+        [
+            _x("b0", "comm", 0, 100, **{"async": True}),
+            _x("b1", "comm", 50, 100, **{"async": True}),
+            _x("b2", "comm", 120, 10, **{"async": True}),
+        ],
+    )
     out = tmp_path / "t.json"
     timeline.merge(str(tmp_path), str(out))
     lanes = check_trace(json.loads(out.read_text()))

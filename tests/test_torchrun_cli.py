@@ -15,13 +15,34 @@ def test_all_ranks_of_a_torchrun_job_share_the_default_out_folder(tmp_path: Path
     # Before, only rank 0 got a default folder: rank 1's checkpoint files went nowhere
     # (or into the working directory). The job's rendezvous id now names the folder.
     cmd = [
-        str(TORCHRUN), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-        "--master-port", str(_free_port()), "--rdzv-id", "job7",
-        "-m", "disttrain", "train", "--max-steps", "4", "--epochs", "1",
-        "--checkpoint-every", "2", "--no-progress", "--timeout", "60",
-    ]  # fmt: skip
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(REPO / "src")}  # fmt: skip
+        str(TORCHRUN),
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        "--rdzv-id",
+        "job7",
+        "-m",
+        "disttrain",
+        "train",
+        "--max-steps",
+        "4",
+        "--epochs",
+        "1",
+        "--checkpoint-every",
+        "2",
+        "--no-progress",
+        "--timeout",
+        "60",
+    ]
+    env = {
+        **os.environ,
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(REPO / "src"),
+    }
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=170)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     runs = sorted(p.name for p in (tmp_path / "runs").iterdir())

@@ -31,8 +31,19 @@ REPO = Path(__file__).resolve().parents[1]
 _lock = threading.Lock()
 _zygote: tuple[subprocess.Popen[bytes], str] | None = None
 _OFF = "DISTTRAIN_NO_ZYGOTE"  # =1: every command exec'd, as before (to compare, or to rule out)
-_SUPPORTED = {"env", "cwd", "stdin", "stdout", "stderr", "text", "universal_newlines",
-              "capture_output", "timeout", "check", "input"}  # fmt: skip
+_SUPPORTED = {
+    "env",
+    "cwd",
+    "stdin",
+    "stdout",
+    "stderr",
+    "text",
+    "universal_newlines",
+    "capture_output",
+    "timeout",
+    "check",
+    "input",
+}
 
 
 def _socket() -> str:
@@ -42,8 +53,12 @@ def _socket() -> str:
         if _zygote is None or _zygote[0].poll() is not None:
             path = os.path.join(tempfile.mkdtemp(prefix="dt-zygote-"), "sock")
             env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-            proc = subprocess.Popen([sys.executable, "-m", "tests.zygote", path], cwd=REPO,
-                                    env=env, stdin=subprocess.DEVNULL)  # fmt: skip
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.zygote", path],
+                cwd=REPO,
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
             while not os.path.exists(path):
                 if proc.poll() is not None:
                     raise RuntimeError("the test zygote did not start")
@@ -67,15 +82,26 @@ def _fd(spec: Any, default: int) -> tuple[int, int | None]:
 class Command:
     """A Popen-like handle of one forked command."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None, cwd: Any,
-                 stdin: Any, stdout: Any, stderr: Any, text: bool) -> None:  # fmt: skip
+    def __init__(
+        self,
+        args: list[str],
+        env: dict[str, str] | None,
+        cwd: Any,
+        stdin: Any,
+        stdout: Any,
+        stderr: Any,
+        text: bool,
+    ) -> None:
         self.args = args
         self.returncode: int | None = None
         ends = [_fd(stdin, 0), _fd(stdout, 1)]
         ends.append((os.dup(ends[1][0]), None) if stderr == subprocess.STDOUT else _fd(stderr, 2))
         status_r, status_w = os.pipe()
-        request = {"argv": args[3:], "env": dict(os.environ if env is None else env),
-                   "cwd": str(cwd or os.getcwd())}  # fmt: skip
+        request = {
+            "argv": args[3:],
+            "env": dict(os.environ if env is None else env),
+            "cwd": str(cwd or os.getcwd()),
+        }
         with socket.socket(socket.AF_UNIX) as conn:
             conn.connect(_socket())
             socket.send_fds(conn, [json.dumps(request).encode()], [e[0] for e in ends] + [status_w])
@@ -127,8 +153,11 @@ class Command:
                 self.stdin.write(input)
             self.stdin.close()
         got: list[Any] = [None, None]
-        readers = [threading.Thread(target=lambda i=i, s=s: got.__setitem__(i, s.read()))
-                   for i, s in enumerate((self.stdout, self.stderr)) if s is not None]  # fmt: skip
+        readers = [
+            threading.Thread(target=lambda i=i, s=s: got.__setitem__(i, s.read()))
+            for i, s in enumerate((self.stdout, self.stderr))
+            if s is not None
+        ]
         for t in readers:
             t.start()
         for t in readers:
@@ -158,8 +187,15 @@ def popen(args: Any, **kwargs: Any) -> Any:
     if not _ours(args, kwargs) or {"capture_output", "timeout", "check", "input"} & set(kwargs):
         return subprocess.Popen(args, **kwargs)
     text = bool(kwargs.get("text") or kwargs.get("universal_newlines"))
-    return Command(args, kwargs.get("env"), kwargs.get("cwd"), kwargs.get("stdin"),
-                   kwargs.get("stdout"), kwargs.get("stderr"), text)  # fmt: skip
+    return Command(
+        args,
+        kwargs.get("env"),
+        kwargs.get("cwd"),
+        kwargs.get("stdin"),
+        kwargs.get("stdout"),
+        kwargs.get("stderr"),
+        text,
+    )
 
 
 def run(args: Any, **kwargs: Any) -> subprocess.CompletedProcess[Any]:

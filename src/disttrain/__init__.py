@@ -29,16 +29,28 @@ if not _is_the_command():
 #: cli.main's one line.
 _HOME = {
     **dict.fromkeys(
-        ("cross_rank", "cross_size", "init", "local_rank", "local_size", "rank", "shutdown",
-         "size"), "disttrain.comm.world"),
-    **dict.fromkeys(("broadcast_optimizer_state", "broadcast_parameters"),
-                    "disttrain.dataparallel.broadcast"),
-    **dict.fromkeys(("allgather", "allreduce", "allreduce_", "broadcast", "broadcast_", "join"),
-                    "disttrain.ops"),
+        (
+            "cross_rank",
+            "cross_size",
+            "init",
+            "local_rank",
+            "local_size",
+            "rank",
+            "shutdown",
+            "size",
+        ),
+        "disttrain.comm.world",
+    ),
+    **dict.fromkeys(
+        ("broadcast_optimizer_state", "broadcast_parameters"), "disttrain.dataparallel.broadcast"
+    ),
+    **dict.fromkeys(
+        ("allgather", "allreduce", "allreduce_", "broadcast", "broadcast_", "join"), "disttrain.ops"
+    ),
     **dict.fromkeys(("ShardedOptimizer", "shard_model"), "disttrain.sharded"),
     "DistributedOptimizer": "disttrain.optimizer",
     "train_loop": "disttrain.launch.ray_train",
-}  # fmt: skip
+}
 
 
 def __getattr__(name: str) -> Any:

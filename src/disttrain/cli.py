@@ -99,8 +99,13 @@ def _interactive(argv: list[str]) -> bool:
     status lines then keep it from being silent until the first progress line."""
     from disttrain.launch.worker import is_worker  # torch-free: this runs before torch loads
 
-    return (sys.stderr.isatty() and "--no-progress" not in argv and "-h" not in argv
-            and "--help" not in argv and not is_worker())  # fmt: skip
+    return (
+        sys.stderr.isatty()
+        and "--no-progress" not in argv
+        and "-h" not in argv
+        and "--help" not in argv
+        and not is_worker()
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -72,20 +72,41 @@ class TrainConfig:
     GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {
         "model": ("model",),
         "optimizer and learning rate": (
-            "lr", "optimizer", "momentum", "weight_decay", "lr_scaling", "base_batch_size",
-            "warmup_epochs", "lr_schedule", "lr_gamma", "lr_step_epochs",
+            "lr",
+            "optimizer",
+            "momentum",
+            "weight_decay",
+            "lr_scaling",
+            "base_batch_size",
+            "warmup_epochs",
+            "lr_schedule",
+            "lr_gamma",
+            "lr_step_epochs",
         ),
         "precision": (
-            "precision", "loss_scale", "scale_growth", "scale_backoff", "scale_growth_interval",
+            "precision",
+            "loss_scale",
+            "scale_growth",
+            "scale_backoff",
+            "scale_growth_interval",
             "max_skipped_steps",
         ),
         "reliability: faults, checks, checkpoints, restarts": (
-            "timeout", "check_collectives", "inject_fault", "check_finite", "checkpoint_every",
-            "resume", "max_restarts", "overwrite", "min_workers", "max_workers", "join",
+            "timeout",
+            "check_collectives",
+            "inject_fault",
+            "check_finite",
+            "checkpoint_every",
+            "resume",
+            "max_restarts",
+            "overwrite",
+            "min_workers",
+            "max_workers",
+            "join",
         ),
         "data loading": ("prefetch", "loader_delay_ms"),
         "multi-node (torchrun's meaning)": ("nnodes", "node_rank", "rdzv_endpoint", "rdzv_id"),
-    }  # fmt: skip
+    }
 
     workers: int = opt(2, "worker processes on this node")
     strategy: str = opt("allreduce", "how replicas agree (each one's settings: a group below)")
@@ -94,9 +115,10 @@ class TrainConfig:
         "native", "allreduce algorithm for data-parallel strategies", always_read=False
     )
     inter_algorithm: str = opt(
-        "ring", "network algorithm among one leader per host (--algorithm hierarchical)",
+        "ring",
+        "network algorithm among one leader per host (--algorithm hierarchical)",
         always_read=False,
-    )  # fmt: skip
+    )
     model: str = opt(
         "mlp",
         "mlp, cnn, gpt, gpt2-small, or package.module:function (or path/file.py:function) "
@@ -202,10 +224,19 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise :class:`UsageError` naming the first impossible value."""
         positive = (
-            "workers", "epochs", "batch_size", "timeout", "threads", "log_every", "nnodes",
-            "loss_scale", "scale_growth_interval", "max_skipped_steps", "base_batch_size",
+            "workers",
+            "epochs",
+            "batch_size",
+            "timeout",
+            "threads",
+            "log_every",
+            "nnodes",
+            "loss_scale",
+            "scale_growth_interval",
+            "max_skipped_steps",
+            "base_batch_size",
             "lr_step_epochs",
-        )  # fmt: skip
+        )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise UsageError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
@@ -227,8 +258,10 @@ class TrainConfig:
                 f"got {self.min_workers}"
             )
         if self.max_workers and not self.live_grow:  # == W: joiners replace lost workers
-            raise UsageError(f"--max-workers must exceed the {self.world_size} workers (or equal "
-                             f"them with --min-workers), got {self.max_workers}")  # fmt: skip
+            raise UsageError(
+                f"--max-workers must exceed the {self.world_size} workers (or equal "
+                f"them with --min-workers), got {self.max_workers}"
+            )
         if self.max_steps < 0:
             raise UsageError(f"--max-steps must be >= 0, got {self.max_steps}")
         if self.lr <= 0:

@@ -200,9 +200,13 @@ def worker_memory(
     state = params if state is None else state
     computed = params if computed is None else computed
     return Memory(
-        FP32 * params, FP32 * grads, FP32 * STATE_COPIES[work.optimizer] * state,
-        FP32 * gathered, CAST_BYTES[work.precision] * computed, note,
-    )  # fmt: skip
+        FP32 * params,
+        FP32 * grads,
+        FP32 * STATE_COPIES[work.optimizer] * state,
+        FP32 * gathered,
+        CAST_BYTES[work.precision] * computed,
+        note,
+    )
 
 
 def bucket_sizes(total_bytes: int, bucket_bytes: int) -> list[int]:
@@ -256,10 +260,10 @@ def fastest_allreduce(work: Workload, n: int, net: Network, cal: Rates) -> str:
     # (hierarchical) never: its path follows the launch's hosts layout, which a Network does
     # not describe (read from the environment, it priced every rank as on one host: 0 bytes)
     names = [
-        a for a, algo in collectives.ALGORITHMS.items()
-        if not algo.estimated and not algo.composite
-        and (net.shared_host or not algo.one_host)
-    ]  # fmt: skip
+        a
+        for a, algo in collectives.ALGORITHMS.items()
+        if not algo.estimated and not algo.composite and (net.shared_host or not algo.one_host)
+    ]
     return min(names, key=lambda a: allreduce_seconds(a, work.gradient_bytes, n, net, cal)[0])
 
 
@@ -272,8 +276,9 @@ def mb(nbytes: float) -> str:
     return f"{nbytes / 1e6:.3g} MB"
 
 
-def describe_allreduce(bound: str, path: CriticalPath, nbytes: int, count: int,
-                       net: Network) -> str:  # fmt: skip
+def describe_allreduce(
+    bound: str, path: CriticalPath, nbytes: int, count: int, net: Network
+) -> str:
     """Why an allreduce of ``count`` buckets takes what it takes, with its formula."""
     per = f" × {count} buckets" if count > 1 else ""
     if bound == "latency":
@@ -297,9 +302,19 @@ def compressed_bytes(params: int, density: float, value_bits: int = 1) -> int:
 COMPUTE_BOUND = 0.1
 
 
-def finish(name: str, n: int, compute: float, comm: float, sent: float, msgs: float,
-           bound: str, reason: str, work: Workload, cal: Rates,
-           note: str = "") -> Prediction:  # fmt: skip
+def finish(
+    name: str,
+    n: int,
+    compute: float,
+    comm: float,
+    sent: float,
+    msgs: float,
+    bound: str,
+    reason: str,
+    work: Workload,
+    cal: Rates,
+    note: str = "",
+) -> Prediction:
     """The prediction of a step of ``compute`` + exposed ``comm`` seconds. Under
     :data:`COMPUTE_BOUND` of the compute, the step is compute-bound whatever term the
     strategy found largest (its reason follows "compute-bound; ")."""

@@ -47,8 +47,9 @@ def allreduce(value: Any, average: bool = True, op: str = "sum") -> Any:
         if average and not out.is_floating_point():
             out = out.double()
         return allreduce_(out, average, op)
-    out = allreduce_(torch.tensor([float(value)], dtype=torch.float64, device=_device()),
-                     average, op)  # fmt: skip
+    out = allreduce_(
+        torch.tensor([float(value)], dtype=torch.float64, device=_device()), average, op
+    )
     return float(out.item())
 
 

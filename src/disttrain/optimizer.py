@@ -78,9 +78,13 @@ class DistributedOptimizer(OptimizerWrapper):
             params = owned
         self.process_group = process_group
         self.reducer = Reducer(
-            params, algorithm=algorithm, fusion_mb=fusion_mb, overlap=overlap,
-            group=process_group, compression=compression,
-        )  # fmt: skip
+            params,
+            algorithm=algorithm,
+            fusion_mb=fusion_mb,
+            overlap=overlap,
+            group=process_group,
+            compression=compression,
+        )
         self._joining = False
         # The join flag has a group of its own: on the gradients' group it would queue
         # behind (or ahead of) buckets already launched during backward.

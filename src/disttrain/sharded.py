@@ -105,9 +105,12 @@ class ShardedModule(nn.Module):
 
 
 def shard_model(
-    model: nn.Module, *, algorithm: str = "native", overlap: bool = True,
+    model: nn.Module,
+    *,
+    algorithm: str = "native",
+    overlap: bool = True,
     process_group: ProcessGroup | None = None,
-) -> nn.Module:  # fmt: skip
+) -> nn.Module:
     """Shard ``model``'s parameters over the ranks (ZeRO stage 3); returns the same module.
 
     Rank 0's parameters and buffers are broadcast first. Each top-level child with
@@ -141,10 +144,17 @@ class ShardedOptimizer(OptimizerWrapper):
     """
 
     def __init__(
-        self, params: Iterable[nn.Parameter], optimizer_class: Callable[..., torch.optim.Optimizer],
-        *, stage: int | None = None, algorithm: str = "native", fusion_mb: float = 25.0,
-        overlap: bool = True, process_group: ProcessGroup | None = None, **defaults: Any,
-    ) -> None:  # fmt: skip
+        self,
+        params: Iterable[nn.Parameter],
+        optimizer_class: Callable[..., torch.optim.Optimizer],
+        *,
+        stage: int | None = None,
+        algorithm: str = "native",
+        fusion_mb: float = 25.0,
+        overlap: bool = True,
+        process_group: ProcessGroup | None = None,
+        **defaults: Any,
+    ) -> None:
         # Optimizer.__init__ is not called: the state belongs to the wrapped optimizer.
         _need_init("dt.ShardedOptimizer(...)")
         self.params = list(params)
@@ -174,8 +184,9 @@ class ShardedOptimizer(OptimizerWrapper):
                 )
             if dist.get_world_size(process_group) > 1:
                 broadcast_tensors([p.detach() for p in self.params], 0, process_group)
-            engine = ZeroEngine.build(None, trainable, stage, algorithm, overlap,
-                                      process_group, int(fusion_mb * MB))  # fmt: skip
+            engine = ZeroEngine.build(
+                None, trainable, stage, algorithm, overlap, process_group, int(fusion_mb * MB)
+            )
         self.engine = engine
         self.optimizer = optimizer_class(engine.layout.shards, **defaults)
         if len(self.optimizer.param_groups) != 1:
@@ -241,7 +252,11 @@ class ShardedOptimizer(OptimizerWrapper):
                     state.setdefault(index[id(p)], {})[key] = v
         if not keep:
             return {}
-        groups = [{**{k: v for k, v in g.items() if k != "params"},
-                   "params": list(range(len(self.params)))}
-                  for g in self.optimizer.state_dict()["param_groups"]]  # fmt: skip
+        groups = [
+            {
+                **{k: v for k, v in g.items() if k != "params"},
+                "params": list(range(len(self.params))),
+            }
+            for g in self.optimizer.state_dict()["param_groups"]
+        ]
         return {"state": dict(sorted(state.items())), "param_groups": groups}

@@ -19,8 +19,10 @@ def test_tasks_run_in_order_on_one_thread_and_errors_surface_at_their_wait() -> 
         time.sleep(pause)
         seen.append((name, threading.get_native_id()))
 
-    waits = [background.submit(lambda: task("save", 0.05), reads_staging=True),
-             background.submit(lambda: task("commit", 0.0))]  # fmt: skip
+    waits = [
+        background.submit(lambda: task("save", 0.05), reads_staging=True),
+        background.submit(lambda: task("commit", 0.0)),
+    ]
 
     def fail() -> None:
         raise OSError("disk full")

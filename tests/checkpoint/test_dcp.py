@@ -16,15 +16,25 @@ from disttrain.checkpoint import dcp
 def _state() -> dict[str, object]:
     g = torch.Generator().manual_seed(0)
     return {
-        "model": {"w": torch.randn(3, 4, generator=g), "b": torch.randn(4, generator=g),
-                  "empty": torch.zeros(0, 5), "scalar": torch.tensor(2.5)},
-        "optimizer": {"state": {0: {"step": torch.tensor(7, dtype=torch.int64),
-                                    "buf": torch.randn(4, 3, generator=g).t()}},  # strided
-                      "param_groups": [{"lr": 0.1, "params": [0]}]},
+        "model": {
+            "w": torch.randn(3, 4, generator=g),
+            "b": torch.randn(4, generator=g),
+            "empty": torch.zeros(0, 5),
+            "scalar": torch.tensor(2.5),
+        },
+        "optimizer": {
+            "state": {
+                0: {
+                    "step": torch.tensor(7, dtype=torch.int64),
+                    "buf": torch.randn(4, 3, generator=g).t(),
+                }
+            },  # strided
+            "param_groups": [{"lr": 0.1, "params": [0]}],
+        },
         "rng": torch.get_rng_state(),  # uint8
         "half": torch.randn(5, generator=g).half(),
         "pair": (1, "two", None, True),
-    }  # fmt: skip
+    }
 
 
 def _equal(a: object, b: object) -> bool:
@@ -93,9 +103,14 @@ def test_replicated_tensors_are_written_once_over_the_workers_and_read_back_whol
     g = torch.Generator().manual_seed(0)
     shared = {"w": torch.randn(5, 7, generator=g), "b": torch.randn(7, generator=g)}
     momentum = {0: {"momentum_buffer": torch.randn(11, generator=g)}}
-    states = [{"model": {**shared, "running": torch.full((3,), float(j))},
-               "optimizer": {"state": momentum, "param_groups": [{"lr": 0.1}]},
-               "rng": torch.full((4,), j, dtype=torch.uint8)} for j in range(3)]  # fmt: skip
+    states = [
+        {
+            "model": {**shared, "running": torch.full((3,), float(j))},
+            "optimizer": {"state": momentum, "param_groups": [{"lr": 0.1}]},
+            "rng": torch.full((4,), j, dtype=torch.uint8),
+        }
+        for j in range(3)
+    ]
     paths = {"/model/w", "/model/b", "/optimizer"}
     folder = lambda j: str(tmp_path / f"rank-{j}")  # noqa: E731
     for j, state in enumerate(states):

@@ -27,8 +27,10 @@ def test_pieces_across_blocks_land_byte_for_byte_and_the_file_has_its_length(tmp
     rng = torch.Generator().manual_seed(0)
     # lengths that end inside a block, exactly on one, and span several
     sizes = [1, 4095, direct.BLOCK - 4096, 4096, 3 * direct.BLOCK + 17, 0, 5]
-    pieces = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=rng).numpy().tobytes()
-              for n in sizes]  # fmt: skip
+    pieces = [
+        torch.randint(0, 256, (n,), dtype=torch.uint8, generator=rng).numpy().tobytes()
+        for n in sizes
+    ]
     path = str(tmp_path / "part.distcp")
     kind, flags = _write(path, pieces)
     if kind is not direct.DirectStream:

@@ -52,11 +52,15 @@ def _inputs(kind: str, n: int, length: int, dtype: torch.dtype) -> list[torch.Te
     gen = torch.Generator().manual_seed(zlib.crc32(f"{kind} {n} {length}".encode()))
     common = torch.randn(length, generator=gen, dtype=torch.float64)
     if kind == "random":  # correlated, of different sizes: coefficients far from 1
-        out = [(common + torch.randn(length, generator=gen, dtype=torch.float64)) * 2.0**r
-               for r in range(n)]  # fmt: skip
+        out = [
+            (common + torch.randn(length, generator=gen, dtype=torch.float64)) * 2.0**r
+            for r in range(n)
+        ]
     elif kind == "one_zero":
-        out = [common * (r + 1) + torch.randn(length, generator=gen, dtype=torch.float64)
-               for r in range(n)]  # fmt: skip
+        out = [
+            common * (r + 1) + torch.randn(length, generator=gen, dtype=torch.float64)
+            for r in range(n)
+        ]
         out[min(1, n - 1)] = torch.zeros(length, dtype=torch.float64)
     elif kind == "all_zero":
         out = [torch.zeros(length, dtype=torch.float64) for _ in range(n)]
@@ -72,8 +76,11 @@ def _inputs(kind: str, n: int, length: int, dtype: torch.dtype) -> list[torch.Te
 
 def _cases(n: int) -> list[tuple[str, int, torch.dtype]]:
     cases = [("random", length, dtype) for length in LENGTHS for dtype in TOL]
-    cases += [(kind, length, torch.float32) for kind in ("one_zero", "equal", "parallel")
-              for length in (1, 7, 1001)]  # fmt: skip
+    cases += [
+        (kind, length, torch.float32)
+        for kind in ("one_zero", "equal", "parallel")
+        for length in (1, 7, 1001)
+    ]
     cases += [("all_zero", 7, torch.float64), ("one_zero", 1001, torch.float64)]
     return cases + [("orthogonal", length, torch.float64) for length in (n + 3, 1001)]
 

@@ -51,8 +51,11 @@ def _plugin(folder: Path) -> dict[str, str]:
 def _disttrain(env: dict[str, str], *argv: str, timeout: float) -> str:
     done = subprocess.run(
         [sys.executable, "-m", "disttrain", *argv],
-        env=env, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -75,8 +78,15 @@ def test_the_plugin_owns_its_path_and_table_entries(
             for nbytes in (4, 4000, 12345 * 4):
                 assert critical_path("ring2", nbytes, n, 4) == critical_path("ring", nbytes, n, 4)
         # the seed table inherits ring's place; the others keep theirs
-        assert table_algorithms() == ["star", "tree", "butterfly", "ring", "ring2", "shm",
-                                      "hierarchical"]  # fmt: skip
+        assert table_algorithms() == [
+            "star",
+            "tree",
+            "butterfly",
+            "ring",
+            "ring2",
+            "shm",
+            "hierarchical",
+        ]
     finally:
         collectives.ALGORITHMS.remove("ring2")
         sys.modules.pop(MODULE, None)
@@ -88,9 +98,25 @@ def test_the_plugin_owns_its_path_and_table_entries(
 def test_bench_allreduce_measures_the_plugin(tmp_path: Path) -> None:
     env = _plugin(tmp_path)
     out = tmp_path / "bench.json"
-    _disttrain(env, "bench", "allreduce", "--workers", "2", "--sizes", "4KB",
-               "--algorithms", "ring,ring2", "--iters", "2", "--warmup", "1",
-               "--no-progress", "--json", str(out), timeout=200)  # fmt: skip
+    _disttrain(
+        env,
+        "bench",
+        "allreduce",
+        "--workers",
+        "2",
+        "--sizes",
+        "4KB",
+        "--algorithms",
+        "ring,ring2",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+        "--no-progress",
+        "--json",
+        str(out),
+        timeout=200,
+    )
     rows = {r["algorithm"]: r for r in json.loads(out.read_text())["rows"]}
     assert list(rows) == ["native", "ring", "ring2"]
     for key in ("bytes_sent_measured", "bytes_sent_theory", "messages_measured"):
@@ -109,11 +135,31 @@ def test_train_and_compare_algorithms_table_run_the_plugin(tmp_path: Path) -> No
     """compare runs `disttrain train --strategy allreduce --algorithm ring2` as a subprocess."""
     env = _plugin(tmp_path)
     out = tmp_path / "cmp"
-    _disttrain(env, "compare", "--strategies", "allreduce:ring, allreduce:ring2",
-               "--workers", "2", "--epochs", "1", "--max-steps", "2", "--batch-size", "32",
-               "--target", "0.01", "--algorithms-table", "--table-size", "4KB",
-               "--run-timeout", "240", "--no-progress", "--out", str(out),
-               timeout=560)  # fmt: skip
+    _disttrain(
+        env,
+        "compare",
+        "--strategies",
+        "allreduce:ring, allreduce:ring2",
+        "--workers",
+        "2",
+        "--epochs",
+        "1",
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "32",
+        "--target",
+        "0.01",
+        "--algorithms-table",
+        "--table-size",
+        "4KB",
+        "--run-timeout",
+        "240",
+        "--no-progress",
+        "--out",
+        str(out),
+        timeout=560,
+    )
     runs: list[dict[str, Any]] = json.loads((out / "runs.json").read_text())
     ring, ring2 = (r["summary"] for r in runs)
     assert ring2["config"]["algorithm"] == "ring2" and ring2["steps"] == 2
@@ -130,9 +176,23 @@ def test_train_and_compare_algorithms_table_run_the_plugin(tmp_path: Path) -> No
 def test_advise_ranks_the_plugin(tmp_path: Path) -> None:
     env = _plugin(tmp_path)
     out = tmp_path / "advise.json"
-    _disttrain(env, "advise", "--params", "1M", "--nodes", "8", "--bandwidth", "10Gbit",
-               "--latency", "5us", "--strategies", "allreduce:ring,allreduce:ring2",
-               "--json", str(out), timeout=120)  # fmt: skip
+    _disttrain(
+        env,
+        "advise",
+        "--params",
+        "1M",
+        "--nodes",
+        "8",
+        "--bandwidth",
+        "10Gbit",
+        "--latency",
+        "5us",
+        "--strategies",
+        "allreduce:ring,allreduce:ring2",
+        "--json",
+        str(out),
+        timeout=120,
+    )
     rows = {r["strategy"]: r for r in json.loads(out.read_text())["rows"]}
     assert set(rows) == {"allreduce:ring", "allreduce:ring2"}
     ring, ring2 = rows["allreduce:ring"], rows["allreduce:ring2"]

@@ -17,9 +17,17 @@ from disttrain.comm.errors import UsageError
 
 def test_files_register_in_name_order() -> None:
     assert list(collectives.ALGORITHMS) == [
-        "alltoall", "butterfly", "halving_doubling", "hierarchical", "native", "ring",
-        "roundrobin", "shm", "star", "tree",
-    ]  # fmt: skip
+        "alltoall",
+        "butterfly",
+        "halving_doubling",
+        "hierarchical",
+        "native",
+        "ring",
+        "roundrobin",
+        "shm",
+        "star",
+        "tree",
+    ]
     assert ", ".join(collectives.ALGORITHMS).startswith("alltoall, butterfly")
 
 
@@ -42,9 +50,18 @@ def test_what_each_class_states_for_the_lab() -> None:
     assert calibrated == ["alltoall", "ring", "star", "tree"]
     assert [n for n, a in collectives.ALGORITHMS.items() if a.estimated] == ["native"]
     steps = {n: collectives.get(n).steps_formula(6) for n in collectives.ALGORITHMS}
-    assert steps == {"alltoall": "1", "butterfly": "-", "halving_doubling": "-", "native": "-",
-                     "ring": "10", "roundrobin": "10", "star": "2", "tree": "4",
-                     "shm": "2 per piece", "hierarchical": "2 per piece"}  # fmt: skip
+    assert steps == {
+        "alltoall": "1",
+        "butterfly": "-",
+        "halving_doubling": "-",
+        "native": "-",
+        "ring": "10",
+        "roundrobin": "10",
+        "star": "2",
+        "tree": "4",
+        "shm": "2 per piece",
+        "hierarchical": "2 per piece",
+    }
     assert [n for n, a in collectives.ALGORITHMS.items() if a.one_host] == ["shm"]
     assert collectives.get("butterfly").steps_formula(8) == "3"
     assert collectives.get("halving_doubling").steps_formula(8) == "6"

@@ -130,8 +130,14 @@ def _killed(victim: int) -> None:
 def test_kill_9_of_any_rank_fails_its_peers_at_once_and_leaves_no_segment(victim: int) -> None:
     tag = f"t{uuid.uuid4().hex[:8]}"
     with pytest.raises(RankError) as err:
-        run_world(_killed, 3, args=(victim,), timeout=120, collective_timeout=60,
-                  env={"DISTTRAIN_JOB_TAG": tag})  # fmt: skip
+        run_world(
+            _killed,
+            3,
+            args=(victim,),
+            timeout=120,
+            collective_timeout=60,
+            env={"DISTTRAIN_JOB_TAG": tag},
+        )
     text = str(err.value)
     assert f"rank {victim} died without a result (signal SIGKILL)" in text, text
     # the peers stopped on the dead pid, long before the 60 s collective timeout

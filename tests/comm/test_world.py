@@ -43,9 +43,11 @@ print(alone, threads())
 def _threads(first: str) -> tuple[int, int]:
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT.format(first=first)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={"PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     alone, after = proc.stdout.split()
     return int(alone), int(after)
@@ -94,7 +96,13 @@ def test_a_single_process_s_store_files_go_at_shutdown_and_at_exit(
     # a script that never calls shutdown: the files go when it exits
     code = "from disttrain.comm import world; world.init(); print(world.job_store_path())"
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, timeout=120, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert out.stdout.startswith(str(tmp_path))
     assert not list(tmp_path.iterdir())

@@ -142,9 +142,12 @@ def _against_torch_hook() -> float:
     rank = torch.distributed.get_rank()
     torch.manual_seed(0)
     base = torch.nn.Sequential(
-        torch.nn.Linear(32, 48), torch.nn.ReLU(), torch.nn.Linear(48, 40), torch.nn.ReLU(),
+        torch.nn.Linear(32, 48),
+        torch.nn.ReLU(),
+        torch.nn.Linear(48, 40),
+        torch.nn.ReLU(),
         torch.nn.Linear(40, 5),
-    )  # fmt: skip
+    )
     theirs, mine = DDP(copy.deepcopy(base)), DDP(copy.deepcopy(base))
     state = ref.PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=2)
     theirs.register_comm_hook(state, ref.powerSGD_hook)
@@ -179,12 +182,19 @@ def test_predicted_bytes_are_the_metered_bytes_of_a_run(tmp_path: Any) -> None:
     from tests.strategies.test_localsgd import tiny_mlp
 
     steps, spec = 4, "allreduce:ring:compression=powersgd:2"
-    summary, _ = run_local(str(tmp_path), "psgd", strategy="allreduce", algorithm="ring",
-                           compression="powersgd:2", max_steps=steps)  # fmt: skip
+    summary, _ = run_local(
+        str(tmp_path),
+        "psgd",
+        strategy="allreduce",
+        algorithm="ring",
+        compression="powersgd:2",
+        max_steps=steps,
+    )
     model = tiny_mlp()
     shapes = tuple(tuple(p.shape) for p in model.parameters())
-    work = costmodel.Workload(params=sum(p.numel() for p in model.parameters()),
-                              batch_size=32, shapes=shapes)  # fmt: skip
+    work = costmodel.Workload(
+        params=sum(p.numel() for p in model.parameters()), batch_size=32, shapes=shapes
+    )
     net = costmodel.Network(alpha=5e-6, beta=8 / 10e9)
     pred = costmodel.predict(spec, work, 2, net, Calibration.defaults())
     assert summary["steps"] == steps

@@ -25,8 +25,16 @@ def test_synthetic_honours_its_settings_and_is_deterministic() -> None:
     settings = DataConfig("synthetic", synthetic_size=500, synthetic_dim=16, synthetic_classes=3)
     a = load_dataset(settings)
     # the run's settings pass the section whole: the same flags give the same data
-    b = load_dataset(load({"dataset": "synthetic", "synthetic_size": 500, "synthetic_dim": 16,
-                           "synthetic_classes": 3}).data)  # fmt: skip
+    b = load_dataset(
+        load(
+            {
+                "dataset": "synthetic",
+                "synthetic_size": 500,
+                "synthetic_dim": 16,
+                "synthetic_classes": 3,
+            }
+        ).data
+    )
     assert len(a.x_train) + len(a.x_test) == 500 and a.in_features == 16
     assert int(a.y_train.max()) < 3 and torch.equal(a.x_train, b.x_train)
 
@@ -50,17 +58,25 @@ def test_npz_round_trip(tmp_path) -> None:  # type: ignore[no-untyped-def]
     [
         ({"x_train": np.zeros((4, 2)), "y_train": np.zeros(4, int)}, "lacks the array"),
         (
-            {"x_train": np.zeros((4, 2)), "y_train": np.zeros(3, int),
-             "x_test": np.zeros((2, 2)), "y_test": np.zeros(2, int)},
+            {
+                "x_train": np.zeros((4, 2)),
+                "y_train": np.zeros(3, int),
+                "x_test": np.zeros((2, 2)),
+                "y_test": np.zeros(2, int),
+            },
             "must be",
         ),
         (
-            {"x_train": np.zeros((4, 2)), "y_train": np.full(4, 0.5),
-             "x_test": np.zeros((2, 2)), "y_test": np.zeros(2, int)},
+            {
+                "x_train": np.zeros((4, 2)),
+                "y_train": np.full(4, 0.5),
+                "x_test": np.zeros((2, 2)),
+                "y_test": np.zeros(2, int),
+            },
             "got dtype float64; save them as y_train.astype",  # what it got, and the fix
         ),
     ],
-)  # fmt: skip
+)
 def test_bad_npz_files_are_usage_errors(tmp_path, arrays, message) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "bad.npz"
     np.savez(path, **arrays)

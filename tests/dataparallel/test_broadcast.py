@@ -19,8 +19,9 @@ def _broadcast() -> dict[str, Any]:
     me = dist.get_rank()
     model = torch.nn.Linear(3, 2)
     # each rank its own hyper-parameters; only root has stepped (has moments)
-    opt = torch.optim.Adam(model.parameters(), lr=0.1 * (me + 1), betas=(0.5 + 0.1 * me, 0.99),
-                           amsgrad=me == 0)  # fmt: skip
+    opt = torch.optim.Adam(
+        model.parameters(), lr=0.1 * (me + 1), betas=(0.5 + 0.1 * me, 0.99), amsgrad=me == 0
+    )
     if me == 0:
         model(torch.ones(4, 3)).sum().backward()
         opt.step()

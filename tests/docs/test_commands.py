@@ -109,10 +109,13 @@ def _blocks_of(path: Path) -> Iterator[Block]:
         indent, fence = len(m["indent"]), m["fence"]
         # the closing fence: the same character, at least as many, nothing else
         end = next(
-            (j for j in range(i + 1, len(lines))
-             if lines[j].strip().startswith(fence) and set(lines[j].strip()) == {fence[0]}),
+            (
+                j
+                for j in range(i + 1, len(lines))
+                if lines[j].strip().startswith(fence) and set(lines[j].strip()) == {fence[0]}
+            ),
             len(lines),
-        )  # fmt: skip
+        )
         # a block inside a list item: its lines lose the fence's indent (at most)
         body = [_dedent(line, indent) for line in lines[i + 1 : end]]
         yield Block(path.relative_to(REPO).as_posix(), i + 1, m["lang"].strip(), "\n".join(body))
@@ -155,8 +158,10 @@ def _disttrain_args(argv: list[str]) -> list[str]:
 def _budgeted(argv: list[str], tmp: Path) -> list[str]:
     """The one budget knob (module docstring), for ``train`` and ``compare``; output paths
     of any command go into ``tmp``."""
-    args = [str(tmp / Path(a).name) if i and argv[i - 1] in OUTPUT_FLAGS else a
-            for i, a in enumerate(argv)]  # fmt: skip
+    args = [
+        str(tmp / Path(a).name) if i and argv[i - 1] in OUTPUT_FLAGS else a
+        for i, a in enumerate(argv)
+    ]
     if args[0] in ("train", "compare"):
         if "--max-steps" in args:
             i = args.index("--max-steps") + 1
@@ -175,8 +180,9 @@ def _failed(argv: list[str], done: subprocess.CompletedProcess[str]) -> str:
     return f"{shlex.join(argv)}: exit {done.returncode}\n{tail}"
 
 
-def _sh(argv: list[str], cwd: Path, env: dict[str, str] | None = None,
-        timeout: float = 180) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def _sh(
+    argv: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
     """A command that is not ``python -m disttrain`` from the repository (run_cli's case)."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})}
     return zygote.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -407,8 +413,15 @@ def _check_shape(text: str, tmp: Path) -> None:
     (argv,) = _commands(text)
     done = _sh(argv, REPO, timeout=120)
     assert done.returncode == 0, _failed(argv, done)
-    for words in ("Strategy:", "AllReduceAlgorithm:", "Compressor:", "functions over 60 lines",
-                  "train/trainer.py:", "'# fmt: skip'", "benchmarks/RESULTS.md:"):  # fmt: skip
+    for words in (
+        "Strategy:",
+        "AllReduceAlgorithm:",
+        "Compressor:",
+        "functions over 60 lines",
+        "train/trainer.py:",
+        "'# fmt: skip'",
+        "benchmarks/RESULTS.md:",
+    ):
         assert words in done.stdout, (words, done.stdout)
 
 
@@ -428,8 +441,10 @@ def _check_make(text: str, tmp: Path) -> None:
         if target == "train":  # "(2 workers, MLP on digits)": its defaults
             defaults = _train_config(["train"]).to_dict()
             assert (defaults["workers"], defaults["model"], defaults["dataset"]) == (
-                2, "mlp", "digits",
-            )  # fmt: skip
+                2,
+                "mlp",
+                "digits",
+            )
         for line in done.stdout.splitlines():
             if line.startswith("bash "):
                 parsed = _sh(["bash", "-n", *shlex.split(line)[1:]], REPO, timeout=30)
@@ -485,8 +500,10 @@ def _run_all(text: str, tmp: Path) -> None:
     commands, outs = [], []
     for i, argv in enumerate(lines):
         (tmp / f"line-{i}").mkdir()
-        args = _budgeted(["train", *argv[2:]] if argv[0] == "python" else _disttrain_args(argv),
-                         tmp / f"line-{i}")  # fmt: skip
+        args = _budgeted(
+            ["train", *argv[2:]] if argv[0] == "python" else _disttrain_args(argv),
+            tmp / f"line-{i}",
+        )
         head = [str(REPO / argv[1])] if argv[0] == "python" else ["-m", "disttrain", "train"]
         commands.append([sys.executable, *head, *args[1:]])
         outs.append(Path(args[args.index("--out") + 1]))
@@ -501,8 +518,12 @@ def _at_once(
 ) -> list[subprocess.CompletedProcess[str]]:
     """Run ``commands`` all at once (most of each is start-up and waiting, on 2 cores);
     each must exit 0. Their results, in order; none is left running."""
-    procs = [zygote.popen(argv, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE) for argv in commands]  # fmt: skip
+    procs = [
+        zygote.popen(
+            argv, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for argv in commands
+    ]
     results = []
     try:
         for argv, proc in zip(commands, procs, strict=True):
@@ -776,8 +797,12 @@ def _check_ps_async(text: str, tmp: Path) -> None:
     s = _train(_disttrain_args(argv), tmp)
     c = s["config"]
     assert (s["strategy"], c["ps_mode"], c["workers"], c["servers"], c["staleness_lr"]) == (
-        "ps", "async", 4, 2, True,
-    )  # fmt: skip
+        "ps",
+        "async",
+        4,
+        2,
+        True,
+    )
 
 
 def _check_ps_curve(text: str, tmp: Path) -> None:
@@ -831,8 +856,17 @@ def _check_wide_mlp(text: str, tmp: Path) -> None:
         i = argv.index("disttrain")
         args = _budgeted(argv[i + 1 :], tmp)
         shell = " ".join(argv[:i]) + ' "$@"'  # `prlimit --data=$((1400 * 2**20)) "$@"`
-        runs.append((args, _sh(["bash", "-c", shell, "bash", sys.executable, "-m", "disttrain",
-                                *args], REPO, env=env, timeout=240)))  # fmt: skip
+        runs.append(
+            (
+                args,
+                _sh(
+                    ["bash", "-c", shell, "bash", sys.executable, "-m", "disttrain", *args],
+                    REPO,
+                    env=env,
+                    timeout=240,
+                ),
+            )
+        )
     (fits, done), (oom, failed) = runs
     assert done.returncode == 0, _failed(fits, done)
     assert _summary(Path(fits[fits.index("--out") + 1]))["config"]["zero_stage"] == 3
@@ -852,108 +886,270 @@ def _check_wide_mlp(text: str, tmp: Path) -> None:
 RUN = "run (budget)"
 ENTRIES: list[Entry] = [
     Entry("README.md", "make train", "Makefile targets exist; make -n train/test", _check_make, 90),
-    Entry("README.md", ".venv/bin/disttrain train --workers 4 --model cnn",
-          f"{RUN}: cnn on 4 workers, --config + --lr (flag wins); --help in-process",
-          _check_readme_train, 300),
+    Entry(
+        "README.md",
+        ".venv/bin/disttrain train --workers 4 --model cnn",
+        f"{RUN}: cnn on 4 workers, --config + --lr (flag wins); --help in-process",
+        _check_readme_train,
+        300,
+    ),
     Entry("README.md", "# mymodels.py", "not a command: the file the next block trains"),
-    Entry("README.md", "disttrain train --model mymodels:make",
-          f"{RUN}: the block above written to tmp as mymodels.py, the command from there",
-          _check_own_model, 180),
-    Entry("README.md", "# the same command on each of 2 nodes",
-          "parsed: disttrain's parser + config; torchrun's parser", _check_multinode),
-    Entry("README.md", "# this machine (torch's agent)",
-          f"{RUN}: local; ray parsed; sbatch script run with a stub python, its command "
-          "parsed; k8s yaml parsed, its commands parsed; python -c in a 2-rank world",
-          _check_engines, 300),
+    Entry(
+        "README.md",
+        "disttrain train --model mymodels:make",
+        f"{RUN}: the block above written to tmp as mymodels.py, the command from there",
+        _check_own_model,
+        180,
+    ),
+    Entry(
+        "README.md",
+        "# the same command on each of 2 nodes",
+        "parsed: disttrain's parser + config; torchrun's parser",
+        _check_multinode,
+    ),
+    Entry(
+        "README.md",
+        "# this machine (torch's agent)",
+        f"{RUN}: local; ray parsed; sbatch script run with a stub python, its command "
+        "parsed; k8s yaml parsed, its commands parsed; python -c in a 2-rank world",
+        _check_engines,
+        300,
+    ),
     Entry("README.md", "import disttrain as dt", "exec in a 2-rank world", _check_readme_api, 180),
     Entry("docs/architecture.md", "make shape", f"{RUN}: every figure printed", _check_shape),
-    Entry("docs/cluster.md", "sudo disttrain cluster up", "parsed (needs root): each verb and "
-          "the command after run --", _check_cluster),
+    Entry(
+        "docs/cluster.md",
+        "sudo disttrain cluster up",
+        "parsed (needs root): each verb and the command after run --",
+        _check_cluster,
+    ),
     Entry("docs/cluster.md", "namespace dt-main-h0", "not a command: a diagram of the namespaces"),
-    Entry("docs/cluster.md", "--nnodes H --node-rank I",
-          "not a command: the flags `cluster run` appends (H, I, PID stand for numbers)"),
-    Entry("docs/collectives.md", "disttrain bench ring-segments",
-          "parsed: a benchmark of minutes (tests/lab/bench/test_modules.py runs it small)",
-          _check_parsed),
-    Entry("docs/compression.md", "from disttrain.dataparallel.ddp_hooks import CompressorHook",
-          "exec in a 2-rank world, then one step: the gradients of both ranks equal",
-          _check_compressor_hook, 180),
-    Entry("docs/compression.md", "warning: --compression onebit:0.5 sent 0",
-          "not a command: output (tests/compression/test_starved.py checks it)"),
-    Entry("docs/compression.md", "disttrain train --workers 4 --strategy localsgd --period 16",
-          f"{RUN}: each train line and example, at once; benches and sudo parsed "
-          "(tests/lab/bench runs them small)", _run_all, 300),
-    Entry("docs/collectives.md", "from disttrain import collectives",
-          "exec in a 2-rank world: tensor holds the sum", _check_collectives, 180),
-    Entry("docs/data-parallel.md", "backward:   last layer's grad ready",
-          "not a command: a diagram of one step"),
-    Entry("docs/data-parallel.md", "import disttrain as dt",
-          "exec in a 2-rank world: the ranks' parameters equal after it", _check_horovod_api, 180),
-    Entry("docs/data-parallel.md", "GLOO_SOCKET_IFNAME=lo torchrun",
-          "parsed by torchrun (its fixed port would collide in a parallel suite): "
-          "tests/test_api.py runs examples/horovod_style.py under torchrun", _check_parsed),
-    Entry("docs/data-parallel.md", "disttrain bench dp --workers 2 --model mlp|cnn|gpt",
-          "parsed, each model of the synopsis: tests/lab/bench runs the benchmark small",
-          _check_parsed),
-    Entry("docs/model-parallel.md", "train --strategy pipeline --workers 2 --schedule 1f1b",
-          f"{RUN}: each train line, at once; the pipeline benches parsed "
-          "(tests/lab/bench/test_pipeline.py runs them small)", _run_all, 300),
-    Entry("docs/reliability.md", "disttrain: error: worker rank 1 (pid 8898) was killed",
-          "not a command: output (tests/train/test_faults.py checks it)"),
-    Entry("docs/reliability.md", "disttrain: error: rank 1: NonFiniteGradient",
-          "not a command: output (tests/train/test_faults.py checks it)"),
-    Entry("docs/reliability.md", "disttrain: error: rank 0: OutOfMemory",
-          "not a command: output (the zero.md block's check matches it)"),
-    Entry("docs/reliability.md", "disttrain: error: worker rank 1 (pid 13789) hung",
-          "not a command: output (tests/train/test_faults.py checks it)"),
-    Entry("docs/reliability.md", "ranks called different collectives",
-          "not a command: output (tests/collectives/test_checks.py checks it)"),
-    Entry("docs/reliability.md", "disttrain: error: --out runs/a already holds checkpoints",
-          "not a command: output (out-of-another-run in tests/test_bad_inputs.py)"),
-    Entry("docs/reliability.md", "disttrain train --workers 3 --min-workers 2",
-          "parsed: the live shrink it shows is tests/train/test_shrink.py's (alone: its 3 s "
-          "answer window), the output lines below it as there", _check_parsed),
-    Entry("docs/reliability.md", "disttrain: error: rank 0: lost rank(s) 1, 2",
-          "not a command: output (tests/train/test_shrink.py checks it)"),
-    Entry("docs/reliability.md", "disttrain train --workers 2 --max-workers 3",
-          "parsed: the live grow it shows is tests/train/test_grow.py's (alone)",
-          _check_parsed),
-    Entry("docs/reliability.md", "disttrain: interrupted at step 212",
-          "not a command: output (tests/launch/test_job.py checks it)"),
-    Entry("docs/data-parallel.md", "from disttrain.dataparallel.ddp_hooks import AlgorithmHook",
-          "exec in a 2-rank world, then one step: averaged gradients", _check_ddp_hook, 180),
-    Entry("docs/gpu.md", "make gpu-proof", "needs a GPU: make -n gpu-proof; bash -n its script",
-          _check_make, 90),
-    Entry("docs/horovod.md", "import horovod.torch as hvd",
-          "not a command: the import line before and after"),
-    Entry("docs/horovod.md", "disttrain run -np 2 python pytorch_mnist.py",
-          "run: Horovod's MNIST example by disttrain run and by torchrun", _check_horovod_launch,
-          360),
-    Entry("docs/lab.md", 'disttrain compare --strategies "allreduce:ring, ps:async',
-          f"{RUN}: report.md, report.html, runs.json, plots", _check_compare, 420),
-    Entry("docs/lab.md", "sudo disttrain cluster up --hosts 4 --bandwidth 100mbit",
-          "parsed (needs root)", _check_cluster),
-    Entry("docs/lab.md", "disttrain advise --params 25M --nodes 256",
-          "run in-process: a recommendation each; rows.json; --calibrate parsed", _check_advise,
-          120),
-    Entry("docs/lab.md", "from disttrain.lab import costmodel",
-          "exec in-process (the repository's calibration as the saved one)", _check_costmodel_api),
-    Entry("docs/lab.md", "disttrain train --workers 2 --max-steps 20 --fusion-mb 0.5",
-          f"{RUN}: each trace parses, ranks and spans", _check_timeline, 240),
-    Entry("docs/launching.md", "import torch.distributed as dist, disttrain",
-          "exec in a 2-rank world (the group exists)", _check_entry_point, 180),
-    Entry("docs/parameter-server.md", "disttrain train --strategy ps --ps-mode async",
-          f"{RUN}: summary with the settings", _check_ps_async, 180),
-    Entry("docs/parameter-server.md", "python -m disttrain.ps.keygen job.key",
-          f"key written (0600, 40 Z85 characters); {RUN} with it", _check_ps_curve, 240),
-    Entry("docs/zero.md", "disttrain train --strategy zero --zero-stage 2",
-          f"{RUN}: summary with the settings", _check_zero, 180),
-    Entry("docs/zero.md", "import disttrain as dt", "exec in a 2-rank world: full state on rank 0",
-          _check_sharded_api, 180),
-    Entry("docs/zero.md", "export MALLOC_MMAP_THRESHOLD_",
-          f"{RUN} under the limit: stage 3 exit 0; replicated exit 1 with the OOM line",
-          _check_wide_mlp, 330),
-]  # fmt: skip
+    Entry(
+        "docs/cluster.md",
+        "--nnodes H --node-rank I",
+        "not a command: the flags `cluster run` appends (H, I, PID stand for numbers)",
+    ),
+    Entry(
+        "docs/collectives.md",
+        "disttrain bench ring-segments",
+        "parsed: a benchmark of minutes (tests/lab/bench/test_modules.py runs it small)",
+        _check_parsed,
+    ),
+    Entry(
+        "docs/compression.md",
+        "from disttrain.dataparallel.ddp_hooks import CompressorHook",
+        "exec in a 2-rank world, then one step: the gradients of both ranks equal",
+        _check_compressor_hook,
+        180,
+    ),
+    Entry(
+        "docs/compression.md",
+        "warning: --compression onebit:0.5 sent 0",
+        "not a command: output (tests/compression/test_starved.py checks it)",
+    ),
+    Entry(
+        "docs/compression.md",
+        "disttrain train --workers 4 --strategy localsgd --period 16",
+        f"{RUN}: each train line and example, at once; benches and sudo parsed "
+        "(tests/lab/bench runs them small)",
+        _run_all,
+        300,
+    ),
+    Entry(
+        "docs/collectives.md",
+        "from disttrain import collectives",
+        "exec in a 2-rank world: tensor holds the sum",
+        _check_collectives,
+        180,
+    ),
+    Entry(
+        "docs/data-parallel.md",
+        "backward:   last layer's grad ready",
+        "not a command: a diagram of one step",
+    ),
+    Entry(
+        "docs/data-parallel.md",
+        "import disttrain as dt",
+        "exec in a 2-rank world: the ranks' parameters equal after it",
+        _check_horovod_api,
+        180,
+    ),
+    Entry(
+        "docs/data-parallel.md",
+        "GLOO_SOCKET_IFNAME=lo torchrun",
+        "parsed by torchrun (its fixed port would collide in a parallel suite): "
+        "tests/test_api.py runs examples/horovod_style.py under torchrun",
+        _check_parsed,
+    ),
+    Entry(
+        "docs/data-parallel.md",
+        "disttrain bench dp --workers 2 --model mlp|cnn|gpt",
+        "parsed, each model of the synopsis: tests/lab/bench runs the benchmark small",
+        _check_parsed,
+    ),
+    Entry(
+        "docs/model-parallel.md",
+        "train --strategy pipeline --workers 2 --schedule 1f1b",
+        f"{RUN}: each train line, at once; the pipeline benches parsed "
+        "(tests/lab/bench/test_pipeline.py runs them small)",
+        _run_all,
+        300,
+    ),
+    Entry(
+        "docs/reliability.md",
+        "disttrain: error: worker rank 1 (pid 8898) was killed",
+        "not a command: output (tests/train/test_faults.py checks it)",
+    ),
+    Entry(
+        "docs/reliability.md",
+        "disttrain: error: rank 1: NonFiniteGradient",
+        "not a command: output (tests/train/test_faults.py checks it)",
+    ),
+    Entry(
+        "docs/reliability.md",
+        "disttrain: error: rank 0: OutOfMemory",
+        "not a command: output (the zero.md block's check matches it)",
+    ),
+    Entry(
+        "docs/reliability.md",
+        "disttrain: error: worker rank 1 (pid 13789) hung",
+        "not a command: output (tests/train/test_faults.py checks it)",
+    ),
+    Entry(
+        "docs/reliability.md",
+        "ranks called different collectives",
+        "not a command: output (tests/collectives/test_checks.py checks it)",
+    ),
+    Entry(
+        "docs/reliability.md",
+        "disttrain: error: --out runs/a already holds checkpoints",
+        "not a command: output (out-of-another-run in tests/test_bad_inputs.py)",
+    ),
+    Entry(
+        "docs/reliability.md",
+        "disttrain train --workers 3 --min-workers 2",
+        "parsed: the live shrink it shows is tests/train/test_shrink.py's (alone: its 3 s "
+        "answer window), the output lines below it as there",
+        _check_parsed,
+    ),
+    Entry(
+        "docs/reliability.md",
+        "disttrain: error: rank 0: lost rank(s) 1, 2",
+        "not a command: output (tests/train/test_shrink.py checks it)",
+    ),
+    Entry(
+        "docs/reliability.md",
+        "disttrain train --workers 2 --max-workers 3",
+        "parsed: the live grow it shows is tests/train/test_grow.py's (alone)",
+        _check_parsed,
+    ),
+    Entry(
+        "docs/reliability.md",
+        "disttrain: interrupted at step 212",
+        "not a command: output (tests/launch/test_job.py checks it)",
+    ),
+    Entry(
+        "docs/data-parallel.md",
+        "from disttrain.dataparallel.ddp_hooks import AlgorithmHook",
+        "exec in a 2-rank world, then one step: averaged gradients",
+        _check_ddp_hook,
+        180,
+    ),
+    Entry(
+        "docs/gpu.md",
+        "make gpu-proof",
+        "needs a GPU: make -n gpu-proof; bash -n its script",
+        _check_make,
+        90,
+    ),
+    Entry(
+        "docs/horovod.md",
+        "import horovod.torch as hvd",
+        "not a command: the import line before and after",
+    ),
+    Entry(
+        "docs/horovod.md",
+        "disttrain run -np 2 python pytorch_mnist.py",
+        "run: Horovod's MNIST example by disttrain run and by torchrun",
+        _check_horovod_launch,
+        360,
+    ),
+    Entry(
+        "docs/lab.md",
+        'disttrain compare --strategies "allreduce:ring, ps:async',
+        f"{RUN}: report.md, report.html, runs.json, plots",
+        _check_compare,
+        420,
+    ),
+    Entry(
+        "docs/lab.md",
+        "sudo disttrain cluster up --hosts 4 --bandwidth 100mbit",
+        "parsed (needs root)",
+        _check_cluster,
+    ),
+    Entry(
+        "docs/lab.md",
+        "disttrain advise --params 25M --nodes 256",
+        "run in-process: a recommendation each; rows.json; --calibrate parsed",
+        _check_advise,
+        120,
+    ),
+    Entry(
+        "docs/lab.md",
+        "from disttrain.lab import costmodel",
+        "exec in-process (the repository's calibration as the saved one)",
+        _check_costmodel_api,
+    ),
+    Entry(
+        "docs/lab.md",
+        "disttrain train --workers 2 --max-steps 20 --fusion-mb 0.5",
+        f"{RUN}: each trace parses, ranks and spans",
+        _check_timeline,
+        240,
+    ),
+    Entry(
+        "docs/launching.md",
+        "import torch.distributed as dist, disttrain",
+        "exec in a 2-rank world (the group exists)",
+        _check_entry_point,
+        180,
+    ),
+    Entry(
+        "docs/parameter-server.md",
+        "disttrain train --strategy ps --ps-mode async",
+        f"{RUN}: summary with the settings",
+        _check_ps_async,
+        180,
+    ),
+    Entry(
+        "docs/parameter-server.md",
+        "python -m disttrain.ps.keygen job.key",
+        f"key written (0600, 40 Z85 characters); {RUN} with it",
+        _check_ps_curve,
+        240,
+    ),
+    Entry(
+        "docs/zero.md",
+        "disttrain train --strategy zero --zero-stage 2",
+        f"{RUN}: summary with the settings",
+        _check_zero,
+        180,
+    ),
+    Entry(
+        "docs/zero.md",
+        "import disttrain as dt",
+        "exec in a 2-rank world: full state on rank 0",
+        _check_sharded_api,
+        180,
+    ),
+    Entry(
+        "docs/zero.md",
+        "export MALLOC_MMAP_THRESHOLD_",
+        f"{RUN} under the limit: stage 3 exit 0; replicated exit 1 with the OOM line",
+        _check_wide_mlp,
+        330,
+    ),
+]
 BLOCKS = _blocks()
 
 

@@ -44,8 +44,21 @@ def test_ranked_table_and_json(
 ) -> None:
     _isolated(tmp_path, monkeypatch)
     out = tmp_path / "rows.json"
-    code = main(["advise", "--params", "25M", "--nodes", "256", "--bandwidth", "25Gbit",
-                 "--latency", "5us", "--json", str(out)])  # fmt: skip
+    code = main(
+        [
+            "advise",
+            "--params",
+            "25M",
+            "--nodes",
+            "256",
+            "--bandwidth",
+            "25Gbit",
+            "--latency",
+            "5us",
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0
     text = capsys.readouterr().out
     assert "allreduce:ring" in text and "built-in defaults" in text
@@ -75,9 +88,25 @@ def test_latency_and_size_change_the_winner(
     out = tmp_path / "rows.json"
 
     def first(params: str, latency: str) -> str:
-        main(["advise", "--params", params, "--nodes", "64", "--bandwidth", "10gbit",
-              "--latency", latency, "--fusion-mb", "0", "--json", str(out),
-              "--strategies", "allreduce:ring,allreduce:butterfly,allreduce:tree"])  # fmt: skip
+        main(
+            [
+                "advise",
+                "--params",
+                params,
+                "--nodes",
+                "64",
+                "--bandwidth",
+                "10gbit",
+                "--latency",
+                latency,
+                "--fusion-mb",
+                "0",
+                "--json",
+                str(out),
+                "--strategies",
+                "allreduce:ring,allreduce:butterfly,allreduce:tree",
+            ]
+        )
         return str(json.loads(out.read_text())["rows"][0]["strategy"])
 
     assert first("1K", "100us") in ("allreduce:butterfly", "allreduce:tree")
@@ -91,8 +120,24 @@ def test_uses_the_calibration_file(
     path = tmp_path / "cal.json"
     Calibration(seconds_per_flop=1e-9, source="calibrated on a test box").save(str(path))
     out = tmp_path / "rows.json"
-    assert main(["advise", "--params", "1M", "--nodes", "4", "--calibration", str(path),
-                 "--strategies", "allreduce:ring", "--json", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "advise",
+                "--params",
+                "1M",
+                "--nodes",
+                "4",
+                "--calibration",
+                str(path),
+                "--strategies",
+                "allreduce:ring",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "calibrated on a test box" in capsys.readouterr().out
     row = json.loads(out.read_text())["rows"][0]
     # 32 samples per node x 6 flops per parameter x 1M parameters x 1 ns
@@ -125,9 +170,11 @@ def test_uses_the_calibration_file(
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
-    flags: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    flags: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     _isolated(tmp_path, monkeypatch)
     try:
         code = main(["advise", *flags])
@@ -139,18 +186,23 @@ def test_bad_input_is_one_line_and_exit_2(
 
 
 def test_bad_input_from_the_command_line() -> None:
-    proc = zygote.run([sys.executable, "-m", "disttrain", "advise", "--params", "25M",
-                           "--bandwidth", "100mbps!"], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    proc = zygote.run(
+        [sys.executable, "-m", "disttrain", "advise", "--params", "25M", "--bandwidth", "100mbps!"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "--bandwidth" in proc.stderr
 
 
 @pytest.mark.parametrize("columns", [80, 132, 200])
 def test_table_fits_the_terminal_and_ends_with_a_recommendation(
-    columns: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    columns: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     _isolated(tmp_path, monkeypatch)
     monkeypatch.setenv("COLUMNS", str(columns))
     assert main(["advise", "--params", "25M", "--nodes", "64", "--bandwidth", "10Gbit"]) == 0

@@ -28,13 +28,16 @@ from disttrain.strategies.spec import parse_one, parse_specs
             "decentralized",
             {"compression": "topk:0.01", "optimizer": "sgd", "lr": 0.5},
         ),
-        ("ps:ssp:staleness-bound=3:straggler=1:2.5", "ps",
-         {"ps_mode": "ssp", "staleness_bound": 3, "straggler": "1:2.5"}),
+        (
+            "ps:ssp:staleness-bound=3:straggler=1:2.5",
+            "ps",
+            {"ps_mode": "ssp", "staleness_bound": 3, "straggler": "1:2.5"},
+        ),
         ("allreduce:overlap=false", "allreduce", {"overlap": False}),
         ("hybrid:pp=2", "hybrid", {"pp": 2}),
         ("tensor", "tensor", {}),
     ],
-)  # fmt: skip
+)
 def test_spec_grammar(text: str, strategy: str, settings: dict[str, object]) -> None:
     spec = parse_one(text)
     assert (spec.label, spec.strategy, spec.settings) == (text, strategy, settings)
@@ -109,10 +112,24 @@ def test_compare_two_strategies_end_to_end(
 ) -> None:
     out = os.path.join(str(tmp_path), "cmp")
     code = main(
-        ["compare", "--strategies", "allreduce:ring, localsgd:period=2, zero:3", "--workers", "2",
-         "--max-steps", "4", "--batch-size", "32", "--target", "0.01", "--out", out,
-         "--run-timeout", "300"]
-    )  # fmt: skip
+        [
+            "compare",
+            "--strategies",
+            "allreduce:ring, localsgd:period=2, zero:3",
+            "--workers",
+            "2",
+            "--max-steps",
+            "4",
+            "--batch-size",
+            "32",
+            "--target",
+            "0.01",
+            "--out",
+            out,
+            "--run-timeout",
+            "300",
+        ]
+    )
     shown = capsys.readouterr()
     assert code == 0, shown.err
     with open(os.path.join(out, "runs.json")) as fh:
@@ -159,8 +176,13 @@ def test_compare_two_strategies_end_to_end(
     assert report.count(f"{t0['wall_seconds'] / t1['wall_seconds']:.2f}x") >= 1
     assert runs[0]["summary"]["config"]["algorithm"] == "ring"
     assert runs[1]["summary"]["config"]["period"] == 2
-    plots = ("loss_vs_epoch.png", "throughput.png", "train_loss_vs_step.png", "time_breakdown.png",
-             "memory.png")  # fmt: skip
+    plots = (
+        "loss_vs_epoch.png",
+        "throughput.png",
+        "train_loss_vs_step.png",
+        "time_breakdown.png",
+        "memory.png",
+    )
     for name in ("report.html", *plots):
         assert os.path.getsize(os.path.join(out, name)) > 1000
     for i, run in enumerate(runs, 1):  # each run's folder is kept under the report's
@@ -172,11 +194,24 @@ def test_compare_two_strategies_end_to_end(
 
 
 def _fake_summary(flags: dict[str, object]) -> dict[str, object]:
-    evaluation = {"step": 2, "epoch": 0, "test_loss": 1.0, "test_accuracy": 0.95,
-                  "wall_seconds": 3.0, "bytes_sent": 10}  # fmt: skip
-    return {"final_accuracy": 0.95, "final_test_loss": 1.0, "wall_seconds": 3.5,
-            "samples_per_second": 40.0, "bytes_sent_per_rank": 10.0, "steps": 2,
-            "flags": flags, "metrics": [evaluation]}  # fmt: skip
+    evaluation = {
+        "step": 2,
+        "epoch": 0,
+        "test_loss": 1.0,
+        "test_accuracy": 0.95,
+        "wall_seconds": 3.0,
+        "bytes_sent": 10,
+    }
+    return {
+        "final_accuracy": 0.95,
+        "final_test_loss": 1.0,
+        "wall_seconds": 3.5,
+        "samples_per_second": 40.0,
+        "bytes_sent_per_rank": 10.0,
+        "steps": 2,
+        "flags": flags,
+        "metrics": [evaluation],
+    }
 
 
 def test_failed_run_is_reported_and_the_others_still_run(
@@ -229,13 +264,33 @@ def test_cluster_runs_go_through_cluster_run(
 
     monkeypatch.setattr(runs, "train_run", fake_train_run)
     out = os.path.join(str(tmp_path), "cmp")
-    argv = ["compare", "--strategies", "allreduce:ring", "--workers", "4", "--cluster", "cmpt",
-            "--run-timeout", "77", "--out", out]  # fmt: skip
+    argv = [
+        "compare",
+        "--strategies",
+        "allreduce:ring",
+        "--workers",
+        "4",
+        "--cluster",
+        "cmpt",
+        "--run-timeout",
+        "77",
+        "--out",
+        out,
+    ]
     assert main(argv) == 0, capsys.readouterr().err
     flags, launcher = calls[0]
     assert flags["workers"] == 2  # 4 in all, over 2 hosts
-    assert launcher[1:] == ["-m", "disttrain", "cluster", "run", "--name", "cmpt",
-                            "--timeout", "77.0", "--"]  # fmt: skip
+    assert launcher[1:] == [
+        "-m",
+        "disttrain",
+        "cluster",
+        "run",
+        "--name",
+        "cmpt",
+        "--timeout",
+        "77.0",
+        "--",
+    ]
     with open(os.path.join(out, "report.md")) as fh:
         report = fh.read()
     assert "2 hosts x 2 workers, 100 Mbit/s per host link" in report and "workers=4" in report

@@ -91,8 +91,13 @@ def test_fusion_buckets_set_latency_terms() -> None:
     cal = Calibration(seconds_per_flop=0.0, seconds_per_param=0.0)
     work = costmodel.Workload(params=4 << 20, batch_size=64)  # 16 MB of gradients
     one = costmodel.predict("allreduce:ring", work, 4, net, cal)
-    many = costmodel.predict("allreduce:ring", costmodel.Workload(
-        params=4 << 20, batch_size=64, bucket_bytes=1 << 20), 4, net, cal)  # fmt: skip
+    many = costmodel.predict(
+        "allreduce:ring",
+        costmodel.Workload(params=4 << 20, batch_size=64, bucket_bytes=1 << 20),
+        4,
+        net,
+        cal,
+    )
     assert one.comm_seconds == pytest.approx(4 * 6 * 1e-3)  # 4 MB buckets: 4 x 2(n-1) steps
     assert many.comm_seconds == pytest.approx(16 * 6 * 1e-3)
     assert costmodel.bucket_sizes(10, 4) == [4, 4, 2]
@@ -107,8 +112,13 @@ def test_strategies_relate_as_their_definitions() -> None:
     assert local.comm_seconds == pytest.approx(ring.comm_seconds / 8)
     assert local.compute_seconds == ring.compute_seconds
     one_server = costmodel.predict("ps:sync", work, 16, net, CAL)
-    many = costmodel.predict("ps:sync", costmodel.Workload(
-        params=10_000_000, batch_size=64 * 16, servers=16), 16, net, CAL)  # fmt: skip
+    many = costmodel.predict(
+        "ps:sync",
+        costmodel.Workload(params=10_000_000, batch_size=64 * 16, servers=16),
+        16,
+        net,
+        CAL,
+    )
     assert many.comm_seconds < one_server.comm_seconds
     assert costmodel.predict("ps:async", work, 16, net, CAL).step_seconds <= one_server.step_seconds
     everyone = costmodel.predict("decentralized:onebit:density=0.01", work, 1000, net, CAL)
@@ -239,7 +249,7 @@ def test_shared_memory_barriers_and_copies_get_their_own_fitted_constants() -> N
             }
         )
         # the bench's native anchor copies nothing through shared memory: not fitted
-        rows.append({"algorithm": "native", "size": parse_size(text), STAT: 1.0})  # fmt: skip
+        rows.append({"algorithm": "native", "size": parse_size(text), STAT: 1.0})
     fitted = fit_shm_link(rows, 3)
     assert fitted == pytest.approx([barrier, inner, mu], rel=0.01)
     cal = dataclasses.replace(CAL, shared_memory={"3": fitted})
@@ -262,8 +272,12 @@ def test_shared_memory_barriers_and_copies_get_their_own_fitted_constants() -> N
 
 def test_codec_time_has_a_dense_and_a_per_sent_entry_term() -> None:
     # coding = P·e + K·e_s + peers·(P·d + K·d_s), K = P·density; no link cost here
-    cal = Calibration(seconds_per_encode=3e-9, seconds_per_decode=2e-9,
-                      seconds_per_encode_sent=5e-7, seconds_per_decode_sent=4e-7)  # fmt: skip
+    cal = Calibration(
+        seconds_per_encode=3e-9,
+        seconds_per_decode=2e-9,
+        seconds_per_encode_sent=5e-7,
+        seconds_per_decode_sent=4e-7,
+    )
     net = costmodel.Network(alpha=0.0, beta=0.0)
     work = costmodel.Workload(params=1_000_000, batch_size=64)
     for density in (0.0004, 0.01):
@@ -377,15 +391,21 @@ def test_the_sync_fit_is_the_measured_step_beyond_the_prediction() -> None:
 
     cal = Calibration(cores=2, colocation={"2": 1.2}, loopback={"2": [2e-5, 5e-5, 2e-10]})
     params, _ = calibrate.mlp_params()
-    work = costmodel.Workload(params=params, batch_size=calibrate.CAL_BATCH * 2, ranks_per_host=2,
-                              buckets=calibrate.mlp_buckets(4.0))  # fmt: skip
-    predicted = costmodel.predict("allreduce:native", work, 2,
-                                  calibrate.loopback_network(cal, 2), cal).step_seconds  # fmt: skip
+    work = costmodel.Workload(
+        params=params,
+        batch_size=calibrate.CAL_BATCH * 2,
+        ranks_per_host=2,
+        buckets=calibrate.mlp_buckets(4.0),
+    )
+    predicted = costmodel.predict(
+        "allreduce:native", work, 2, calibrate.loopback_network(cal, 2), cal
+    ).step_seconds
     fitted = calibrate.fit_sync(cal, {2: predicted + 0.006})
     assert fitted["2"] == pytest.approx(0.006, rel=1e-9)
     # with it, the same configuration is predicted as measured; a faster step fits 0
-    again = costmodel.predict("allreduce:native", work, 2, calibrate.loopback_network(cal, 2),
-                              replace(cal, sync=fitted)).step_seconds  # fmt: skip
+    again = costmodel.predict(
+        "allreduce:native", work, 2, calibrate.loopback_network(cal, 2), replace(cal, sync=fitted)
+    ).step_seconds
     assert again == pytest.approx(predicted + 0.006, rel=1e-9)
     assert calibrate.fit_sync(cal, {2: predicted / 2})["2"] == 0.0
 

@@ -41,9 +41,18 @@ def _jobs(out: str) -> list[dict[str, Any]]:
     for i, (_, flags) in enumerate(RUNS):
         folder = os.path.join(out, str(i))
         os.makedirs(folder, exist_ok=True)
-        cfg = config.load({"out": folder, "progress": False, "epochs": 1, "max_steps": 2,
-                           "batch_size": 32, "optimizer": "adam", "model": "mlp",
-                           **flags})  # fmt: skip
+        cfg = config.load(
+            {
+                "out": folder,
+                "progress": False,
+                "epochs": 1,
+                "max_steps": 2,
+                "batch_size": 32,
+                "optimizer": "adam",
+                "model": "mlp",
+                **flags,
+            }
+        )
         summaries.append(train(cfg))
     return summaries
 
@@ -63,18 +72,24 @@ def test_predicted_memory_matches_real_runs(tmp_path: Path) -> None:
         work = Workload(params=summary["parameters"], batch_size=32, optimizer="adam")
         want = costmodel.predict_memory(spec, work, n, model)
         counted = summary["memory_per_rank"]
-        terms = {"parameters": want.parameters, "gradients": want.gradients,
-                 "optimizer_state": want.optimizer_state,
-                 "gathered_peak": want.gathered}  # fmt: skip
+        terms = {
+            "parameters": want.parameters,
+            "gradients": want.gradients,
+            "optimizer_state": want.optimizer_state,
+            "gathered_peak": want.gathered,
+        }
         for key, predicted in terms.items():
             got = max(counted[key])  # the fullest worker (a pipeline's stages differ)
             assert abs(got - predicted) <= 0.05 * predicted, (spec, key, counted[key], predicted)
     # the ZeRO paper's totals, Ψ the parameters: 16Ψ, 8Ψ + 8Ψ/N, 4Ψ + 12Ψ/N, 16Ψ/N
     psi = summaries[0]["parameters"]
-    held = [costmodel.predict_memory(s, Workload(psi, 32, optimizer="adam"), n, model).held
-            for s, _ in RUNS[:4]]  # fmt: skip
-    assert held == pytest.approx([16 * psi, 8 * psi + 8 * psi / n, 4 * psi + 12 * psi / n,
-                                  16 * psi / n])  # fmt: skip
+    held = [
+        costmodel.predict_memory(s, Workload(psi, 32, optimizer="adam"), n, model).held
+        for s, _ in RUNS[:4]
+    ]
+    assert held == pytest.approx(
+        [16 * psi, 8 * psi + 8 * psi / n, 4 * psi + 12 * psi / n, 16 * psi / n]
+    )
 
 
 @pytest.mark.parametrize("name", sorted(STATE_COPIES))
@@ -97,8 +112,9 @@ def test_autocast_keeps_a_cast_copy_of_each_weight_for_backward(precision: str) 
     transpose, as linear saves it): 2 bytes a weight of every layer whose input needs a
     gradient, so all but the first. CAST_BYTES counts the first too: autocast's cache
     holds every cast weight until the forward ends."""
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
-                          nn.Linear(128, 10))  # fmt: skip
+    model = nn.Sequential(
+        nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10)
+    )
     shapes = {tuple(m.weight.shape) for m in model if isinstance(m, nn.Linear)}
     saved: dict[int, int] = {}
 
@@ -117,8 +133,19 @@ def test_autocast_keeps_a_cast_copy_of_each_weight_for_backward(precision: str) 
 def _row(label: str, step_ms: float | None, total_mb: float | None, limit_mb: float) -> Row:
     step = None
     if step_ms is not None:
-        step = Prediction(label, 8, step_ms / 1e3, step_ms / 2e3, step_ms / 2e3, 0, 0, 0.5,
-                          "compute", f"{label} reason", 100.0)  # fmt: skip
+        step = Prediction(
+            label,
+            8,
+            step_ms / 1e3,
+            step_ms / 2e3,
+            step_ms / 2e3,
+            0,
+            0,
+            0.5,
+            "compute",
+            f"{label} reason",
+            100.0,
+        )
     memory = None if total_mb is None else Memory(total_mb * 1e6, 0, 0)
     fits = None if memory is None else memory.total <= limit_mb * 1e6
     return Row(label, step, memory, "", fits)
@@ -126,8 +153,12 @@ def _row(label: str, step_ms: float | None, total_mb: float | None, limit_mb: fl
 
 def test_the_fit_filter_and_the_recommendation() -> None:
     work, net = Workload(params=10**9, batch_size=256), costmodel.Network(0.0, 8 / 1e10)
-    rows = [_row("allreduce:ring", 10, 16_000, 2000), _row("zero:2", 12, 1_900, 2000),
-            _row("zero:3", 15, 1_200, 2000), _row("pipeline", None, 1_000, 2000)]  # fmt: skip
+    rows = [
+        _row("allreduce:ring", 10, 16_000, 2000),
+        _row("zero:2", 12, 1_900, 2000),
+        _row("zero:3", 15, 1_200, 2000),
+        _row("pipeline", None, 1_000, 2000),
+    ]
     assert [r.label for r in fitting(rows)] == ["zero:2", "zero:3"]  # modelled and fitting
     line = recommendation(rows, work, net, limit=2_000_000_000)
     assert ": zero:2 (12.0 ms a step" in line and "in 2 GB per worker" in line
@@ -136,11 +167,20 @@ def test_the_fit_filter_and_the_recommendation() -> None:
     free = [Row(r.label, r.step, r.memory) for r in rows]
     assert ": allreduce:ring (10.0 ms" in recommendation(free, work, net)
     # none fits: one line naming the least
-    tight = [_row(r.label, r.step.step_seconds * 1e3 if r.step else None,
-                  r.memory.total / 1e6 if r.memory else None, 500) for r in rows]  # fmt: skip
+    tight = [
+        _row(
+            r.label,
+            r.step.step_seconds * 1e3 if r.step else None,
+            r.memory.total / 1e6 if r.memory else None,
+            500,
+        )
+        for r in rows
+    ]
     line = recommendation(tight, work, net, limit=500_000_000)
-    assert line == ("recommendation: none of the 4 strategies fits in 500 MB per worker; "
-                    "the least memory is pipeline's 1 GB")  # fmt: skip
+    assert line == (
+        "recommendation: none of the 4 strategies fits in 500 MB per worker; "
+        "the least memory is pipeline's 1 GB"
+    )
     # only a memory-only row fits
     only = [*tight[:3], _row("pipeline", None, 400, 500)]
     assert "only pipeline fits in 500 MB per worker" in recommendation(only, work, net, 500 * 10**6)
@@ -162,8 +202,24 @@ def test_advise_marks_what_fits(
     monkeypatch.setenv("COLUMNS", "200")
     out = tmp_path / "rows.json"
     # 100M parameters, Adam: replicated 1.6 GB; stage 3 on 8 workers 200 MB + 2 of 10 layers
-    assert main(["advise", "--params", "100M", "--nodes", "8", "--optimizer", "adam",
-                 "--memory-per-worker", "800MB", "--json", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "advise",
+                "--params",
+                "100M",
+                "--nodes",
+                "8",
+                "--optimizer",
+                "adam",
+                "--memory-per-worker",
+                "800MB",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "memory/worker" in text and "fits" in text
     rows = {r["strategy"]: r for r in json.loads(out.read_text())["rows"]}

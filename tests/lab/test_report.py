@@ -49,11 +49,14 @@ def _run(
             }
         )
     summary = {
-        "final_accuracy": accuracies[-1], "final_test_loss": 2.0 - accuracies[-1],
-        "wall_seconds": seconds_per_epoch * len(accuracies) + 0.5, "samples_per_second": sps,
+        "final_accuracy": accuracies[-1],
+        "final_test_loss": 2.0 - accuracies[-1],
+        "wall_seconds": seconds_per_epoch * len(accuracies) + 0.5,
+        "samples_per_second": sps,
         "bytes_sent_per_rank": float(bytes_per_epoch * len(accuracies)),
-        "steps": 10 * len(accuracies), "metrics": metrics,
-    }  # fmt: skip
+        "steps": 10 * len(accuracies),
+        "metrics": metrics,
+    }
     return RunResult(label, {"strategy": label.split(":")[0]}, summary)
 
 
@@ -61,10 +64,12 @@ DENSE = _run("allreduce:ring", [0.5, 0.85, 0.92, 0.95], 100.0, 40_000_000, sps=2
 assert DENSE.summary is not None
 # rank 1 is the fullest (pipelines differ by rank); peak RSS is the largest of any rank
 DENSE.summary["memory_per_rank"] = {
-    "parameters": [4_000_000, 6_000_000], "gradients": [4_000_000, 6_000_000],
-    "optimizer_state": [8_000_000, 12_000_000], "gathered_peak": [0, 0],
+    "parameters": [4_000_000, 6_000_000],
+    "gradients": [4_000_000, 6_000_000],
+    "optimizer_state": [8_000_000, 12_000_000],
+    "gathered_peak": [0, 0],
     "peak_rss": [310_000_000, 300_000_000],
-}  # fmt: skip
+}
 ONEBIT = _run("decentralized:onebit", [0.4, 0.7, 0.88, 0.91], 10.0, 9_000, sps=200.0)
 NEVER = _run("localsgd:period=16", [0.3, 0.5, 0.6, 0.7], 20.0, 2_000_000)
 FAILED = RunResult("ps:async", {"strategy": "ps"}, None, "ps: rank 1 died")
@@ -103,8 +108,9 @@ def test_rows_and_ratios() -> None:
 def test_write_report(tmp_path: Any) -> None:
     out = str(tmp_path)
     algorithms = [{"algorithm": "ring", "bytes/rank (meter)": 1572864, "steps (formula)": "6"}]
-    paths = write_report(out, [DENSE, ONEBIT, NEVER, FAILED], 0.9, {"network": "test"},
-                         algorithms, ["a note"])  # fmt: skip
+    paths = write_report(
+        out, [DENSE, ONEBIT, NEVER, FAILED], 0.9, {"network": "test"}, algorithms, ["a note"]
+    )
     with open(paths["md"]) as fh:
         md = fh.read()
     assert "| allreduce:ring | ok | 0.9500 | 1.0500 | 400.5 | 20.0 | 160,000,000 | " in md

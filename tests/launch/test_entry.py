@@ -76,12 +76,22 @@ def test_train_under_torchrun_matches_one_process(
     tmp_path: Path, reference: dict[str, Any]
 ) -> None:
     cmd = [
-        str(TORCHRUN), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-        "--master-port", str(_free_port()), str(REPO / "examples" / "train_api.py"),
+        str(TORCHRUN),
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        str(REPO / "examples" / "train_api.py"),
         json.dumps({**SETTINGS, "out": str(tmp_path / "run")}),
-    ]  # fmt: skip
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(REPO / "src")}  # fmt: skip
+    ]
+    env = {
+        **os.environ,
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(REPO / "src"),
+    }
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=170)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     # the two ranks print at once: a line may hold both objects, so decode each one found
@@ -91,12 +101,14 @@ def test_train_under_torchrun_matches_one_process(
             found.append(decoder.raw_decode(proc.stdout, at)[0])
         except json.JSONDecodeError:
             continue
-    lines = sorted((d for d in found if isinstance(d, dict) and "rank" in d),
-                   key=lambda d: d["rank"])  # fmt: skip
+    lines = sorted(
+        (d for d in found if isinstance(d, dict) and "rank" in d), key=lambda d: d["rank"]
+    )
     assert [d["rank"] for d in lines] == [0, 1]
     assert [(d["local_rank"], d["local_size"], d["cross_size"]) for d in lines] == [
-        (0, 2, 1), (1, 2, 1)
-    ]  # fmt: skip
+        (0, 2, 1),
+        (1, 2, 1),
+    ]
     assert lines[0]["run_id"] == lines[1]["run_id"] and lines[0]["workers"] == 2
     assert abs(lines[0]["accuracy"] - reference["final_accuracy"]) <= ONE_SAMPLE
     assert abs(lines[1]["accuracy"] - reference["final_accuracy"]) <= ONE_SAMPLE

@@ -18,8 +18,7 @@ from tests.test_api import TORCHRUN, _free_port
 from tests.test_cli import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
-FLAGS = ("--model", "mlp", "--max-steps", "4", "--epochs", "1", "--no-progress",
-         "--timeout", "60")  # fmt: skip
+FLAGS = ("--model", "mlp", "--max-steps", "4", "--epochs", "1", "--no-progress", "--timeout", "60")
 
 
 def test_this_torch_has_the_seam_so_workers_are_forked() -> None:
@@ -30,11 +29,27 @@ def test_this_torch_has_the_seam_so_workers_are_forked() -> None:
 
 
 def test_forked_workers_train_bit_for_bit_as_torchrun_s_exec_d_ones(tmp_path: Path) -> None:
-    cmd = [str(TORCHRUN), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), "-m", "disttrain", "train", *FLAGS,
-           "--out", str(tmp_path / "exec")]  # fmt: skip
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(REPO / "src")}  # fmt: skip
+    cmd = [
+        str(TORCHRUN),
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        "-m",
+        "disttrain",
+        "train",
+        *FLAGS,
+        "--out",
+        str(tmp_path / "exec"),
+    ]
+    env = {
+        **os.environ,
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(REPO / "src"),
+    }
     ran = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=170)
     assert ran.returncode == 0, ran.stderr[-4000:]
     done = run_cli("train", *FLAGS, "--out", str(tmp_path / "forked"))

@@ -53,8 +53,18 @@ def test_cuda_with_an_unproven_combination_is_refused_in_one_line(
     monkeypatch: pytest.MonkeyPatch, no_launch: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _cuda(monkeypatch, True)  # past the first check: the machine "has" CUDA
-    code = cli.main(["train", "--device", "cuda", "--algorithm", "ring", "--no-progress",
-                     "--out", str(no_launch / "o")])  # fmt: skip
+    code = cli.main(
+        [
+            "train",
+            "--device",
+            "cuda",
+            "--algorithm",
+            "ring",
+            "--no-progress",
+            "--out",
+            str(no_launch / "o"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     lines = err.strip().splitlines()
@@ -82,8 +92,12 @@ def test_a_proven_combination_passes_and_a_neighbour_does_not(
     assert proven in gpu_support.PROVEN  # the one tests/train/test_cuda.py ran on a GPU
     monkeypatch.setattr(gpu_support, "PROVEN", frozenset({proven}))
     preflight(cfg)  # the table decides: this one is let through
-    for change in ({"algorithm": "ring"}, {"precision": "fp16"}, {"check_collectives": True},
-                   {"workers": 2}):  # fmt: skip
+    for change in (
+        {"algorithm": "ring"},
+        {"precision": "fp16"},
+        {"check_collectives": True},
+        {"workers": 2},
+    ):
         other = config.load({"device": "cuda", "max_steps": 1, "workers": 1, **change})
         with pytest.raises(UsageError, match="has not been proven"):
             preflight(other)
@@ -102,8 +116,19 @@ def test_each_one_gpu_run_proves_the_combination_it_names(
     flags, combo = NAMED_RUNS[run]
     _cuda(monkeypatch, True)
     monkeypatch.setattr(gpu_support, "PROVEN", frozenset())
-    code = cli.main(["train", "--device", "cuda", "--workers", "1", "--no-progress",
-                     "--out", str(no_launch / "o"), *flags])  # fmt: skip
+    code = cli.main(
+        [
+            "train",
+            "--device",
+            "cuda",
+            "--workers",
+            "1",
+            "--no-progress",
+            "--out",
+            str(no_launch / "o"),
+            *flags,
+        ]
+    )
     assert code == 2
     assert f"--device cuda: {combo} has not been proven" in capsys.readouterr().err
 
@@ -146,9 +171,23 @@ def test_each_shared_gpu_run_proves_the_combination_it_names(
     runs = [(f, "fp32") for f in GLOO_RUNS] + [(f, p) for f, p, _ in GLOO_MIXED]
     for flags, precision in runs:
         workers, rest = _workers(flags)
-        code = cli.main(["train", "--device", "cuda", "--backend", "gloo", "--workers",
-                         str(workers), "--precision", precision, "--no-progress",
-                         "--out", str(no_launch / "o"), *rest])  # fmt: skip
+        code = cli.main(
+            [
+                "train",
+                "--device",
+                "cuda",
+                "--backend",
+                "gloo",
+                "--workers",
+                str(workers),
+                "--precision",
+                precision,
+                "--no-progress",
+                "--out",
+                str(no_launch / "o"),
+                *rest,
+            ]
+        )
         err = capsys.readouterr().err
         assert code == 2, (flags, err)
         assert f"--device cuda: {_gloo_combo(flags, precision)} has not been proven" in err, err
@@ -171,8 +210,14 @@ def test_gpu_proof_on_a_machine_without_cuda_skips_and_proves_nothing(tmp_path: 
         "GPU_PROOF_XDIST": "0",
         "GPU_PROOF_WHEELS": str(tmp_path / "none"),
     }
-    done = subprocess.run(["bash", str(repo / "benchmarks" / "gpu_proof.sh")], env=env,
-                          cwd=repo, capture_output=True, text=True, timeout=170)  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(repo / "benchmarks" / "gpu_proof.sh")],
+        env=env,
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
     out = done.stdout
     assert done.returncode == 0, done.stderr
     assert re.search(r"^\d+ skipped in ", out, re.MULTILINE), out  # pytest's line: only skips

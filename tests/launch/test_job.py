@@ -36,11 +36,30 @@ def test_a_signalled_launcher_says_one_line_and_leaves_nothing(
 ) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    cmd = [sys.executable, "-m", "disttrain", "train", "--model", "mlp", "--max-steps", "100000",
-           "--checkpoint-every", "2", "--no-progress", "--out", str(out)]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_default_sigint)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "disttrain",
+        "train",
+        "--model",
+        "mlp",
+        "--max-steps",
+        "100000",
+        "--checkpoint-every",
+        "2",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_default_sigint,
+    )
     tree: list[Proc] = []
     try:
         _training(out, proc)
@@ -68,14 +87,22 @@ def test_a_ctrl_c_in_the_first_second_is_one_line_too(entry: str, tmp_path: Path
     here), and 0.3 s later in pre-flight: one line, 130, no traceback. In the command,
     ``import disttrain`` loads torch only on first use, so the signal lands inside
     ``cli.main``. (The interpreter's own start, before any disttrain code, is not ours.)"""
-    cmd = ([str(Path(sys.executable).with_name("disttrain"))] if entry == "disttrain"
-           else [sys.executable, "-m", "disttrain"])  # fmt: skip
+    cmd = (
+        [str(Path(sys.executable).with_name("disttrain"))]
+        if entry == "disttrain"
+        else [sys.executable, "-m", "disttrain"]
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     for later in (0.0, 0.3):
-        proc = subprocess.Popen([*cmd, "train", "--max-steps", "5", "--out", str(tmp_path)],
-                                env=env, cwd=REPO, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True,
-                                preexec_fn=_default_sigint)  # fmt: skip
+        proc = subprocess.Popen(
+            [*cmd, "train", "--max-steps", "5", "--out", str(tmp_path)],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=_default_sigint,
+        )
         _await_libtorch(proc.pid)
         time.sleep(later)
         proc.send_signal(signal.SIGINT)
@@ -106,8 +133,16 @@ def test_a_terminal_sees_pre_flight_then_the_workers_start_then_progress(tmp_pat
     import pty
 
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    cmd = [sys.executable, "-m", "disttrain", "train", "--max-steps", "3", "--out",
-           str(tmp_path / "out")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "disttrain",
+        "train",
+        "--max-steps",
+        "3",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     pid, fd = pty.fork()
     if pid == 0:  # the child: the command on the pty
         os.chdir(REPO)
@@ -119,7 +154,10 @@ def test_a_terminal_sees_pre_flight_then_the_workers_start_then_progress(tmp_pat
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, seen.decode(errors="replace")
     text = seen.decode(errors="replace")
-    marks = ["disttrain: pre-flight: settings, data set, one batch of the model",
-             "disttrain: starting 2 worker process(es)", "step "]  # fmt: skip
+    marks = [
+        "disttrain: pre-flight: settings, data set, one batch of the model",
+        "disttrain: starting 2 worker process(es)",
+        "step ",
+    ]
     where = [text.find(m) for m in marks]
     assert -1 not in where and where == sorted(where), text[:2000]

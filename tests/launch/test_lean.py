@@ -31,8 +31,9 @@ print(json.dumps([patched, "torch._dynamo" in sys.modules, results]))
 
 def _probe(lean_on: bool) -> tuple[int, bool, list[tuple[float, int, bool]]]:
     code = _PROBE if lean_on else _PROBE.replace("lean.apply()", "0")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
     patched, loaded, results = json.loads(out)
     return patched, loaded, [tuple(r) for r in results]
 

@@ -43,10 +43,26 @@ def _listeners(tmp_path: Path, flags: list[str]) -> set[tuple[str, int]]:
     """Every (address, port) the job's process tree listens on while it trains."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = zygote.popen(
-        [sys.executable, "-m", "disttrain", "train", "--workers", "2", "--epochs", "30",
-         "--no-progress", "--out", str(tmp_path / "o"), *flags],
-        env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "disttrain",
+            "train",
+            "--workers",
+            "2",
+            "--epochs",
+            "30",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "o"),
+            *flags,
+        ],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seen: set[tuple[str, int]] = set()
     try:
         deadline = time.monotonic() + 120

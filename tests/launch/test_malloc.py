@@ -36,9 +36,14 @@ print(json.dumps([kept, faults]))
 
 def _rounds(env: dict[str, str]) -> tuple[bool, list[int]]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_"))}
-    done = subprocess.run([sys.executable, "-c", _ROUNDS], env={**clean, **env,
-                          "PYTHONPATH": str(REPO / "src")}, capture_output=True, text=True,
-                          timeout=60, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _ROUNDS],
+        env={**clean, **env, "PYTHONPATH": str(REPO / "src")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     kept, faults = json.loads(done.stdout)
     return kept, faults
 

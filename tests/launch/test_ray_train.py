@@ -33,13 +33,36 @@ def test_ray_job_survives_a_killed_worker_and_matches_one_process(tmp_path: Path
     want: dict[str, Any] = run_world(_reference, 1, args=(str(tmp_path / "ref"),), timeout=120)[0]
     out = tmp_path / "run"
     cmd = [
-        sys.executable, "-m", "disttrain", "train", "--launcher", "ray", "--workers", "2",
-        "--max-steps", str(SETTINGS["max_steps"]), "--batch-size", str(SETTINGS["batch_size"]),
-        "--epochs", "1", "--checkpoint-every", "3", "--max-restarts", "1",
-        "--inject-fault", "kill:rank=1:step=5", "--out", str(out), "--no-progress",
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1",
-           "RAY_USAGE_STATS_ENABLED": "0"}  # fmt: skip
+        sys.executable,
+        "-m",
+        "disttrain",
+        "train",
+        "--launcher",
+        "ray",
+        "--workers",
+        "2",
+        "--max-steps",
+        str(SETTINGS["max_steps"]),
+        "--batch-size",
+        str(SETTINGS["batch_size"]),
+        "--epochs",
+        "1",
+        "--checkpoint-every",
+        "3",
+        "--max-restarts",
+        "1",
+        "--inject-fault",
+        "kill:rank=1:step=5",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO / "src"),
+        "OMP_NUM_THREADS": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=560)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "final_accuracy" in proc.stdout  # the summary table, as `disttrain train` prints it

@@ -95,8 +95,7 @@ def _install_slurm() -> str | None:
         cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "slurm-wlm"]
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
         if done.returncode != 0:  # stale package lists on a fresh machine: update once
-            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True,
-                           timeout=120)  # fmt: skip
+            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, timeout=120)
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"Slurm not installed ({', '.join(missing)}): apt-get install slurm-wlm: {exc}"
@@ -122,8 +121,9 @@ def test_the_job_step_starts_one_agent_per_node_at_the_head_with_the_job_id() ->
     tail = " ".join(cmd[cmd.index("disttrain") :])
     assert "--launcher local --out /shared/out --rdzv-id 4242" in tail
     assert tail.endswith("--nnodes 2 --rdzv-endpoint gpu07:29642")  # 29400 + 4242 mod 1000
-    one = srun_command({**env, "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "gpu07"},
-                       ["train"], "/o")  # fmt: skip
+    one = srun_command(
+        {**env, "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "gpu07"}, ["train"], "/o"
+    )
     assert "--rdzv-endpoint" not in one  # one node: the file rendezvous, nothing listens
 
 
@@ -132,8 +132,12 @@ def test_outside_an_allocation_it_is_one_line_and_exit_2(tmp_path: Path) -> None
     env["PYTHONPATH"] = str(REPO / "src")
     proc = subprocess.run(
         [sys.executable, "-m", "disttrain", "train", "--launcher", "slurm", "--max-steps", "1"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert (
         proc.stderr.strip().splitlines()
@@ -162,13 +166,35 @@ def test_a_slurm_job_trains_like_one_process(tmp_path: Path) -> None:
         CONF.format(host=host, tmp=tmp_path, cpus=cpus, ctld_port=ports[0], d_port=ports[1])
     )
     out, log = tmp_path / "run", tmp_path / "job.log"
-    env = {**os.environ, "SLURM_CONF": str(conf), "NODE": host, "LOG": str(log),
-           "PYTHON": sys.executable, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1",
-           "WORKERS_PER_NODE": "2"}  # fmt: skip
-    args = ["--max-steps", str(SETTINGS["max_steps"]), "--batch-size", str(SETTINGS["batch_size"]),
-            "--epochs", "1", "--no-progress", "--out", str(out)]  # fmt: skip
-    cmd = ["bash", "-c", SCRIPT.format(cpus=cpus), "slurm",
-           str(REPO / "examples" / "slurm" / "train.sbatch"), *args]  # fmt: skip
+    env = {
+        **os.environ,
+        "SLURM_CONF": str(conf),
+        "NODE": host,
+        "LOG": str(log),
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(REPO / "src"),
+        "OMP_NUM_THREADS": "1",
+        "WORKERS_PER_NODE": "2",
+    }
+    args = [
+        "--max-steps",
+        str(SETTINGS["max_steps"]),
+        "--batch-size",
+        str(SETTINGS["batch_size"]),
+        "--epochs",
+        "1",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
+    cmd = [
+        "bash",
+        "-c",
+        SCRIPT.format(cpus=cpus),
+        "slurm",
+        str(REPO / "examples" / "slurm" / "train.sbatch"),
+        *args,
+    ]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
     text = log.read_text() if log.exists() else ""
     assert proc.returncode == 0, proc.stderr[-3000:] + text[-3000:]

@@ -26,8 +26,14 @@ print(json.dumps([untouched, off, gc.isenabled(), gc.get_freeze_count()]))
 
 def test_the_imports_are_frozen_and_the_collector_is_back_on() -> None:
     env = {"PYTHONPATH": str(REPO / "src")}
-    done = subprocess.run([sys.executable, "-c", _CASE], capture_output=True, text=True,
-                          env=env, timeout=120, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _CASE],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
     untouched, off, on, frozen = json.loads(done.stdout)
     assert untouched == [True, 0] and off is False and on is True
     assert frozen > 100_000  # torch's objects (about 170,000), never walked again

@@ -66,10 +66,27 @@ def _kill_and_check(proc: subprocess.Popen[str], tree: list[Proc], how: str) -> 
 def test_workers_end_within_5_s_of_a_killed_launcher(run: str, how: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    cmd = [sys.executable, "-m", "disttrain", "train", "--model", "mlp", *RUNS[run],
-           "--no-progress", "--out", str(out)]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "disttrain",
+        "train",
+        "--model",
+        "mlp",
+        *RUNS[run],
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     tree: list[Proc] = []
     try:
         _training(out, proc)
@@ -88,9 +105,15 @@ def test_disttrain_run_s_processes_end_within_5_s_of_its_killed_launcher(how: st
     """Horovod's launcher (``disttrain run -np 2 COMMAND``) ties its processes alike."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     sleeper = [sys.executable, "-c", "import time; time.sleep(300)"]
-    proc = subprocess.Popen([sys.executable, "-m", "disttrain", "run", "-np", "2", *sleeper],
-                            env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "disttrain", "run", "-np", "2", *sleeper],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     tree: list[Proc] = []
     try:
         deadline = time.monotonic() + 60
@@ -134,8 +157,9 @@ def test_a_launcher_killed_at_start_up_or_mid_checkpoint_leaves_nothing(
     flags = ["--max-steps", "100000", "--checkpoint-every", "1", "--algorithm", "shm"]
     cmd = [sys.executable, "-m", "disttrain", "train", *flags, "--no-progress", "--out", str(out)]
     shm_before = _shm()
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     tree: list[Proc] = []
     try:
         deadline = time.monotonic() + 120

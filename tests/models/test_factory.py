@@ -110,9 +110,24 @@ def test_the_real_command_trains_a_factory_from_the_current_directory(user_folde
     if not script.exists():
         pytest.skip(f"no console script beside {sys.executable}")
     done = subprocess.run(
-        [str(script), "train", "--model", "usermodels_t:shaped",
-         "--max-steps", "2", "--epochs", "1", "--no-progress", "--out", "run"],
-        cwd=user_folder, env=env, capture_output=True, text=True, timeout=220,
-    )  # fmt: skip
+        [
+            str(script),
+            "train",
+            "--model",
+            "usermodels_t:shaped",
+            "--max-steps",
+            "2",
+            "--epochs",
+            "1",
+            "--no-progress",
+            "--out",
+            "run",
+        ],
+        cwd=user_folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
     assert done.returncode == 0, done.stderr
     assert (user_folder / "run" / "summary.json").exists()

@@ -76,8 +76,16 @@ def test_parse_balance_and_sequential_check() -> None:
 
 
 def _flat_mlp() -> nn.Sequential:
-    return nn.Sequential(nn.Flatten(), nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(),
-                         nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))  # fmt: skip
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(4, 8),
+        nn.ReLU(),
+        nn.Linear(8, 8),
+        nn.ReLU(),
+        nn.Linear(8, 8),
+        nn.ReLU(),
+        nn.Linear(8, 2),
+    )
 
 
 def test_automatic_cuts_never_leave_a_stage_without_parameters() -> None:

@@ -46,9 +46,13 @@ class CurveServer:
     def __init__(self, key: auth.CurveKey) -> None:
         sock, self.endpoint = bind_router(curve=key)
         self.server = ShardServer(
-            0, torch.zeros(N), lambda p: torch.optim.SGD(p, lr=1.0),
-            Consistency("async", (0,)), sock, worker_timeout=60.0,
-        )  # fmt: skip
+            0,
+            torch.zeros(N),
+            lambda p: torch.optim.SGD(p, lr=1.0),
+            Consistency("async", (0,)),
+            sock,
+            worker_timeout=60.0,
+        )
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()

@@ -12,9 +12,15 @@ from disttrain.ps.consistency import MODES
 
 @pytest.mark.parametrize(
     ("mode", "workers", "expected"),
-    [("async", 2, 0.5), ("ssp", 2, 0.5), ("async", 3, 1 / 3), ("ssp", 4, 0.25),
-     ("sync", 2, 1.0), ("softsync", 4, 1.0)],
-)  # fmt: skip
+    [
+        ("async", 2, 0.5),
+        ("ssp", 2, 0.5),
+        ("async", 3, 1 / 3),
+        ("ssp", 4, 0.25),
+        ("sync", 2, 1.0),
+        ("softsync", 4, 1.0),
+    ],
+)
 def test_push_lr_share(mode: str, workers: int, expected: float) -> None:
     assert push_lr_share(mode, workers) == pytest.approx(expected)
 

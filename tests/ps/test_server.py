@@ -27,9 +27,13 @@ class Running:
         sock, self.endpoint = bind_router()
         self.initial = torch.linspace(-1, 1, N)
         self.server = ShardServer(
-            shard, self.initial, lambda p: torch.optim.SGD(p, lr=0.5, momentum=0.9),
-            Consistency(mode, tuple(range(workers))), sock, **kw,
-        )  # fmt: skip
+            shard,
+            self.initial,
+            lambda p: torch.optim.SGD(p, lr=0.5, momentum=0.9),
+            Consistency(mode, tuple(range(workers))),
+            sock,
+            **kw,
+        )
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
@@ -106,8 +110,11 @@ def test_bad_frames_are_refused_counted_and_leave_the_state_unchanged(server: Ru
     )
     rejected = dict(server.server.rejected)
     assert rejected == {
-        "malformed": 2, "unknown_worker": 1, "wrong_dtype_or_size": 2, "non_finite": 2
-    }  # fmt: skip
+        "malformed": 2,
+        "unknown_worker": 1,
+        "wrong_dtype_or_size": 2,
+        "non_finite": 2,
+    }
     # and a good gradient does change the weights: the checks above could fail
     header, payload = _ask(w0, encode_tensor(MsgType.PUSH, 0, 0, 0, torch.ones(N)))
     after = decode_tensor(header, payload, torch.float32, N)
@@ -119,9 +126,14 @@ def test_client_push_pull_done_round_trip_with_two_servers() -> None:
     servers = [Running(shard=k, worker_timeout=30.0) for k in range(2)]
     try:
         client = PSClient(
-            0, [s.endpoint for s in servers], [1, 2], [(0, N), (N, 2 * N)], torch.float32,
-            timeout=10.0, heartbeat=0.1,
-        )  # fmt: skip
+            0,
+            [s.endpoint for s in servers],
+            [1, 2],
+            [(0, N), (N, 2 * N)],
+            torch.float32,
+            timeout=10.0,
+            heartbeat=0.1,
+        )
         w = client.hello(steps=2)
         assert torch.equal(w, torch.cat([servers[0].initial, servers[1].initial]))
         w = client.push(torch.ones(2 * N))

@@ -78,9 +78,15 @@ def _compare_all() -> list[dict[str, Any]]:
     results = []
     for algorithm, fusion_mb, overlap, accumulate in _cases(collectives.ALGORITHMS):
         cfg = config.load(
-            {"algorithm": algorithm, "fusion_mb": fusion_mb, "overlap": overlap,
-             "accumulate": accumulate, "workers": n, "batch_size": GLOBAL_BATCH}
-        )  # fmt: skip
+            {
+                "algorithm": algorithm,
+                "fusion_mb": fusion_mb,
+                "overlap": overlap,
+                "accumulate": accumulate,
+                "workers": n,
+                "batch_size": GLOBAL_BATCH,
+            }
+        )
         model = copy.deepcopy(base)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         strategy = strategies.get("allreduce")(cfg, world, F.cross_entropy)
@@ -98,10 +104,14 @@ def _compare_all() -> list[dict[str, Any]]:
         stats = strategy.reducer.stats()
         strategy.finish()
         results.append(
-            {"case": (algorithm, fusion_mb, overlap, accumulate), "ref": worst_ref,
-             "ddp": worst_ddp, "buckets": stats["buckets"],
-             "in_backward": stats["launched_in_backward"]}
-        )  # fmt: skip
+            {
+                "case": (algorithm, fusion_mb, overlap, accumulate),
+                "ref": worst_ref,
+                "ddp": worst_ddp,
+                "buckets": stats["buckets"],
+                "in_backward": stats["launched_in_backward"],
+            }
+        )
     dist.barrier()
     return results
 

@@ -38,9 +38,7 @@ def _trace(flags: dict[str, Any], steps: int, inject: str) -> Trace | None:
 
     cfg = config.load({"scale_growth_interval": 2, "seed": 0, **flags})
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)
-    )  # fmt: skip
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
     strategy = strategies.get(cfg.train.strategy)(cfg, world.current(), loss_fn)
     model = strategy.prepare_model(model, torch.randn(cfg.train.batch_size, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -51,7 +49,7 @@ def _trace(flags: dict[str, Any], steps: int, inject: str) -> Trace | None:
     strategy.roles.limits(1, steps)
     runner = StepRunner(
         strategy, optimizer, cfg.train, Timers(), parse_fault(inject), dist.get_rank()
-    )  # fmt: skip
+    )
     # data-parallel ranks get their own shard; pipeline stages and tensor slices share one
     gen = torch.Generator().manual_seed(100 + strategy.data_rank)
     x, y = torch.randn(8, 4, generator=gen), torch.randint(0, 4, (8,), generator=gen)
@@ -69,26 +67,38 @@ def _trace(flags: dict[str, Any], steps: int, inject: str) -> Trace | None:
 CASES: dict[str, tuple[dict[str, Any], int]] = {
     # the server's liveness window (10 s by default) is not this test's subject: on loaded
     # cores a worker once went silent that long between steps (1 suite run in 5)
-    "ps sync": ({"strategy": "ps", "ps_mode": "sync", "servers": 1, "workers": 2,
-                 "ps_worker_timeout": 60.0}, 3),
+    "ps sync": (
+        {
+            "strategy": "ps",
+            "ps_mode": "sync",
+            "servers": 1,
+            "workers": 2,
+            "ps_worker_timeout": 60.0,
+        },
+        3,
+    ),
     "pipeline gpipe 2 stages": (
-        {"strategy": "pipeline", "schedule": "gpipe", "microbatches": 2, "workers": 2}, 2,
+        {"strategy": "pipeline", "schedule": "gpipe", "microbatches": 2, "workers": 2},
+        2,
     ),
     "tensor": ({"strategy": "tensor", "workers": 2}, 2),
     "localsgd": ({"strategy": "localsgd", "period": 2, "workers": 2}, 2),
     "decentralized onebit": (
-        {"strategy": "decentralized", "compression": "onebit:0.001", "workers": 2}, 2,
+        {"strategy": "decentralized", "compression": "onebit:0.001", "workers": 2},
+        2,
     ),
     "allreduce onebit": (
-        {"strategy": "allreduce", "compression": "onebit:0.001", "workers": 2}, 2,
+        {"strategy": "allreduce", "compression": "onebit:0.001", "workers": 2},
+        2,
     ),
     # a dense cast: top-k is left out because fp16 and fp32 may pick a different k-th entry.
     # A cast rides the reducer's buckets; without overlap they are filled after backward,
     # where the Inf is put (the overlapped case, Inf in the input: tests/test_amp.py).
     "allreduce fp16 cast": (
-        {"strategy": "allreduce", "compression": "fp16", "overlap": False, "workers": 2}, 2,
+        {"strategy": "allreduce", "compression": "fp16", "overlap": False, "workers": 2},
+        2,
     ),
-}  # fmt: skip
+}
 
 
 #: each case's fp16 run with the Inf and its fp32 first step, one after another in one

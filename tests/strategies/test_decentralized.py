@@ -158,7 +158,10 @@ def test_cli_bad_flags_exit_2_with_one_line(flags: list[str]) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = zygote.run(
         [sys.executable, "-m", "disttrain", "train", *flags],
-        capture_output=True, text=True, timeout=60, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "error" in proc.stderr

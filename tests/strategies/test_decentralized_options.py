@@ -127,6 +127,7 @@ def test_bad_option_combinations_are_one_line_and_exit_2(
 def test_momentum_correction_brings_momentum_at_its_own_lr_to_one_bit() -> None:
     from disttrain import config
 
-    cfg = config.load({"strategy": "decentralized", "compression": ONEBIT,
-                       "momentum_correction": True})  # fmt: skip
+    cfg = config.load(
+        {"strategy": "decentralized", "compression": ONEBIT, "momentum_correction": True}
+    )
     assert (cfg.train.optimizer, cfg.train.lr) == ("momentum", 0.05)

@@ -70,20 +70,35 @@ UNSTABLE: dict[str, str] = {
 }
 CASES = [
     pytest.param(
-        name, label, flags, id=label,
-        marks=[pytest.mark.xfail(run=False, reason=KNOWN_BAD[label])] if label in KNOWN_BAD
-        else [pytest.mark.xfail(strict=False, reason=UNSTABLE[label])] if label in UNSTABLE
+        name,
+        label,
+        flags,
+        id=label,
+        marks=[pytest.mark.xfail(run=False, reason=KNOWN_BAD[label])]
+        if label in KNOWN_BAD
+        else [pytest.mark.xfail(strict=False, reason=UNSTABLE[label])]
+        if label in UNSTABLE
         else [],
     )
     for name, rows in ROWS.items()
     for label, flags in rows
-]  # fmt: skip
+]
 
 
 def _train(out: Path, *flags: str, epochs: int = EPOCHS) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    cmd = [sys.executable, "-m", "disttrain", "train", "--epochs", str(epochs),
-           "--no-progress", "--out", str(out), *flags]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "disttrain",
+        "train",
+        "--epochs",
+        str(epochs),
+        "--no-progress",
+        "--out",
+        str(out),
+        *flags,
+    ]
     return zygote.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=540)
 
 
@@ -116,9 +131,14 @@ def test_defaults_train_within_3_points_of_allreduce(
 
 
 def _within_band(
-    tmp_path: Path, strategy: str, label: str, flags: list[str], anchor: float, band: float,
+    tmp_path: Path,
+    strategy: str,
+    label: str,
+    flags: list[str],
+    anchor: float,
+    band: float,
     epochs: int,
-) -> None:  # fmt: skip
+) -> None:
     """The row's accuracy within ``band`` of the anchor (a second run for a nondeterministic
     row whose first is below it), or the test fails naming every accuracy seen."""
     got: list[float] = []
@@ -186,11 +206,22 @@ def optimizer_anchor(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str]
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize(("strategy", "label", "flags", "optimizer"), OPTIMIZER_CASES)
 def test_defaults_train_with_each_optimizer(
-    strategy: str, label: str, flags: list[str], optimizer: str,
-    optimizer_anchor: Callable[[str], float], tmp_path: Path,
-) -> None:  # fmt: skip
-    _within_band(tmp_path, strategy, label, [*flags, "--optimizer", optimizer],
-                 optimizer_anchor(optimizer), BAND, EPOCHS)  # fmt: skip
+    strategy: str,
+    label: str,
+    flags: list[str],
+    optimizer: str,
+    optimizer_anchor: Callable[[str], float],
+    tmp_path: Path,
+) -> None:
+    _within_band(
+        tmp_path,
+        strategy,
+        label,
+        [*flags, "--optimizer", optimizer],
+        optimizer_anchor(optimizer),
+        BAND,
+        EPOCHS,
+    )
 
 
 #: The fast sibling in ``make test`` (the 5-epoch, 3-point band above is ``make
@@ -211,8 +242,11 @@ def fast_anchor(tmp_path_factory: pytest.TempPathFactory) -> float:
     return _accuracy(out)
 
 
-FAST_CASES = [pytest.param(name, label, flags, id=label)
-              for name, rows in ROWS.items() for label, flags in rows]  # fmt: skip
+FAST_CASES = [
+    pytest.param(name, label, flags, id=label)
+    for name, rows in ROWS.items()
+    for label, flags in rows
+]
 
 
 @pytest.mark.xdist_group("defaults-train")  # one anchor: the rows run in one xdist worker
@@ -236,7 +270,8 @@ def test_the_readme_zero_example_trains_with_each_optimizer_s_default_lr(
     optimizer: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
-    done = _train(out, "--strategy", "zero", "--zero-stage", "3", "--optimizer", optimizer,
-                  epochs=2)  # fmt: skip
+    done = _train(
+        out, "--strategy", "zero", "--zero-stage", "3", "--optimizer", optimizer, epochs=2
+    )
     assert done.returncode == 0, done.stderr
     assert _accuracy(out) >= OPTIMIZER_FLOOR.get(optimizer, 0.80)

@@ -21,9 +21,16 @@ def run(tmp: str, name: str, **flags: Any) -> tuple[dict[str, Any], str]:
     from tests.strategies.test_localsgd import _train
 
     out = os.path.join(tmp, name)
-    base = {"workers": 2, "model": "tests.strategies.test_diloco:tiny_mlp", "epochs": 1,
-            "max_steps": 12, "batch_size": 32, "lr": 0.1, "progress": False,
-            "out": out}  # fmt: skip
+    base = {
+        "workers": 2,
+        "model": "tests.strategies.test_diloco:tiny_mlp",
+        "epochs": 1,
+        "max_steps": 12,
+        "batch_size": 32,
+        "lr": 0.1,
+        "progress": False,
+        "out": out,
+    }
     return run_world(_train, 2, args=({**base, **flags},), timeout=300)[0], out
 
 
@@ -39,9 +46,15 @@ def test_strategy_default_optimizer_is_adam_and_a_given_flag_wins() -> None:
 
 @pytest.mark.parametrize(
     "sizes,count",
-    [([10, 1, 10, 1, 10, 1, 10, 1], 4), ([5, 5], 2), ([100, 1, 1, 1], 3), ([1, 1, 1, 100], 2),
-     ([7] * 13, 5), ([3, 900, 2, 2, 2, 400, 1], 4)],
-)  # fmt: skip
+    [
+        ([10, 1, 10, 1, 10, 1, 10, 1], 4),
+        ([5, 5], 2),
+        ([100, 1, 1, 1], 3),
+        ([1, 1, 1, 100], 2),
+        ([7] * 13, 5),
+        ([3, 900, 2, 2, 2, 400, 1], 4),
+    ],
+)
 def test_fragments_cover_every_parameter_exactly_once(sizes: list[int], count: int) -> None:
     parts = fragments(sizes, count)
     assert len(parts) == count and all(parts)
@@ -54,8 +67,9 @@ def test_period_one_plain_outer_sgd_equals_local_sgd(tmp_path: Any) -> None:
     # outer lr 1, no momentum: θ - mean(θ - θ_w) = mean(θ_w), local SGD's average (fp32 rounding)
     inner = {"period": 1, "optimizer": "sgd"}
     _, local = run(str(tmp_path), "local", strategy="localsgd", **inner)
-    summary, diloco = run(str(tmp_path), "diloco", strategy="diloco", outer_lr=1.0,
-                          outer_momentum=0.0, **inner)  # fmt: skip
+    summary, diloco = run(
+        str(tmp_path), "diloco", strategy="diloco", outer_lr=1.0, outer_momentum=0.0, **inner
+    )
     torch.testing.assert_close(params(diloco), params(local), rtol=0, atol=1e-5)
     assert summary["outer_steps"] == [12]
 
@@ -68,8 +82,9 @@ def _two_outer_steps(lr: float, m: float) -> float:
     from disttrain.train.trainer import loss_fn
 
     rank, n = dist.get_rank(), dist.get_world_size()
-    cfg = config.load({"strategy": "diloco", "workers": n, "period": 2, "outer_lr": lr,
-                       "outer_momentum": m})  # fmt: skip
+    cfg = config.load(
+        {"strategy": "diloco", "workers": n, "period": 2, "outer_lr": lr, "outer_momentum": m}
+    )
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     strategy = strategies.get("diloco")(cfg, world.current(), loss_fn)
@@ -78,8 +93,12 @@ def _two_outer_steps(lr: float, m: float) -> float:
     buf = torch.zeros_like(theta)
     for step in range(1, 5):
         # the inner steps: each rank moves its replica its own way
-        local = theta + torch.randn(theta.numel(), generator=torch.Generator().manual_seed(
-            10 * step + rank)).double()  # fmt: skip
+        local = (
+            theta
+            + torch.randn(
+                theta.numel(), generator=torch.Generator().manual_seed(10 * step + rank)
+            ).double()
+        )
         with torch.no_grad():
             torch.nn.utils.vector_to_parameters(local.float(), model.parameters())
         if step % 2 == 0:  # the hand-written outer step: SGD with Nesterov momentum
@@ -126,8 +145,16 @@ def _int4_outer_step() -> dict[str, float]:
     from disttrain.train.trainer import loss_fn
 
     rank, n = dist.get_rank(), dist.get_world_size()
-    cfg = config.load({"strategy": "diloco", "workers": n, "period": 1, "outer_lr": 0.7,
-                       "outer_momentum": 0.0, "outer_dtype": "int4"})  # fmt: skip
+    cfg = config.load(
+        {
+            "strategy": "diloco",
+            "workers": n,
+            "period": 1,
+            "outer_lr": 0.7,
+            "outer_momentum": 0.0,
+            "outer_dtype": "int4",
+        }
+    )
     torch.manual_seed(0)
     model = torch.nn.Linear(100, 3)  # 303 entries: 5 blocks, the last one partial
     strategy = strategies.get("diloco")(cfg, world.current(), loss_fn)
@@ -148,10 +175,13 @@ def _int4_outer_step() -> dict[str, float]:
     got = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
     everyone = [torch.zeros_like(got) for _ in range(n)]
     dist.all_gather(everyone, got)
-    return {"err": float((got - want).abs().max()),
-            "replicas": float(max((e - got).abs().max() for e in everyone)),
-            "sent": sent, "stated": (n - 1) * blockquant.payload_bytes(theta.numel()),
-            "booked": strategy.summary()["outer_bytes_per_rank"]}  # fmt: skip
+    return {
+        "err": float((got - want).abs().max()),
+        "replicas": float(max((e - got).abs().max() for e in everyone)),
+        "sent": sent,
+        "stated": (n - 1) * blockquant.payload_bytes(theta.numel()),
+        "booked": strategy.summary()["outer_bytes_per_rank"],
+    }
 
 
 @pytest.mark.timeout(400)
@@ -170,6 +200,7 @@ def test_cost_model_says_int4_is_not_modelled() -> None:
     net, work = costmodel.Network(alpha=5e-6, beta=8 / 10e9), costmodel.Workload(10_000, 32)
     with pytest.raises(costmodel.NotModelled, match="gathered, not summed"):
         costmodel.predict("diloco:50:outer_dtype=int4", work, 4, net, Calibration.defaults())
-    half = costmodel.predict("diloco:50:outer_dtype=bf16:algorithm=ring", work, 4, net,
-                             Calibration.defaults())  # fmt: skip
+    half = costmodel.predict(
+        "diloco:50:outer_dtype=bf16:algorithm=ring", work, 4, net, Calibration.defaults()
+    )
     assert half.bytes_per_rank == 2 * 10_000 * 2 * 3 / 4 / 50  # ring: 2(n-1)/n of 2 bytes each

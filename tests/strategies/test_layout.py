@@ -24,5 +24,9 @@ def test_parameter_server_layout() -> None:
     assert not any(ServerLayout.survives_loss_of(sync, r) for r in range(5))
     # async goes on without a worker, never without rank 0 (the summary) or a server
     assert [ServerLayout.survives_loss_of(asyn, r) for r in range(5)] == [
-        False, True, True, False, False,
-    ]  # fmt: skip
+        False,
+        True,
+        True,
+        False,
+        False,
+    ]

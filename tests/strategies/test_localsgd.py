@@ -51,9 +51,13 @@ RUNS: dict[str, dict[str, Any]] = {
     "sync": {"strategy": "allreduce"},  # momentum SGD, synchronous: the reference
     "local": {"strategy": "localsgd", "period": 1},
     "h4": {"strategy": "localsgd", "period": 4},
-    "warm": {"strategy": "localsgd", "period": 4, "warmup_sync_steps": 2,
-             "average_optimizer_state": True},
-}  # fmt: skip
+    "warm": {
+        "strategy": "localsgd",
+        "period": 4,
+        "warmup_sync_steps": 2,
+        "average_optimizer_state": True,
+    },
+}
 
 
 @pytest.fixture(scope="module")

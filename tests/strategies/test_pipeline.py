@@ -65,10 +65,17 @@ def _run_cases(
         theory, theory_total = _theory_peak(strategy, make(), data[0])
         meter = strategy.runner.activations
         results.append(
-            {"case": case, "worst": worst, "sizes": strategy.sizes, "whole": whole is not None,
-             "peak": meter.peak, "theory": theory, "peak_total": meter.peak_total,
-             "theory_total": theory_total}
-        )  # fmt: skip
+            {
+                "case": case,
+                "worst": worst,
+                "sizes": strategy.sizes,
+                "whole": whole is not None,
+                "peak": meter.peak,
+                "theory": theory,
+                "peak_total": meter.peak_total,
+                "theory_total": theory_total,
+            }
+        )
     return results
 
 
@@ -94,8 +101,10 @@ def _theory_peak(
         x = x.detach().requires_grad_(s > 0)
         seen: list[tuple[torch.Tensor, torch.Tensor]] = []
         owners = [m for m in stage.modules() if any(True for _ in m.parameters(recurse=False))]
-        hooks = [m.register_forward_hook(lambda _m, i, o, seen=seen: seen.append((i[0], o)))
-                 for m in owners]  # fmt: skip
+        hooks = [
+            m.register_forward_hook(lambda _m, i, o, seen=seen: seen.append((i[0], o)))
+            for m in owners
+        ]
         with meter.recording():
             out = stage(x)
             if s == len(stages) - 1:
@@ -166,11 +175,18 @@ def test_interleaved_and_zero_bubble_equal_the_unsplit_model_and_hold_what_theor
             assert len(r["sizes"]) == 2 * r["case"].get("virtual_stages", 1)
             if not r["case"].get("recompute"):  # stored activations counted from the tensors
                 _holds_what_theory_says(r)
-    peaks = [{(r["case"]["schedule"], r["case"]["microbatches"]): (r["peak"], r["peak_total"])
-              for r in rank_results} for rank_results in per_rank]  # fmt: skip
+    peaks = [
+        {
+            (r["case"]["schedule"], r["case"]["microbatches"]): (r["peak"], r["peak_total"])
+            for r in rank_results
+        }
+        for rank_results in per_rank
+    ]
     for stage, row in enumerate(peaks):
-        print(f"stage {stage}: peak saved activations (with W's gradients), bytes:",
-              {k: v for k, v in row.items() if k[1] == 8})  # fmt: skip
+        print(
+            f"stage {stage}: peak saved activations (with W's gradients), bytes:",
+            {k: v for k, v in row.items() if k[1] == 8},
+        )
     act = [{k: v[0] for k, v in row.items()} for row in peaks]
     # ZB-H1 (Qi et al. 2024, 3.1): the pipeline's peak, stage 0's, is 1F1B's (P micro-
     # batches); every stage s holds at most P micro-batches' activations M_B(s): P-s whole
@@ -193,14 +209,19 @@ def _holds_what_theory_says(r: dict[str, Any]) -> None:
 
 def _four_stages() -> list[dict[str, Any]]:
     # issue 19's equivalence at P = 4: every new schedule at M = 4 and 8 (V = 2)
-    return _run_cases(4, False, [
-        {"schedule": "interleaved", "virtual_stages": 2, "microbatches": 4},
-        {"schedule": "interleaved", "virtual_stages": 2, "microbatches": 8},
-        {"schedule": "zb1", "microbatches": 4},
-        {"schedule": "zb1", "microbatches": 8},
-        {"schedule": "zb2", "microbatches": 4},
-        {"schedule": "zb2", "microbatches": 8},
-    ], deep=True)  # fmt: skip
+    return _run_cases(
+        4,
+        False,
+        [
+            {"schedule": "interleaved", "virtual_stages": 2, "microbatches": 4},
+            {"schedule": "interleaved", "virtual_stages": 2, "microbatches": 8},
+            {"schedule": "zb1", "microbatches": 4},
+            {"schedule": "zb1", "microbatches": 8},
+            {"schedule": "zb2", "microbatches": 4},
+            {"schedule": "zb2", "microbatches": 8},
+        ],
+        deep=True,
+    )
 
 
 def test_new_schedules_on_four_stages_equal_the_unsplit_model() -> None:
@@ -217,8 +238,9 @@ def _gpipe_vs_1f1b_memory() -> tuple[int, int]:
 
     peaks = []
     for schedule in ("gpipe", "1f1b"):
-        cfg = ref.config(workers=2, strategy="pipeline", batch_size=64, microbatches=8,
-                         schedule=schedule)  # fmt: skip
+        cfg = ref.config(
+            workers=2, strategy="pipeline", batch_size=64, microbatches=8, schedule=schedule
+        )
         strategy = Pipeline(cfg, world.current(), loss_fn)
         ref.train(strategy, ref.model(), ref.batches(64, steps=2))
         peaks.append(strategy.runner.activations.peak)

@@ -24,9 +24,13 @@ def test_each_schedule_adds_its_own_bubble_to_the_same_work() -> None:
     p, m = 4, 4  # train's default M
     busy = WORK.batch_size * WORK.flops * CAL.seconds_per_flop / p
     own = WORK.params / p * CAL.seconds_per_param + CAL.seconds_per_step
-    for spec, name, v in [("pipeline:1f1b", "1f1b", 1), ("pipeline:gpipe", "gpipe", 1),
-                          ("pipeline:interleaved:virtual_stages=2", "interleaved", 2),
-                          ("pipeline:zb1", "zb1", 1), ("pipeline:zb2", "zb2", 1)]:  # fmt: skip
+    for spec, name, v in [
+        ("pipeline:1f1b", "1f1b", 1),
+        ("pipeline:gpipe", "gpipe", 1),
+        ("pipeline:interleaved:virtual_stages=2", "interleaved", 2),
+        ("pipeline:zb1", "zb1", 1),
+        ("pipeline:zb2", "zb2", 1),
+    ]:
         pred = _predict(spec, p)
         bubble = SCHEDULES.get(name).bubble(m, p, v)
         assert pred.compute_seconds == pytest.approx(busy / (1 - bubble) + own), spec
@@ -40,13 +44,30 @@ def test_each_schedule_adds_its_own_bubble_to_the_same_work() -> None:
 
 
 def test_advise_lists_the_schedules_with_different_times(capsys: pytest.CaptureFixture[str]):
-    assert main(["advise", "--params", "25M", "--nodes", "4", "--bandwidth", "10Gbit",
-                 "--latency", "5us", "--json", "/dev/null"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "advise",
+                "--params",
+                "25M",
+                "--nodes",
+                "4",
+                "--bandwidth",
+                "10Gbit",
+                "--latency",
+                "5us",
+                "--json",
+                "/dev/null",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     for row in ("pipeline:1f1b", "pipeline:zb1", "pipeline:zb2", "pipeline:interleaved"):
         assert row in out
-    rows = {p.strategy: p for p in costmodel.rank(costmodel.default_strategies(), WORK, 4, NET,
-                                                  CAL)}  # fmt: skip
+    rows = {
+        p.strategy: p for p in costmodel.rank(costmodel.default_strategies(), WORK, 4, NET, CAL)
+    }
     times = [rows[f"pipeline:{s}"].step_seconds for s in ("1f1b", "zb1")]
     assert times[0] != times[1]
 

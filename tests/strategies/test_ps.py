@@ -40,9 +40,11 @@ def _model(out: Path) -> dict[str, torch.Tensor]:
 def test_sync_ps_matches_allreduce_within_1e_5(tmp_path: Path) -> None:
     steps = {"max_steps": 6, "optimizer": "momentum", "lr": 0.1}
     run_world(
-        _train, 2, args=({**SMALL, **steps, "workers": 2, "out": str(tmp_path / "ar")},),
+        _train,
+        2,
+        args=({**SMALL, **steps, "workers": 2, "out": str(tmp_path / "ar")},),
         timeout=150,
-    )  # fmt: skip
+    )
     flags = {**SMALL, **steps, "workers": 2, "strategy": "ps", "servers": 2}
     results = run_world(_train, 4, args=({**flags, "out": str(tmp_path / "ps")},), timeout=150)
     ref, got = _model(tmp_path / "ar"), _model(tmp_path / "ps")
@@ -70,16 +72,20 @@ def test_ssp_never_exceeds_its_bound_with_a_straggler_and_softsync_averages_s(
     base = {**SMALL, "batch_size": 36, "workers": 3, "strategy": "ps", "max_steps": 12}
     base["straggler"] = "2:4"
     ssp = run_world(
-        _train, 4, args=({**base, "ps_mode": "ssp", "staleness_bound": 1,
-                          "out": str(tmp_path / "ssp")},), timeout=150,
-    )[0]  # fmt: skip
+        _train,
+        4,
+        args=({**base, "ps_mode": "ssp", "staleness_bound": 1, "out": str(tmp_path / "ssp")},),
+        timeout=150,
+    )[0]
     assert ssp["clock_gap_max"] <= 1
     assert max(int(k) for k in ssp["clock_gap_histogram"]) <= 1
     assert ssp["gradients_received"] == 36
     soft = run_world(
-        _train, 4, args=({**base, "ps_mode": "softsync", "softsync": 2,
-                          "out": str(tmp_path / "soft")},), timeout=150,
-    )[0]  # fmt: skip
+        _train,
+        4,
+        args=({**base, "ps_mode": "softsync", "softsync": 2, "out": str(tmp_path / "soft")},),
+        timeout=150,
+    )[0]
     assert soft["gradients_received"] == 36
     assert soft["updates_applied"] == 18  # every update is the mean of exactly 2 gradients
     fast = soft["worker_steps"]
@@ -88,8 +94,22 @@ def test_ssp_never_exceeds_its_bound_with_a_straggler_and_softsync_averages_s(
 
 def _cli(args: list[str], out: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
-    cmd = [sys.executable, "-m", "disttrain", "train", "--strategy", "ps", "--model", "cnn",
-           "--no-progress", "--batch-size", "32", "--out", str(out), *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "disttrain",
+        "train",
+        "--strategy",
+        "ps",
+        "--model",
+        "cnn",
+        "--no-progress",
+        "--batch-size",
+        "32",
+        "--out",
+        str(out),
+        *args,
+    ]
     return zygote.popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -97,11 +117,24 @@ def test_a_killed_worker_is_dropped_in_async_and_the_rest_finish(tmp_path: Path)
     # killed at its 2nd step of a 40-step budget (120 gradients): on loaded cores, with the
     # kill at step 4 of 20, the others once spent the whole budget before rank 1 got there
     proc = _cli(
-        ["--ps-mode", "async", "--workers", "3", "--batch-size", "36", "--max-steps", "40",
-         "--ps-heartbeat", "0.2", "--ps-worker-timeout", "3",
-         "--inject-fault", "kill:rank=1:step=2"],
+        [
+            "--ps-mode",
+            "async",
+            "--workers",
+            "3",
+            "--batch-size",
+            "36",
+            "--max-steps",
+            "40",
+            "--ps-heartbeat",
+            "0.2",
+            "--ps-worker-timeout",
+            "3",
+            "--inject-fault",
+            "kill:rank=1:step=2",
+        ],
         tmp_path,
-    )  # fmt: skip
+    )
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err
     assert "rank 1: worker lost" in err
@@ -116,10 +149,20 @@ def test_a_killed_worker_is_dropped_in_async_and_the_rest_finish(tmp_path: Path)
 def test_a_killed_worker_ends_a_sync_job_with_an_error_naming_it(tmp_path: Path) -> None:
     start = time.monotonic()
     proc = _cli(
-        ["--ps-mode", "sync", "--workers", "2", "--max-steps", "50", "--timeout", "30",
-         "--inject-fault", "kill:rank=1:step=3"],
+        [
+            "--ps-mode",
+            "sync",
+            "--workers",
+            "2",
+            "--max-steps",
+            "50",
+            "--timeout",
+            "30",
+            "--inject-fault",
+            "kill:rank=1:step=3",
+        ],
         tmp_path,
-    )  # fmt: skip
+    )
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 1
     assert "rank 1" in err and "SIGKILL" in err
@@ -178,8 +221,16 @@ def test_bad_ps_settings_are_one_line_and_exit_2(capsys: Any) -> None:
 def test_async_reports_the_job_s_epochs_not_a_fast_worker_s_own(tmp_path: Path) -> None:
     """2 steps an epoch (600 of digits' samples a batch), --epochs 1: 2 updates in all. Worker
     1 is slow, so worker 0 (which writes the summary) runs into its own second epoch."""
-    flags = {**SMALL, "batch_size": 600, "epochs": 1, "workers": 2, "strategy": "ps",
-             "ps_mode": "async", "straggler": "1:4", "out": str(tmp_path / "a")}  # fmt: skip
+    flags = {
+        **SMALL,
+        "batch_size": 600,
+        "epochs": 1,
+        "workers": 2,
+        "strategy": "ps",
+        "ps_mode": "async",
+        "straggler": "1:4",
+        "out": str(tmp_path / "a"),
+    }
     summary = run_world(_train, 3, args=(flags,), timeout=150)[0]
     assert summary["worker_steps"]["0"] > 1  # a step of its second pass over the data
     assert summary["epochs"] == 1

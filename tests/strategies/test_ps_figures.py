@@ -26,9 +26,27 @@ def test_the_title_counts_servers_apart_from_workers() -> None:
 
 @pytest.mark.timeout(240)
 def test_async_steps_are_the_budget_spent_in_synchronous_steps(tmp_path: Path) -> None:
-    done = run_cli("train", "--strategy", "ps", "--ps-mode", "async", "--workers", "2",
-                   "--servers", "1", "--model", "mlp", "--max-steps", "12",
-                   "--straggler", "1:4", "--timeout", "60", "--out", str(tmp_path))  # fmt: skip
+    done = run_cli(
+        "train",
+        "--strategy",
+        "ps",
+        "--ps-mode",
+        "async",
+        "--workers",
+        "2",
+        "--servers",
+        "1",
+        "--model",
+        "mlp",
+        "--max-steps",
+        "12",
+        "--straggler",
+        "1:4",
+        "--timeout",
+        "60",
+        "--out",
+        str(tmp_path),
+    )
     assert done.returncode == 0, done.stderr
     assert "disttrain ps · 2 workers + 1 server" in done.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())

@@ -24,10 +24,30 @@ def test_server_and_worker_checkpoints_agree_on_the_step_after_skips(tmp_path: P
     out = tmp_path / "run"
     # 2**22 overflows fp16 gradients: steps skip (x 1/4 each) until the scale fits
     result = run_cli(
-        "train", "--strategy", "ps", "--ps-mode", "sync", "--workers", "2", "--precision",
-        "fp16", "--loss-scale", "4194304", "--scale-backoff", "0.25", "--checkpoint-every", "2",
-        "--max-steps", "4", "--epochs", "1", "--no-progress", "--out", str(out), timeout=240,
-    )  # fmt: skip
+        "train",
+        "--strategy",
+        "ps",
+        "--ps-mode",
+        "sync",
+        "--workers",
+        "2",
+        "--precision",
+        "fp16",
+        "--loss-scale",
+        "4194304",
+        "--scale-backoff",
+        "0.25",
+        "--checkpoint-every",
+        "2",
+        "--max-steps",
+        "4",
+        "--epochs",
+        "1",
+        "--no-progress",
+        "--out",
+        str(out),
+        timeout=240,
+    )
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     skipped = {r["step"]: r["skipped"] for r in lines if "skipped" in r}

@@ -55,9 +55,12 @@ def _read_by_a_run(flags: dict[str, Any], steps: int) -> tuple[list[str], list[s
     cls = strategies.get(real.train.strategy)
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.ReLU(),
+        torch.nn.Linear(4, 8),
+        torch.nn.ReLU(),
+        torch.nn.Linear(8, 8),
+        torch.nn.ReLU(),
         torch.nn.Linear(8, 4),
-    )  # fmt: skip
+    )
     cls.validate_config(cfg, model)
     strategy = cls(cfg, world.current(), loss_fn)
     model = strategy.prepare_model(model, torch.randn(cfg.train.batch_size, 4))
@@ -89,29 +92,38 @@ CASES: dict[str, tuple[dict[str, Any], int, str]] = {
     "allreduce": ({"strategy": "allreduce", "algorithm": "ring"}, 2, "fusion_mb"),
     "allreduce topk": ({"strategy": "allreduce", "compression": "topk:0.5"}, 2, "error_feedback"),
     "allreduce fp16": (
-        {"strategy": "allreduce", "compression": "fp16", "accumulate": 2}, 2, "accumulate",
+        {"strategy": "allreduce", "compression": "fp16", "accumulate": 2},
+        2,
+        "accumulate",
     ),
     "localsgd": ({"strategy": "localsgd", "period": 2, "warmup_sync_steps": 1}, 2, "period"),
     "allreduce powersgd": (
-        {"strategy": "allreduce", "compression": "powersgd:2", "powersgd_start_step": 1}, 2,
+        {"strategy": "allreduce", "compression": "powersgd:2", "powersgd_start_step": 1},
+        2,
         "powersgd_start_step",
     ),
     "diloco streaming": ({"strategy": "diloco", "period": 2, "fragments": 2}, 2, "fragment_mix"),
     "decentralized ring": (
-        {"strategy": "decentralized", "topology": "ring", "compression": "topk:0.5", "workers": 3,
-         "batch_size": 48},
+        {
+            "strategy": "decentralized",
+            "topology": "ring",
+            "compression": "topk:0.5",
+            "workers": 3,
+            "batch_size": 48,
+        },
         3,
         "consensus_step",
     ),
     "decentralized all": (
         {"strategy": "decentralized", "compression": "onebit:0.01", "active_warmup_steps": 1},
-        2, "active_workers",
+        2,
+        "active_workers",
     ),
     "ps sync": ({"strategy": "ps", "workers": 2}, 3, "ps_mode"),
     "pipeline": ({"strategy": "pipeline", "schedule": "1f1b", "microbatches": 2}, 2, "schedule"),
     "tensor": ({"strategy": "tensor"}, 2, "tensor_mode"),
     "hybrid pp": ({"strategy": "hybrid", "pp": 2, "workers": 2, "microbatches": 2}, 2, "pp"),
-}  # fmt: skip
+}
 
 
 #: the cases run one after another in one world per size (2 spawns instead of 12: a

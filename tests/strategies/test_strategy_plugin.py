@@ -28,16 +28,39 @@ class AllReduce2(AllReduce):
 '''
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-SMALL = ["--workers", "2", "--max-steps", "2", "--epochs", "1", "--batch-size", "32",
-         "--dataset", "digits", "--model", "mlp", "--no-progress"]  # fmt: skip
+SMALL = [
+    "--workers",
+    "2",
+    "--max-steps",
+    "2",
+    "--epochs",
+    "1",
+    "--batch-size",
+    "32",
+    "--dataset",
+    "digits",
+    "--model",
+    "mlp",
+    "--no-progress",
+]
 
 
 def _run(tmp_path: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "dt_plugin_strategy.py").write_text(PLUGIN)
-    env = {**os.environ, "DISTTRAIN_PLUGINS": "dt_plugin_strategy",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(SRC)]), **extra}  # fmt: skip
-    return subprocess.run([sys.executable, "-m", "disttrain", *args], capture_output=True,
-                          text=True, timeout=300, env=env, cwd=tmp_path)  # fmt: skip
+    env = {
+        **os.environ,
+        "DISTTRAIN_PLUGINS": "dt_plugin_strategy",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(SRC)]),
+        **extra,
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "disttrain", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
 
 
 @pytest.mark.timeout(400)
@@ -54,8 +77,19 @@ def test_plugin_strategy_trains(tmp_path: Path) -> None:
 @pytest.mark.timeout(400)
 def test_plugin_strategy_in_compare(tmp_path: Path) -> None:
     out = tmp_path / "cmp"
-    proc = _run(tmp_path, "compare", "--strategies", "allreduce2:ring", *SMALL,
-                "--target", "0.01", "--run-timeout", "300", "--out", str(out))  # fmt: skip
+    proc = _run(
+        tmp_path,
+        "compare",
+        "--strategies",
+        "allreduce2:ring",
+        *SMALL,
+        "--target",
+        "0.01",
+        "--run-timeout",
+        "300",
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = json.loads((out / "runs.json").read_text())
     assert [r["label"] for r in runs] == ["allreduce2:ring"]
@@ -67,8 +101,19 @@ def test_plugin_strategy_in_compare(tmp_path: Path) -> None:
 
 def test_plugin_strategy_in_advise(tmp_path: Path) -> None:
     rows_path = tmp_path / "rows.json"
-    flags = ["advise", "--params", "1M", "--nodes", "8", "--bandwidth", "1gbit",
-             "--latency", "10us", "--json", str(rows_path)]  # fmt: skip
+    flags = [
+        "advise",
+        "--params",
+        "1M",
+        "--nodes",
+        "8",
+        "--bandwidth",
+        "1gbit",
+        "--latency",
+        "10us",
+        "--json",
+        str(rows_path),
+    ]
     home = {"XDG_CACHE_HOME": str(tmp_path)}  # no calibration file from the user's home
     proc = _run(tmp_path, *flags, "--strategies", "allreduce2:ring, allreduce:ring", **home)
     assert proc.returncode == 0, proc.stderr

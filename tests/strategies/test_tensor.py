@@ -54,8 +54,12 @@ def _run(mode: str) -> dict[str, Any]:
     if whole is not None:
         for name, p in whole.named_parameters():
             worst = max(worst, (p - want.get_parameter(name)).abs().max().item())
-    return {"worst": worst, "kinds": strategy.kinds, "messages": sent.messages_sent,
-            "bytes": sent.bytes_sent}  # fmt: skip
+    return {
+        "worst": worst,
+        "kinds": strategy.kinds,
+        "messages": sent.messages_sent,
+        "bytes": sent.bytes_sent,
+    }
 
 
 MODES = ("megatron", "naive")

@@ -20,8 +20,17 @@ def _train(flags: dict[str, Any], out: str) -> dict[str, Any]:
     from disttrain.train.trainer import train
 
     os.makedirs(out, exist_ok=True)  # the CLI makes it before the workers start
-    cfg = config.load({**flags, "out": out, "progress": False, "epochs": 1, "max_steps": 4,
-                       "batch_size": 24, "model": "tests.strategies.models:small_mlp"})  # fmt: skip
+    cfg = config.load(
+        {
+            **flags,
+            "out": out,
+            "progress": False,
+            "epochs": 1,
+            "max_steps": 4,
+            "batch_size": 24,
+            "model": "tests.strategies.models:small_mlp",
+        }
+    )
     summary = train(cfg)
     return summary.get("data_parallel", {})
 
@@ -37,9 +46,12 @@ def test_two_workers_match_one_worker(tmp_path: Any) -> None:
     ]
     # both cases one after another in one world of 2 ranks (a spawn costs more than a job)
     runs = SharedWorlds(
-        {f"case{i}": (2, _train, ({"workers": 2, **c}, str(tmp_path / f"case{i}")))
-         for i, c in enumerate(cases)}, timeout=150,
-    )  # fmt: skip
+        {
+            f"case{i}": (2, _train, ({"workers": 2, **c}, str(tmp_path / f"case{i}")))
+            for i, c in enumerate(cases)
+        },
+        timeout=150,
+    )
     for i, case in enumerate(cases):
         out = str(tmp_path / f"case{i}")
         stats = runs.get(f"case{i}")

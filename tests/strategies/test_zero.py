@@ -32,9 +32,19 @@ def _jobs(jobs: list[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
     summaries = []
     for flags, out in jobs:
         os.makedirs(out, exist_ok=True)  # the CLI makes it before the workers start
-        cfg = config.load({"out": out, "progress": False, "epochs": 1, "max_steps": STEPS,
-                           "batch_size": 24, "lr": 0.02, "fusion_mb": 0.004,
-                           "model": "tests.strategies.models:small_mlp", **flags})  # fmt: skip
+        cfg = config.load(
+            {
+                "out": out,
+                "progress": False,
+                "epochs": 1,
+                "max_steps": STEPS,
+                "batch_size": 24,
+                "lr": 0.02,
+                "fusion_mb": 0.004,
+                "model": "tests.strategies.models:small_mlp",
+                **flags,
+            }
+        )
         summaries.append(train(cfg))
     return summaries
 
@@ -42,8 +52,12 @@ def _jobs(jobs: list[tuple[dict[str, Any], str]]) -> list[dict[str, Any]]:
 #: the registered cnn (0.17M parameters; buckets of 100 kB keep its collectives few) and
 #: the registered gpt's blocks at a small size, on 16-character windows of Python source
 CNN: dict[str, Any] = {"model": "cnn", "fusion_mb": 0.1}
-GPT: dict[str, Any] = {"model": "tests.strategies.models:small_gpt", "dataset": "pycode",
-                       "pycode_chars": 20_000, "seq_len": 16}  # fmt: skip
+GPT: dict[str, Any] = {
+    "model": "tests.strategies.models:small_gpt",
+    "dataset": "pycode",
+    "pycode_chars": 20_000,
+    "seq_len": 16,
+}
 #: flags of a ZeRO job its allreduce reference does not take (it keeps the defaults)
 VARIANT = ("zero_stage", "algorithm", "accumulate", "overlap")
 
@@ -89,15 +103,22 @@ def _equivalence_jobs(n: int, tmp: Path) -> list[tuple[dict[str, Any], str]]:
     """The allreduce references of CASES[n] (each once), then its ZeRO jobs."""
     refs = sorted({_reference(c) for c in CASES[n]}, key=str)
     jobs = [({"workers": n, **dict(r)}, str(tmp / f"ref{i}")) for i, r in enumerate(refs)]
-    return jobs + [({"workers": n, "strategy": "zero", **c}, str(tmp / f"zero{i}"))
-                   for i, c in enumerate(CASES[n])]  # fmt: skip
+    return jobs + [
+        ({"workers": n, "strategy": "zero", **c}, str(tmp / f"zero{i}"))
+        for i, c in enumerate(CASES[n])
+    ]
 
 
 def _memory_jobs(tmp: Path) -> list[tuple[dict[str, Any], str]]:
     """Adam on 2 workers: replicated, then ZeRO stages 1, 2 and 3."""
     jobs = [({"workers": 2, "optimizer": "adam"}, str(tmp / "replicated"))]
-    return jobs + [({"workers": 2, "optimizer": "adam", "strategy": "zero", "zero_stage": s},
-                    str(tmp / f"stage{s}")) for s in (1, 2, 3)]  # fmt: skip
+    return jobs + [
+        (
+            {"workers": 2, "optimizer": "adam", "strategy": "zero", "zero_stage": s},
+            str(tmp / f"stage{s}"),
+        )
+        for s in (1, 2, 3)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +126,7 @@ def worlds(tmp_path_factory: pytest.TempPathFactory) -> tuple[SharedWorlds, Path
     """One world per size: the memory jobs run in the 2-rank world after its equivalence
     jobs (one spawn less; each job builds its own model, optimizer and strategy)."""
     tmp = tmp_path_factory.mktemp("zero")
-    jobs = {f"equivalence {n}": (n, _jobs, (_equivalence_jobs(n, tmp / f"w{n}"),))
-            for n in CASES}  # fmt: skip
+    jobs = {f"equivalence {n}": (n, _jobs, (_equivalence_jobs(n, tmp / f"w{n}"),)) for n in CASES}
     jobs["memory"] = (2, _jobs, (_memory_jobs(tmp / "memory"),))
     return SharedWorlds(jobs, timeout=550), tmp
 
@@ -167,12 +187,33 @@ def test_resume_is_bit_identical(stage: str, tmp_path: Path) -> None:
     """Killed at step 7, resumed from step 5's sharded checkpoint: bit for bit the
     uninterrupted run (stage 3: each rank saved its parameter and Adam shards, and
     the model's buffers; no rank ever held the whole model between steps)."""
-    flags = ("--strategy", "zero", "--zero-stage", stage, "--optimizer", "adam",
-             "--model", "mlp", "--max-steps", "10", "--no-progress", "--timeout", "20")  # fmt: skip
+    flags = (
+        "--strategy",
+        "zero",
+        "--zero-stage",
+        stage,
+        "--optimizer",
+        "adam",
+        "--model",
+        "mlp",
+        "--max-steps",
+        "10",
+        "--no-progress",
+        "--timeout",
+        "20",
+    )
     full, killed, resumed = tmp_path / "full", tmp_path / "killed", tmp_path / "resumed"
     assert run_cli("train", *flags, "--out", str(full)).returncode == 0
-    crash = run_cli("train", *flags, "--checkpoint-every", "5",
-                    "--inject-fault", "kill:rank=1:step=7", "--out", str(killed))  # fmt: skip
+    crash = run_cli(
+        "train",
+        *flags,
+        "--checkpoint-every",
+        "5",
+        "--inject-fault",
+        "kill:rank=1:step=7",
+        "--out",
+        str(killed),
+    )
     assert crash.returncode == 1 and checkpoint.latest(str(killed)) == 5, crash.stderr
     again = run_cli("train", *flags, "--resume", str(killed), "--out", str(resumed))
     assert again.returncode == 0, again.stderr

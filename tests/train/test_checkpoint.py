@@ -29,8 +29,10 @@ def test_only_committed_steps_count_and_old_ones_are_pruned(tmp_path: Path) -> N
     assert checkpoint.latest(root) == 6
     # step 8's partial save stays in its staging folder, which is no step folder
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
-        ".step-00000008..tmp", "step-00000004", "step-00000006",
-    ]  # fmt: skip
+        ".step-00000008..tmp",
+        "step-00000004",
+        "step-00000006",
+    ]
     state = checkpoint.load(root, 1, 2)
     assert state["step"] == 6 and torch.equal(state["model"]["w"], torch.full((3,), 6.0))
     # a step folder whose COMMIT is gone (a copy cut short, a hand-made folder) is no commit
@@ -140,13 +142,22 @@ def full(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.timeout(600)  # three short training runs (and the shared uninterrupted one)
 def test_killed_and_resumed_equals_uninterrupted_bit_for_bit(full: Path, tmp_path: Path) -> None:
     killed, resumed = tmp_path / "killed", tmp_path / "resumed"
-    crash = run_cli("train", *COMMON, "--checkpoint-every", "6",
-                    "--inject-fault", "kill:rank=1:step=8", "--out", str(killed))  # fmt: skip
+    crash = run_cli(
+        "train",
+        *COMMON,
+        "--checkpoint-every",
+        "6",
+        "--inject-fault",
+        "kill:rank=1:step=8",
+        "--out",
+        str(killed),
+    )
     assert crash.returncode == 1 and checkpoint.latest(str(killed)) == 6
     # the replicas' parameters and momentum were written once: half by each worker
     step6 = Path(checkpoint.step_dir(str(killed), 6))
-    cut = [json.loads((step6 / f"rank-0000{r}" / "state.json").read_text())["shared"]
-           for r in (0, 1)]  # fmt: skip
+    cut = [
+        json.loads((step6 / f"rank-0000{r}" / "state.json").read_text())["shared"] for r in (0, 1)
+    ]
     assert [c["index"] for c in cut] == [0, 1] and cut[0]["lengths"] == cut[1]["lengths"]
     params = sum(t.numel() for t in _params(full).values())  # the cnn has no buffers
     assert cut[0]["lengths"] == {"shared:float32": 2 * params}
@@ -217,8 +228,18 @@ def test_resume_is_bit_identical_for_each_synchronous_strategy(
 
 
 def test_an_asynchronous_parameter_server_refuses_checkpoints(tmp_path: Path) -> None:
-    result = run_cli("train", "--strategy", "ps", "--ps-mode", "async", "--checkpoint-every", "2",
-                     "--out", str(tmp_path / "o"), timeout=120)  # fmt: skip
+    result = run_cli(
+        "train",
+        "--strategy",
+        "ps",
+        "--ps-mode",
+        "async",
+        "--checkpoint-every",
+        "2",
+        "--out",
+        str(tmp_path / "o"),
+        timeout=120,
+    )
     assert result.returncode == 2
     assert "need --ps-mode sync" in result.stderr and "Traceback" not in result.stderr
 
@@ -226,8 +247,18 @@ def test_an_asynchronous_parameter_server_refuses_checkpoints(tmp_path: Path) ->
 @pytest.mark.timeout(600)
 def test_an_elastic_restart_resumes_from_the_last_checkpoint(full: Path, tmp_path: Path) -> None:
     restarted = tmp_path / "restarted"
-    result = run_cli("train", *COMMON, "--checkpoint-every", "6", "--max-restarts", "1",
-                     "--inject-fault", "kill:rank=1:step=8", "--out", str(restarted))  # fmt: skip
+    result = run_cli(
+        "train",
+        *COMMON,
+        "--checkpoint-every",
+        "6",
+        "--max-restarts",
+        "1",
+        "--inject-fault",
+        "kill:rank=1:step=8",
+        "--out",
+        str(restarted),
+    )
     assert result.returncode == 0, result.stderr
     a, b = _params(full), _params(restarted)
     assert all(torch.equal(a[k], b[k]) for k in a)

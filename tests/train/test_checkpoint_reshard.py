@@ -15,8 +15,19 @@ from disttrain.strategies.base import average_states
 from tests.test_cli import run_cli
 
 #: 20 steps of the small MLP at global batch 48 (divisible by 4, 3, 2 and 1 workers)
-FLAGS = ("--model", "mlp", "--max-steps", "20", "--batch-size", "48", "--no-progress",
-         "--timeout", "20", "--lr", "0.05")  # fmt: skip
+FLAGS = (
+    "--model",
+    "mlp",
+    "--max-steps",
+    "20",
+    "--batch-size",
+    "48",
+    "--no-progress",
+    "--timeout",
+    "20",
+    "--lr",
+    "0.05",
+)
 
 
 def _params(out: Path) -> dict[str, torch.Tensor]:
@@ -41,8 +52,17 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tenso
 def _killed_at_12(tmp: Path, name: str, *flags: str) -> Path:
     """A run of ``flags`` to step 20, checkpointed every 10 steps and killed at step 12."""
     out = tmp / name
-    crash = run_cli("train", *FLAGS, *flags, "--checkpoint-every", "10",
-                    "--inject-fault", "kill:rank=1:step=12", "--out", str(out))  # fmt: skip
+    crash = run_cli(
+        "train",
+        *FLAGS,
+        *flags,
+        "--checkpoint-every",
+        "10",
+        "--inject-fault",
+        "kill:rank=1:step=12",
+        "--out",
+        str(out),
+    )
     assert crash.returncode == 1 and checkpoint.latest(str(out)) == 10, crash.stderr[-2000:]
     return out
 
@@ -61,16 +81,18 @@ def test_allreduce_and_ps_resumed_on_another_worker_count_equal_one_process(
 
     killed = _killed_at_12(tmp_path, "ar4", "--workers", "4")
     resumed = tmp_path / "ar2"
-    again = run_cli("train", *FLAGS, "--workers", "2", "--resume", str(killed),
-                    "--out", str(resumed))  # fmt: skip
+    again = run_cli(
+        "train", *FLAGS, "--workers", "2", "--resume", str(killed), "--out", str(resumed)
+    )
     assert again.returncode == 0, again.stderr[-2000:]
     assert _max_diff(_params(resumed), reference) < 1e-5
 
     ps = ("--strategy", "ps", "--ps-mode", "sync")
     killed = _killed_at_12(tmp_path, "ps2", *ps, "--workers", "2")
     resumed = tmp_path / "ps1"
-    again = run_cli("train", *FLAGS, *ps, "--workers", "1", "--resume", str(killed),
-                    "--out", str(resumed))  # fmt: skip
+    again = run_cli(
+        "train", *FLAGS, *ps, "--workers", "1", "--resume", str(killed), "--out", str(resumed)
+    )
     assert again.returncode == 0, again.stderr[-2000:]
     assert _max_diff(_params(resumed), reference) < 1e-5
 
@@ -81,10 +103,14 @@ def _worker(w: float, momentum: float, public: dict[int, float] | None = None) -
         strategy["public"] = {r: torch.full((2,), v) for r, v in public.items()}
     return {
         "model": {"w": torch.full((2,), w)},
-        "optimizer": {"state": {0: {"momentum_buffer": torch.full((2,), momentum)}},
-                      "param_groups": [{"lr": 0.1, "params": [0]}]},
-        "strategy": strategy, "rng": torch.tensor([1, 2], dtype=torch.uint8), "step": 10,
-    }  # fmt: skip
+        "optimizer": {
+            "state": {0: {"momentum_buffer": torch.full((2,), momentum)}},
+            "param_groups": [{"lr": 0.1, "params": [0]}],
+        },
+        "strategy": strategy,
+        "rng": torch.tensor([1, 2], dtype=torch.uint8),
+        "step": 10,
+    }
 
 
 @pytest.mark.parametrize("name", ["allreduce", "localsgd", "ps", "decentralized"])
@@ -95,8 +121,9 @@ def test_each_data_parallel_strategy_reshards_by_averaging_its_workers(name: str
     cls = STRATEGIES[name]
     assert cls.reshards
     ring = name == "decentralized"
-    olds = [_worker(1.0 + j, 2.0 * j, {j: 5.0, (j + 1) % 3: 6.0} if ring else None)
-            for j in range(3)]  # fmt: skip
+    olds = [
+        _worker(1.0 + j, 2.0 * j, {j: 5.0, (j + 1) % 3: 6.0} if ring else None) for j in range(3)
+    ]
     read_log: list[int] = []
 
     def read(j: int) -> dict[str, Any]:
@@ -127,9 +154,21 @@ def test_async_checkpoints_commit_the_state_of_their_step(tmp_path: Path) -> Non
     """--async-checkpoint: steps 5 and 10 are committed (step 10's at the end of training,
     after its background write) and step 10's model is the run's final model, bit for bit."""
     out = tmp_path / "async"
-    result = run_cli("train", "--model", "mlp", "--max-steps", "10", "--no-progress",
-                     "--timeout", "20", "--checkpoint-every", "5", "--async-checkpoint",
-                     "--out", str(out))  # fmt: skip
+    result = run_cli(
+        "train",
+        "--model",
+        "mlp",
+        "--max-steps",
+        "10",
+        "--no-progress",
+        "--timeout",
+        "20",
+        "--checkpoint-every",
+        "5",
+        "--async-checkpoint",
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert checkpoint.runs(str(out)) == {checkpoint.run_of(str(out)): [5, 10]}
     saved = checkpoint.load(str(out), 1, 2)["model"]
@@ -152,8 +191,9 @@ def test_zero_resumed_on_another_worker_count_equals_one_process(
         zero = ("--strategy", "zero", "--zero-stage", stage)
         killed = _killed_at_12(tmp_path, f"zero{stage}-3", *zero, "--workers", "3")
         resumed = tmp_path / f"zero{stage}-2"
-        again = run_cli("train", *FLAGS, *zero, "--workers", "2", "--resume", str(killed),
-                        "--out", str(resumed))  # fmt: skip
+        again = run_cli(
+            "train", *FLAGS, *zero, "--workers", "2", "--resume", str(killed), "--out", str(resumed)
+        )
         assert again.returncode == 0, again.stderr[-2000:]
         assert _max_diff(_params(resumed), reference) < 1e-5, stage
 
@@ -163,13 +203,21 @@ def _zero_worker(j: int, full: torch.Tensor, momentum: torch.Tensor, n: int) -> 
     start, stop = chunk_bounds(full.numel(), n)[j]
     return {
         "model": {"b": torch.full((2,), 1.0 + j)},
-        "optimizer": {"state": {0: {"momentum_buffer": momentum[start:stop].clone(),
-                                    "step": torch.tensor(7.0)}},
-                      "param_groups": [{"lr": 0.1, "params": [0]}]},
-        "strategy": {"stage": 3, "world_size": n, "group_numels": [full.numel()],
-                     "shards": [full[start:stop].clone()]},
-        "rng": torch.tensor([1, 2], dtype=torch.uint8), "step": 10,
-    }  # fmt: skip
+        "optimizer": {
+            "state": {
+                0: {"momentum_buffer": momentum[start:stop].clone(), "step": torch.tensor(7.0)}
+            },
+            "param_groups": [{"lr": 0.1, "params": [0]}],
+        },
+        "strategy": {
+            "stage": 3,
+            "world_size": n,
+            "group_numels": [full.numel()],
+            "shards": [full[start:stop].clone()],
+        },
+        "rng": torch.tensor([1, 2], dtype=torch.uint8),
+        "step": 10,
+    }
 
 
 @pytest.mark.parametrize(("old", "new"), [(3, 2), (2, 3), (4, 1), (5, 4)])

@@ -110,8 +110,10 @@ def test_commit_fsyncs_the_folders_whose_entries_it_changes(
         assert {rank, "state.json", ".metadata", "__0_0.distcp"} <= names, synced
     assert any(os.path.basename(p).startswith("COMMIT") for p in synced), synced
     assert sorted(os.listdir(checkpoint.step_dir(str(root), 7))) == [
-        "COMMIT", "rank-00000", "rank-00001",
-    ]  # fmt: skip
+        "COMMIT",
+        "rank-00000",
+        "rank-00001",
+    ]
 
 
 def test_commit_never_replaces_a_committed_step(tmp_path: Path) -> None:
@@ -196,8 +198,19 @@ def test_a_new_run_into_an_old_runs_out_is_refused_and_overwrite_restarts_from_i
     old_run = json.loads((out / "summary.json").read_text())["run_id"]
     assert checkpoint.runs(str(out)) == {old_run: [90, 100]}  # untouched
 
-    new = run_cli("train", *FLAGS, "--max-steps", "16", "--overwrite", "--max-restarts", "1",
-                  "--inject-fault", "kill:rank=1:step=12", "--out", str(out))  # fmt: skip
+    new = run_cli(
+        "train",
+        *FLAGS,
+        "--max-steps",
+        "16",
+        "--overwrite",
+        "--max-restarts",
+        "1",
+        "--inject-fault",
+        "kill:rank=1:step=12",
+        "--out",
+        str(out),
+    )
     assert new.returncode == 0, new.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 16, summary["steps"]  # before: 100, the old run's last step

@@ -18,8 +18,19 @@ import pytest
 
 from tests.test_cli import run_cli
 
-COMMON = ("--workers", "3", "--model", "mlp", "--batch-size", "48", "--max-steps", "6",
-          "--no-progress", "--timeout", "60")  # fmt: skip
+COMMON = (
+    "--workers",
+    "3",
+    "--model",
+    "mlp",
+    "--batch-size",
+    "48",
+    "--max-steps",
+    "6",
+    "--no-progress",
+    "--timeout",
+    "60",
+)
 
 
 def _run(tmp: Path, name: str, *flags: str) -> dict[str, Any]:
@@ -34,9 +45,15 @@ def test_compressed_runs_report_the_ratio_the_meter_counts(tmp_path: Path) -> No
     assert "payload_compression" not in dense
     for name, flags in {
         "allreduce": ("--compression", "onebit:0.01"),
-        "decentralized": ("--strategy", "decentralized", "--compression", "onebit:0.01",
-                          "--optimizer", "sgd"),
-    }.items():  # fmt: skip
+        "decentralized": (
+            "--strategy",
+            "decentralized",
+            "--compression",
+            "onebit:0.01",
+            "--optimizer",
+            "sgd",
+        ),
+    }.items():
         run = _run(tmp_path, name, *flags)
         measured = dense["bytes_sent_by_rank"][0] / run["bytes_sent_by_rank"][0]
         assert run["bytes_vs_dense_allreduce"] == pytest.approx(measured, rel=0.03), name

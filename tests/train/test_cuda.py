@@ -23,9 +23,19 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA d
 
 def _params(out: Path, device: str, workers: int, *extra: str) -> dict[str, torch.Tensor]:
     result = run_cli(
-        "train", "--device", device, "--workers", str(workers), "--max-steps", "10",
-        "--no-progress", "--out", str(out), *extra, timeout=300,
-    )  # fmt: skip
+        "train",
+        "--device",
+        device,
+        "--workers",
+        str(workers),
+        "--max-steps",
+        "10",
+        "--no-progress",
+        "--out",
+        str(out),
+        *extra,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     return torch.load(out / "model.pt", weights_only=True, map_location="cpu")  # type: ignore[no-any-return]
 
@@ -35,8 +45,10 @@ def _record(combo: gpu_support.Combination, request: pytest.FixtureRequest, how:
     log = os.environ.get("DISTTRAIN_GPU_PROOF_LOG")
     if log:
         with open(log, "a") as fh:
-            fh.write(json.dumps({"combination": str(combo), "test": request.node.nodeid,
-                                 "how": how}) + "\n")  # fmt: skip
+            fh.write(
+                json.dumps({"combination": str(combo), "test": request.node.nodeid, "how": how})
+                + "\n"
+            )
 
 
 def _worst(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -46,8 +58,17 @@ def _worst(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 def _assert_refused(out: Path, *flags: str) -> None:
     """A combination not in PROVEN is refused on a real GPU too, before any worker."""
-    refused = run_cli("train", "--device", "cuda", "--max-steps", "1", "--no-progress",
-                      "--out", str(out / "r"), *flags)  # fmt: skip
+    refused = run_cli(
+        "train",
+        "--device",
+        "cuda",
+        "--max-steps",
+        "1",
+        "--no-progress",
+        "--out",
+        str(out / "r"),
+        *flags,
+    )
     assert refused.returncode == 2 and "has not been proven" in refused.stderr, refused.stderr
 
 
@@ -78,8 +99,11 @@ def test_mixed_precision_on_one_gpu_trains_as_fp32_does(
     low = _params(tmp_path / precision, "cuda", 1, "--precision", precision)
     worst = _worst(fp32, low)
     assert 0 < worst <= tolerance, worst  # 0: the precision was not applied at all
-    _record(_combo("allreduce", precision), request,
-            f"10 steps, {worst:.1e} from the fp32 CUDA run (<= {tolerance:g}, > 0)")  # fmt: skip
+    _record(
+        _combo("allreduce", precision),
+        request,
+        f"10 steps, {worst:.1e} from the fp32 CUDA run (<= {tolerance:g}, > 0)",
+    )
 
 
 def _combo(strategy: str, precision: str = "fp32") -> gpu_support.Combination:
@@ -111,9 +135,11 @@ ONE_GPU_RUNS: list[tuple[tuple[str, ...], gpu_support.Combination]] = [
     ("flags", "combo"), ONE_GPU_RUNS, ids=[" ".join(f) for f, _ in ONE_GPU_RUNS]
 )
 def test_one_gpu_run_matches_cpu_or_is_refused(
-    tmp_path: Path, flags: tuple[str, ...], combo: gpu_support.Combination,
+    tmp_path: Path,
+    flags: tuple[str, ...],
+    combo: gpu_support.Combination,
     request: pytest.FixtureRequest,
-) -> None:  # fmt: skip
+) -> None:
     if combo not in gpu_support.PROVEN:
         _assert_refused(tmp_path, *flags)
         return
@@ -134,13 +160,18 @@ MIXED_RUNS = [
 
 
 @pytest.mark.parametrize(
-    ("flags", "precision", "tolerance", "combo"), MIXED_RUNS,
+    ("flags", "precision", "tolerance", "combo"),
+    MIXED_RUNS,
     ids=[f"{p} {' '.join(f)}" for f, p, _, _ in MIXED_RUNS],
-)  # fmt: skip
+)
 def test_one_gpu_mixed_precision_run_is_close_to_fp32_or_is_refused(
-    tmp_path: Path, flags: tuple[str, ...], precision: str, tolerance: float,
-    combo: gpu_support.Combination, request: pytest.FixtureRequest,
-) -> None:  # fmt: skip
+    tmp_path: Path,
+    flags: tuple[str, ...],
+    precision: str,
+    tolerance: float,
+    combo: gpu_support.Combination,
+    request: pytest.FixtureRequest,
+) -> None:
     low_flags = (*flags, "--precision", precision)
     if combo not in gpu_support.PROVEN:
         _assert_refused(tmp_path, *low_flags)
@@ -166,10 +197,14 @@ def _gloo_combo(flags: tuple[str, ...], precision: str = "fp32") -> gpu_support.
         return flags[flags.index(name) + 1] if name in flags else default
 
     return gpu_support.Combination(
-        value("--strategy", "allreduce"), value("--algorithm", "native"),
-        value("--compression", "none").split(":", 1)[0], precision,
-        "--check-collectives" in flags, several=True, backend="gloo",
-    )  # fmt: skip
+        value("--strategy", "allreduce"),
+        value("--algorithm", "native"),
+        value("--compression", "none").split(":", 1)[0],
+        precision,
+        "--check-collectives" in flags,
+        several=True,
+        backend="gloo",
+    )
 
 
 #: The extra flags each strategy needs at ``workers`` ranks (2 unless it needs more).
@@ -236,21 +271,29 @@ def test_ranks_sharing_one_gpu_match_cpu_ranks(
     # near-tie in |g| sent on one device and kept on the other moves that entry by lr·|g|
     tolerance = 1e-2 if combo.compression == "topk" else 1e-3
     assert worst <= tolerance, worst
-    _record(combo, request, f"{workers} ranks on one GPU over gloo, 10 steps, CUDA vs CPU "
-                            f"{worst:.1e} (<= {tolerance:g})")  # fmt: skip
+    _record(
+        combo,
+        request,
+        f"{workers} ranks on one GPU over gloo, 10 steps, CUDA vs CPU "
+        f"{worst:.1e} (<= {tolerance:g})",
+    )
 
 
 GLOO_MIXED = [(f, p, t) for f in _strategy_runs() for p, t in (("bf16", 3e-2), ("fp16", 3e-3))]
 
 
 @pytest.mark.parametrize(
-    ("flags", "precision", "tolerance"), GLOO_MIXED,
+    ("flags", "precision", "tolerance"),
+    GLOO_MIXED,
     ids=[f"{p} {' '.join(f)}" for f, p, _ in GLOO_MIXED],
-)  # fmt: skip
+)
 def test_ranks_sharing_one_gpu_in_mixed_precision_stay_near_fp32(
-    tmp_path: Path, flags: tuple[str, ...], precision: str, tolerance: float,
+    tmp_path: Path,
+    flags: tuple[str, ...],
+    precision: str,
+    tolerance: float,
     request: pytest.FixtureRequest,
-) -> None:  # fmt: skip
+) -> None:
     combo = _gloo_combo(flags, precision)
     workers, rest = _workers(flags)
     gloo = ("--backend", "gloo", *rest)
@@ -261,5 +304,9 @@ def test_ranks_sharing_one_gpu_in_mixed_precision_stay_near_fp32(
     low = _params(tmp_path / precision, "cuda", workers, *gloo, "--precision", precision)
     worst = _worst(fp32, low)
     assert 0 < worst <= tolerance, worst  # 0: the precision was not applied at all
-    _record(combo, request, f"{workers} ranks on one GPU over gloo, 10 steps, {worst:.1e} from "
-                            f"the fp32 run (<= {tolerance:g}, > 0)")  # fmt: skip
+    _record(
+        combo,
+        request,
+        f"{workers} ranks on one GPU over gloo, 10 steps, {worst:.1e} from "
+        f"the fp32 run (<= {tolerance:g}, > 0)",
+    )

@@ -22,9 +22,17 @@ def _train(model: str, out: str, steps: int) -> dict[str, torch.Tensor] | None:
     from disttrain.train.trainer import train
 
     cfg = config.load(
-        {"model": model, "max_steps": steps, "epochs": 1, "out": out, "progress": False,
-         "batch_size": 64, "seed": 7, "workers": dist.get_world_size()}
-    )  # fmt: skip
+        {
+            "model": model,
+            "max_steps": steps,
+            "epochs": 1,
+            "out": out,
+            "progress": False,
+            "batch_size": 64,
+            "seed": 7,
+            "workers": dist.get_world_size(),
+        }
+    )
     train(cfg)
     if dist.get_rank() == 0:
         return torch.load(f"{out}/model.pt", weights_only=True)  # type: ignore[no-any-return]
@@ -38,8 +46,9 @@ MODELS = ("mlp", "cnn")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> SharedWorlds:
     """Both models' runs on 1, 2 and 4 workers: one world per size (3 spawns, not 6)."""
     tmp = tmp_path_factory.mktemp("equivalence")
-    jobs = {f"{m} {n}": (n, _train, (m, str(tmp / f"{m}-w{n}"), 20)) for m in MODELS
-            for n in (1, 2, 4)}  # fmt: skip
+    jobs = {
+        f"{m} {n}": (n, _train, (m, str(tmp / f"{m}-w{n}"), 20)) for m in MODELS for n in (1, 2, 4)
+    }
     return SharedWorlds(jobs, timeout=550)
 
 

@@ -43,10 +43,20 @@ STRATEGIES: dict[str, tuple[str, ...]] = {
     "hybrid": ("--strategy", "hybrid", "--workers", "4", "--dp", "2", "--tp", "2"),
     "ps-sync": ("--strategy", "ps", "--ps-mode", "sync"),
     "ps-async": (
-        "--strategy", "ps", "--ps-mode", "async", "--workers", "3", "--batch-size", "63",
-        "--ps-heartbeat", "0.2", "--ps-worker-timeout", "2",
+        "--strategy",
+        "ps",
+        "--ps-mode",
+        "async",
+        "--workers",
+        "3",
+        "--batch-size",
+        "63",
+        "--ps-heartbeat",
+        "0.2",
+        "--ps-worker-timeout",
+        "2",
     ),
-}  # fmt: skip
+}
 
 #: kind -> what rank 1's failure must say on stderr (exit code 1)
 NAMED = {
@@ -113,9 +123,13 @@ class _Job:
     def __init__(self, args: list[str]) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
         self.proc = zygote.popen(
-            [sys.executable, "-m", "disttrain", "train", *args], env=env, cwd=REPO,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [sys.executable, "-m", "disttrain", "train", *args],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.lines: list[str] = []
         self.fired_at: float | None = None
         self.pids: set[int] = set(descendants(self.proc.pid)[:1])  # a Proc: see netcheck
@@ -160,8 +174,9 @@ def test_a_fault_ends_the_job_naming_the_rank_and_leaves_nothing(
 ) -> None:
     out = tmp_path / f"{strategy}-{kind}"
     shm_before = _shm()
-    job = _Job([*STRATEGIES[strategy], *TINY, "--inject-fault", f"{kind}:rank=1:step=3",
-                "--out", str(out)])  # fmt: skip
+    job = _Job(
+        [*STRATEGIES[strategy], *TINY, "--inject-fault", f"{kind}:rank=1:step=3", "--out", str(out)]
+    )
     code, seconds = job.wait(limit=240)  # start-up on a loaded 2-core machine, then the fault
     err = job.stderr
     if strategy == "ps-async" and kind in DROPPED:  # the others train on, then finish
@@ -193,8 +208,9 @@ def test_kill_during_shared_memory_allreduce_leaves_no_segment(
     """The matrix's kill case with the gradients summed through /dev/shm segments."""
     out = tmp_path / algorithm
     shm_before = _shm()
-    job = _Job(["--algorithm", algorithm, *TINY, "--inject-fault", "kill:rank=1:step=3",
-                "--out", str(out)])  # fmt: skip
+    job = _Job(
+        ["--algorithm", algorithm, *TINY, "--inject-fault", "kill:rank=1:step=3", "--out", str(out)]
+    )
     code, seconds = job.wait(limit=240)
     err = job.stderr
     assert seconds <= TIMEOUT + 15, (seconds, err)

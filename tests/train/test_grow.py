@@ -34,10 +34,24 @@ COMMON = ("--batch-size", "24", "--seed", "3", "--no-progress", "--timeout", "60
 def _reference(out: Path, steps: int) -> dict[str, torch.Tensor]:
     """One process on the same global batches."""
     subprocess.run(
-        [sys.executable, "-m", "disttrain", "train", "--workers", "1", *COMMON, "--max-steps",
-         str(steps), "--out", str(out)],
-        cwd=REPO, check=True, timeout=240, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "disttrain",
+            "train",
+            "--workers",
+            "1",
+            *COMMON,
+            "--max-steps",
+            str(steps),
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        check=True,
+        timeout=240,
+        stdout=subprocess.DEVNULL,
+    )
     return torch.load(out / "model.pt", weights_only=True)  # type: ignore[no-any-return]
 
 
@@ -56,10 +70,13 @@ def _join(out: Path, env: dict[str, str] | None = None) -> subprocess.CompletedP
         assert time.monotonic() < deadline, "the job left no join.json"
         time.sleep(0.1)
     return subprocess.run(
-        [sys.executable, "-m", "disttrain", "train", "--join", str(out)], cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})}, capture_output=True,
-        text=True, timeout=240,
-    )  # fmt: skip
+        [sys.executable, "-m", "disttrain", "train", "--join", str(out)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 def _grow(
@@ -95,8 +112,11 @@ def test_a_third_worker_joins_with_the_same_bits_and_no_step_is_lost(tmp_path: P
     # rank 0 saw the joiner at 20 steps done: the three trained together from step 22
     (change,) = summary["membership"]
     assert {k: change[k] for k in ("step", "workers", "before", "joined")} == {
-        "step": 22, "workers": 3, "before": 2, "joined": [2],
-    }  # fmt: skip
+        "step": 22,
+        "workers": 3,
+        "before": 2,
+        "joined": [2],
+    }
     assert [r["joined"] for r in lines if r.get("event") == "membership"] == [[2]]
     assert summary["workers"] == 3 and summary["steps"] == 30
     events = json.loads(trace.read_text())["traceEvents"]
@@ -110,8 +130,16 @@ def test_a_third_worker_joins_with_the_same_bits_and_no_step_is_lost(tmp_path: P
 
 @pytest.mark.timeout(600)
 def test_a_worker_joins_after_another_was_lost(tmp_path: Path) -> None:
-    args = ["--workers", "3", "--min-workers", "2", "--max-workers", "3",
-            "--inject-fault", "kill:rank=2:step=3"]  # fmt: skip
+    args = [
+        "--workers",
+        "3",
+        "--min-workers",
+        "2",
+        "--max-workers",
+        "3",
+        "--inject-fault",
+        "kill:rank=2:step=3",
+    ]
     summary, _, dumps = _grow(tmp_path, args, 6, 10)
     left, joined = summary["membership"]
     assert (left["step"], left["lost"], left["workers"]) == (3, [2], 2)
@@ -130,8 +158,20 @@ def test_a_joiner_gone_after_its_admission_leaves_the_job_as_it_was(tmp_path: Pa
     out = tmp_path / "out"
     os.environ["DISTTRAIN_AWAIT_JOIN"] = "4"
     try:
-        job = _Job(["--workers", "2", "--max-workers", "3", *COMMON[:-1], "8", "--max-steps",
-                    "8", "--out", str(out)])  # fmt: skip
+        job = _Job(
+            [
+                "--workers",
+                "2",
+                "--max-workers",
+                "3",
+                *COMMON[:-1],
+                "8",
+                "--max-steps",
+                "8",
+                "--out",
+                str(out),
+            ]
+        )
         joiner = _join(out, {"DISTTRAIN_JOIN_FAIL": "1"})
         code = job.proc.wait(timeout=240)
     finally:
@@ -153,22 +193,60 @@ def _one_line(err: str, expect: str) -> None:
 @pytest.mark.parametrize(
     ("argv", "expect"),
     [
-        (["--strategy", "zero", "--workers", "2", "--batch-size", "60", "--max-workers", "3"],
-         "--max-workers 3: only --strategy allreduce admits a joining worker"),
-        (["--workers", "2", "--batch-size", "64", "--max-workers", "3"],
-         "--batch-size 64 must split evenly over every worker count from 2 to --max-workers 3"),
-        (["--workers", "2", "--max-workers", "2"],
-         "--max-workers must exceed the 2 workers (or equal them with --min-workers), got 2"),
-        (["--workers", "2", "--batch-size", "60", "--max-workers", "3", "--max-restarts", "1",
-          "--checkpoint-every", "2"], "--max-workers 3 with --max-restarts: choose one"),
-        (["--workers", "2", "--batch-size", "60", "--max-workers", "3", "--compression",
-          "topk:0.1"], "--max-workers with --compression topk:0.1: a joiner has no error feedback"),
-        (["--launcher", "slurm", "--workers", "2", "--batch-size", "60", "--max-workers", "3"],
-         "--max-workers 3 needs a single-host job (--launcher local, --nnodes 1)"),
+        (
+            ["--strategy", "zero", "--workers", "2", "--batch-size", "60", "--max-workers", "3"],
+            "--max-workers 3: only --strategy allreduce admits a joining worker",
+        ),
+        (
+            ["--workers", "2", "--batch-size", "64", "--max-workers", "3"],
+            "--batch-size 64 must split evenly over every worker count from 2 to --max-workers 3",
+        ),
+        (
+            ["--workers", "2", "--max-workers", "2"],
+            "--max-workers must exceed the 2 workers (or equal them with --min-workers), got 2",
+        ),
+        (
+            [
+                "--workers",
+                "2",
+                "--batch-size",
+                "60",
+                "--max-workers",
+                "3",
+                "--max-restarts",
+                "1",
+                "--checkpoint-every",
+                "2",
+            ],
+            "--max-workers 3 with --max-restarts: choose one",
+        ),
+        (
+            [
+                "--workers",
+                "2",
+                "--batch-size",
+                "60",
+                "--max-workers",
+                "3",
+                "--compression",
+                "topk:0.1",
+            ],
+            "--max-workers with --compression topk:0.1: a joiner has no error feedback",
+        ),
+        (
+            ["--launcher", "slurm", "--workers", "2", "--batch-size", "60", "--max-workers", "3"],
+            "--max-workers 3 needs a single-host job (--launcher local, --nnodes 1)",
+        ),
     ],
-    ids=["max-workers-strategy", "max-workers-batch", "max-workers-count", "max-workers-restarts",
-         "max-workers-sparse", "max-workers-launcher"],
-)  # fmt: skip
+    ids=[
+        "max-workers-strategy",
+        "max-workers-batch",
+        "max-workers-count",
+        "max-workers-restarts",
+        "max-workers-sparse",
+        "max-workers-launcher",
+    ],
+)
 def test_a_job_that_cannot_grow_is_refused(
     argv: list[str], expect: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -192,15 +270,23 @@ def test_a_joiner_nobody_admits_names_what_it_waited_for(tmp_path: Path) -> None
     """A join point whose job never looks (a store nobody reads): the joiner ends by itself."""
     store = tmp_path / "job.store"
     torch.distributed.FileStore(str(store), -1).set("x", "1")  # the file exists
-    settings = {"workers": 2, "max_workers": 3, "batch_size": 24, "timeout": 2.0,
-                "out": str(tmp_path)}  # fmt: skip
+    settings = {
+        "workers": 2,
+        "max_workers": 3,
+        "batch_size": 24,
+        "timeout": 2.0,
+        "out": str(tmp_path),
+    }
     point = {"store": str(store), "run": "r", "workers": 2, "settings": settings}
     (tmp_path / "join.json").write_text(json.dumps(point))
     done = subprocess.run(
-        [sys.executable, "-m", "disttrain", "train", "--join", str(tmp_path)], cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO / "src")}, capture_output=True, text=True,
+        [sys.executable, "-m", "disttrain", "train", "--join", str(tmp_path)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        capture_output=True,
+        text=True,
         timeout=100,
-    )  # fmt: skip
+    )
     assert done.returncode == 1, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert "not admitted (no answer): waited 2 s (--timeout) for the job's rank 0" in last, last

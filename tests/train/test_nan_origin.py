@@ -39,10 +39,25 @@ def test_nan_in_rank_1_forward_names_rank_1_with_overlap(
 ) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     cmd = [
-        sys.executable, "-m", "disttrain", "train", "--workers", "4", "--max-steps", "5",
-        "--epochs", "1", "--inject-fault", "nan:rank=1:step=3", "--no-progress",
-        "--timeout", "20", "--out", str(tmp_path / "run"), *flags,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "disttrain",
+        "train",
+        "--workers",
+        "4",
+        "--max-steps",
+        "5",
+        "--epochs",
+        "1",
+        "--inject-fault",
+        "nan:rank=1:step=3",
+        "--no-progress",
+        "--timeout",
+        "20",
+        "--out",
+        str(tmp_path / "run"),
+        *flags,
+    ]
     done = zygote.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
     err = done.stderr
     assert done.returncode == 1, err

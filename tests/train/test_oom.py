@@ -34,8 +34,7 @@ def test_a_real_allocation_over_a_data_limit_is_recognised() -> None:
         "except RuntimeError as exc:\n"
         "    print(as_out_of_memory(exc, 1))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     line = done.stdout.strip()
     assert line.startswith("out of memory on rank 1: could not allocate 2,048.0 MiB more"), line

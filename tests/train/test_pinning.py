@@ -21,8 +21,12 @@ def test_each_local_rank_gets_its_own_cpu_in_turn() -> None:
     )
     for local_rank in range(len(allowed) + 1):
         out = subprocess.run(
-            [sys.executable, "-c", code, str(local_rank)], capture_output=True, text=True,
-            timeout=120, env={**os.environ, "PYTHONPATH": str(REPO / "src")}, check=True,
-        ).stdout.split(maxsplit=1)  # fmt: skip
+            [sys.executable, "-c", code, str(local_rank)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+            check=True,
+        ).stdout.split(maxsplit=1)
         expected = allowed[local_rank % len(allowed)]
         assert out == [str(expected), f"[{expected}]\n"]

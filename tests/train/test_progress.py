@@ -22,8 +22,14 @@ def test_the_bar_ends_at_the_last_epoch_counted_from_one(
 
 
 def test_the_table_shows_test_and_train_loss_by_name(capsys: pytest.CaptureFixture[str]) -> None:
-    summary = {"strategy": "allreduce", "world_size": 2, "epochs": 2, "final_test_loss": 0.25,
-               "final_train_loss": 0.125, "time_breakdown": {}}  # fmt: skip
+    summary = {
+        "strategy": "allreduce",
+        "world_size": 2,
+        "epochs": 2,
+        "final_test_loss": 0.25,
+        "final_train_loss": 0.125,
+        "time_breakdown": {},
+    }
     print_summary(summary, "out")
     out = capsys.readouterr().out
     assert "final_test_loss" in out and "0.2500" in out
@@ -38,8 +44,11 @@ def test_the_bar_stops_at_the_job_s_epochs_and_steps() -> None:
         assert bar._progress is not None
         task = bar._progress.tasks[0]
         assert (task.completed, task.total, task.fields["epoch"], task.fields["epochs"]) == (
-            44, 44, 2, 2,
-        )  # fmt: skip
+            44,
+            44,
+            2,
+            2,
+        )
     finally:
         bar.close()
 
@@ -49,7 +58,11 @@ def test_rates_and_times_read_to_a_tenth_whatever_their_size(
 ) -> None:
     """969.6192 and 7,002 samples/s were both shown: one rule for the column now."""
     for rate, shown in ((969.6192, "969.6"), (7002.31, "7,002.3")):
-        summary = {"strategy": "allreduce", "world_size": 2, "samples_per_second": rate,
-                   "time_breakdown": {}}  # fmt: skip
+        summary = {
+            "strategy": "allreduce",
+            "world_size": 2,
+            "samples_per_second": rate,
+            "time_breakdown": {},
+        }
         print_summary(summary, "out")
         assert f" {shown} " in capsys.readouterr().out

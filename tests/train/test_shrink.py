@@ -28,8 +28,21 @@ from tests.train.test_faults import REPO, _Job, _with_arg
 pytestmark = pytest.mark.alone
 
 TIMEOUT = 5
-SHRINK = ("--workers", "3", "--min-workers", "2", "--batch-size", "24", "--max-steps", "8",
-          "--seed", "3", "--no-progress", "--timeout", str(TIMEOUT))  # fmt: skip
+SHRINK = (
+    "--workers",
+    "3",
+    "--min-workers",
+    "2",
+    "--batch-size",
+    "24",
+    "--max-steps",
+    "8",
+    "--seed",
+    "3",
+    "--no-progress",
+    "--timeout",
+    str(TIMEOUT),
+)
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +50,28 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tenso
     """One process on the same 8 global batches."""
     out = tmp_path_factory.mktemp("one")
     subprocess.run(
-        [sys.executable, "-m", "disttrain", "train", "--workers", "1", "--batch-size", "24",
-         "--max-steps", "8", "--seed", "3", "--no-progress", "--out", str(out)],
-        cwd=REPO, check=True, timeout=240, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "disttrain",
+            "train",
+            "--workers",
+            "1",
+            "--batch-size",
+            "24",
+            "--max-steps",
+            "8",
+            "--seed",
+            "3",
+            "--no-progress",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        check=True,
+        timeout=240,
+        stdout=subprocess.DEVNULL,
+    )
     return torch.load(out / "model.pt", weights_only=True)  # type: ignore[no-any-return]
 
 
@@ -48,8 +79,11 @@ def _check_run(out: Path, reference: dict[str, torch.Tensor], lost: list[int]) -
     summary = json.loads((out / "summary.json").read_text())
     (change,) = summary["membership"]
     assert {k: change[k] for k in ("step", "workers", "before", "lost")} == {
-        "step": 3, "workers": 2, "before": 3, "lost": lost,
-    }  # fmt: skip
+        "step": 3,
+        "workers": 2,
+        "before": 3,
+        "lost": lost,
+    }
     assert summary["workers"] == 2 and summary["steps"] == 8
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines if "loss" in r] == list(range(1, 9))  # each step once
@@ -73,8 +107,19 @@ def test_a_killed_worker_is_left_behind_and_training_matches_one_process(
 ) -> None:
     out = tmp_path / algorithm
     trace = tmp_path / f"{algorithm}.json"
-    job = _Job([*SHRINK, "--algorithm", algorithm, "--inject-fault", "kill:rank=2:step=3",
-                "--out", str(out), "--timeline", str(trace)])  # fmt: skip
+    job = _Job(
+        [
+            *SHRINK,
+            "--algorithm",
+            algorithm,
+            "--inject-fault",
+            "kill:rank=2:step=3",
+            "--out",
+            str(out),
+            "--timeline",
+            str(trace),
+        ]
+    )
     code, _ = job.wait(limit=240)
     assert code == 0, job.stderr
     assert "rank(s) 2 lost at step 3" in job.stderr, job.stderr
@@ -100,9 +145,29 @@ def test_one_of_four_killed_leaves_three_every_survivor_kept(
     # exit 1, "fewer than --min-workers 3" (both cases failed so before the fix).
     out = tmp_path / "four"
     fault = f"kill:rank={killed}:step=3"
-    job = _Job(["--workers", "4", "--min-workers", "3", "--batch-size", "48", "--max-steps", "6",
-                "--seed", "3", "--no-progress", "--timeout", str(TIMEOUT), "--algorithm",
-                algorithm, "--inject-fault", fault, "--out", str(out)])  # fmt: skip
+    job = _Job(
+        [
+            "--workers",
+            "4",
+            "--min-workers",
+            "3",
+            "--batch-size",
+            "48",
+            "--max-steps",
+            "6",
+            "--seed",
+            "3",
+            "--no-progress",
+            "--timeout",
+            str(TIMEOUT),
+            "--algorithm",
+            algorithm,
+            "--inject-fault",
+            fault,
+            "--out",
+            str(out),
+        ]
+    )
     code, _ = job.wait(limit=240)
     assert code == 0, job.stderr
     (change,) = json.loads((out / "summary.json").read_text())["membership"]

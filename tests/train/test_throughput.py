@@ -26,18 +26,29 @@ def test_throughput_counts_the_steps_run_since_the_start() -> None:
     assert t.elapsed(now=103.5) == pytest.approx(3.5)
 
 
-COMMON = ("--model", "mlp", "--workers", "2", "--batch-size", "64", "--no-progress",
-          "--timeout", "30")  # fmt: skip
+COMMON = (
+    "--model",
+    "mlp",
+    "--workers",
+    "2",
+    "--batch-size",
+    "64",
+    "--no-progress",
+    "--timeout",
+    "30",
+)
 
 
 @pytest.mark.timeout(300)  # two short training runs
 def test_a_resumed_run_reports_the_rate_of_its_own_steps(tmp_path: Path) -> None:
     first, resumed = tmp_path / "first", tmp_path / "resumed"
-    done = run_cli("train", *COMMON, "--max-steps", "6", "--checkpoint-every", "6",
-                   "--out", str(first))  # fmt: skip
+    done = run_cli(
+        "train", *COMMON, "--max-steps", "6", "--checkpoint-every", "6", "--out", str(first)
+    )
     assert done.returncode == 0, done.stderr
-    again = run_cli("train", *COMMON, "--max-steps", "12", "--resume", str(first),
-                    "--out", str(resumed))  # fmt: skip
+    again = run_cli(
+        "train", *COMMON, "--max-steps", "12", "--resume", str(first), "--out", str(resumed)
+    )
     assert again.returncode == 0, again.stderr
     lines = [json.loads(x) for x in (resumed / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in lines if "loss" in r]

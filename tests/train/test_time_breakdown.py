@@ -23,22 +23,56 @@ RUNS = {
     "allreduce": ("--strategy", "allreduce", "--model", "mlp"),
     "ps": ("--strategy", "ps", "--ps-mode", "sync", "--servers", "1", "--model", "mlp"),
     "localsgd": ("--strategy", "localsgd", "--period", "2", "--model", "mlp"),
-    "decentralized": ("--strategy", "decentralized", "--compression", "onebit:0.01",
-                      "--optimizer", "sgd", "--model", "mlp"),
-    "allreduce-onebit": ("--strategy", "allreduce", "--compression", "onebit:0.01",
-                         "--model", "mlp"),
-    "pipeline": ("--strategy", "pipeline", "--schedule", "gpipe", "--microbatches", "4",
-                 "--model", "mlp"),
+    "decentralized": (
+        "--strategy",
+        "decentralized",
+        "--compression",
+        "onebit:0.01",
+        "--optimizer",
+        "sgd",
+        "--model",
+        "mlp",
+    ),
+    "allreduce-onebit": (
+        "--strategy",
+        "allreduce",
+        "--compression",
+        "onebit:0.01",
+        "--model",
+        "mlp",
+    ),
+    "pipeline": (
+        "--strategy",
+        "pipeline",
+        "--schedule",
+        "gpipe",
+        "--microbatches",
+        "4",
+        "--model",
+        "mlp",
+    ),
     "tensor": ("--strategy", "tensor", "--model", "mlp"),
     "hybrid": ("--strategy", "hybrid", "--pp", "2", "--model", "mlp"),
-}  # fmt: skip
+}
 COMPRESSED = {"decentralized", "allreduce-onebit"}
 
 
 def _run(tmp: Path, flags: tuple[str, ...]) -> dict[str, object]:
     out = tmp / "out"
-    done = run_cli("train", *flags, "--workers", "2", "--max-steps", "6", "--no-progress",
-                   "--timeout", "60", *SLOW, "--out", str(out))  # fmt: skip
+    done = run_cli(
+        "train",
+        *flags,
+        "--workers",
+        "2",
+        "--max-steps",
+        "6",
+        "--no-progress",
+        "--timeout",
+        "60",
+        *SLOW,
+        "--out",
+        str(out),
+    )
     assert done.returncode == 0, done.stderr
     return json.loads((out / "summary.json").read_text())  # type: ignore[no-any-return]
 

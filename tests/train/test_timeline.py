@@ -27,17 +27,31 @@ def _steps(lanes: Lanes, rank: int) -> list[dict[str, Any]]:
 
 def _comm(lanes: Lanes, rank: int) -> list[dict[str, Any]]:
     # overlapping collectives may be spread over "comm", "comm #2", ...
-    return [e for (r, lane), evs in lanes.items() if r == rank and lane.startswith("comm")
-            for e in evs]  # fmt: skip
+    return [
+        e for (r, lane), evs in lanes.items() if r == rank and lane.startswith("comm") for e in evs
+    ]
 
 
 @pytest.mark.timeout(300)
 def test_an_overlapped_allreduce_run_shows_steps_buckets_and_overlap(tmp_path: Path) -> None:
     out, trace_path = tmp_path / "run", tmp_path / "trace.json"
     result = run_cli(
-        "train", "--workers", "2", "--epochs", "1", "--max-steps", "3", "--fusion-mb", "0.01",
-        "--overlap", "--out", str(out), "--timeline", str(trace_path), "--no-progress",
-    )  # fmt: skip
+        "train",
+        "--workers",
+        "2",
+        "--epochs",
+        "1",
+        "--max-steps",
+        "3",
+        "--fusion-mb",
+        "0.01",
+        "--overlap",
+        "--out",
+        str(out),
+        "--timeline",
+        str(trace_path),
+        "--no-progress",
+    )
     assert result.returncode == 0, result.stderr
     trace = json.loads(trace_path.read_text())
     assert trace["otherData"] == {"clock": "CLOCK_MONOTONIC", "ranks": [0, 1]}
@@ -61,8 +75,9 @@ def test_an_overlapped_allreduce_run_shows_steps_buckets_and_overlap(tmp_path: P
             assert sum(e["args"]["bytes"] for e in mine) == sum(
                 summary["data_parallel"]["bucket_bytes"]
             )
-            backward = next(e for e in _inside(lanes[rank, "compute"], step)
-                            if e["name"] == "backward")  # fmt: skip
+            backward = next(
+                e for e in _inside(lanes[rank, "compute"], step) if e["name"] == "backward"
+            )
             overlapped += any(e["ts"] < backward["ts"] + backward["dur"] for e in mine)
         names = {e["name"] for e in lanes[rank, "compute"]}
         assert {"data", "eval"} <= names
@@ -73,10 +88,25 @@ def test_an_overlapped_allreduce_run_shows_steps_buckets_and_overlap(tmp_path: P
 def test_a_gpipe_run_shows_each_microbatch_in_schedule_order(tmp_path: Path) -> None:
     trace_path = tmp_path / "pipe.json"
     result = run_cli(
-        "train", "--workers", "2", "--strategy", "pipeline", "--schedule", "gpipe",
-        "--microbatches", "4", "--epochs", "1", "--max-steps", "2", "--out", str(tmp_path / "p"),
-        "--timeline", str(trace_path), "--no-progress",
-    )  # fmt: skip
+        "train",
+        "--workers",
+        "2",
+        "--strategy",
+        "pipeline",
+        "--schedule",
+        "gpipe",
+        "--microbatches",
+        "4",
+        "--epochs",
+        "1",
+        "--max-steps",
+        "2",
+        "--out",
+        str(tmp_path / "p"),
+        "--timeline",
+        str(trace_path),
+        "--no-progress",
+    )
     assert result.returncode == 0, result.stderr
     lanes = check_trace(json.loads(trace_path.read_text()))
     grid = schedule.build("gpipe", 4, 2)
@@ -85,8 +115,11 @@ def test_a_gpipe_run_shows_each_microbatch_in_schedule_order(tmp_path: Path) -> 
         assert len(expected) == 8
         for step in _steps(lanes, stage):
             inside = _inside(lanes[stage, "compute"], step)
-            got = [(e["name"][0].upper(), e["args"]["microbatch"]) for e in inside
-                   if e["name"] in ("forward", "backward")]  # fmt: skip
+            got = [
+                (e["name"][0].upper(), e["args"]["microbatch"])
+                for e in inside
+                if e["name"] in ("forward", "backward")
+            ]
             assert got == expected, (stage, got)
             assert all(
                 e["args"]["stage"] == stage for e in inside if "microbatch" in e.get("args", {})
@@ -100,9 +133,17 @@ def test_a_gpipe_run_shows_each_microbatch_in_schedule_order(tmp_path: Path) -> 
 def test_without_the_flag_nothing_is_written(tmp_path: Path) -> None:
     out = tmp_path / "run"
     result = run_cli(
-        "train", "--workers", "2", "--epochs", "1", "--max-steps", "1", "--out", str(out),
+        "train",
+        "--workers",
+        "2",
+        "--epochs",
+        "1",
+        "--max-steps",
+        "1",
+        "--out",
+        str(out),
         "--no-progress",
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl", "model.pt", "summary.json"]
     assert list(tmp_path.iterdir()) == [out]
@@ -125,11 +166,29 @@ def test_a_zb1_run_shows_b_and_w_apart_and_its_checkpoint_keeps_its_layout(
 ) -> None:
     trace_path, out = tmp_path / "zb.json", tmp_path / "zb"
     result = run_cli(
-        "train", "--workers", "2", "--strategy", "pipeline", "--schedule", "zb1",
-        "--microbatches", "4", "--precision", "bf16", "--epochs", "1", "--max-steps", "2",
-        "--checkpoint-every", "2", "--out", str(out), "--timeline", str(trace_path),
+        "train",
+        "--workers",
+        "2",
+        "--strategy",
+        "pipeline",
+        "--schedule",
+        "zb1",
+        "--microbatches",
+        "4",
+        "--precision",
+        "bf16",
+        "--epochs",
+        "1",
+        "--max-steps",
+        "2",
+        "--checkpoint-every",
+        "2",
+        "--out",
+        str(out),
+        "--timeline",
+        str(trace_path),
         "--no-progress",
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr
     lanes = check_trace(json.loads(trace_path.read_text()))
     grid = schedule.build("zb1", 4, 2)
@@ -139,16 +198,32 @@ def test_a_zb1_run_shows_b_and_w_apart_and_its_checkpoint_keeps_its_layout(
         assert len(expected) == 12  # F, B and W of 4 micro-batches
         for step in _steps(lanes, stage):
             inside = _inside(lanes[stage, "compute"], step)
-            got = [(names[e["name"]], e["args"]["microbatch"]) for e in inside
-                   if e["name"] in names]  # fmt: skip
+            got = [
+                (names[e["name"]], e["args"]["microbatch"]) for e in inside if e["name"] in names
+            ]
             assert got == expected, (stage, got)
     summary = json.loads((out / "summary.json").read_text())["pipeline"]
     assert summary["schedule"] == "zb1" and summary["bubble_theory"] == pytest.approx(1 / 13)
     # the checkpoint holds 1 stage per rank: an interleaved run (2 per rank) may not take it
     again = run_cli(
-        "train", "--workers", "2", "--strategy", "pipeline", "--schedule", "interleaved",
-        "--microbatches", "4", "--epochs", "1", "--max-steps", "3", "--resume", str(out),
-        "--out", str(tmp_path / "again"), "--no-progress",
-    )  # fmt: skip
+        "train",
+        "--workers",
+        "2",
+        "--strategy",
+        "pipeline",
+        "--schedule",
+        "interleaved",
+        "--microbatches",
+        "4",
+        "--epochs",
+        "1",
+        "--max-steps",
+        "3",
+        "--resume",
+        str(out),
+        "--out",
+        str(tmp_path / "again"),
+        "--no-progress",
+    )
     assert again.returncode != 0
     assert "resume with the same --schedule, --virtual-stages and --balance" in again.stderr

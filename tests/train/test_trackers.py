@@ -43,8 +43,15 @@ def test_tensorboard_tracker_round_trips_through_tensorboards_reader(tmp_path: P
     tracker.scalars(1, {"step": 1, "epoch": 0, "loss": 2.0, "lr": 0.1})
     tracker.scalars(2, {"step": 2, "epoch": 0, "loss": 1.5, "lr": 0.1})
     tracker.scalars(2, {"step": 2, "test_loss": 1.25, "test_accuracy": 0.5, "bytes_sent": 9})
-    tracker.finish({"steps": 2, "pipeline": {"bubble_theory": 0.2}, "time_breakdown": {
-        "compute": 1.5}, "memory_per_rank": {"peak_rss": [10, 11]}}, is_main=True)  # fmt: skip
+    tracker.finish(
+        {
+            "steps": 2,
+            "pipeline": {"bubble_theory": 0.2},
+            "time_breakdown": {"compute": 1.5},
+            "memory_per_rank": {"peak_rss": [10, 11]},
+        },
+        is_main=True,
+    )
     tracker.close()
     got = _scalars(tmp_path)
     assert got["train/loss"] == [(1, 2.0), (2, 1.5)]
@@ -59,26 +66,50 @@ def test_tensorboard_tracker_round_trips_through_tensorboards_reader(tmp_path: P
 def test_compare_writes_one_tensorboard_run_per_spec_with_every_figure(tmp_path: Path) -> None:
     board = tmp_path / "tb"
     cmd = [
-        sys.executable, "-m", "disttrain", "compare", "--strategies",
-        "decentralized:onebit, ps:async, pipeline", "--workers", "2",
-        "--max-steps", "4", "--epochs", "1", "--batch-size", "32", "--timeout", "60",
-        "--tensorboard", str(board), "--out", str(tmp_path / "report"), "--no-progress",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "disttrain",
+        "compare",
+        "--strategies",
+        "decentralized:onebit, ps:async, pipeline",
+        "--workers",
+        "2",
+        "--max-steps",
+        "4",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "32",
+        "--timeout",
+        "60",
+        "--tensorboard",
+        str(board),
+        "--out",
+        str(tmp_path / "report"),
+        "--no-progress",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
     proc = zygote.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=450)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     runs = sorted(p.name for p in board.iterdir())
     assert runs == ["1-decentralized_onebit", "2-ps_async", "3-pipeline"], runs
-    every = {"train/loss", "train/lr", "train/samples_per_second", "train/bytes_sent",
-             "test/loss", "test/accuracy", "summary/samples_per_second",
-             "summary/memory_per_rank/peak_rss/0", "summary/bytes_sent_by_rank/1",
-             "time/compute_seconds"}  # fmt: skip
+    every = {
+        "train/loss",
+        "train/lr",
+        "train/samples_per_second",
+        "train/bytes_sent",
+        "test/loss",
+        "test/accuracy",
+        "summary/samples_per_second",
+        "summary/memory_per_rank/peak_rss/0",
+        "summary/bytes_sent_by_rank/1",
+        "time/compute_seconds",
+    }
     own = {
-        "1-decentralized_onebit": {"train/payload_compression",
-                                   "train/bytes_vs_dense_allreduce"},
+        "1-decentralized_onebit": {"train/payload_compression", "train/bytes_vs_dense_allreduce"},
         "2-ps_async": {"summary/staleness_mean", "summary/staleness_max"},
         "3-pipeline": {"summary/pipeline/bubble_theory"},
-    }  # fmt: skip
+    }
     for run in runs:
         got = _scalars(board / run)
         missing = (every | own[run]) - set(got)

@@ -117,9 +117,15 @@ def _part(rank: int | str) -> str:
 
 
 def save(
-    root: str, step: int, rank: int | str, world_size: int, state: dict[str, Any],
-    run: str | None = None, background: bool = False, replicated: Collection[str] = (),
-) -> Callable[[], None]:  # fmt: skip
+    root: str,
+    step: int,
+    rank: int | str,
+    world_size: int,
+    state: dict[str, Any],
+    run: str | None = None,
+    background: bool = False,
+    replicated: Collection[str] = (),
+) -> Callable[[], None]:
     """Write this process's ``state`` for ``step`` of ``run``; rank 0 commits after a barrier.
 
     Returns a function that waits until the part is on disk: at once, or with
@@ -135,8 +141,12 @@ def save(
     if not isinstance(rank, int) or world_size < 2:
         replicated = ()  # a named part (a server's) has no siblings to share with
     # a copy: training may go on while it is written
-    packed = _dcp().pack(state, _background.staging() if background else None, replicated,
-                         (rank, world_size) if replicated else (0, 1))  # fmt: skip
+    packed = _dcp().pack(
+        state,
+        _background.staging() if background else None,
+        replicated,
+        (rank, world_size) if replicated else (0, 1),
+    )
 
     def write() -> None:
         makedirs(folder)
@@ -149,9 +159,14 @@ def save(
 
 
 def commit(
-    root: str, step: int, keep: int = 2, run: str | None = None, world_size: int | None = None,
-    background: bool = False, settings: dict[str, Any] | None = None,
-) -> Callable[[], None]:  # fmt: skip
+    root: str,
+    step: int,
+    keep: int = 2,
+    run: str | None = None,
+    world_size: int | None = None,
+    background: bool = False,
+    settings: dict[str, Any] | None = None,
+) -> Callable[[], None]:
     """Mark ``step`` of ``run`` complete (rank 0, after all ranks saved); drop its older steps.
 
     ``world_size``: the number of workers that wrote it (default: rank 0's part says).
@@ -167,9 +182,13 @@ def commit(
 
 
 def _commit(
-    root: str, step: int, keep: int, run: str, world_size: int | None,
+    root: str,
+    step: int,
+    keep: int,
+    run: str,
+    world_size: int | None,
     settings: dict[str, Any] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     staging, final = _staging(root, step, run), step_dir(root, step)
     if os.path.exists(final):
         raise FileExistsError(f"checkpoint step {step} is already committed in {_base(root)}")
@@ -179,8 +198,13 @@ def _commit(
                 world_size = int(json.load(fh)["world_size"])
         except (OSError, ValueError, KeyError, TypeError):
             world_size = None
-    fields = {"format": FORMAT, "step": step, "run": run, "world_size": world_size,
-              **({"settings": settings} if settings else {})}  # fmt: skip
+    fields = {
+        "format": FORMAT,
+        "step": step,
+        "run": run,
+        "world_size": world_size,
+        **({"settings": settings} if settings else {}),
+    }
     marker = json.dumps(fields).encode()
     write_atomic(os.path.join(staging, "COMMIT"), lambda fh: fh.write(marker))
     os.rename(staging, final)  # atomic: the step appears complete or not at all
@@ -347,9 +371,12 @@ def saved_settings(root: str, step: int | None = None, run: str | None = None) -
 
 
 def load(
-    root: str, rank: int | str, world_size: int | None, step: int | None = None,
+    root: str,
+    rank: int | str,
+    world_size: int | None,
+    step: int | None = None,
     run: str | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """This rank's (or named part's) state from ``run``'s newest (or the given) committed step.
 
     ``run`` defaults to this process's run; outside a job, to the one run ``root`` holds.

@@ -117,8 +117,9 @@ class _Packer:
         self.lengths[key] = offset + flat.numel()
         return {"p": [key, offset, list(tensor.shape)]}
 
-    def packs(self, reuse: dict[str, torch.Tensor] | None, share: tuple[int, int]
-              ) -> dict[str, torch.Tensor]:  # fmt: skip
+    def packs(
+        self, reuse: dict[str, torch.Tensor] | None, share: tuple[int, int]
+    ) -> dict[str, torch.Tensor]:
         """One tensor per pack, a copy of the state; of a shared pack only this worker's
         slice (``share``: this worker's index, the number of workers). ``reuse``: buffers
         of earlier packs, filled again where the length is the same (and updated): a fresh
@@ -205,9 +206,11 @@ class Packed:
 
 
 def pack(
-    state: dict[str, Any], reuse: dict[str, torch.Tensor] | None = None,
-    shared: Collection[str] = (), share: tuple[int, int] = (0, 1),
-) -> Packed:  # fmt: skip
+    state: dict[str, Any],
+    reuse: dict[str, torch.Tensor] | None = None,
+    shared: Collection[str] = (),
+    share: tuple[int, int] = (0, 1),
+) -> Packed:
     """``state`` as a private copy that :func:`write` may write while training changes the
     state (``reuse``: see :meth:`_Packer.packs`; the caller makes sure no write still reads
     them). ``shared``: the paths (``/model/0.weight``, ``/optimizer``: a tensor at or under
@@ -275,8 +278,9 @@ def _header(folder: str) -> dict[str, Any]:
     return doc
 
 
-def _join_shared(doc: dict[str, Any], tensors: dict[str, torch.Tensor],
-                 sibling: Callable[[int], str] | None) -> None:  # fmt: skip
+def _join_shared(
+    doc: dict[str, Any], tensors: dict[str, torch.Tensor], sibling: Callable[[int], str] | None
+) -> None:
     """Replace this part's slices of the shared packs by the whole packs, the other slices
     read from the other workers' parts of the same step and run (``sibling(j)``: worker j's)."""
     shared = doc["shared"]
@@ -290,8 +294,10 @@ def _join_shared(doc: dict[str, Any], tensors: dict[str, torch.Tensor],
             continue
         other = _header(sibling(j))
         if (other.get("run"), other.get("step"), other.get("shared")) != (
-            doc.get("run"), doc.get("step"), {**shared, "index": j}
-        ):  # fmt: skip
+            doc.get("run"),
+            doc.get("step"),
+            {**shared, "index": j},
+        ):
             raise ValueError(f"{sibling(j)} is not this step's part {j}")
         slices.append(_load(sibling(j), list(lengths)))
     for key, length in lengths.items():
@@ -303,8 +309,9 @@ def _join_shared(doc: dict[str, Any], tensors: dict[str, torch.Tensor],
         tensors[key] = torch.cat(pieces)
 
 
-def read(folder: str, sibling: Callable[[int], str] | None = None
-         ) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+def read(
+    folder: str, sibling: Callable[[int], str] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """(header, state) of ``folder``; ValueError (or an unpickling error) if it is not ours.
 
     ``sibling(j)``: the folder of worker j's part of the same step, where the state has

@@ -82,8 +82,9 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
             raise UsageError(f"--src and --dst must be two different hosts in 0..{n - 1}")
         if not 0 < ns.seconds <= 60:
             raise UsageError("--seconds must be in (0, 60]")
-        result = linkprobe.measure(cluster.hosts[ns.src], cluster.hosts[ns.dst],
-                                   cluster.rate_bits, ns.seconds)  # fmt: skip
+        result = linkprobe.measure(
+            cluster.hosts[ns.src], cluster.hosts[ns.dst], cluster.rate_bits, ns.seconds
+        )
         print(linkprobe.describe(result, cluster.rate_bits))
         return 0
     except netns.IpError as exc:

@@ -86,14 +86,20 @@ def _in(host: Host, *args: str) -> list[str]:
 def measure(src: Host, dst: Host, rate_bits: int, seconds: float = 1.0) -> LinkResult:
     """Send about ``seconds`` worth of data at ``rate_bits`` from ``src`` to ``dst``."""
     nbytes = max(2 << 20, int(rate_bits / 8 * seconds))
-    recv = subprocess.Popen(_in(dst, "recv", dst.address, str(PORT)), stdout=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    recv = subprocess.Popen(
+        _in(dst, "recv", dst.address, str(PORT)), stdout=subprocess.PIPE, text=True
+    )
     try:
         assert recv.stdout is not None
         if recv.stdout.readline().strip() != "ready":
             raise RuntimeError("link probe: the receiver did not start")
-        sent = subprocess.run(_in(src, "send", dst.address, str(PORT), str(nbytes)),
-                              capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+        sent = subprocess.run(
+            _in(src, "send", dst.address, str(PORT), str(nbytes)),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
         got = json.loads(recv.stdout.readline())
         recv.wait(timeout=30)
     finally:
@@ -110,16 +116,23 @@ def measure_duplex(a: Host, b: Host, rate_bits: int, seconds: float = 1.0) -> Li
     (~2-3 % of the rate: 4 hosts at 100 Mbit/s, every ring step was under-predicted)."""
     nbytes = max(2 << 20, int(rate_bits / 8 * seconds))
     ends = [(b, PORT), (a, PORT + 1)]  # receivers: b hears a, a hears b
-    recvs = [subprocess.Popen(_in(h, "recv", h.address, str(port)), stdout=subprocess.PIPE,
-                              text=True) for h, port in ends]  # fmt: skip
+    recvs = [
+        subprocess.Popen(_in(h, "recv", h.address, str(port)), stdout=subprocess.PIPE, text=True)
+        for h, port in ends
+    ]
     try:
         for r in recvs:
             assert r.stdout is not None
             if r.stdout.readline().strip() != "ready":
                 raise RuntimeError("link probe: a receiver did not start")
-        sends = [subprocess.Popen(_in(src, "send", dst.address, str(port), str(nbytes)),
-                                  stdout=subprocess.PIPE, text=True)
-                 for src, (dst, port) in ((a, ends[0]), (b, ends[1]))]  # fmt: skip
+        sends = [
+            subprocess.Popen(
+                _in(src, "send", dst.address, str(port), str(nbytes)),
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for src, (dst, port) in ((a, ends[0]), (b, ends[1]))
+        ]
         outs = [s.communicate(timeout=120)[0] for s in sends]
         got = [json.loads(r.stdout.readline()) for r in recvs if r.stdout is not None]
         for r in recvs:

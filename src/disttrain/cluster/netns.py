@@ -121,8 +121,23 @@ def add_veth(ns: str, ifname: str, address: str, bridge_ns: str, port: str, brid
     The pair is created inside ``ns`` and its peer moved straight into
     ``bridge_ns`` in the same call: it never appears in the machine's namespace.
     """
-    _run(["ip", "-n", ns, "link", "add", ifname, "type", "veth",
-          "peer", "name", port, "netns", bridge_ns])  # fmt: skip
+    _run(
+        [
+            "ip",
+            "-n",
+            ns,
+            "link",
+            "add",
+            ifname,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            port,
+            "netns",
+            bridge_ns,
+        ]
+    )
     # No IPv6 link-local addresses: a host's only addresses are loopback and ``address``,
     # so a listener on "::" or "0.0.0.0" there is reachable on the private subnet only.
     _run(["ip", "-n", ns, "link", "set", ifname, "addrgenmode", "none"])
@@ -143,8 +158,25 @@ def shape(ns: str, dev: str, rate_bits: int) -> None:
     rate_bytes = rate_bits // 8
     burst = max(64 * 1024, rate_bytes // 1000)
     limit = max(256 * 1024, rate_bytes // 20)
-    _run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf",
-          "rate", f"{rate_bits}bit", "burst", str(burst), "limit", str(limit)])  # fmt: skip
+    _run(
+        [
+            "tc",
+            "-n",
+            ns,
+            "qdisc",
+            "replace",
+            "dev",
+            dev,
+            "root",
+            "tbf",
+            "rate",
+            f"{rate_bits}bit",
+            "burst",
+            str(burst),
+            "limit",
+            str(limit),
+        ]
+    )
 
 
 def qdisc_rate(ns: str, dev: str) -> str:

@@ -62,10 +62,13 @@ def node_command(cmd: list[str], cluster: Cluster, host: Host, port: int, out: s
     if clash:
         raise UsageError(f"cluster run sets {', '.join(clash)} itself: leave them out")
     extra = [
-        "--nnodes", str(len(cluster.hosts)),
-        "--node-rank", str(host.index),
-        "--rdzv-endpoint", f"{cluster.hosts[0].address}:{port}",
-    ]  # fmt: skip
+        "--nnodes",
+        str(len(cluster.hosts)),
+        "--node-rank",
+        str(host.index),
+        "--rdzv-endpoint",
+        f"{cluster.hosts[0].address}:{port}",
+    ]
     if "--rdzv-id" not in given:
         extra += ["--rdzv-id", f"cluster-{os.getpid()}"]
     if "--out" not in given:  # one folder for all nodes, or each would invent its own
@@ -138,8 +141,20 @@ def run(cluster: Cluster, cmd: list[str], port: int, timeout: float) -> int:
     try:
         with interruptible():
             for host, argv in zip(cluster.hosts, commands, strict=True):
-                wrapped = ["ip", "netns", "exec", host.ns, "unshare", "--uts", "--",
-                           sys.executable, "-c", _SHIM, host.hostname, *argv]  # fmt: skip
+                wrapped = [
+                    "ip",
+                    "netns",
+                    "exec",
+                    host.ns,
+                    "unshare",
+                    "--uts",
+                    "--",
+                    sys.executable,
+                    "-c",
+                    _SHIM,
+                    host.hostname,
+                    *argv,
+                ]
                 with signals_held():  # started and recorded, or neither: _stop sees it
                     proc = subprocess.Popen(
                         wrapped,

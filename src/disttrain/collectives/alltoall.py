@@ -51,8 +51,15 @@ class AllToAll(AllReduceAlgorithm):
         # All n-1 sends posted at once; every arriving array is added.
         own = self.cost(nbytes, n, 0, itemsize)
         most = max_rank_cost(self, nbytes, n, itemsize)
-        return Path(own.messages, own.bytes_sent, own.bytes_sent, most.bytes_sent,
-                    most.messages, f"n−1 = {own.messages} messages", "(n−1)·S")  # fmt: skip
+        return Path(
+            own.messages,
+            own.bytes_sent,
+            own.bytes_sent,
+            most.bytes_sent,
+            most.messages,
+            f"n−1 = {own.messages} messages",
+            "(n−1)·S",
+        )
 
     def steps_formula(self, n: int) -> str:
         return "1"  # every array sent at once

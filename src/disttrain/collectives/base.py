@@ -163,9 +163,15 @@ class AllReduceAlgorithm(ABC):
         adds only part of what arrives, overrides this with its own chain).
         """
         most = max_rank_cost(self, nbytes, n, itemsize)
-        return Path(most.messages, most.bytes_sent, most.bytes_sent, most.bytes_sent,
-                    most.messages, f"{most.messages} messages one after another",
-                    "the busiest rank's bytes")  # fmt: skip
+        return Path(
+            most.messages,
+            most.bytes_sent,
+            most.bytes_sent,
+            most.bytes_sent,
+            most.messages,
+            f"{most.messages} messages one after another",
+            "the busiest rank's bytes",
+        )
 
     def steps_formula(self, n: int) -> str:
         """Dependent communication rounds on ``n`` ranks, by the algorithm's formula.

@@ -70,9 +70,15 @@ class Butterfly(AllReduceAlgorithm):
         added = sends.bytes_sent - (nbytes if fold.extra else 0)
         most = max_rank_cost(self, nbytes, n, itemsize)
         fold_note, fold_bytes = (" + 2 fold steps", " + 2S") if fold.extra else ("", "")
-        return Path(sends.messages, sends.bytes_sent, added, most.bytes_sent, most.messages,
-                    f"log2(n){fold_note} = {sends.messages} steps",
-                    f"log2(n)·S{fold_bytes}")  # fmt: skip
+        return Path(
+            sends.messages,
+            sends.bytes_sent,
+            added,
+            most.bytes_sent,
+            most.messages,
+            f"log2(n){fold_note} = {sends.messages} steps",
+            f"log2(n)·S{fold_bytes}",
+        )
 
     def steps_formula(self, n: int) -> str:
         # log2 n exchanges; a folded n has no single closed form

@@ -51,8 +51,11 @@ class Cost:
     bytes_copied: int = 0
 
     def __add__(self, other: Cost) -> Cost:
-        return Cost(self.bytes_sent + other.bytes_sent, self.messages + other.messages,
-                    self.bytes_copied + other.bytes_copied)  # fmt: skip
+        return Cost(
+            self.bytes_sent + other.bytes_sent,
+            self.messages + other.messages,
+            self.bytes_copied + other.bytes_copied,
+        )
 
 
 class Costed(Protocol):
@@ -82,13 +85,21 @@ class Path:
     inner_steps: int = 0
 
     def seconds(self, alpha: float, beta: float, gamma: float, mu: float = 0.0) -> float:
-        return (self.steps * alpha + self.critical_bytes * beta + self.reduced_bytes * gamma
-                + self.copied_bytes * mu)  # fmt: skip
+        return (
+            self.steps * alpha
+            + self.critical_bytes * beta
+            + self.reduced_bytes * gamma
+            + self.copied_bytes * mu
+        )
 
     def shared_seconds(
-        self, alpha: float, delta: float, beta: float, mu: float = 0.0,
+        self,
+        alpha: float,
+        delta: float,
+        beta: float,
+        mu: float = 0.0,
         inner_alpha: float | None = None,
-    ) -> float:  # fmt: skip
+    ) -> float:
         """Ranks sharing one host's cores: every message and byte of every rank is CPU work.
 
         steps·α (each step waits for its peers to be scheduled; the inner steps pay
@@ -97,9 +108,13 @@ class Path:
         rank itself (all ranks' copies·μ).
         """
         inner = alpha if inner_alpha is None else inner_alpha
-        return ((self.steps - self.inner_steps) * alpha + self.inner_steps * inner
-                + self.total_messages * delta + self.total_bytes * beta
-                + self.total_copied * mu)  # fmt: skip
+        return (
+            (self.steps - self.inner_steps) * alpha
+            + self.inner_steps * inner
+            + self.total_messages * delta
+            + self.total_bytes * beta
+            + self.total_copied * mu
+        )
 
 
 #: The path of an allreduce that sends nothing (one rank, or zero bytes).
@@ -131,8 +146,15 @@ def two_phase_path(algo: Costed, nbytes: int, n: int, itemsize: int) -> Path:
     """
     c0 = algo.cost(nbytes, n, 0, itemsize)
     most = max_rank_cost(algo, nbytes, n, itemsize)
-    return Path(c0.messages, most.bytes_sent, most.bytes_sent // 2, most.bytes_sent,
-                most.messages, f"2(n−1) = {c0.messages} steps", "2(n−1)/n·S")  # fmt: skip
+    return Path(
+        c0.messages,
+        most.bytes_sent,
+        most.bytes_sent // 2,
+        most.bytes_sent,
+        most.messages,
+        f"2(n−1) = {c0.messages} steps",
+        "2(n−1)/n·S",
+    )
 
 
 #: Ranks per host of the layout a cost model prices (its workload's), set around one

@@ -108,9 +108,15 @@ class HalvingDoubling(AllReduceAlgorithm):
         added = (sends.bytes_sent - 2 * fold_bytes) // 2 + fold_bytes
         most = max_rank_cost(self, nbytes, n, itemsize)
         fold_note, fold_text = (" + 2 fold steps", " + 2S") if fold.extra else ("", "")
-        return Path(sends.messages, sends.bytes_sent, added, most.bytes_sent, most.messages,
-                    f"2·log2(n){fold_note} = {sends.messages} steps",
-                    f"2(n−1)/n·S{fold_text}")  # fmt: skip
+        return Path(
+            sends.messages,
+            sends.bytes_sent,
+            added,
+            most.bytes_sent,
+            most.messages,
+            f"2·log2(n){fold_note} = {sends.messages} steps",
+            f"2(n−1)/n·S{fold_text}",
+        )
 
     def steps_formula(self, n: int) -> str:
         # log2 n halving steps, then as many doubling steps; no closed form when folded

@@ -179,8 +179,9 @@ def _finish(piece: torch.Tensor, sent: Sent | None, local: ProcessGroup | None) 
         broadcast(piece, 0, local)
 
 
-def _sum(inter: AllReduceAlgorithm, piece: torch.Tensor, leaders: ProcessGroup
-         ) -> Callable[[], torch.Tensor]:  # fmt: skip
+def _sum(
+    inter: AllReduceAlgorithm, piece: torch.Tensor, leaders: ProcessGroup
+) -> Callable[[], torch.Tensor]:
     """The leaders' network allreduce of ``piece``, to run on a lane's thread; a caller's
     ``meter.counting()`` sees its bytes (:meth:`Meter.on_behalf`)."""
 
@@ -274,12 +275,13 @@ class Hierarchical(AllReduceAlgorithm):
             inner.steps + sum(o.steps for o in outers) + 1,
             sum(o.critical_bytes for o in outers),
             inner.reduced_bytes + sum(o.reduced_bytes for o in outers),
-            sum(o.bytes_per_rank for o in outers), sum(o.messages_per_rank for o in outers),
+            sum(o.bytes_per_rank for o in outers),
+            sum(o.messages_per_rank for o in outers),
             f"shm inside hosts, then {inter_algorithm()} in {len(bounds)} pieces: "
             f"{outer.latency_formula} each",
             f"{inter_algorithm()} among {len(sizes)} hosts: {outer.bandwidth_formula}",
             copied_bytes=inner.copied_bytes + last,
-        )  # fmt: skip
+        )
 
     def steps_formula(self, n: int) -> str:
         hosts = len(host_sizes(n))

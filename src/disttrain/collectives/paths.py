@@ -26,9 +26,16 @@ def critical_path(algorithm: str, nbytes: int, n: int, itemsize: int = 4) -> Pat
     path = algo.critical_path(nbytes, n, itemsize)
     if n <= 64:  # exact sums; beyond, n times the busiest rank (an upper bound)
         costs = [algo.cost(nbytes, n, r, itemsize) for r in range(n)]
-        total = Cost(sum(c.bytes_sent for c in costs), sum(c.messages for c in costs),
-                     sum(c.bytes_copied for c in costs))  # fmt: skip
+        total = Cost(
+            sum(c.bytes_sent for c in costs),
+            sum(c.messages for c in costs),
+            sum(c.bytes_copied for c in costs),
+        )
     else:
         total = Cost(n * path.bytes_per_rank, n * path.messages_per_rank, n * path.copied_bytes)
-    return replace(path, total_messages=total.messages, total_bytes=total.bytes_sent,
-                   total_copied=total.bytes_copied)  # fmt: skip
+    return replace(
+        path,
+        total_messages=total.messages,
+        total_bytes=total.bytes_sent,
+        total_copied=total.bytes_copied,
+    )

@@ -143,8 +143,7 @@ class Ring(AllReduceAlgorithm):
         n, r = group_size(group), group_rank(group)
         chunks = [flat[a:b] for a, b in chunk_bounds(flat.numel(), n)]
         for s in range(n - 1):
-            exchange(chunks[(r - s) % n], (r + 1) % n, chunks[(r - s - 1) % n], (r - 1) % n,
-                     group)  # fmt: skip
+            exchange(chunks[(r - s) % n], (r + 1) % n, chunks[(r - s - 1) % n], (r - 1) % n, group)
 
     def reduce_scatter_cost(
         self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1

@@ -147,11 +147,16 @@ class Shm(AllReduceAlgorithm):
         bounds = piece_bounds(nbytes // itemsize, itemsize)
         chunk = sum(chunk_sizes(b - a, n)[0] for a, b in bounds)
         return Path(
-            2 * len(bounds), 0, (n - 1) * chunk * itemsize, 0, 0,
+            2 * len(bounds),
+            0,
+            (n - 1) * chunk * itemsize,
+            0,
+            0,
             f"2 barriers per {PIECE_BYTES >> 20} MiB piece = {2 * len(bounds)}",
-            "2S + (n-2)/n·S copied through memory", copied_bytes=c.bytes_copied,
+            "2S + (n-2)/n·S copied through memory",
+            copied_bytes=c.bytes_copied,
             inner_steps=2 * (len(bounds) - 1),
-        )  # fmt: skip
+        )
 
     def steps_formula(self, n: int) -> str:
         return "2 per piece"

@@ -121,8 +121,9 @@ class Segment:
         if self.rank == 0:
             unique = f"{job_tag()}-{os.getpid()}-{secrets.token_hex(6)}"
             path = os.path.join(SHM_DIR, PREFIX + unique)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o600)  # fmt: skip
+            fd = os.open(
+                path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
             try:
                 os.ftruncate(fd, self.size)
             except OSError:
@@ -170,8 +171,15 @@ class Segment:
         mine = self.count
         self._ctl[self.rank * _LINE // 4] = mine
         if _libc is not None:
-            _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self._base + self.rank * _LINE),
-                          _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)  # fmt: skip
+            _libc.syscall(
+                _SYS_FUTEX,
+                ctypes.c_void_p(self._base + self.rank * _LINE),
+                _FUTEX_WAKE,
+                0x7FFFFFFF,
+                None,
+                None,
+                0,
+            )
         for peer in range(self.n):
             if peer != self.rank:
                 self._wait(peer, mine)
@@ -189,9 +197,15 @@ class Segment:
             if (seen - target) & 0xFFFFFFFF <= 1:
                 return
             if _libc is not None:
-                _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self._base + peer * _LINE),
-                              _FUTEX_WAIT, ctypes.c_uint32(seen), ctypes.byref(_WAIT_FOR),
-                              None, 0)  # fmt: skip
+                _libc.syscall(
+                    _SYS_FUTEX,
+                    ctypes.c_void_p(self._base + peer * _LINE),
+                    _FUTEX_WAIT,
+                    ctypes.c_uint32(seen),
+                    ctypes.byref(_WAIT_FOR),
+                    None,
+                    0,
+                )
             else:
                 time.sleep(pause)
                 pause = min(2 * pause, 1e-3)
@@ -200,12 +214,15 @@ class Segment:
             pid = ctl[word + 1]
             who = global_rank(self.group, peer)
             if pid and not _alive(pid):
-                raise PeerFailure(f"rank {who} (pid {pid}) died during a shared-memory collective",
-                                  who)  # fmt: skip
+                raise PeerFailure(
+                    f"rank {who} (pid {pid}) died during a shared-memory collective", who
+                )
             if time.monotonic() > deadline:
                 raise PeerFailure(
                     f"rank {who} did not reach the shared-memory barrier within "
-                    f"--timeout {self.timeout:g} s", who)  # fmt: skip
+                    f"--timeout {self.timeout:g} s",
+                    who,
+                )
 
     def close(self) -> None:
         """Drop this rank's mapping (the kernel frees the segment when the last rank does)."""

@@ -53,9 +53,15 @@ class Star(AllReduceAlgorithm):
         # adds it, then sends its cost: 2(n-1)·S through one link, one message per leaf.
         root, leaf = self.cost(nbytes, n, 0, itemsize), self.cost(nbytes, n, 1, itemsize)
         most = max_rank_cost(self, nbytes, n, itemsize)
-        return Path(root.messages + leaf.messages, 2 * root.bytes_sent, root.bytes_sent,
-                    most.bytes_sent, most.messages, f"n = {n} messages through the root",
-                    "2(n−1)·S through the root")  # fmt: skip
+        return Path(
+            root.messages + leaf.messages,
+            2 * root.bytes_sent,
+            root.bytes_sent,
+            most.bytes_sent,
+            most.messages,
+            f"n = {n} messages through the root",
+            "2(n−1)·S through the root",
+        )
 
     def steps_formula(self, n: int) -> str:
         return "2"  # gather to the root, then send back

@@ -68,9 +68,15 @@ class Tree(AllReduceAlgorithm):
         depth = n.bit_length() - 1
         root = self.cost(nbytes, n, 0, itemsize)
         most = max_rank_cost(self, nbytes, n, itemsize)
-        return Path(2 * depth, 2 * depth * root.bytes_sent, depth * root.bytes_sent,
-                    most.bytes_sent, most.messages, f"2·log2(n) = {2 * depth} steps",
-                    "2·log2(n)·2S")  # fmt: skip
+        return Path(
+            2 * depth,
+            2 * depth * root.bytes_sent,
+            depth * root.bytes_sent,
+            most.bytes_sent,
+            most.messages,
+            f"2·log2(n) = {2 * depth} steps",
+            "2·log2(n)·2S",
+        )
 
     def steps_formula(self, n: int) -> str:
         return str(2 * math.ceil(math.log2(n + 1) - 1))  # up the heap, then down

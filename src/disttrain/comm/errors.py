@@ -5,10 +5,16 @@ from __future__ import annotations
 import re
 
 __all__ = [
-    "CollectiveMismatch", "DisttrainError", "LeftOut", "OutOfMemory", "PeerFailure",
+    "CollectiveMismatch",
+    "DisttrainError",
+    "LeftOut",
+    "OutOfMemory",
+    "PeerFailure",
     "TooFewWorkers",
-    "UsageError", "gist", "is_peer_error",
-]  # fmt: skip
+    "UsageError",
+    "gist",
+    "is_peer_error",
+]
 
 # gloo's words for a peer that died or stopped answering
 _PEER_ERROR = re.compile(r"peer|timed out|timeout|connection (reset|closed|refused)", re.I)

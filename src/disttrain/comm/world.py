@@ -144,8 +144,16 @@ def init(
         if device == "cuda" and "LOCAL_RANK" not in os.environ:
             torch_device = torch.device("cuda", place[0] % torch.cuda.device_count())
             torch.cuda.set_device(torch_device)
-        _world = World(rank, world_size, place[0], dist.get_backend(), torch_device, timeout,
-                       *place[1:], owns_group=False)  # fmt: skip
+        _world = World(
+            rank,
+            world_size,
+            place[0],
+            dist.get_backend(),
+            torch_device,
+            timeout,
+            *place[1:],
+            owns_group=False,
+        )
         return _world
     store_file = os.environ.get(STORE_FILE_ENV)
     if store_file is None and "MASTER_ADDR" not in os.environ:
@@ -173,9 +181,12 @@ def init(
         restart = f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}.g{_generation}"
         store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=pg_timeout))
         dist.init_process_group(
-            backend, store=dist.PrefixStore(f"disttrain/round-{restart}", store), rank=rank,
-            world_size=world_size, timeout=pg_timeout,
-        )  # fmt: skip
+            backend,
+            store=dist.PrefixStore(f"disttrain/round-{restart}", store),
+            rank=rank,
+            world_size=world_size,
+            timeout=pg_timeout,
+        )
     else:
         dist.init_process_group(
             backend, init_method="env://", rank=rank, world_size=world_size, timeout=pg_timeout
@@ -393,8 +404,13 @@ def rejoin(rank: int, world_size: int, prefix: str) -> World:
     global _world
     old = current()
     store = dist.PrefixStore(prefix, job_store())
-    dist.init_process_group(old.backend, store=store, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=old.timeout))  # fmt: skip
+    dist.init_process_group(
+        old.backend,
+        store=store,
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=old.timeout),
+    )
     # one host: every rank is local; the local rank (its CPU, its GPU) stays the process's
     local = world_size if old.nodes == 1 else old.local_size
     _world = replace(old, rank=rank, world_size=world_size, local_size=local)

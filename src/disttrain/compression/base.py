@@ -158,9 +158,12 @@ class CollectiveCompressor(Compressor):
 
     @abstractmethod
     def reduce(
-        self, acc: torch.Tensor, sum_: Callable[[torch.Tensor], object], size: int,
+        self,
+        acc: torch.Tensor,
+        sum_: Callable[[torch.Tensor], object],
+        size: int,
         out: torch.Tensor,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         """Write into the flat ``out`` the mean over the ``size`` ranks of what every rank's
         flat ``acc`` encodes to; return this rank's part of it (what counts as sent, for
         error feedback; valid until ``out`` is next written). ``sum_(t)`` must leave the sum

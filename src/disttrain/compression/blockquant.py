@@ -53,8 +53,10 @@ def decode(payload: torch.Tensor, numel: int) -> torch.Tensor:
     """The fp32 tensor of ``numel`` entries that ``payload`` (from :func:`encode`) stands for."""
     nb = _blocks(numel)
     if payload.numel() != payload_bytes(numel):
-        raise ValueError(f"an int4 payload of {numel} entries has {payload_bytes(numel)} bytes, "
-                         f"got {payload.numel()}")  # fmt: skip
+        raise ValueError(
+            f"an int4 payload of {numel} entries has {payload_bytes(numel)} bytes, "
+            f"got {payload.numel()}"
+        )
     scale = payload[: 4 * nb].clone().view(torch.float32)
     packed = payload[4 * nb :].view(nb, BLOCK // 2)
     codes = torch.empty(nb, BLOCK, dtype=torch.uint8)

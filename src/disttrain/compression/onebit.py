@@ -129,4 +129,4 @@ COMPRESSORS.add(
         density="data",
         setting_defaults=SPARSE_DEFAULTS,
     ),
-)  # fmt: skip
+)

@@ -149,9 +149,13 @@ class PowerSGD(CollectiveCompressor):
             offset += s.numel()
         matrices = [(o, n, m, min(n, m, self.rank)) for (n, m), os in by_shape.items() for o in os]
         self._plan = _Plan(
-            numel, matrices, vectors, sum(n * r for _, n, _, r in matrices),
-            sum(m * r for _, _, m, r in matrices), sum(k for _, k in vectors),
-        )  # fmt: skip
+            numel,
+            matrices,
+            vectors,
+            sum(n * r for _, n, _, r in matrices),
+            sum(m * r for _, _, m, r in matrices),
+            sum(k for _, k in vectors),
+        )
         return self._plan
 
     def round_numels(self, numel: int) -> list[int]:
@@ -166,14 +170,18 @@ class PowerSGD(CollectiveCompressor):
         nothing during the dense warm-up. Error feedback and the division are elementwise."""
         if self.calls < self.start_step:
             return 0.0
-        return float(sum(6 * n * m * r + 4 * (n + m) * r * r
-                         for _, n, m, r in self.plan(numel).matrices))  # fmt: skip
+        return float(
+            sum(6 * n * m * r + 4 * (n + m) * r * r for _, n, m, r in self.plan(numel).matrices)
+        )
 
     # --- the exchange ---------------------------------------------------------------------
     def reduce(
-        self, acc: torch.Tensor, sum_: Callable[[torch.Tensor], object], size: int,
+        self,
+        acc: torch.Tensor,
+        sum_: Callable[[torch.Tensor], object],
+        size: int,
         out: torch.Tensor,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         flat = acc.detach().reshape(-1)
         if self.calls < self.start_step:  # dense warm-up: everything is sent, nothing left out
             self.calls += 1
@@ -224,8 +232,9 @@ class PowerSGD(CollectiveCompressor):
             # matrix of ``acc`` is read for the last time above, so ``out`` may be ``acc``).
             if vec is not None:
                 vec.div_(size)
-                for (o, k), part in zip(plan.vectors, vec.split([k for _, k in plan.vectors]),
-                                        strict=True):  # fmt: skip
+                for (o, k), part in zip(
+                    plan.vectors, vec.split([k for _, k in plan.vectors]), strict=True
+                ):
                     out[o : o + k] = part
             for (o, n, m, _), p, q in zip(plan.matrices, ps, qs, strict=True):
                 torch.mm(p, q.t(), out=out[o : o + n * m].view(n, m))

@@ -14,8 +14,14 @@ from disttrain.registry import import_submodules
 
 #: Modules of this package that hold no compressor (the rest register one each).
 HELPERS = (
-    "base", "blockquant", "config", "error_feedback", "exchange", "index_coding", "registry",
-)  # fmt: skip
+    "base",
+    "blockquant",
+    "config",
+    "error_feedback",
+    "exchange",
+    "index_coding",
+    "registry",
+)
 
 import_submodules("disttrain.compression", skip=HELPERS)
 

@@ -77,7 +77,11 @@ class TopK(SparseCompressor):
 COMPRESSORS.add(
     "topk",
     CompressorKind(
-        TopK, "RATIO", "RATIO in (0, 1]", "0.001", density="param",
+        TopK,
+        "RATIO",
+        "RATIO in (0, 1]",
+        "0.001",
+        density="param",
         setting_defaults=SPARSE_DEFAULTS,
     ),
-)  # fmt: skip
+)

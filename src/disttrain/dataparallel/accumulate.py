@@ -29,8 +29,11 @@ def accumulated_forward_backward(
     shard's mean. Every backward but the last runs inside ``no_sync()`` (the reducer keeps
     the gradients local), the last one communicates. Returns the shard's mean loss.
     """
-    parts = [(a, b) for a, b in zip(x.tensor_split(accumulate), y.tensor_split(accumulate),
-                                    strict=True) if len(a)]  # fmt: skip
+    parts = [
+        (a, b)
+        for a, b in zip(x.tensor_split(accumulate), y.tensor_split(accumulate), strict=True)
+        if len(a)
+    ]
     total = torch.zeros(())
     for i, (xm, ym) in enumerate(parts):
         last = i == len(parts) - 1

@@ -134,9 +134,14 @@ def compressed_hook(
     buffer = bucket.buffer()
     compressor, feedback = state.for_bucket(bucket)
     compressed_all_reduce(
-        buffer, compressor, state.algorithm, state.process_group, feedback, state.stats,
+        buffer,
+        compressor,
+        state.algorithm,
+        state.process_group,
+        feedback,
+        state.stats,
         mean=True,
-    )  # fmt: skip
+    )
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(buffer)
     return fut

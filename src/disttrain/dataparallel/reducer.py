@@ -190,9 +190,13 @@ class Reducer:
             work = self._thread.submit(lambda: algo.all_reduce(send, group))
         nbytes = send.numel() * send.element_size()
         timeline.track(
-            work, f"allreduce bucket {bucket.index}", in_order=self._thread is not None,
-            bucket=bucket.index, bytes=nbytes, algorithm=self.algorithm,
-        )  # fmt: skip
+            work,
+            f"allreduce bucket {bucket.index}",
+            in_order=self._thread is not None,
+            bucket=bucket.index,
+            bytes=nbytes,
+            algorithm=self.algorithm,
+        )
         self._pending.append((bucket, work, send))
 
     def _meter_native(self, tensor: torch.Tensor) -> None:

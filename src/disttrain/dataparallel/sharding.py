@@ -174,9 +174,13 @@ class ShardedReducer:
     """Averages each group's gradients into the shards: allreduce (stage 1) or reduce-scatter."""
 
     def __init__(
-        self, layout: ShardLayout, algorithm: str, overlap: bool, group: ProcessGroup | None,
+        self,
+        layout: ShardLayout,
+        algorithm: str,
+        overlap: bool,
+        group: ProcessGroup | None,
         keep_full: bool,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.layout = layout
         self.algo = collectives.get(algorithm)
         self.algorithm = algorithm
@@ -305,8 +309,14 @@ class ShardedReducer:
                 keep = lambda: own.copy_(buf[start:stop])  # noqa: E731
             self._buffers[index] = None
         name = "allreduce" if self.keep_full else "reduce-scatter"
-        timeline.track(work, f"{name} group {index}", in_order=keep is None, bucket=index,
-                       bytes=nbytes, algorithm=self.algorithm)  # fmt: skip
+        timeline.track(
+            work,
+            f"{name} group {index}",
+            in_order=keep is None,
+            bucket=index,
+            bytes=nbytes,
+            algorithm=self.algorithm,
+        )
         self.launched_total += 1
         self._pending.append(_Launched(index, work, keep))
 

@@ -58,9 +58,14 @@ class ZeroEngine:
     """One layout of ``groups`` over ``group``'s ranks, its reducer and stage 3's gatherer."""
 
     def __init__(
-        self, groups: Sequence[Sequence[nn.Parameter]], stage: int, algorithm: str,
-        overlap: bool, group: ProcessGroup | None, model: nn.Module | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        groups: Sequence[Sequence[nn.Parameter]],
+        stage: int,
+        algorithm: str,
+        overlap: bool,
+        group: ProcessGroup | None,
+        model: nn.Module | None = None,
+    ) -> None:
         if stage not in (1, 2, 3):
             raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage}")
         collectives.get(algorithm)  # an unknown name: the registry's usage error
@@ -68,8 +73,7 @@ class ZeroEngine:
         n, rank = dist.get_world_size(group), dist.get_rank(group)
         self.layout = ShardLayout(groups, n, rank, own_shards=stage == 3)
         check_layout(self.layout, group)  # once: the steps' calls are not checked each
-        self.reducer = ShardedReducer(self.layout, algorithm, overlap, group,
-                                      keep_full=stage == 1)  # fmt: skip
+        self.reducer = ShardedReducer(self.layout, algorithm, overlap, group, keep_full=stage == 1)
         self.gatherer: LayerGatherer | None = None
         if stage == 3:
             assert model is not None, "stage 3 gathers per layer: it needs the model"
@@ -77,9 +81,15 @@ class ZeroEngine:
 
     @classmethod
     def build(
-        cls, model: nn.Module | None, params: Sequence[nn.Parameter], stage: int,
-        algorithm: str, overlap: bool, group: ProcessGroup | None, fusion_bytes: int,
-    ) -> ZeroEngine:  # fmt: skip
+        cls,
+        model: nn.Module | None,
+        params: Sequence[nn.Parameter],
+        stage: int,
+        algorithm: str,
+        overlap: bool,
+        group: ProcessGroup | None,
+        fusion_bytes: int,
+    ) -> ZeroEngine:
         """Stage 3: one group per layer of ``model``; stages 1, 2: ``params`` in fusion buckets."""
         if stage == 3:
             assert model is not None, "stage 3 gathers per layer: it needs the model"
@@ -234,6 +244,7 @@ def recut_optimizer_state(states: Sequence[dict[str, Any]], n: int, rank: int) -
 def recut_shard_state(states: Sequence[dict[str, Any]], n: int, rank: int) -> dict[str, Any]:
     """Rank ``rank``'s :meth:`ZeroEngine.shard_state` among ``n`` from the old ranks' states."""
     first = states[0]
-    shards = [recut([s["shards"][i] for s in states], n, rank)
-              for i in range(len(first["group_numels"]))]  # fmt: skip
+    shards = [
+        recut([s["shards"][i] for s in states], n, rank) for i in range(len(first["group_numels"]))
+    ]
     return {**first, "world_size": n, "shards": shards}

@@ -100,22 +100,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "it), with the memory each holds per worker (--memory-per-worker: which fit); ends "
         "with a one-line recommendation. See docs/lab.md."
     )
-    parser.add_argument("--params", help="model parameters, e.g. 25M (required unless --model "
-                        "or --calibrate)")  # fmt: skip
-    parser.add_argument("--model", help="instead of --params: a train --model (mlp, cnn, gpt, "
-                        "module:function), its real layers, shaped for --dataset")  # fmt: skip
-    parser.add_argument("--dataset", help="with --model: the data set it is shaped for "
-                        "(default digits)")  # fmt: skip
+    parser.add_argument(
+        "--params", help="model parameters, e.g. 25M (required unless --model or --calibrate)"
+    )
+    parser.add_argument(
+        "--model",
+        help="instead of --params: a train --model (mlp, cnn, gpt, "
+        "module:function), its real layers, shaped for --dataset",
+    )
+    parser.add_argument(
+        "--dataset", help="with --model: the data set it is shaped for (default digits)"
+    )
     parser.add_argument(
         "--layers",
         type=int,
         help="with --params: the model as this many "
         "equal layers (default 10), for stage 3's gathers and stage splits",
     )
-    parser.add_argument("--optimizer", default=TrainConfig.optimizer,
-                        choices=sorted(STATE_COPIES),
-                        help=f"its state counts in memory (default {TrainConfig.optimizer}, "
-                        "as train)")  # fmt: skip
+    parser.add_argument(
+        "--optimizer",
+        default=TrainConfig.optimizer,
+        choices=sorted(STATE_COPIES),
+        help=f"its state counts in memory (default {TrainConfig.optimizer}, as train)",
+    )
     parser.add_argument(
         "--precision",
         default="fp32",
@@ -129,8 +136,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--nodes", default="256", help="data-parallel ranks, 1 to 10,000")
     parser.add_argument("--bandwidth", help="each node's link, e.g. 25Gbit, 100mbit")
-    parser.add_argument("--latency", help="per-message latency, e.g. 5us (default: 0 if only "
-                        "--bandwidth is given, else the calibrated α)")  # fmt: skip
+    parser.add_argument(
+        "--latency",
+        help="per-message latency, e.g. 5us (default: 0 if only "
+        "--bandwidth is given, else the calibrated α)",
+    )
     parser.add_argument("--batch-size", help="GLOBAL batch (default: 32 per node)")
     parser.add_argument(
         "--model-flops", help="forward+backward flops per sample (default 6·params)"
@@ -138,9 +148,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--flops", help="a node's sustained flop/s, e.g. 20T (default: calibrated)")
     parser.add_argument("--fusion-mb", type=float, default=4.0, help="bucket size (default 4)")
     parser.add_argument(
-        "--overlap", action=argparse.BooleanOptionalAction, default=True,
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="buckets overlap backward (default: on, as in train)",
-    )  # fmt: skip
+    )
     parser.add_argument("--grad-dtype", default="fp32", choices=sorted(_GRAD_BYTES))
     parser.add_argument("--servers", type=int, default=1, help="parameter servers (ps:*)")
     parser.add_argument(
@@ -222,12 +234,17 @@ def _inputs(args: argparse.Namespace) -> tuple[costmodel.Workload, int, list[Run
         raise UsageError(f"--servers {args.servers}: at least 1")
     flops = parse_count(args.model_flops, "--model-flops") if args.model_flops else None
     work = costmodel.Workload(
-        params=params, batch_size=batch, bytes_per_param=_GRAD_BYTES[args.grad_dtype],
-        flops_per_sample=flops, bucket_bytes=int(args.fusion_mb * (1 << 20)),
-        overlap=args.overlap, servers=args.servers, optimizer=args.optimizer,
+        params=params,
+        batch_size=batch,
+        bytes_per_param=_GRAD_BYTES[args.grad_dtype],
+        flops_per_sample=flops,
+        bucket_bytes=int(args.fusion_mb * (1 << 20)),
+        overlap=args.overlap,
+        servers=args.servers,
+        optimizer=args.optimizer,
         precision=args.precision,
         shapes=tuple(tuple(p.shape) for p in model.parameters() if p.requires_grad),
-    )  # fmt: skip
+    )
     if args.strategies.strip():
         return work, nodes, parse_specs(args.strategies, model=True), model
     names = (*costmodel.default_strategies(), *costmodel.memory_strategies())
@@ -279,13 +296,16 @@ def _table(rows: list[costmodel.Row], title: str, caption: str) -> None:
         p, m = r.step, r.memory
         cell = {"#": str(i), "strategy": _lines_at_colons(r.label, 30)}
         if p is not None:
-            cell.update({
-                "step ms": fixed(p.step_seconds * 1e3),
-                "compute ms": fixed(p.compute_seconds * 1e3),
-                "comm ms": fixed(p.comm_seconds * 1e3),
-                "MB/rank/step": fixed(p.bytes_per_rank / 1e6),
-                "efficiency": f"{p.efficiency:.0%}", "samples/s": fixed(p.samples_per_second),
-            })  # fmt: skip
+            cell.update(
+                {
+                    "step ms": fixed(p.step_seconds * 1e3),
+                    "compute ms": fixed(p.compute_seconds * 1e3),
+                    "comm ms": fixed(p.comm_seconds * 1e3),
+                    "MB/rank/step": fixed(p.bytes_per_rank / 1e6),
+                    "efficiency": f"{p.efficiency:.0%}",
+                    "samples/s": fixed(p.samples_per_second),
+                }
+            )
         cell["memory/worker"] = size(m.total) if m is not None else "-"
         if r.fits is not None:
             cell["fits"] = "yes" if r.fits else "no"
@@ -324,8 +344,12 @@ def _table(rows: list[costmodel.Row], title: str, caption: str) -> None:
                 console.print(f"  {label}: {c['why'] or 'not modelled'}")
 
 
-def recommendation(rows: list[costmodel.Row], work: costmodel.Workload, net: costmodel.Network,
-                   limit: int | None = None) -> str:  # fmt: skip
+def recommendation(
+    rows: list[costmodel.Row],
+    work: costmodel.Workload,
+    net: costmodel.Network,
+    limit: int | None = None,
+) -> str:
     """The closing line: the fastest row (among those that fit), why, and by how much it
     beats the next; or that none fits."""
     within = f" in {size(limit)} per worker" if limit is not None else ""
@@ -334,15 +358,19 @@ def recommendation(rows: list[costmodel.Row], work: costmodel.Workload, net: cos
         fit = [r.label for r in rows if r.fits]
         if fit:  # memory alone fits
             one = len(fit) == 1
-            return (f"recommendation: only {', '.join(fit)} {'fits' if one else 'fit'}{within}, "
-                    f"and {'its' if one else 'their'} step time is not modelled")  # fmt: skip
+            return (
+                f"recommendation: only {', '.join(fit)} {'fits' if one else 'fit'}{within}, "
+                f"and {'its' if one else 'their'} step time is not modelled"
+            )
         held = [r for r in rows if r.memory is not None]
         if limit is None or not held:
             return "recommendation: none of the strategies listed has a modelled step time"
         least = min(held, key=lambda r: r.memory.total if r.memory else 0.0)
         assert least.memory is not None
-        return (f"recommendation: none of the {len(rows)} strategies fits{within}; the "
-                f"least memory is {least.label}'s {size(least.memory.total)}")  # fmt: skip
+        return (
+            f"recommendation: none of the {len(rows)} strategies fits{within}; the "
+            f"least memory is {least.label}'s {size(least.memory.total)}"
+        )
     best = preds[0]
     line = (
         f"recommendation: for {count(work.params)} parameters on {best.nodes} nodes at "
@@ -356,8 +384,11 @@ def recommendation(rows: list[costmodel.Row], work: costmodel.Workload, net: cos
 
 
 def _json_row(r: costmodel.Row) -> dict[str, Any]:
-    out: dict[str, Any] = asdict(r.step) if r.step is not None else {
-        "strategy": r.label, "step_seconds": None, "reason": r.why}  # fmt: skip
+    out: dict[str, Any] = (
+        asdict(r.step)
+        if r.step is not None
+        else {"strategy": r.label, "step_seconds": None, "reason": r.why}
+    )
     out["memory"] = None if r.memory is None else {**asdict(r.memory), "total": r.memory.total}
     out["fits"] = r.fits
     return out
@@ -388,15 +419,26 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         rows = costmodel.assess(specs, work, nodes, net, cal, model, limit)
     except ValueError as exc:
         raise UsageError(f"--strategies: {exc}") from None
-    title = (f"{count(work.params)} parameters, {nodes} nodes, global batch "
-             f"{work.batch_size}, α {net.alpha * 1e6:.3g} us, "
-             f"{8 / net.beta / 1e9:.4g} Gbit/s, buckets {args.fusion_mb:g} MB, "
-             f"{work.optimizer}, {work.precision}")  # fmt: skip
+    title = (
+        f"{count(work.params)} parameters, {nodes} nodes, global batch "
+        f"{work.batch_size}, α {net.alpha * 1e6:.3g} us, "
+        f"{8 / net.beta / 1e9:.4g} Gbit/s, buckets {args.fusion_mb:g} MB, "
+        f"{work.optimizer}, {work.precision}"
+    )
     _table(rows, title, f"constants: {cal.source}")
     print(recommendation(rows, work, net, limit))
     if args.json_path:
         with open(args.json_path, "w") as fh:
-            json.dump({"network": asdict(net), "workload": asdict(work), "nodes": nodes,
-                       "calibration": cal.source, "memory_per_worker": limit,
-                       "rows": [_json_row(r) for r in rows]}, fh, indent=1)  # fmt: skip
+            json.dump(
+                {
+                    "network": asdict(net),
+                    "workload": asdict(work),
+                    "nodes": nodes,
+                    "calibration": cal.source,
+                    "memory_per_worker": limit,
+                    "rows": [_json_row(r) for r in rows],
+                },
+                fh,
+                indent=1,
+            )
     return 0

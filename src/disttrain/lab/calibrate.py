@@ -84,10 +84,23 @@ def bench_allreduce_rows(
     """`disttrain bench allreduce` rows (length check off: training runs without it)."""
     from disttrain.lab.bench import allreduce as bench_allreduce
 
-    got = _run_quiet(bench_allreduce, [
-        "--workers", str(workers), "--sizes", ",".join(sizes), "--algorithms",
-        ",".join(algorithms), "--iters", str(iters), "--warmup", str(warmup),
-        "--no-length-check", "--no-progress"])  # fmt: skip
+    got = _run_quiet(
+        bench_allreduce,
+        [
+            "--workers",
+            str(workers),
+            "--sizes",
+            ",".join(sizes),
+            "--algorithms",
+            ",".join(algorithms),
+            "--iters",
+            str(iters),
+            "--warmup",
+            str(warmup),
+            "--no-length-check",
+            "--no-progress",
+        ],
+    )
     rows: list[dict[str, Any]] = got["rows"]
     return rows
 
@@ -98,9 +111,23 @@ def bench_dp_rows(
     """`disttrain bench dp` rows for the mlp (name -> samples/s and per-phase medians)."""
     from disttrain.lab.bench import dp as bench_dp
 
-    got = _run_quiet(bench_dp, [
-        "--workers", str(workers), "--model", "mlp", "--batch-size", str(batch_size),
-        "--fusion-mb", str(fusion_mb), "--steps", str(steps), "--warmup", str(warmup)])  # fmt: skip
+    got = _run_quiet(
+        bench_dp,
+        [
+            "--workers",
+            str(workers),
+            "--model",
+            "mlp",
+            "--batch-size",
+            str(batch_size),
+            "--fusion-mb",
+            str(fusion_mb),
+            "--steps",
+            str(steps),
+            "--warmup",
+            str(warmup),
+        ],
+    )
     rows: dict[str, Any] = got["rows"]
     return rows
 
@@ -200,8 +227,7 @@ def _codec(entries: int = 1 << 20, reps: int = 5) -> tuple[float, float, float, 
     (e1, d1), (e2, d2) = per_entry[0.001], per_entry[0.01]
     span = 0.01 - 0.001
     enc_sent, dec_sent = max(0.0, (e2 - e1) / span), max(0.0, (d2 - d1) / span)
-    return (max(0.0, e1 - enc_sent * 0.001), max(0.0, d1 - dec_sent * 0.001),
-            enc_sent, dec_sent)  # fmt: skip
+    return (max(0.0, e1 - enc_sent * 0.001), max(0.0, d1 - dec_sent * 0.001), enc_sent, dec_sent)
 
 
 def _compute_seconds(row: dict[str, Any]) -> float:
@@ -274,16 +300,33 @@ def calibrate(
         colocation[str(n)] = max(1.0, _compute_seconds(row) / base)
         steps[n] = CAL_BATCH * n / row["samples_per_second"]
     cal = Calibration(
-        alpha=alpha, beta=beta, gamma=gamma, mu=mu, seconds_per_flop=s_flop,
-        seconds_per_param=s_param, seconds_per_step=s_step,
-        seconds_per_encode=enc, seconds_per_decode=dec, seconds_per_encode_sent=enc_sent,
-        seconds_per_decode_sent=dec_sent, cores=os.cpu_count() or 1,
-        colocation=colocation, loopback=loopback, shared_memory=shared_memory,
+        alpha=alpha,
+        beta=beta,
+        gamma=gamma,
+        mu=mu,
+        seconds_per_flop=s_flop,
+        seconds_per_param=s_param,
+        seconds_per_step=s_step,
+        seconds_per_encode=enc,
+        seconds_per_decode=dec,
+        seconds_per_encode_sent=enc_sent,
+        seconds_per_decode_sent=dec_sent,
+        cores=os.cpu_count() or 1,
+        colocation=colocation,
+        loopback=loopback,
+        shared_memory=shared_memory,
         source=f"calibrated on {os.uname().nodename} at {time.strftime('%Y-%m-%d %H:%M:%S')}",
-        meta={"loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-              "compute_points": points, "step_overheads": overheads, "params": params,
-              "stat": STAT, "rows": raw, "dp_step_seconds": steps},
-    )  # fmt: skip
+        meta={
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+            "compute_points": points,
+            "step_overheads": overheads,
+            "params": params,
+            "stat": STAT,
+            "rows": raw,
+            "dp_step_seconds": steps,
+        },
+    )
     return dataclasses.replace(cal, sync=fit_sync(cal, steps))
 
 
@@ -316,8 +359,9 @@ def fit_sync(cal: Calibration, steps: dict[int, float]) -> dict[str, float]:
     params, _ = mlp_params()
     out = {}
     for n, measured in steps.items():
-        work = costmodel.Workload(params=params, batch_size=CAL_BATCH * n, ranks_per_host=n,
-                                  buckets=mlp_buckets(4.0))  # fmt: skip
+        work = costmodel.Workload(
+            params=params, batch_size=CAL_BATCH * n, ranks_per_host=n, buckets=mlp_buckets(4.0)
+        )
         p = costmodel.predict("allreduce:native", work, n, loopback_network(cal, n), cal)
         out[str(n)] = max(0.0, measured - p.step_seconds)
     return out

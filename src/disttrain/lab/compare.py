@@ -92,9 +92,21 @@ def algorithms_table(workers: int, size: str) -> list[dict[str, Any]]:
     bench_allreduce.add_arguments(parser)
     names = ",".join(table_algorithms())
     args = parser.parse_args(
-        ["--workers", str(workers), "--sizes", size, "--algorithms", names,
-         "--warmup", "1", "--iters", "3", "--no-length-check", "--no-progress"]
-    )  # fmt: skip
+        [
+            "--workers",
+            str(workers),
+            "--sizes",
+            size,
+            "--algorithms",
+            names,
+            "--warmup",
+            "1",
+            "--iters",
+            "3",
+            "--no-length-check",
+            "--no-progress",
+        ]
+    )
     rows = []
     for r in bench_allreduce.measure(args):
         algo = collectives.get(r["algorithm"])
@@ -159,8 +171,18 @@ def _cluster_launcher(name: str, workers: int, timeout: float) -> tuple[list[str
     hosts = len(layout.hosts)
     if workers % hosts:
         raise UsageError(f"--workers {workers} is not a multiple of the cluster's {hosts} hosts")
-    launcher = [sys.executable, "-m", "disttrain", "cluster", "run", "--name", name,
-                "--timeout", str(timeout), "--"]  # fmt: skip
+    launcher = [
+        sys.executable,
+        "-m",
+        "disttrain",
+        "cluster",
+        "run",
+        "--name",
+        name,
+        "--timeout",
+        str(timeout),
+        "--",
+    ]
     about = f"emulated cluster {name!r}: {hosts} hosts x {workers // hosts} workers, "
     about += f"{layout.rate_bits / 1e6:g} Mbit/s per host link (tbf), no added latency"
     return launcher, workers // hosts, about

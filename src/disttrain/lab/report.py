@@ -98,8 +98,16 @@ def result_rows(runs: list[RunResult], target: float) -> list[dict[str, str]]:
 
 
 #: the results table's columns shown in the terminal (the report has them all)
-TERMINAL_COLUMNS = ("run", "status", "final test accuracy", "wall s", "samples/s", "bytes/rank",
-                    "time to", "speed-up to target vs first")  # fmt: skip
+TERMINAL_COLUMNS = (
+    "run",
+    "status",
+    "final test accuracy",
+    "wall s",
+    "samples/s",
+    "bytes/rank",
+    "time to",
+    "speed-up to target vs first",
+)
 
 
 def print_results(runs: list[RunResult], target: float) -> None:
@@ -108,8 +116,11 @@ def print_results(runs: list[RunResult], target: float) -> None:
     from rich.table import Table
 
     rows = result_rows(runs, target)
-    names = [c for c in next((r for r in rows if r["status"] == "ok"), rows[0])
-             if c.startswith(TERMINAL_COLUMNS)]  # fmt: skip
+    names = [
+        c
+        for c in next((r for r in rows if r["status"] == "ok"), rows[0])
+        if c.startswith(TERMINAL_COLUMNS)
+    ]
     table = Table(title=f"compare: {len(runs)} runs, target test accuracy {target:g}")
     for i, name in enumerate(names):  # a narrow terminal wraps the figures, not the labels
         table.add_column(name, justify="left" if i < 2 else "right", no_wrap=i == 0)

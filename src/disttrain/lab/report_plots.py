@@ -96,8 +96,9 @@ def draw_plots(out_dir: str, runs: list[RunResult], target: float) -> dict[str, 
     for run in done:  # every logged step, not one point per epoch
         steps = [m for m in (run.summary or {}).get("metrics", []) if "loss" in m]
         if steps:
-            ax.plot([m["step"] for m in steps], [m["loss"] for m in steps], label=run.label,
-                    linewidth=1)  # fmt: skip
+            ax.plot(
+                [m["step"] for m in steps], [m["loss"] for m in steps], label=run.label, linewidth=1
+            )
     save(fig, ax, "train_loss_vs_step.png", "step", "training loss")
     _breakdown(plt, done, save)
     _memory(plt, done, save)
@@ -119,8 +120,10 @@ def _memory(plt: Any, done: list[RunResult], save: Any) -> None:
         fullest.append(max(range(ranks), key=totals.__getitem__) if ranks else None)
     bottom = [0.0] * len(done)
     for part in MEMORY_PARTS:
-        heights = [(m.get(part) or [])[i] / 1e6 if i is not None and m.get(part) else 0.0
-                   for m, i in zip(memories, fullest, strict=True)]  # fmt: skip
+        heights = [
+            (m.get(part) or [])[i] / 1e6 if i is not None and m.get(part) else 0.0
+            for m, i in zip(memories, fullest, strict=True)
+        ]
         if any(heights):
             ax.bar(range(len(done)), heights, bottom=bottom, label=part.replace("_", " "))
             bottom = [a + b for a, b in zip(bottom, heights, strict=True)]

@@ -84,10 +84,14 @@ def train_argv(
     and its last line of stderr."""
     cmd = [sys.executable, "-m", "disttrain", "train", "--no-progress", *argv, "--out", out]
     path = os.environ.get("PYTHONPATH", "")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": f"{SRC}{os.pathsep}{path}" if path else SRC}  # fmt: skip
-    result = subprocess.run([*launcher, *cmd], capture_output=True, text=True, timeout=timeout,
-                            env=env)  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": f"{SRC}{os.pathsep}{path}" if path else SRC,
+    }
+    result = subprocess.run(
+        [*launcher, *cmd], capture_output=True, text=True, timeout=timeout, env=env
+    )
     if result.returncode != 0:
         tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
         raise RunFailed(f"train {' '.join(argv)}: {tail}")

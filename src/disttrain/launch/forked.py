@@ -48,8 +48,15 @@ from disttrain.launch import tether
 __all__ = ["forking"]
 
 #: what the agent may send a worker, besides SIGINT: back to the default (end the process)
-_DEFAULTED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
-              signal.SIGCHLD, signal.SIGALRM)  # fmt: skip
+_DEFAULTED = (
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGCHLD,
+    signal.SIGALRM,
+)
 
 
 class _Forked:
@@ -94,9 +101,12 @@ class _ForkingHandler(SubprocessHandler):
 
 
 def _child(
-    argv: list[str], env: dict[str, str], stdout: IO[str] | None, stderr: IO[str] | None,
+    argv: list[str],
+    env: dict[str, str],
+    stdout: IO[str] | None,
+    stderr: IO[str] | None,
     launcher: int,
-) -> None:  # fmt: skip
+) -> None:
     code = 1
     try:
         tether.tie(launcher)

@@ -59,9 +59,12 @@ _PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def _shared(
-    strategy: str, algorithm: str = "native", compression: str = "none",
-    precision: str = "fp32", check: bool = False,
-) -> Combination:  # fmt: skip
+    strategy: str,
+    algorithm: str = "native",
+    compression: str = "none",
+    precision: str = "fp32",
+    check: bool = False,
+) -> Combination:
     """A combination proven with several ranks sharing one GPU over gloo (``--backend gloo``)."""
     return Combination(strategy, algorithm, compression, precision, check, True, "gloo")
 

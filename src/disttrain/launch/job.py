@@ -73,9 +73,11 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
                 )
             else:
                 group.add_argument(
-                    flag, type=type(f.default), choices=f.metadata.get("choices"),
+                    flag,
+                    type=type(f.default),
+                    choices=f.metadata.get("choices"),
                     help=_help(f.name, f),
-                )  # fmt: skip
+                )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -38,9 +38,17 @@ from disttrain.launch import forked, jobdir, rendezvous, rollcall, tether
 from disttrain.launch.env import WORKER_ENV
 
 __all__ = [
-    "CAUSES_ENV", "PEER_EXIT_CODE", "WORKER_ENV", "JobFailed", "Stopped", "forks_workers",
-    "launch", "launch_config", "multi_node", "write_cause",
-]  # fmt: skip
+    "CAUSES_ENV",
+    "PEER_EXIT_CODE",
+    "WORKER_ENV",
+    "JobFailed",
+    "Stopped",
+    "forks_workers",
+    "launch",
+    "launch_config",
+    "multi_node",
+    "write_cause",
+]
 
 #: A worker exits with this code when it stops because a *peer* failed.
 PEER_EXIT_CODE = 3
@@ -139,8 +147,13 @@ def forks_workers(cfg: TrainConfig) -> bool:
     exec'd (forked.py). Not live shrink or grow: with forked workers a survivor missed the
     3 s answer window in 2 of 5 suite runs (test_one_of_four_killed_leaves_three_every_
     survivor_kept, cause not found); exec'd, it had passed every run since it ran alone."""
-    return (not multi_node(cfg) and cfg.device == "cpu" and cfg.threads == 1
-            and not cfg.live_shrink and not cfg.live_grow)  # fmt: skip
+    return (
+        not multi_node(cfg)
+        and cfg.device == "cpu"
+        and cfg.threads == 1
+        and not cfg.live_shrink
+        and not cfg.live_grow
+    )
 
 
 def launch_config(cfg: TrainConfig, nproc_per_node: int, tmp: str) -> LaunchConfig:

@@ -27,8 +27,12 @@ __all__ = ["MMAP", "TRIM", "keep_freed_buffers"]
 MMAP = 256 * 2**20  # M_MMAP_THRESHOLD: buffers up to this size come from the heap
 TRIM = 512 * 2**20  # M_TRIM_THRESHOLD: free bytes at the heap's top kept before trimming
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
-_USERS_OWN = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
-              "GLIBC_TUNABLES")  # fmt: skip
+_USERS_OWN = (
+    "MALLOC_MMAP_THRESHOLD_",
+    "MALLOC_TRIM_THRESHOLD_",
+    "MALLOC_TOP_PAD_",
+    "GLIBC_TUNABLES",
+)
 
 
 def keep_freed_buffers() -> bool:

@@ -84,8 +84,9 @@ def estimate(cfg: Any, model: nn.Module, data: Any, forked: bool) -> Plan:
 
     tc = cfg.train
     params = sum(p.numel() for p in model.parameters())
-    work = costing.Workload(params=params, batch_size=tc.batch_size, optimizer=tc.optimizer,
-                            precision=tc.precision)  # fmt: skip
+    work = costing.Workload(
+        params=params, batch_size=tc.batch_size, optimizer=tc.optimizer, precision=tc.precision
+    )
     strategy = strategies.get(tc.strategy)
     spec = RunSpec(tc.strategy, tc.strategy, changed_settings(cfg))
     try:
@@ -94,8 +95,9 @@ def estimate(cfg: Any, model: nn.Module, data: Any, forked: bool) -> Plan:
         state = int(costing.worker_memory(work, params).total)
     per_worker_batch = -(-tc.batch_size // tc.world_size)
     acts = 2 * per_worker_batch * activation_bytes(model, data.x_train[:_SAMPLES])
-    held = sum(t.numel() * t.element_size() for t in (data.x_train, data.y_train,
-                                                      data.x_test, data.y_test))  # fmt: skip
+    held = sum(
+        t.numel() * t.element_size() for t in (data.x_train, data.y_train, data.x_test, data.y_test)
+    )
     return Plan(PROCESS_BYTES["forked" if forked else "exec"], state, held, acts)
 
 

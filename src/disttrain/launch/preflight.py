@@ -32,16 +32,19 @@ def unread_settings(cfg: Any) -> dict[str, str]:
             a for a, c in collectives.ALGORITHMS.items() if name in c.reads_settings
         )
         if algorithms:  # an algorithm's own setting (hierarchical's --inter-algorithm)
-            out[name] = (f"{given} is read only by --algorithm {' or '.join(algorithms)} "
-                         f"(this run: --strategy {strategy.name}, --algorithm "
-                         f"{cfg.train.algorithm})")  # fmt: skip
+            out[name] = (
+                f"{given} is read only by --algorithm {' or '.join(algorithms)} "
+                f"(this run: --strategy {strategy.name}, --algorithm "
+                f"{cfg.train.algorithm})"
+            )
             continue
         where = f"{given} is not used by --strategy {strategy.name}"
         if name in off:
             out[name] = f"{where} {off[name]}"
             continue
-        users = sorted(s for s, cls in strategies.STRATEGIES.items() if name in field_names(
-            cls.reads_settings))  # fmt: skip
+        users = sorted(
+            s for s, cls in strategies.STRATEGIES.items() if name in field_names(cls.reads_settings)
+        )
         out[name] = f"{where} (used by: {', '.join(users) or 'no strategy'})"
     return out
 

@@ -80,8 +80,10 @@ class RayReporter(Tracker):
             dest = os.path.join(tmp, "checkpoints", os.path.basename(folder))
             os.makedirs(dest)
             # this worker's part (a DCP folder) and, from rank 0, the commit marker
-            shutil.copytree(os.path.join(folder, f"rank-{self.rank:05d}"),
-                            os.path.join(dest, f"rank-{self.rank:05d}"))  # fmt: skip
+            shutil.copytree(
+                os.path.join(folder, f"rank-{self.rank:05d}"),
+                os.path.join(dest, f"rank-{self.rank:05d}"),
+            )
             if self.rank == 0:
                 shutil.copy2(os.path.join(folder, "COMMIT"), os.path.join(dest, "COMMIT"))
             self.train.report(
@@ -203,8 +205,9 @@ def run_ray(cfg: Any, out: str, run_id: str) -> dict[str, Any]:
         trainer = TorchTrainer(
             train_loop,
             train_loop_config=settings,
-            torch_config=TorchConfig(backend="nccl" if nccl else "gloo",
-                                     timeout_s=int(max(tc.timeout, 30))),
+            torch_config=TorchConfig(
+                backend="nccl" if nccl else "gloo", timeout_s=int(max(tc.timeout, 30))
+            ),
             scaling_config=ScalingConfig(
                 num_workers=nproc, use_gpu=tc.device == "cuda", resources_per_worker={"CPU": 1}
             ),
@@ -214,7 +217,7 @@ def run_ray(cfg: Any, out: str, run_id: str) -> dict[str, Any]:
                 failure_config=FailureConfig(max_failures=tc.max_restarts),
                 checkpoint_config=CheckpointConfig(num_to_keep=2),
             ),
-        )  # fmt: skip
+        )
         result = trainer.fit()
     finally:
         ray.shutdown()

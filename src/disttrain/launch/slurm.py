@@ -64,9 +64,27 @@ def srun_command(env: Mapping[str, str], argv: list[str], out: str) -> list[str]
     nodes = int(env.get("SLURM_JOB_NUM_NODES", env.get("SLURM_NNODES", len(hosts) or 1)))
     if not hosts:
         raise UsageError("--launcher slurm: SLURM_JOB_NODELIST is empty")
-    step = ["srun", "--nodes", str(nodes), "--ntasks", str(nodes), "--ntasks-per-node", "1",
-            "--overlap", "--kill-on-bad-exit=1", sys.executable, "-m", "disttrain", *argv,
-            "--launcher", "local", "--out", out, "--rdzv-id", job]  # fmt: skip
+    step = [
+        "srun",
+        "--nodes",
+        str(nodes),
+        "--ntasks",
+        str(nodes),
+        "--ntasks-per-node",
+        "1",
+        "--overlap",
+        "--kill-on-bad-exit=1",
+        sys.executable,
+        "-m",
+        "disttrain",
+        *argv,
+        "--launcher",
+        "local",
+        "--out",
+        out,
+        "--rdzv-id",
+        job,
+    ]
     if nodes > 1:
         port = PORT_BASE + int(re.sub(r"\D", "", job) or 0) % 1000
         step += ["--nnodes", str(nodes), "--rdzv-endpoint", f"{hosts[0]}:{port}"]

@@ -18,9 +18,14 @@ from typing import Any
 from disttrain.launch.env import WORKER_ENV
 
 __all__ = [
-    "CLAIMED_RUN_ENV", "default_out", "is_worker", "leave", "run_joiner", "run_worker",
+    "CLAIMED_RUN_ENV",
+    "default_out",
+    "is_worker",
+    "leave",
+    "run_joiner",
+    "run_worker",
     "torchrun_default_out",
-]  # fmt: skip
+]
 
 #: Set by ``--launcher slurm`` for the agents it starts: the run it already claimed.
 CLAIMED_RUN_ENV = "DISTTRAIN_CLAIMED_RUN"

@@ -77,8 +77,9 @@ def gpt(
 def flops_per_token(model: nn.Module, seq_len: int) -> float:
     """Training FLOPs per token (PaLM's appendix B): 6 x the parameters that multiply (all
     but the embeddings) + 12 x blocks x context x width (attention's two matmuls), for MFU."""
-    embedded = sum(p.numel() for m in model.modules() if isinstance(m, nn.Embedding)
-                   for p in m.parameters())  # fmt: skip
+    embedded = sum(
+        p.numel() for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()
+    )
     n = sum(p.numel() for p in model.parameters()) - embedded
     blocks = [m for m in model.modules() if isinstance(m, Block)]
     width = blocks[0].qkv.in_features if blocks else 0

@@ -62,7 +62,12 @@ class Mesh:
             if rank in ranks:
                 mine_dp = g
         return cls(
-            dp=dp, inner=k, dp_index=rank // k, inner_index=rank % k,
-            inner_ranks=inner_groups[rank // k], dp_ranks=dp_groups[rank % k],
-            inner_group=mine_inner, dp_group=mine_dp,
-        )  # fmt: skip
+            dp=dp,
+            inner=k,
+            dp_index=rank // k,
+            inner_index=rank % k,
+            inner_ranks=inner_groups[rank // k],
+            dp_ranks=dp_groups[rank % k],
+            inner_group=mine_inner,
+            dp_group=mine_dp,
+        )

@@ -91,24 +91,43 @@ class Header:
 
     def pack(self) -> bytes:
         return HEADER.pack(
-            MAGIC, VERSION, int(self.type), self.flags, self.dtype, self.shard, self.worker,
-            self.clock, self.length, self.lr,
-        )  # fmt: skip
+            MAGIC,
+            VERSION,
+            int(self.type),
+            self.flags,
+            self.dtype,
+            self.shard,
+            self.worker,
+            self.clock,
+            self.length,
+            self.lr,
+        )
 
 
 def encode(
-    type: MsgType, shard: int, worker: int, clock: int, payload: bytes | memoryview = b"",
-    dtype: int = 0, flags: int = 0, lr: float = 0.0,
-) -> list[bytes | memoryview]:  # fmt: skip
+    type: MsgType,
+    shard: int,
+    worker: int,
+    clock: int,
+    payload: bytes | memoryview = b"",
+    dtype: int = 0,
+    flags: int = 0,
+    lr: float = 0.0,
+) -> list[bytes | memoryview]:
     """The frames of one message: ``[header, payload]``."""
     length = memoryview(payload).nbytes
     return [Header(type, shard, worker, clock, dtype, length, flags, lr).pack(), payload]
 
 
 def encode_tensor(
-    type: MsgType, shard: int, worker: int, clock: int, tensor: torch.Tensor, flags: int = 0,
+    type: MsgType,
+    shard: int,
+    worker: int,
+    clock: int,
+    tensor: torch.Tensor,
+    flags: int = 0,
     lr: float = 0.0,
-) -> list[bytes | memoryview]:  # fmt: skip
+) -> list[bytes | memoryview]:
     """A message carrying ``tensor``'s raw bytes ."""
     if tensor.dtype not in _CODES:
         raise ProtocolError(f"dtype {tensor.dtype} cannot be sent; use one of {list(_CODES)}")

@@ -125,9 +125,13 @@ class ShardServer:
 
     def _send_weights(self, identity: bytes, worker: int) -> None:
         frames = encode_tensor(
-            MsgType.WEIGHTS, self.shard, worker, self.cons.version, self.param.detach(),
+            MsgType.WEIGHTS,
+            self.shard,
+            worker,
+            self.cons.version,
+            self.param.detach(),
             self._flags(),
-        )  # fmt: skip
+        )
         self._send(identity, frames)
 
     def _refuse(self, identity: bytes, reason: str, detail: str) -> None:
@@ -264,9 +268,13 @@ class ShardServer:
                 )
             self.cons.drop(w)
             self.lost.append(
-                {"worker": w, "seconds": round(now - self.start, 3), "clock": self.cons.clocks[w],
-                 "version": self.cons.version}
-            )  # fmt: skip
+                {
+                    "worker": w,
+                    "seconds": round(now - self.start, 3),
+                    "clock": self.cons.clocks[w],
+                    "version": self.cons.version,
+                }
+            )
             self._advance()
 
     def poll(self, timeout_ms: int = 100) -> None:
@@ -314,8 +322,12 @@ class ShardServer:
         if len(state["clocks"]) != len(self.cons.workers):
             version = int(state["version"])
             n = len(self.cons.workers)
-            state = {**state, "clocks": [version] * n, "received": version * n,
-                     "budget": self.cons.budget}  # fmt: skip
+            state = {
+                **state,
+                "clocks": [version] * n,
+                "received": version * n,
+                "budget": self.cons.budget,
+            }
         with torch.no_grad():
             self.param.copy_(state["param"])
         self.optimizer.load_state_dict(state["optimizer"])

@@ -207,12 +207,18 @@ class AllReduce(Strategy):
 
         def compressed_mean(flat: torch.Tensor) -> None:
             compressed_all_reduce(
-                flat, compressor, self.algorithm or "native", self.worker_group, self.feedback,
-                self.stats, mean=True,
-            )  # fmt: skip
+                flat,
+                compressor,
+                self.algorithm or "native",
+                self.worker_group,
+                self.feedback,
+                self.stats,
+                mean=True,
+            )
 
-        average(grads, group=self.worker_group, world_size=self.world.world_size,
-                mean_=compressed_mean)  # fmt: skip
+        average(
+            grads, group=self.worker_group, world_size=self.world.world_size, mean_=compressed_mean
+        )
 
     def finish(self) -> None:
         if self.compressor is None:
@@ -221,8 +227,11 @@ class AllReduce(Strategy):
     def step_metrics(self) -> dict[str, Any]:
         if self.compressor is None:
             return {}
-        return {**compression_figures(self.stats), "residual_norm": self.feedback.residual_norm(),
-                **self.compressor.figures()}  # fmt: skip
+        return {
+            **compression_figures(self.stats),
+            "residual_norm": self.feedback.residual_norm(),
+            **self.compressor.figures(),
+        }
 
     def summary(self) -> dict[str, Any]:
         if self.compressor is not None:
@@ -252,9 +261,10 @@ class AllReduce(Strategy):
         # one row per algorithm; an estimated one (native: gloo's ring) is modelled as another;
         # a one-host one (shm) is asked for by name (its ranks must share a host)
         return [
-            f"{cls.name}:{a}" for a, algo in collectives.ALGORITHMS.items()
+            f"{cls.name}:{a}"
+            for a, algo in collectives.ALGORITHMS.items()
             if not algo.estimated and not algo.one_host
-        ]  # fmt: skip
+        ]
 
     @classmethod
     def predict(
@@ -289,10 +299,14 @@ class AllReduce(Strategy):
             work = replace(work, overlap=dp.overlap)
         n = nodes
         compute = costing.compute_seconds(work, n, cal)
-        sizes = list(work.buckets) if work.buckets else costing.bucket_sizes(
-            work.gradient_bytes, work.bucket_bytes)  # fmt: skip
-        total, last, terms, sent, msgs, biggest = _allreduces(alg, sizes, n, net, cal,
-                                                              work.bytes_per_param)  # fmt: skip
+        sizes = (
+            list(work.buckets)
+            if work.buckets
+            else costing.bucket_sizes(work.gradient_bytes, work.bucket_bytes)
+        )
+        total, last, terms, sent, msgs, biggest = _allreduces(
+            alg, sizes, n, net, cal, work.bytes_per_param
+        )
         exposed = total
         if work.overlap:  # every bucket but the last can run during backward (2/3 of compute)
             exposed = max(last, total - compute * 2 / 3)
@@ -301,8 +315,7 @@ class AllReduce(Strategy):
         reason = "one rank: nothing to send"
         if biggest is not None and n > 1:
             reason = costing.describe_allreduce(bound, biggest, max(sizes), len(sizes), net)
-        return costing.finish(spec.label, n, compute, exposed, sent, msgs, bound, reason,
-                              work, cal)  # fmt: skip
+        return costing.finish(spec.label, n, compute, exposed, sent, msgs, bound, reason, work, cal)
 
     @classmethod
     def _predict_collective(
@@ -343,8 +356,7 @@ class AllReduce(Strategy):
         if biggest is None or n == 1:
             reason = f"one rank: nothing to send; {compressor.spec} codec"
         comm = total + codec + cal.sync_seconds(n)  # its rounds end the step, as dense ones do
-        return costing.finish(spec.label, n, compute, comm, sent, msgs, bound, reason,
-                              work, cal)  # fmt: skip
+        return costing.finish(spec.label, n, compute, comm, sent, msgs, bound, reason, work, cal)
 
 
 def _allreduces(

@@ -313,8 +313,9 @@ class Strategy:
         return []
 
     @classmethod
-    def predict(cls, spec: RunSpec, work: Workload, nodes: int, network: Network,
-                calibration: Rates) -> Prediction:  # fmt: skip
+    def predict(
+        cls, spec: RunSpec, work: Workload, nodes: int, network: Network, calibration: Rates
+    ) -> Prediction:
         """The predicted step of ``spec`` on ``nodes`` ranks; NotModelled if not modelled."""
         del spec, work, nodes, network, calibration
         raise NotModelled(f"{cls.name} is not modelled: {cls.not_modelled}")

@@ -60,9 +60,10 @@ class DiLoCoConfig:
     outer_lr: float = opt(0.7, "diloco: outer SGD learning rate")
     outer_momentum: float = opt(0.9, "diloco: outer Nesterov momentum (0: plain outer SGD)")
     outer_dtype: str = opt(
-        "fp32", "diloco: type the outer gradients travel in (int4: gathered, not summed)",
+        "fp32",
+        "diloco: type the outer gradients travel in (int4: gathered, not summed)",
         OUTER_DTYPES,
-    )  # fmt: skip
+    )
     fragments: int = opt(1, "diloco: streaming DiLoCo, F fragments synced at staggered steps")
     fragment_mix: float = opt(0.5, "diloco: weight of the local weights when an update lands")
 
@@ -83,9 +84,11 @@ def fragments(sizes: list[int], count: int) -> list[list[int]]:
     for f in range(count):
         goal, run = total * (f + 1) / count, list[int]()
         # take tensors while the running total stays closest to the goal (at least one each)
-        while at < len(sizes) and (not run or len(sizes) - at > count - f - 1) and (
-            not run or sum(sizes[:at]) + sizes[at] / 2 <= goal
-        ):  # fmt: skip
+        while (
+            at < len(sizes)
+            and (not run or len(sizes) - at > count - f - 1)
+            and (not run or sum(sizes[:at]) + sizes[at] / 2 <= goal)
+        ):
             run.append(at)
             at += 1
         out.append(run)
@@ -116,8 +119,9 @@ class DiLoCo(LocalSGD):
         super().validate_config(config, model)
         f, h = config.section(DiLoCoConfig).fragments, config.section(LocalSGDConfig).period
         if f > h:  # fragment i syncs at ⌊i·H/F⌋ (mod H): F distinct steps need F <= H
-            raise UsageError(f"--fragments {f} is more than --period {h}: each fragment "
-                             "needs a step of its own")  # fmt: skip
+            raise UsageError(
+                f"--fragments {f} is more than --period {h}: each fragment needs a step of its own"
+            )
         if f > len([p for p in model.parameters() if p.requires_grad]):
             raise UsageError(f"--fragments {f}: the model has fewer parameter tensors than that")
 
@@ -134,10 +138,14 @@ class DiLoCo(LocalSGD):
         self.anchor = [p.detach().clone() for p in self.params]
         m = self.outer_cfg.outer_momentum
         self.outer = [
-            torch.optim.SGD([self.anchor[i] for i in part], lr=self.outer_cfg.outer_lr,
-                            momentum=m, nesterov=m > 0)
+            torch.optim.SGD(
+                [self.anchor[i] for i in part],
+                lr=self.outer_cfg.outer_lr,
+                momentum=m,
+                nesterov=m > 0,
+            )
             for part in self.parts
-        ]  # fmt: skip
+        ]
         self.outer_steps = [0] * f
         self.outer_bytes = 0  # every sync's own tally, the final one included
         self.peak_step_bytes = 0  # the most the syncs started in one step sent
@@ -274,17 +282,23 @@ class DiLoCo(LocalSGD):
 
     def summary(self) -> dict[str, Any]:
         out = super().summary()
-        for key in ("average_optimizer_state", "parameter_bytes_per_rank",
-                    "optimizer_state_bytes_per_rank"):  # fmt: skip
+        for key in (
+            "average_optimizer_state",
+            "parameter_bytes_per_rank",
+            "optimizer_state_bytes_per_rank",
+        ):
             out.pop(key, None)
         return {
-            **out, "outer_lr": self.outer_cfg.outer_lr,
+            **out,
+            "outer_lr": self.outer_cfg.outer_lr,
             "outer_momentum": self.outer_cfg.outer_momentum,
-            "outer_dtype": self.outer_cfg.outer_dtype, "fragments": len(self.parts),
+            "outer_dtype": self.outer_cfg.outer_dtype,
+            "fragments": len(self.parts),
             "fragment_sizes": [sum(self.params[i].numel() for i in part) for part in self.parts],
-            "outer_steps": self.outer_steps, "outer_bytes_per_rank": self.outer_bytes,
+            "outer_steps": self.outer_steps,
+            "outer_bytes_per_rank": self.outer_bytes,
             "peak_bytes_per_step": self.peak_step_bytes,
-        }  # fmt: skip
+        }
 
     def state_dict(self) -> dict[str, Any]:
         out = super().state_dict()
@@ -296,11 +310,14 @@ class DiLoCo(LocalSGD):
             self._pending = (f, None, flat, due)
             pending = {"fragment": f, "flat": flat.clone(), "due": due}
         return {
-            **out, "anchor": [a.clone() for a in self.anchor],
-            "outer": [o.state_dict() for o in self.outer], "outer_steps": list(self.outer_steps),
-            "outer_bytes": self.outer_bytes, "peak_step_bytes": self.peak_step_bytes,
+            **out,
+            "anchor": [a.clone() for a in self.anchor],
+            "outer": [o.state_dict() for o in self.outer],
+            "outer_steps": list(self.outer_steps),
+            "outer_bytes": self.outer_bytes,
+            "peak_step_bytes": self.peak_step_bytes,
             "pending": pending,
-        }  # fmt: skip
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -347,6 +364,16 @@ class DiLoCo(LocalSGD):
         if f > 1:  # one fragment (1/F of a sync) per sync step, hidden behind one inner step
             comm = max(0.0, comm * h / f - pred.compute_seconds) * f / h
             reason += f"; {f} fragments, each overlapped with an inner step"
-        return costing.finish(spec.label, nodes, pred.compute_seconds, comm, pred.bytes_per_rank,
-                              pred.messages_per_rank, pred.bound, reason, sent, calibration,
-                              note="changes convergence per step")  # fmt: skip
+        return costing.finish(
+            spec.label,
+            nodes,
+            pred.compute_seconds,
+            comm,
+            pred.bytes_per_rank,
+            pred.messages_per_rank,
+            pred.bound,
+            reason,
+            sent,
+            calibration,
+            note="changes convergence per step",
+        )

@@ -155,8 +155,14 @@ class Hybrid(Strategy):
 
     # --- memory (``disttrain advise``: name the mesh, e.g. hybrid:pp=4) ---------------------
     cost_settings: ClassVar[tuple[str, ...]] = (
-        "dp", "pp", "tp", "schedule", "virtual_stages", "balance", "tensor_mode"
-    )  # fmt: skip
+        "dp",
+        "pp",
+        "tp",
+        "schedule",
+        "virtual_stages",
+        "balance",
+        "tensor_mode",
+    )
 
     @classmethod
     def predict_memory(

@@ -147,9 +147,11 @@ class LocalSGD(Strategy):
     def state_dict(self) -> dict[str, Any]:
         # the period clock: the step of the last average decides whether finish() averages
         return {
-            "steps_done": self.steps_done, "averaging_rounds": self.averaging_rounds,
-            "last_average": self._last_average, "sync_steps": self.sync_steps,
-        }  # fmt: skip
+            "steps_done": self.steps_done,
+            "averaging_rounds": self.averaging_rounds,
+            "last_average": self._last_average,
+            "sync_steps": self.sync_steps,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps_done = int(state.get("steps_done", 0))
@@ -176,16 +178,32 @@ class LocalSGD(Strategy):
         cfg = spec.config()
         period = cfg.section(LocalSGDConfig).period
         net, cal, n = network, calibration, nodes
-        alg = (cfg.train.algorithm if "algorithm" in spec.settings
-               else costing.fastest_allreduce(work, n, net, cal))  # fmt: skip
+        alg = (
+            cfg.train.algorithm
+            if "algorithm" in spec.settings
+            else costing.fastest_allreduce(work, n, net, cal)
+        )
         compute = costing.compute_seconds(work, n, cal)
-        t, path = costing.allreduce_seconds(alg, work.gradient_bytes, n, net, cal,
-                                            work.bytes_per_param)  # fmt: skip
+        t, path = costing.allreduce_seconds(
+            alg, work.gradient_bytes, n, net, cal, work.bytes_per_param
+        )
         comm = t / period
         latency = path.steps * net.alpha > path.critical_bytes * net.beta
         bound = "latency" if latency else "bandwidth"  # or compute-bound: costing.finish
-        reason = (f"one {alg} allreduce of the parameters every {period} steps: "
-                  f"{costing.mb(path.bytes_per_rank / period)}/step")  # fmt: skip
-        return costing.finish(spec.label, n, compute, comm, path.bytes_per_rank / period,
-                              path.messages_per_rank / period, bound, reason, work, cal,
-                              note="changes convergence per step")  # fmt: skip
+        reason = (
+            f"one {alg} allreduce of the parameters every {period} steps: "
+            f"{costing.mb(path.bytes_per_rank / period)}/step"
+        )
+        return costing.finish(
+            spec.label,
+            n,
+            compute,
+            comm,
+            path.bytes_per_rank / period,
+            path.messages_per_rank / period,
+            bound,
+            reason,
+            work,
+            cal,
+            note="changes convergence per step",
+        )

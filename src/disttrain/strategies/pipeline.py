@@ -123,10 +123,16 @@ def _replayed_step(
     split = any(a is not None and a.kind == "W" for row in grid for a in row)
     part = {"F": 1 / 3, "B": 1 / 3 if split else 2 / 3, "W": 1 / 3}
     orders = [
-        [(schedule.replay_kind(a, ranks), a.microbatch, seconds / micro * shares[a.stage]
-          * part[a.kind]) for _, a in schedule.stage_actions(grid, r)]
+        [
+            (
+                schedule.replay_kind(a, ranks),
+                a.microbatch,
+                seconds / micro * shares[a.stage] * part[a.kind],
+            )
+            for _, a in schedule.stage_actions(grid, r)
+        ]
         for r in range(ranks)
-    ]  # fmt: skip
+    ]
     return schedule.replay(orders, virtual=chunks)[0]
 
 
@@ -138,14 +144,22 @@ class Pipeline(Strategy):
     shares_activations: ClassVar[bool] = True  # stages or slices exchange activations
     main_setting: ClassVar[str | None] = "schedule"
     cost_settings: ClassVar[tuple[str, ...]] = (
-        "schedule", "microbatches", "virtual_stages", "balance"
-    )  # fmt: skip
+        "schedule",
+        "microbatches",
+        "virtual_stages",
+        "balance",
+    )
     assumptions: ClassVar[dict[str, str]] = {
         "activation_bytes": "bytes per sample crossing a stage boundary (else not counted)"
     }
     reads_settings = (
-        "stages", "microbatches", "schedule", "virtual_stages", "balance", "recompute"
-    )  # fmt: skip
+        "stages",
+        "microbatches",
+        "schedule",
+        "virtual_stages",
+        "balance",
+        "recompute",
+    )
 
     @classmethod
     def settings_not_read(cls, config: RunConfig) -> dict[str, str]:
@@ -212,8 +226,9 @@ class Pipeline(Strategy):
         assert isinstance(model, nn.Sequential)
         self.sizes = self._sizes(model, sample)
         # measured (time) cuts are known only now; every rank has the same sizes, so all stop
-        placement.check_every_rank_trains(list(model), self.stages, self.chunks, self.sizes,
-                                          self.pc.balance)  # fmt: skip
+        placement.check_every_rank_trains(
+            list(model), self.stages, self.chunks, self.sizes, self.pc.balance
+        )
         parts = placement.split(model, self.sizes)
         meta = [copy.deepcopy(part).to("meta") for part in parts]
         self.full = model if self.stage == 0 else None  # stage 0 gathers the model to evaluate
@@ -221,11 +236,15 @@ class Pipeline(Strategy):
         mine = parts[self.stage :: self.stages]  # stages p, p+P, ... (one unless interleaved)
         # late-bound: the step runner wraps self.loss_fn with the fp16 loss scale after this
         self.runner = PipelineRunner(
-            mine, self.stage, grid, meta, lambda out, y: self.loss_fn(out, y),
+            mine,
+            self.stage,
+            grid,
+            meta,
+            lambda out, y: self.loss_fn(out, y),
             self.group,
             recompute=self.pc.recompute,
             recv_ahead=recv_ahead_default(self.pc.schedule),
-        )  # fmt: skip
+        )
         return self.runner.module
 
     # --- the step -------------------------------------------------------------------
@@ -283,8 +302,12 @@ class Pipeline(Strategy):
     @classmethod
     def advise_specs(cls) -> list[str]:
         """One row per schedule family: 1F1B, interleaved (V = 2), ZB-H1, ZB-H2."""
-        return [f"{cls.name}:1f1b", f"{cls.name}:interleaved:virtual_stages=2",
-                f"{cls.name}:zb1", f"{cls.name}:zb2"]  # fmt: skip
+        return [
+            f"{cls.name}:1f1b",
+            f"{cls.name}:interleaved:virtual_stages=2",
+            f"{cls.name}:zb1",
+            f"{cls.name}:zb2",
+        ]
 
     @classmethod
     def predict(
@@ -362,8 +385,9 @@ class Pipeline(Strategy):
         if stated is None:
             note += f"; assumes {per_sample:.3g} B of activations a sample (activation_bytes=)"
         bound = "bandwidth" if message * net.beta > net.alpha else "latency"  # or compute
-        pred = costing.finish(spec.label, p, compute, comm, sends * message, sends, bound,
-                              reason, work, cal, note)  # fmt: skip
+        pred = costing.finish(
+            spec.label, p, compute, comm, sends * message, sends, bound, reason, work, cal, note
+        )
         # the step without the bubble and the hand-offs: each rank's share of the work (an
         # equal one: what an uneven cut loses counts against the efficiency)
         ideal = (busy + own) * cal.colocation_factor(work.ranks_per_host)
@@ -405,13 +429,16 @@ class Pipeline(Strategy):
         note = "--balance time: split as params (training measures the layers)"
         if isinstance(balance, list):
             if len(balance) != cuts or sum(balance) != len(layers):
-                raise ValueError(f"--balance {pc.balance} does not cut {len(layers)} layers "
-                                 f"into {cuts} stages")  # fmt: skip
+                raise ValueError(
+                    f"--balance {pc.balance} does not cut {len(layers)} layers into {cuts} stages"
+                )
             sizes, note = balance, ""
         else:
             sizes = placement.param_sizes(layers, cuts)
             note = note if balance == "time" else ""
-        counts = [sum(p.numel() for layer in layers[a:b] for p in layer.parameters())
-                  for a, b in placement.stage_bounds(sizes)]  # fmt: skip
+        counts = [
+            sum(p.numel() for layer in layers[a:b] for p in layer.parameters())
+            for a, b in placement.stage_bounds(sizes)
+        ]
         held = max(sum(counts[r::nodes]) for r in range(nodes))
         return costing.worker_memory(work, work.params * held / max(sum(counts), 1), note=note)

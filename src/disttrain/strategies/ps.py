@@ -194,10 +194,15 @@ class ParameterServer(Strategy):
             store.wait(keys)
             endpoints = [store.get(key).decode() for key in keys]
             self.client = PSClient(
-                self.world.rank, endpoints, [self.n_workers + k for k in range(self.n_servers)],
-                self.bounds, dtypes.pop(), self.config.train.timeout, self.ps.ps_heartbeat,
+                self.world.rank,
+                endpoints,
+                [self.n_workers + k for k in range(self.n_servers)],
+                self.bounds,
+                dtypes.pop(),
+                self.config.train.timeout,
+                self.ps.ps_heartbeat,
                 self.ps.curve_key(),
-            )  # fmt: skip
+            )
             return
         k = self.world.rank - self.n_workers
         lo, hi = self.bounds[k]
@@ -211,12 +216,16 @@ class ParameterServer(Strategy):
         )
         self.server = ShardServer(
             # a server's shard lives in host memory (it is served over zmq), whatever --device
-            k, flatten(self.params, self.params)[lo:hi].cpu(),
+            k,
+            flatten(self.params, self.params)[lo:hi].cpu(),
             lambda ps: type(optimizer)(ps, **defaults),
-            cons, sock, staleness_lr=self.ps.staleness_lr, lr_share=self.lr_share,
+            cons,
+            sock,
+            staleness_lr=self.ps.staleness_lr,
+            lr_share=self.lr_share,
             worker_timeout=self.ps.ps_worker_timeout,
             rank=self.world.rank,
-        )  # fmt: skip
+        )
         self._server_checkpoints()
 
     # --- checkpoints: servers save and restore their own shards (sync mode) ------------
@@ -373,8 +382,11 @@ class ParameterServer(Strategy):
         # worker side: K messages of S/K out (push) and in (pull)
         worker = 2 * (k * net.alpha + s * net.beta)
         # server side per round: n messages of S/K in, sum them, n out; optimizer on P/K params
-        server = (2 * (n * net.alpha + n * s / k * net.beta) + n * s / k * costing.gamma_of(
-            net, cal) + work.params / k * cal.seconds_per_param)  # fmt: skip
+        server = (
+            2 * (n * net.alpha + n * s / k * net.beta)
+            + n * s / k * costing.gamma_of(net, cal)
+            + work.params / k * cal.seconds_per_param
+        )
         # async: no barrier, a worker's own loop unless the servers cannot keep up with n of them
         comm = max(worker, server) if ps.ps_mode == "sync" else max(worker, server - compute)
         bound = "server" if server >= worker else "bandwidth"
@@ -384,8 +396,9 @@ class ParameterServer(Strategy):
             else f"worker link: 2S = {costing.mb(2 * s)} per step"
         )
         note = "stale gradients" if ps.ps_mode == "async" else ""
-        return costing.finish(spec.label, n, compute, max(comm, 0.0), 2 * s, 2 * k, bound,
-                              reason, work, cal, note)  # fmt: skip
+        return costing.finish(
+            spec.label, n, compute, max(comm, 0.0), 2 * s, 2 * k, bound, reason, work, cal, note
+        )
 
     @classmethod
     def predict_memory(

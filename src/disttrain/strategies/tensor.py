@@ -88,9 +88,13 @@ class TensorParallel(Strategy):
         assert isinstance(model, nn.Sequential)
         self.full = model if self.shard == 0 else None
         sharded, self.kinds = tensor.shard_model(
-            model, self.shard, self.size, self.group, self.pc.tensor_mode,
+            model,
+            self.shard,
+            self.size,
+            self.group,
+            self.pc.tensor_mode,
             self.config.train.algorithm,
-        )  # fmt: skip
+        )
         return sharded
 
     def eval_model(self) -> nn.Module | None:

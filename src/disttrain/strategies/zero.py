@@ -96,9 +96,14 @@ class Zero(Strategy):
         self.accumulate = dp.accumulate
         params = list({id(p): p for p in model.parameters() if p.requires_grad}.values())
         self.engine = ZeroEngine.build(
-            model, params, self.stage, self.config.train.algorithm, dp.overlap,
-            self.worker_group, int(dp.fusion_mb * MB),
-        )  # fmt: skip
+            model,
+            params,
+            self.stage,
+            self.config.train.algorithm,
+            dp.overlap,
+            self.worker_group,
+            int(dp.fusion_mb * MB),
+        )
         self.engine.point(optimizer)
         # the names of the parameters that exist only as shards between steps (stage 3)
         sharded = {id(p) for p in self.engine.params()} if self.stage == 3 else set()
@@ -134,8 +139,13 @@ class Zero(Strategy):
         return {**super().memory(), "gathered_peak": self.engine.gathered_peak}
 
     def summary(self) -> dict[str, Any]:
-        return {"zero": {"stage": self.stage, "accumulate": self.accumulate,
-                         **self.engine.reducer.stats()}}  # fmt: skip
+        return {
+            "zero": {
+                "stage": self.stage,
+                "accumulate": self.accumulate,
+                **self.engine.reducer.stats(),
+            }
+        }
 
     def state_dict(self) -> dict[str, Any]:
         # This rank's shards (the trainer's optimizer entry holds its optimizer shard).
@@ -176,8 +186,9 @@ class Zero(Strategy):
         stage = config.section(ZeroConfig).zero_stage
         fusion = int(config.section(DataParallelConfig).fusion_mb * MB)
         try:
-            check_shard_state(state.get("strategy") or {}, stage,
-                              group_numels(model, stage, fusion))  # fmt: skip
+            check_shard_state(
+                state.get("strategy") or {}, stage, group_numels(model, stage, fusion)
+            )
         except ValueError as exc:
             raise UsageError(f"--resume: {exc}") from None
 
@@ -229,12 +240,18 @@ class Zero(Strategy):
         stage = spec.config().section(ZeroConfig).zero_stage
         ar = AllReduce.predict(spec, work, nodes, network, calibration)
         cfg = spec.config()
-        overlap = cfg.section(DataParallelConfig).overlap if "overlap" in spec.settings else (
-            work.overlap)  # fmt: skip
+        overlap = (
+            cfg.section(DataParallelConfig).overlap
+            if "overlap" in spec.settings
+            else (work.overlap)
+        )
         sizes = costing.bucket_sizes(work.gradient_bytes, work.bucket_bytes)
-        times = [costing.allreduce_seconds(cfg.train.algorithm, size, nodes, network,
-                                           calibration, work.bytes_per_param)[0]
-                 for size in sizes]  # fmt: skip
+        times = [
+            costing.allreduce_seconds(
+                cfg.train.algorithm, size, nodes, network, calibration, work.bytes_per_param
+            )[0]
+            for size in sizes
+        ]
         algo, probe = collectives.get(cfg.train.algorithm), max(work.gradient_bytes, 1)
         whole = max(algo.cost(probe, nodes).bytes_sent, 1)
         rs = algo.reduce_scatter_cost(probe, nodes).bytes_sent / whole  # shares of it
@@ -261,9 +278,18 @@ class Zero(Strategy):
             3: "per layer: all-gather for forward and for backward + reduce-scatter",
         }[stage]
         reason = f"stage {stage}: {what}; {ar.reason}"
-        return costing.finish(spec.label, nodes, compute, comm, ar.bytes_per_rank * scale,
-                              ar.messages_per_rank * scale, ar.bound, reason, work,
-                              calibration)  # fmt: skip
+        return costing.finish(
+            spec.label,
+            nodes,
+            compute,
+            comm,
+            ar.bytes_per_rank * scale,
+            ar.messages_per_rank * scale,
+            ar.bound,
+            reason,
+            work,
+            calibration,
+        )
 
     @classmethod
     def predict_memory(
@@ -283,6 +309,10 @@ class Zero(Strategy):
             pair = max((a + b for a, b in itertools.pairwise(sizes)), default=sum(sizes))
             gathered = psi * pair / max(sum(sizes), 1)
         return costing.worker_memory(
-            work, shard if stage == 3 else psi, shard if stage >= 2 else psi, shard, gathered,
+            work,
+            shard if stage == 3 else psi,
+            shard if stage >= 2 else psi,
+            shard,
+            gathered,
             computed=psi,
-        )  # fmt: skip
+        )

@@ -61,9 +61,7 @@ def _finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
 
-def check_bucket(
-    bucket: FlatBucket, names: Mapping[int, str], rank: int, step: int
-) -> None:  # fmt: skip
+def check_bucket(bucket: FlatBucket, names: Mapping[int, str], rank: int, step: int) -> None:
     """Raise :class:`NonFiniteGradient` if this rank's share in ``bucket`` is not finite.
 
     Called by the reducer just before the bucket's allreduce is launched, so a rank's

@@ -74,8 +74,9 @@ def check(cfg: RunConfig) -> None:
     if not tc.live_grow:
         return
     given = f"--max-workers {tc.max_workers}"
-    check_membership_flag(tc, given, "grows", "admits a joining worker",
-                          "joiners meet the job in its file store")  # fmt: skip
+    check_membership_flag(
+        tc, given, "grows", "admits a joining worker", "joiners meet the job in its file store"
+    )
     low = tc.min_workers if tc.live_shrink else tc.world_size
     check_batch_splits(tc.batch_size, (low, str(low)), (tc.max_workers, given))
 
@@ -132,9 +133,12 @@ class Grow:
 
         if not self.point:
             return
-        point = {"store": world_mod.job_store_path(), "run": run_id,
-                 "workers": self.launch_workers,
-                 "settings": config.changed_settings(cfg)}  # fmt: skip
+        point = {
+            "store": world_mod.job_store_path(),
+            "run": run_id,
+            "workers": self.launch_workers,
+            "settings": config.changed_settings(cfg),
+        }
         with open(self.point + ".tmp", "w") as fh:
             json.dump(point, fh)
         os.replace(self.point + ".tmp", self.point)
@@ -165,9 +169,9 @@ class Grow:
         while not m.ready_joiners(self.launch_workers, 1) and time.monotonic() < deadline:
             time.sleep(0.05)
 
-    def admit(self, done: int, strategy: strategies.Strategy, scaler: LossScaler | None) -> (
-        dict[str, Any]
-    ):  # fmt: skip
+    def admit(
+        self, done: int, strategy: strategies.Strategy, scaler: LossScaler | None
+    ) -> dict[str, Any]:
         """Form the grown group and share the state; the record of the change."""
         began = time.perf_counter()
         assert self.pending is not None
@@ -213,11 +217,14 @@ class Grow:
             )
         return world
 
-    def record(self, done: int, before: int, joined: list[int], seconds: float) -> (
-        dict[str, Any]
-    ):  # fmt: skip
-        record = {"step": done + 1, "workers": len(self.membership.members), "before": before,
-                  "joined": joined, "seconds_lost": round(seconds, 3)}  # fmt: skip
+    def record(self, done: int, before: int, joined: list[int], seconds: float) -> dict[str, Any]:
+        record = {
+            "step": done + 1,
+            "workers": len(self.membership.members),
+            "before": before,
+            "joined": joined,
+            "seconds_lost": round(seconds, 3),
+        }
         timeline.instant("membership change", lane="comm", **record)  # --timeline shows it
         self.changes.append(record)
         return record

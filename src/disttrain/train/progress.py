@@ -87,10 +87,18 @@ def print_summary(summary: dict[str, Any], out_dir: str) -> None:
     table.add_column("metric")
     table.add_column("value", justify="right")
     keys = (
-        "model", "dataset", "epochs", "steps", "global_batch_size", "final_test_loss",
-        "final_train_loss", "final_accuracy", "wall_seconds", "samples_per_second",
+        "model",
+        "dataset",
+        "epochs",
+        "steps",
+        "global_batch_size",
+        "final_test_loss",
+        "final_train_loss",
+        "final_accuracy",
+        "wall_seconds",
+        "samples_per_second",
         "bytes_sent_per_rank",
-    )  # fmt: skip
+    )
     for key in keys:
         value = summary.get(key)
         shown = human_bytes(value) if key.startswith("bytes") and value is not None else _fmt(value)

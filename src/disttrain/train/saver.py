@@ -48,9 +48,12 @@ class Checkpoints:
     """
 
     def __init__(
-        self, out_dir: str, strategy: strategies.Strategy, background: bool,
+        self,
+        out_dir: str,
+        strategy: strategies.Strategy,
+        background: bool,
         settings: dict[str, Any] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.out_dir, self.strategy, self.background = out_dir, strategy, background
         self.settings = settings  # recorded in each COMMIT (recorded_settings)
         self.pending: tuple[int, Any] | None = None  # (step, wait for this worker's write)
@@ -62,9 +65,14 @@ class Checkpoints:
         n = dist.get_world_size(s.worker_group)
         state = rank_state(s, optimizer, runner)
         wait = checkpoint.save(
-            self.out_dir, step, s.world.rank, n, state, background=self.background,
+            self.out_dir,
+            step,
+            s.world.rank,
+            n,
+            state,
+            background=self.background,
             replicated=s.replicated_state(),
-        )  # fmt: skip
+        )
         self.pending = (step, wait)
         if not self.background:
             self.finish()

@@ -49,13 +49,16 @@ from disttrain.dataparallel.broadcast import (
 )
 
 __all__ = [
-    "Shrink", "check", "check_batch_splits", "check_membership_flag", "even_out",
+    "Shrink",
+    "check",
+    "check_batch_splits",
+    "check_membership_flag",
+    "even_out",
     "membership_for",
-]  # fmt: skip
+]
 
 
-def check_membership_flag(tc: TrainConfig, given: str, trait: str, does: str, host: str
-                          ) -> None:  # fmt: skip
+def check_membership_flag(tc: TrainConfig, given: str, trait: str, does: str, host: str) -> None:
     """What live shrink and live grow both refuse (exit 2): a strategy without the class
     ``trait`` (``shrinks``, ``grows``), ``--max-restarts``, more than one host (``host``:
     why one host is needed). ``given`` is the flag as the user gave it."""
@@ -77,8 +80,13 @@ def check(cfg: RunConfig) -> None:
     if not tc.live_shrink:
         return
     given = f"--min-workers {tc.min_workers}"
-    check_membership_flag(tc, given, "shrinks", "goes on without a lost worker",
-                          "the survivors end a hung worker by its process id")  # fmt: skip
+    check_membership_flag(
+        tc,
+        given,
+        "shrinks",
+        "goes on without a lost worker",
+        "the survivors end a hung worker by its process id",
+    )
     check_batch_splits(tc.batch_size, (tc.min_workers, given), (tc.world_size, str(tc.world_size)))
 
 
@@ -97,9 +105,13 @@ def check_batch_splits(batch: int, low: tuple[int, str], high: tuple[int, str]) 
 
 
 def even_out(
-    change: Change, members: Membership, model: nn.Module, optimizer: torch.optim.Optimizer,
-    scaler: LossScaler | None, line: dict[str, Any] | None = None,
-) -> tuple[int, dict[str, Any] | None]:  # fmt: skip
+    change: Change,
+    members: Membership,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: LossScaler | None,
+    line: dict[str, Any] | None = None,
+) -> tuple[int, dict[str, Any] | None]:
     """The steps every survivor has completed once each holds the state of the lowest launch
     rank among those that completed the most (broadcast in the new group when they differ:
     model, optimizer, fp16 loss scaler), and that survivor's ``line`` (its last
@@ -147,9 +159,14 @@ class Shrink:
         return line
 
     def recover(
-        self, exc: BaseException, step: int, strategy: strategies.Strategy, began: float,
-        scaler: LossScaler | None = None, line: dict[str, Any] | None = None,
-    ) -> dict[str, Any] | None:  # fmt: skip
+        self,
+        exc: BaseException,
+        step: int,
+        strategy: strategies.Strategy,
+        began: float,
+        scaler: LossScaler | None = None,
+        line: dict[str, Any] | None = None,
+    ) -> dict[str, Any] | None:
         """After ``exc`` in step ``step`` (begun at ``began``, perf_counter): the change once
         the survivors have regrouped, its ``step`` the one to run next (``step`` again, or
         the next if another survivor had finished it); None if ``exc`` is no peer's.
@@ -193,9 +210,14 @@ class Shrink:
                 f"(--min-workers {self.min_workers})\n"
             )
             sys.stderr.flush()
-        record = {"step": go_on, "workers": left, "before": len(before), "lost": lost,
-                  "seconds_lost": round(time.perf_counter() - began, 3),
-                  "waited_out_window": change.waited}  # fmt: skip
+        record = {
+            "step": go_on,
+            "workers": left,
+            "before": len(before),
+            "lost": lost,
+            "seconds_lost": round(time.perf_counter() - began, 3),
+            "waited_out_window": change.waited,
+        }
         timeline.instant("membership change", lane="comm", **record)  # --timeline shows it
         self.changes.append(record)
         return record

@@ -38,9 +38,14 @@ class StepRunner:
     """Runs steps for one strategy, timing compute and communication separately."""
 
     def __init__(
-        self, strategy: Strategy, optimizer: torch.optim.Optimizer, tc: TrainConfig,
-        timers: Timers, fault: Fault | None, rank: int,
-    ) -> None:  # fmt: skip
+        self,
+        strategy: Strategy,
+        optimizer: torch.optim.Optimizer,
+        tc: TrainConfig,
+        timers: Timers,
+        fault: Fault | None,
+        rank: int,
+    ) -> None:
         self.strategy = strategy
         self.optimizer = optimizer
         self.timers = timers
@@ -51,9 +56,12 @@ class StepRunner:
         self.scaler: amp.LossScaler | None = None
         if tc.precision == "fp16":
             self.scaler = amp.LossScaler(
-                tc.loss_scale, tc.scale_growth, tc.scale_backoff, tc.scale_growth_interval,
+                tc.loss_scale,
+                tc.scale_growth,
+                tc.scale_backoff,
+                tc.scale_growth_interval,
                 tc.max_skipped_steps,
-            )  # fmt: skip
+            )
             plain = strategy.loss_fn
             scaler = self.scaler
             strategy.loss_fn = lambda out, y: plain(out, y) * scaler.scale

@@ -151,8 +151,11 @@ def _say_where_it_goes_on(resumed: int, run_id: str) -> None:
     if resumed:  # a --resume, or an elastic restart from the last checkpoint
         print(f"disttrain: resumed from step {resumed} of run {run_id}", file=sys.stderr)
     elif restart != "0":
-        print(f"disttrain: restart {restart}: no committed checkpoint yet, so training starts "
-              "again from step 1", file=sys.stderr)  # fmt: skip
+        print(
+            f"disttrain: restart {restart}: no committed checkpoint yet, so training starts "
+            "again from step 1",
+            file=sys.stderr,
+        )
 
 
 def _resume(
@@ -166,9 +169,12 @@ def _resume(
     cls = type(strategy)
     # another worker count: the strategy's reshard reads the old workers' parts it needs
     state = checkpoint.restore(
-        source, strategy.world.rank, n, cls.reshard if cls.reshards else None,
+        source,
+        strategy.world.rank,
+        n,
+        cls.reshard if cls.reshards else None,
         f"--strategy {cls.name}",
-    )  # fmt: skip
+    )
     # the strategy first: it may refuse a checkpoint of another layout (pipeline stages)
     # with one line, before the model's load_state_dict fails on the mismatched keys
     strategy.load_state_dict(state["strategy"])
@@ -206,8 +212,9 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
     # --join: this process builds in a group of its own, then joins the job (train/grow.py)
     joiner = Joiner(tc, read_point(tc.join)) if tc.join else None
     run_id = os.environ.get(checkpoint.RUN_ENV, "") if joiner else _agree_run(tc, world)
-    recorder = timeline.start(joiner.launch_rank if joiner else world.rank) if (
-        tc.timeline) else None  # fmt: skip
+    recorder = (
+        timeline.start(joiner.launch_rank if joiner else world.rank) if (tc.timeline) else None
+    )
     collectives.set_length_check(tc.check_collectives)
     collectives.set_inter_algorithm(tc.inter_algorithm)
     checks.set_checks_everywhere(tc.check_collectives)
@@ -254,9 +261,17 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
     throughput = Throughput(tc.batch_size, start)  # samples/s of the steps this process runs
     runner = StepRunner(strategy, optimizer, tc, timers, fault, world.rank)
     schedule = LRSchedule(
-        tc.lr, tc.batch_size, total_steps, sampler.steps_per_epoch, tc.lr_scaling,
-        tc.base_batch_size, tc.warmup_epochs, tc.lr_schedule, tc.lr_gamma, tc.lr_step_epochs,
-    )  # fmt: skip
+        tc.lr,
+        tc.batch_size,
+        total_steps,
+        sampler.steps_per_epoch,
+        tc.lr_scaling,
+        tc.base_batch_size,
+        tc.warmup_epochs,
+        tc.lr_schedule,
+        tc.lr_gamma,
+        tc.lr_step_epochs,
+    )
     saver = Checkpoints(out_dir, strategy, tc.async_checkpoint, recorded_settings(cfg))
     membership = joiner.membership if joiner else membership_for(tc, world)
     changes: list[dict[str, Any]] = []  # summary.json's membership (shrink and grow)
@@ -268,8 +283,13 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
         if joiner and grow:  # admitted at a step boundary, with rank 0's state
             resumed = joiner.join(grow, strategy, runner.scaler)
             world = strategy.world
-            sampler = GlobalBatchSampler(len(data.x_train), tc.batch_size, strategy.data_rank,
-                                         strategy.data_world_size, tc.seed)  # fmt: skip
+            sampler = GlobalBatchSampler(
+                len(data.x_train),
+                tc.batch_size,
+                strategy.data_rank,
+                strategy.data_world_size,
+                tc.seed,
+            )
         else:
             resumed = _resume(tc, strategy, optimizer, runner)
         if main:
@@ -282,9 +302,13 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
             skip = step - epoch * sampler.steps_per_epoch  # batches done before a resume
             change: dict[str, Any] | None = None
             loader = BatchLoader(
-                data.x_train, data.y_train, sampler.epoch(epoch)[skip : skip + step_limit - step],
-                world.device, tc.prefetch, delay_seconds=tc.loader_delay_ms / 1000,
-            )  # fmt: skip
+                data.x_train,
+                data.y_train,
+                sampler.epoch(epoch)[skip : skip + step_limit - step],
+                world.device,
+                tc.prefetch,
+                delay_seconds=tc.loader_delay_ms / 1000,
+            )
             for x, y in timeline.iterate(loader, "data"):
                 if roles.should_stop():
                     break
@@ -301,8 +325,11 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
                     with timeline.span("step", step=step):
                         loss_value, skipped = runner.run(step, x, y)
                 except Exception as exc:  # a lost peer: the survivors regroup (train/shrink.py)
-                    change = shrink.recover(exc, step, strategy, began, runner.scaler,
-                                            logged) if shrink else None  # fmt: skip
+                    change = (
+                        shrink.recover(exc, step, strategy, began, runner.scaler, logged)
+                        if shrink
+                        else None
+                    )
                     if change is None:
                         raise
                     step = change["step"] - 1  # the survivors go on from there, new shards
@@ -313,10 +340,15 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
                 # new rank 0 did not hands it over (shrink.even_out)
                 if (main or shrink) and step % tc.log_every == 0:
                     record: dict[str, Any] = dict(
-                        step=step, epoch=epoch, loss=loss_value, lr=lr, samples_per_second=sps,
-                        wall_seconds=elapsed, bytes_sent=meter.bytes_sent,
+                        step=step,
+                        epoch=epoch,
+                        loss=loss_value,
+                        lr=lr,
+                        samples_per_second=sps,
+                        wall_seconds=elapsed,
+                        bytes_sent=meter.bytes_sent,
                         **strategy.step_metrics(),
-                    )  # fmt: skip
+                    )
                     if runner.scaler:
                         record.update(loss_scale=runner.scaler.scale, skipped=skipped)
                     logged = record
@@ -333,12 +365,18 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
             timers.seconds["data"] += loader.wait_seconds
             if change is not None:  # the sampler re-cut for the survivors; the step again
                 world = strategy.world
-                sampler = GlobalBatchSampler(len(data.x_train), tc.batch_size, strategy.data_rank,
-                                             strategy.data_world_size, tc.seed)  # fmt: skip
+                sampler = GlobalBatchSampler(
+                    len(data.x_train),
+                    tc.batch_size,
+                    strategy.data_rank,
+                    strategy.data_world_size,
+                    tc.seed,
+                )
                 if world.is_main and not main:  # rank 0 was lost: its successor writes
                     main = True
-                    metrics = MetricsWriter(os.path.join(out_dir, "metrics.jsonl")
-                                            if out_dir else None, append=True)  # fmt: skip
+                    metrics = MetricsWriter(
+                        os.path.join(out_dir, "metrics.jsonl") if out_dir else None, append=True
+                    )
                 line = shrink.take_caught_up() if shrink else None
                 if main and line and line["step"] > metrics.last_step:
                     metrics.write(**line)  # the step only another survivor completed
@@ -356,9 +394,13 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
                 whole, test_loss, test_acc = _epoch_end(strategy, data, world.device)
             if main:
                 record = dict(
-                    step=step, epoch=epoch, test_loss=test_loss, test_accuracy=test_acc,
-                    wall_seconds=time.perf_counter() - start, bytes_sent=meter.bytes_sent,
-                )  # fmt: skip
+                    step=step,
+                    epoch=epoch,
+                    test_loss=test_loss,
+                    test_accuracy=test_acc,
+                    wall_seconds=time.perf_counter() - start,
+                    bytes_sent=meter.bytes_sent,
+                )
                 metrics.write(**record)
                 for tracker in tracking:
                     tracker.scalars(step, record)
@@ -381,12 +423,14 @@ def _train(cfg: RunConfig, trackers: Sequence[Tracker]) -> dict[str, Any]:
     train_seconds = wall - timers.seconds.get("eval", 0.0)
     with meter.paused():
         per_rank = _gather_floats(
-            [float(meter.bytes_sent), float(meter.messages_sent)], world.device,
+            [float(meter.bytes_sent), float(meter.messages_sent)],
+            world.device,
             strategy.worker_group,
-        )  # fmt: skip
+        )
         names = sorted(memory)
-        held = _gather_floats([float(memory[k]) for k in names], world.device,
-                              strategy.worker_group)  # fmt: skip
+        held = _gather_floats(
+            [float(memory[k]) for k in names], world.device, strategy.worker_group
+        )
     memory_per_rank = {k: [int(r[i]) for r in held] for i, k in enumerate(names)}
     if recorder is not None and main:  # the gather above: every worker has written its part
         timeline.merge(timeline.parts_folder(out_dir, tc.timeline), tc.timeline)

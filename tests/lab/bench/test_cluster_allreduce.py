@@ -21,10 +21,13 @@ HAVE_NETNS = os.geteuid() == 0 and all(shutil.which(t) for t in ("ip", "tc", "un
 
 @pytest.mark.parametrize(
     ("flags", "named"),
-    [(["--ranks-per-host", "2,2,2"], "--ranks-per-host"), (["--ranks-per-host", "0"],
-     "--ranks-per-host"), (["--ranks-per-host", "two"], "--ranks-per-host"),
-     (["--workers", "4"], "--workers")],  # --hosts x --ranks-per-host: not read, refused
-)  # fmt: skip
+    [
+        (["--ranks-per-host", "2,2,2"], "--ranks-per-host"),
+        (["--ranks-per-host", "0"], "--ranks-per-host"),
+        (["--ranks-per-host", "two"], "--ranks-per-host"),
+        (["--workers", "4"], "--workers"),
+    ],  # --hosts x --ranks-per-host: not read, refused
+)
 def test_a_layout_that_does_not_fit_the_hosts_is_one_line_and_exit_2(
     flags: list[str], named: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -38,11 +41,32 @@ def test_a_layout_that_does_not_fit_the_hosts_is_one_line_and_exit_2(
 def test_hierarchical_on_a_host_of_three_and_a_host_of_one(tmp_path: Path) -> None:
     out = tmp_path / "rows.json"
     proc = zygote.run(
-        [sys.executable, "-m", "disttrain", "bench", "cluster-allreduce", "--ranks-per-host",
-         "3,1", "--rate", "1gbit", "--sizes", "4KB,1MB", "--algorithms", "hierarchical",
-         "--iters", "1", "--warmup", "0", "--no-progress", "--json", str(out)],
-        capture_output=True, text=True, timeout=220,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "disttrain",
+            "bench",
+            "cluster-allreduce",
+            "--ranks-per-host",
+            "3,1",
+            "--rate",
+            "1gbit",
+            "--sizes",
+            "4KB,1MB",
+            "--algorithms",
+            "hierarchical",
+            "--iters",
+            "1",
+            "--warmup",
+            "0",
+            "--no-progress",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = json.loads(out.read_text())
     assert got["ranks_per_host"] == [3, 1]

@@ -54,12 +54,33 @@ def test_bad_input_is_one_line_and_exit_2(
 def test_sync_and_diloco_on_two_hosts(tmp_path: Path) -> None:
     out = tmp_path / "rows.json"
     proc = zygote.run(
-        [sys.executable, "-m", "disttrain", "bench", "cluster-time-to-loss", "--hosts", "2",
-         "--rates", "1gbit", "--workload", "digits", "--max-steps", "20", "--log-every", "2",
-         "--window", "10", "--strategies", "allreduce:ring, diloco:period=5:algorithm=ring",
-         "--json", str(out)],
-        capture_output=True, text=True, timeout=280,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "disttrain",
+            "bench",
+            "cluster-time-to-loss",
+            "--hosts",
+            "2",
+            "--rates",
+            "1gbit",
+            "--workload",
+            "digits",
+            "--max-steps",
+            "20",
+            "--log-every",
+            "2",
+            "--window",
+            "10",
+            "--strategies",
+            "allreduce:ring, diloco:period=5:algorithm=ring",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     anchor, diloco = json.loads(out.read_text())["rows"]
     assert anchor["steps"] == diloco["steps"] == 20

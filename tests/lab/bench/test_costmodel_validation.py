@@ -8,8 +8,14 @@ from disttrain.lab.bench.costmodel_validation import report
 
 
 def _row(kind: str, config: str, measured: float, predicted: float, held: bool) -> dict[str, Any]:
-    return {"kind": kind, "config": config, "measured_s": measured, "predicted_s": predicted,
-            "error": abs(predicted - measured) / measured, "held_out": held}  # fmt: skip
+    return {
+        "kind": kind,
+        "config": config,
+        "measured_s": measured,
+        "predicted_s": predicted,
+        "error": abs(predicted - measured) / measured,
+        "held_out": held,
+    }
 
 
 def test_fitted_rows_are_reported_apart_and_do_not_lower_the_held_out_median(capsys) -> None:

@@ -16,10 +16,19 @@ from disttrain.lab.bench._variants import InRanks
 from tests import zygote
 
 MOVED = (
-    "allreduce-ceiling", "cluster-bandwidth", "costmodel-validation", "index-coding",
-    "p2p-posting", "pipeline-recv-ahead", "ps", "ring-segments", "roundrobin-depth",
-    "talking-less", "timeline-overhead", "training",
-)  # fmt: skip
+    "allreduce-ceiling",
+    "cluster-bandwidth",
+    "costmodel-validation",
+    "index-coding",
+    "p2p-posting",
+    "pipeline-recv-ahead",
+    "ps",
+    "ring-segments",
+    "roundrobin-depth",
+    "talking-less",
+    "timeline-overhead",
+    "training",
+)
 
 _calls: list[str] = []
 
@@ -75,9 +84,21 @@ def test_variants_are_not_registered_for_other_benches() -> None:
 def test_ring_segments_rows_metered_as_their_cost(tmp_path: object) -> None:
     path = os.path.join(str(tmp_path), "rows.json")
     done = _bench(
-        "ring-segments", "--workers", "2", "--sizes", "4KB", "--segments", "1KB",
-        "--iters", "2", "--warmup", "1", "--no-progress", "--json", path,
-    )  # fmt: skip
+        "ring-segments",
+        "--workers",
+        "2",
+        "--sizes",
+        "4KB",
+        "--segments",
+        "1KB",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+        "--no-progress",
+        "--json",
+        path,
+    )
     assert done.returncode == 0, done.stderr
     with open(path) as fh:
         rows = {r["algorithm"]: r for r in json.load(fh)["rows"]}
@@ -94,15 +115,28 @@ def test_ring_segments_rows_metered_as_their_cost(tmp_path: object) -> None:
 def test_roundrobin_depth_runs_its_variants_in_the_ranks(tmp_path: object) -> None:
     path = os.path.join(str(tmp_path), "rows.json")
     done = _bench(
-        "roundrobin-depth", "--workers", "3", "--sizes", "4KB", "--iters", "1", "--warmup", "0",
-        "--no-progress", "--json", path,
-    )  # fmt: skip
+        "roundrobin-depth",
+        "--workers",
+        "3",
+        "--sizes",
+        "4KB",
+        "--iters",
+        "1",
+        "--warmup",
+        "0",
+        "--no-progress",
+        "--json",
+        path,
+    )
     assert done.returncode == 0, done.stderr
     with open(path) as fh:
         rows = json.load(fh)["rows"]
     assert [r["algorithm"] for r in rows] == [
-        "native", "roundrobin_depth1", "roundrobin", "roundrobin_all",
-    ]  # fmt: skip
+        "native",
+        "roundrobin_depth1",
+        "roundrobin",
+        "roundrobin_all",
+    ]
     # the depth changes when rounds are posted, not what is sent
     sent = {(r["bytes_sent_measured"], r["messages_measured"]) for r in rows[1:]}
     assert len(sent) == 1

@@ -36,8 +36,16 @@ def _ideal_times(grid: schedule.Grid, tick: float = 0.01) -> list[dict[str, floa
         compute = len(ticks) * tick
         end = (ticks[-1] + 1) * tick  # a stage's own step ends with its last action
         acts = [(a.kind, a.microbatch, tick) for _, a in schedule.stage_actions(grid, s)]
-        stages.append({"start": 0.0, "end": end, "step": end, "compute": compute,
-                       "compute_cpu": compute, "actions": acts})  # fmt: skip
+        stages.append(
+            {
+                "start": 0.0,
+                "end": end,
+                "step": end,
+                "compute": compute,
+                "compute_cpu": compute,
+                "actions": acts,
+            }
+        )
     return stages
 
 
@@ -54,10 +62,22 @@ def test_bubble_of_ideal_timings_is_the_formula(m: int, p: int) -> None:
 
 
 def test_bubble_counts_preempted_compute() -> None:
-    a = {"start": 0.0, "end": 1.0, "step": 1.0, "compute": 0.8, "compute_cpu": 0.6,
-         "actions": [("F", 0, 0.3), ("B", 0, 0.5)]}  # fmt: skip
-    b = {"start": 0.1, "end": 0.9, "step": 0.8, "compute": 0.4, "compute_cpu": 0.4,
-         "actions": [("F", 0, 0.1), ("B", 0, 0.3)]}  # fmt: skip
+    a = {
+        "start": 0.0,
+        "end": 1.0,
+        "step": 1.0,
+        "compute": 0.8,
+        "compute_cpu": 0.6,
+        "actions": [("F", 0, 0.3), ("B", 0, 0.5)],
+    }
+    b = {
+        "start": 0.1,
+        "end": 0.9,
+        "step": 0.8,
+        "compute": 0.4,
+        "compute_cpu": 0.4,
+        "actions": [("F", 0, 0.1), ("B", 0, 0.3)],
+    }
     got = bench_pipeline.bubble([[a], [b]])
     # replayed: F0 on 0 (0.3), F0 on 1 (to 0.4), B0 on 1 (to 0.7), B0 on 0 (to 1.2)
     assert got["instant_hand_offs"] == pytest.approx(((1 - 0.8 / 1.2) + (1 - 0.4 / 1.2)) / 2)
@@ -87,8 +107,17 @@ def test_ours_reports_each_timed_step_on_one_clock() -> None:
 def test_show_schedule_draws_the_new_schedules_with_their_theory(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    argv = ["bench", "pipeline", "--show-schedule", "--schedule", "interleaved,zb1,zb2",
-            "--stages", "2", "--microbatches", "4"]  # fmt: skip
+    argv = [
+        "bench",
+        "pipeline",
+        "--show-schedule",
+        "--schedule",
+        "interleaved,zb1,zb2",
+        "--stages",
+        "2",
+        "--microbatches",
+        "4",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "interleaved  M=4 P=2 V=2  bubble 0.111 (theory 0.111)" in out

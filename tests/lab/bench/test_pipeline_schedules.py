@@ -53,8 +53,9 @@ def test_the_theory_to_compare_with_is_the_schedules_at_the_measured_ratio() -> 
     # share: @means is that formula, and the replay of such durations has no error
     p, m = 2, 8
     d = {"F": 1.0, "B": 1.5, "W": 0.6}
-    (row,) = bench._bubble_rows(_measured("zb1", m, p, 1, lambda a, r, i: d[a.kind]),
-                                ["zb1"], m, p, 1)  # fmt: skip
+    (row,) = bench._bubble_rows(
+        _measured("zb1", m, p, 1, lambda a, r, i: d[a.kind]), ["zb1"], m, p, 1
+    )
     idle = (p - 1) * (d["F"] + d["B"] - d["W"])
     assert row["at_means"] == pytest.approx(idle / (idle + m * sum(d.values())))
     assert row["at_means"] != pytest.approx(row["theory"])
@@ -83,8 +84,10 @@ def test_unequal_stages_and_jitter_are_told_apart() -> None:
 def test_the_wall_bubble_is_measured_on_one_time_line_and_set_against_its_replay() -> None:
     # two ranks, one step: rank 0 computes F (1 s) from t=0, waits, B (1 s) ending at t=4.5;
     # rank 1 computes F and B (1 s each) from t=1.5 to t=3.5 (each hand-off 0.5 s late)
-    wall = [[(0.0, 4.5, 2.0, [("F", 0, 1.0), ("B", 0, 1.0)])],
-            [(1.5, 3.5, 2.0, [("F", 0, 1.0), ("B", 0, 1.0)])]]  # fmt: skip
+    wall = [
+        [(0.0, 4.5, 2.0, [("F", 0, 1.0), ("B", 0, 1.0)])],
+        [(1.5, 3.5, 2.0, [("F", 0, 1.0), ("B", 0, 1.0)])],
+    ]
     per_rank = [{"1f1b": {"wall": w}} for w in wall]
     out = bench._wall(per_rank, "1f1b", 1)
     assert out["wall"] == pytest.approx(1 - 2 / 4.5)  # each rank computes 2 s of 4.5

@@ -33,8 +33,11 @@ def test_row_is_a_valid_train_run(workload: str, label: str) -> None:
 def test_powersgd_rows_at_rank_2_and_4() -> None:
     # the PowerSGD quality targets: rank 2 and 4 on both workloads, against dense
     for workload in ("digits", "pycode"):
-        specs = [flags[flags.index("--compression") + 1]
-                 for flags in CONFIGS[workload].values() if "--compression" in flags]  # fmt: skip
+        specs = [
+            flags[flags.index("--compression") + 1]
+            for flags in CONFIGS[workload].values()
+            if "--compression" in flags
+        ]
         assert {"powersgd:2", "powersgd:4"} <= set(specs)
 
 
@@ -67,7 +70,9 @@ def test_max_steps_is_the_diloco_workloads_only() -> None:
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    for argv in (["--workload", "pycode", "--max-steps", "10"],
-                 ["--workload", "diloco", "--max-steps", "0"]):  # fmt: skip
+    for argv in (
+        ["--workload", "pycode", "--max-steps", "10"],
+        ["--workload", "diloco", "--max-steps", "0"],
+    ):
         with pytest.raises(UsageError, match="--max-steps"):
             run(parser.parse_args(argv))

@@ -32,9 +32,23 @@ def test_a_batch_that_a_world_size_does_not_divide_is_refused() -> None:
 @pytest.mark.timeout(200)
 def test_a_small_matrix_runs_and_meets_the_tolerance(tmp_path: Path) -> None:
     out = tmp_path / "m.json"
-    cmd = [sys.executable, "-m", "disttrain", "bench", "zero-equivalence", "--workers", "2",
-           "--models", "mlp", "--optimizers", "sgd", "--steps", "3",
-           "--json", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "disttrain",
+        "bench",
+        "zero-equivalence",
+        "--workers",
+        "2",
+        "--models",
+        "mlp",
+        "--optimizers",
+        "sgd",
+        "--steps",
+        "3",
+        "--json",
+        str(out),
+    ]
     done = zygote.run(cmd, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     (row,) = json.loads(out.read_text())["rows"]

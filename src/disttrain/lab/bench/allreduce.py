@@ -221,8 +221,9 @@ def _measure_size(
             times[k, i] = time.perf_counter() - start
             sent[k] = torch.tensor([meter.bytes_sent, meter.messages_sent, meter.bytes_copied])
             if not bool((x == n).all()):  # n ones summed: exact in every dtype offered
-                raise RuntimeError(f"{names[k]} gave a wrong sum on rank {rank} "
-                                   f"({_label(numel * itemsize)})")  # fmt: skip
+                raise RuntimeError(
+                    f"{names[k]} gave a wrong sum on rank {rank} ({_label(numel * itemsize)})"
+                )
         if progress is not None:
             progress.advance(task)
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
@@ -232,8 +233,16 @@ def _measure_size(
     check = check_cost_bytes(n) if args.length_check else (0, 0)
     rows = []
     for k, name in enumerate(names):
-        row = _row(name, numel * itemsize, n, times[k].tolist(), sent[k].tolist(), algos[k],
-                   itemsize, check)  # fmt: skip
+        row = _row(
+            name,
+            numel * itemsize,
+            n,
+            times[k].tolist(),
+            sent[k].tolist(),
+            algos[k],
+            itemsize,
+            check,
+        )
         row["times"] = times[k].tolist()
         if name == ANCHOR:
             row["times_anchor"] = times[k].tolist()
@@ -280,8 +289,13 @@ def _spawn(sizes: list[int], names: list[str], args: argparse.Namespace) -> list
 
     # no limit on the whole run (it grows with sizes, algorithms and iterations); a hung
     # call still ends at --timeout, the collectives' own limit
-    per_rank = run_world(measure_in_world, args.workers, (sizes, names, args), timeout=None,
-                         collective_timeout=args.timeout)  # fmt: skip
+    per_rank = run_world(
+        measure_in_world,
+        args.workers,
+        (sizes, names, args),
+        timeout=None,
+        collective_timeout=args.timeout,
+    )
     return [row for rows in per_rank for row in rows]  # rank 0's rows; the others return none
 
 
@@ -330,14 +344,18 @@ def print_rows(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         )
     Console(width=220).print(table)
     if rows:
-        print(f"physical limits measured in this run: single-thread memory copy "
-              f"{rows[0]['memcpy_GBps']:.2f} GB/s, loopback TCP {rows[0]['loopback_tcp_GBps']:.2f} "
-              "GB/s (busbw / memcpy, busbw / tcp: fractions of them)")  # fmt: skip
+        print(
+            f"physical limits measured in this run: single-thread memory copy "
+            f"{rows[0]['memcpy_GBps']:.2f} GB/s, loopback TCP {rows[0]['loopback_tcp_GBps']:.2f} "
+            "GB/s (busbw / memcpy, busbw / tcp: fractions of them)"
+        )
     copied = [r for r in rows if r["bytes_copied_theory"]]
     for r in copied:
-        print(f"{r['algorithm']} {_label(r['size'])}: copied through shared memory "
-              f"{r['bytes_copied_measured']} B (meter), "
-              f"{r['bytes_copied_theory']} B (theory)")  # fmt: skip
+        print(
+            f"{r['algorithm']} {_label(r['size'])}: copied through shared memory "
+            f"{r['bytes_copied_measured']} B (meter), "
+            f"{r['bytes_copied_theory']} B (theory)"
+        )
     print("* native's bytes are gloo's documented ring cost, not observed")
     print("paired: median over rounds of time / native's time in the same round (interleaved)")
 

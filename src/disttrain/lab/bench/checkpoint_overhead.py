@@ -42,8 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--every", type=int, default=10, help="steps between checkpoints")
     parser.add_argument("--model", default="mlp")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--settle", type=int, default=5,
-                        help="checkpoints before the steady-state window")  # fmt: skip
+    parser.add_argument(
+        "--settle", type=int, default=5, help="checkpoints before the steady-state window"
+    )
 
 
 def steady_rate(metrics: str, first: int, last: int) -> float:
@@ -62,8 +63,13 @@ def steady_rate(metrics: str, first: int, last: int) -> float:
 
 
 def _flags(variant: str, a: argparse.Namespace) -> dict[str, Any]:
-    flags: dict[str, Any] = {"workers": a.workers, "model": a.model, "dataset": "digits",
-                             "max_steps": a.steps, "epochs": 100}  # fmt: skip
+    flags: dict[str, Any] = {
+        "workers": a.workers,
+        "model": a.model,
+        "dataset": "digits",
+        "max_steps": a.steps,
+        "epochs": 100,
+    }
     if variant != "none":
         flags["checkpoint_every"] = a.every
     if variant == "async":
@@ -94,19 +100,28 @@ def run(args: argparse.Namespace) -> int:
             seconds = float(summary["time_breakdown"].get("checkpoint", 0.0))
             held[variant].append(seconds / max(1, args.steps // args.every))
             loads.append(os.getloadavg()[0])
-            print(f"round {r} {variant}: {rate[variant][-1]:.2f} steps/s, steady "
-                  f"{steady[variant][-1]:.2f}", flush=True)  # fmt: skip
-    print(f"{args.workers} workers, --model {args.model}, {args.steps} steps, a checkpoint every "
-          f"{args.every}; load average (1 min) during the runs: median "
-          f"{statistics.median(loads):.1f} on {os.cpu_count()} CPUs")  # fmt: skip
+            print(
+                f"round {r} {variant}: {rate[variant][-1]:.2f} steps/s, steady "
+                f"{steady[variant][-1]:.2f}",
+                flush=True,
+            )
+    print(
+        f"{args.workers} workers, --model {args.model}, {args.steps} steps, a checkpoint every "
+        f"{args.every}; load average (1 min) during the runs: median "
+        f"{statistics.median(loads):.1f} on {os.cpu_count()} CPUs"
+    )
     for variant in VARIANTS:
-        line = (f"{variant:9s} {statistics.median(rate[variant]):6.2f} steps/s (steady "
-                f"{statistics.median(steady[variant]):.2f})")  # fmt: skip
+        line = (
+            f"{variant:9s} {statistics.median(rate[variant]):6.2f} steps/s (steady "
+            f"{statistics.median(steady[variant]):.2f})"
+        )
         if variant != "none":
-            line += (f"  overhead vs none {_paired(rate, variant):+.1f} % (paired median; steady,"
-                     f" steps {first}-{last}: {_paired(steady, variant):+.1f} %)"
-                     f"  {1000 * statistics.median(held[variant]):.0f} ms on the training path"
-                     " per checkpoint")  # fmt: skip
+            line += (
+                f"  overhead vs none {_paired(rate, variant):+.1f} % (paired median; steady,"
+                f" steps {first}-{last}: {_paired(steady, variant):+.1f} %)"
+                f"  {1000 * statistics.median(held[variant]):.0f} ms on the training path"
+                " per checkpoint"
+            )
         print(line)
     return 0
 

@@ -41,8 +41,9 @@ PORT = 29531
 def add_arguments(p: argparse.ArgumentParser) -> None:
     bench_allreduce.add_arguments(p)
     # --workers is --hosts × --ranks-per-host here: given, it is refused
-    p.set_defaults(sizes="16MB,64MB", algorithms="ring,hierarchical", iters=5, warmup=1,
-                   workers=None)  # fmt: skip
+    p.set_defaults(
+        sizes="16MB,64MB", algorithms="ring,hierarchical", iters=5, warmup=1, workers=None
+    )
     p.add_argument("--hosts", type=int, default=2)
     p.add_argument(
         "--ranks-per-host", default="2", help="ranks on each host: one number, or one per host"
@@ -68,19 +69,47 @@ def _layout(args: argparse.Namespace) -> list[int]:
 
 def _rank_flags(args: argparse.Namespace) -> list[str]:
     """The flags each rank measures with: the parsed ones, spelled out again."""
-    return ["--sizes", args.sizes, "--algorithms", args.algorithms, "--dtype", args.dtype,
-            "--inter-algorithm", args.inter_algorithm, "--warmup", str(args.warmup),
-            "--iters", str(args.iters), "--timeout", str(args.timeout), "--no-progress",
-            "--length-check" if args.length_check else "--no-length-check"]  # fmt: skip
+    return [
+        "--sizes",
+        args.sizes,
+        "--algorithms",
+        args.algorithms,
+        "--dtype",
+        args.dtype,
+        "--inter-algorithm",
+        args.inter_algorithm,
+        "--warmup",
+        str(args.warmup),
+        "--iters",
+        str(args.iters),
+        "--timeout",
+        str(args.timeout),
+        "--no-progress",
+        "--length-check" if args.length_check else "--no-length-check",
+    ]
 
 
 def _node_script(args: argparse.Namespace, per: list[int], out: str) -> str:
     """What each host runs: its torchrun agent (node rank and master from the cluster)."""
-    agent = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(args.hosts),
-             "--rdzv-backend", "c10d", "--rdzv-id", f"{NAME}-{os.getpid()}"]  # fmt: skip
+    agent = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(args.hosts),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-id",
+        f"{NAME}-{os.getpid()}",
+    ]
     counts = " ".join(str(p) for p in per)  # this host's count: the list's entry at its rank
-    bench = ["-m", "disttrain.lab.bench.cluster_allreduce", *_rank_flags(args),
-             "--worker-json", out]  # fmt: skip
+    bench = [
+        "-m",
+        "disttrain.lab.bench.cluster_allreduce",
+        *_rank_flags(args),
+        "--worker-json",
+        out,
+    ]
     return (
         f'set -- {counts}; shift "$DISTTRAIN_CLUSTER_NODE_RANK"; '
         f'exec {shlex.join(agent)} --nproc-per-node "$1" '
@@ -106,11 +135,29 @@ def run(args: argparse.Namespace) -> int:
     cluster.up(c)
     try:
         link = linkprobe.measure(c.hosts[0], c.hosts[1], c.rate_bits, seconds=1.0)
-        print(f"cluster: {args.hosts} hosts x {per} ranks, {args.rate} links "
-              f"(goodput {link.bits_per_s / 1e6:.0f} Mbit/s)", flush=True)  # fmt: skip
+        print(
+            f"cluster: {args.hosts} hosts x {per} ranks, {args.rate} links "
+            f"(goodput {link.bits_per_s / 1e6:.0f} Mbit/s)",
+            flush=True,
+        )
         script = _node_script(args, per, out)
-        cmd = [sys.executable, "-m", "disttrain", "cluster", "run", "--name", NAME, "--port",
-               str(PORT), "--timeout", "1800", "--", "sh", "-c", script]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "disttrain",
+            "cluster",
+            "run",
+            "--name",
+            NAME,
+            "--port",
+            str(PORT),
+            "--timeout",
+            "1800",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ]
         proc = subprocess.run(cmd, timeout=1900)
         if proc.returncode != 0:
             print(f"cluster-allreduce: the hosts' run failed (exit {proc.returncode})")
@@ -123,9 +170,14 @@ def run(args: argparse.Namespace) -> int:
     bench_allreduce.print_rows(rows, args)
     if args.json_path:
         with open(args.json_path, "w") as fh:
-            record = {"command": "bench cluster-allreduce", "hosts": args.hosts,
-                      "ranks_per_host": per, "rate": args.rate,
-                      "goodput_bits_per_s": link.bits_per_s, "rows": rows}  # fmt: skip
+            record = {
+                "command": "bench cluster-allreduce",
+                "hosts": args.hosts,
+                "ranks_per_host": per,
+                "rate": args.rate,
+                "goodput_bits_per_s": link.bits_per_s,
+                "rows": rows,
+            }
             json.dump(record, fh, indent=1)
     return 0
 

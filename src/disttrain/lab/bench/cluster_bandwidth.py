@@ -24,8 +24,18 @@ NAME = "bench"
 
 
 def _train_args(args: argparse.Namespace) -> list[str]:
-    return ["--strategy", args.strategy, "--model", "mlp", "--dataset", "digits",
-            "--max-steps", str(args.max_steps), "--epochs", "1"]  # fmt: skip
+    return [
+        "--strategy",
+        args.strategy,
+        "--model",
+        "mlp",
+        "--dataset",
+        "digits",
+        "--max-steps",
+        str(args.max_steps),
+        "--epochs",
+        "1",
+    ]
 
 
 def _samples_per_s(argv: list[str], out: str, timeout: float, launcher: list[str]) -> float:
@@ -70,11 +80,16 @@ def run(args: argparse.Namespace) -> int:
                 shaped[rate].append(_samples_per_s(argv, out, 1000, run))
             finally:
                 cluster.down(NAME)
-            print(f"repeat {rep}: {rate}: link {link.bits_per_s / 1e6:.0f} Mbit/s, "
-                  f"{shaped[rate][-1]:.1f} samples/s", flush=True)  # fmt: skip
+            print(
+                f"repeat {rep}: {rate}: link {link.bits_per_s / 1e6:.0f} Mbit/s, "
+                f"{shaped[rate][-1]:.1f} samples/s",
+                flush=True,
+            )
     base = statistics.median(anchor)
-    print(f"\n| setting | link goodput (Mbit/s, median) | samples/s (median of {args.repeats}) "
-          f"| ratio to anchor |")  # fmt: skip
+    print(
+        f"\n| setting | link goodput (Mbit/s, median) | samples/s (median of {args.repeats}) "
+        f"| ratio to anchor |"
+    )
     print("| --- | --- | --- | --- |")
     print(f"| anchor: 1 host x {args.hosts} workers, loopback | - | {base:.1f} | 1.00 |")
     for rate in rates:

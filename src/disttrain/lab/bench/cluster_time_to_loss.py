@@ -130,8 +130,20 @@ def _one_rate(args: argparse.Namespace, rate: str, specs: list[Any]) -> list[dic
     from disttrain.lab.runs import train_run
 
     common = _workload(args)
-    launcher = [sys.executable, "-m", "disttrain", "cluster", "run", "--name", NAME, "--port",
-                str(PORT), "--timeout", str(args.run_timeout), "--"]  # fmt: skip
+    launcher = [
+        sys.executable,
+        "-m",
+        "disttrain",
+        "cluster",
+        "run",
+        "--name",
+        NAME,
+        "--port",
+        str(PORT),
+        "--timeout",
+        str(args.run_timeout),
+        "--",
+    ]
     rows = []
     c = cluster.plan(NAME, args.hosts, rate)
     cluster.down(NAME)
@@ -139,24 +151,35 @@ def _one_rate(args: argparse.Namespace, rate: str, specs: list[Any]) -> list[dic
     try:
         for spec in specs:
             load = os.getloadavg()[0]
-            summary = train_run(spec.flags(common), timeout=args.run_timeout + 60,
-                                launcher=launcher)  # fmt: skip
+            summary = train_run(
+                spec.flags(common), timeout=args.run_timeout + 60, launcher=launcher
+            )
             lines = summary.pop("metrics")
             walls = [m["wall_seconds"] for m in lines if "loss" in m]
             logged = [m["step"] for m in lines if "loss" in m]
-            per_step = [(b - a) / (sb - sa) for a, b, sa, sb
-                        in zip(walls, walls[1:], logged, logged[1:], strict=False)]  # fmt: skip
-            rows.append({
-                "rate": rate, "label": spec.label, "steps": summary["steps"],
-                "curve": mean_curve(lines, args.window // args.log_every),
-                "train_seconds": walls[-1] if walls else float("nan"),
-                "seconds_per_step": statistics.median(per_step) if per_step else float("nan"),
-                "final_test_loss": summary["final_test_loss"],
-                "bytes_sent_per_rank": summary["bytes_sent_per_rank"],
-                "load_start": load, "load_end": os.getloadavg()[0],
-            })  # fmt: skip
-            print(f"# {rate} {spec.label}: {rows[-1]['train_seconds']:.1f} s, test loss "
-                  f"{summary['final_test_loss']:.4f}, load {load:.1f}", flush=True)  # fmt: skip
+            per_step = [
+                (b - a) / (sb - sa)
+                for a, b, sa, sb in zip(walls, walls[1:], logged, logged[1:], strict=False)
+            ]
+            rows.append(
+                {
+                    "rate": rate,
+                    "label": spec.label,
+                    "steps": summary["steps"],
+                    "curve": mean_curve(lines, args.window // args.log_every),
+                    "train_seconds": walls[-1] if walls else float("nan"),
+                    "seconds_per_step": statistics.median(per_step) if per_step else float("nan"),
+                    "final_test_loss": summary["final_test_loss"],
+                    "bytes_sent_per_rank": summary["bytes_sent_per_rank"],
+                    "load_start": load,
+                    "load_end": os.getloadavg()[0],
+                }
+            )
+            print(
+                f"# {rate} {spec.label}: {rows[-1]['train_seconds']:.1f} s, test loss "
+                f"{summary['final_test_loss']:.4f}, load {load:.1f}",
+                flush=True,
+            )
     finally:
         cluster.down(NAME)
     anchor = rows[0]
@@ -180,13 +203,18 @@ def _print(rows: list[dict[str, Any]], window: int) -> None:
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
         final = r["curve"][-1][2] if r["curve"] else float("nan")
-        reach = (f"{r['time_to_target']:.1f} s (step {r['step_at_target']})"
-                 if r["time_to_target"] is not None else "not reached")  # fmt: skip
+        reach = (
+            f"{r['time_to_target']:.1f} s (step {r['step_at_target']})"
+            if r["time_to_target"] is not None
+            else "not reached"
+        )
         ratio = f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-"
-        print(f"| {r['rate']} | {r['label']} | {r['seconds_per_step']:.3f} "
-              f"| {r['train_seconds']:.1f} | {final:.4f} | {r['best_mean_loss']:.4f} | {reach} "
-              f"| {ratio} | {r['final_test_loss']:.4f} "
-              f"| {r['load_start']:.1f}-{r['load_end']:.1f} |")  # fmt: skip
+        print(
+            f"| {r['rate']} | {r['label']} | {r['seconds_per_step']:.3f} "
+            f"| {r['train_seconds']:.1f} | {final:.4f} | {r['best_mean_loss']:.4f} | {reach} "
+            f"| {ratio} | {r['final_test_loss']:.4f} "
+            f"| {r['load_start']:.1f}-{r['load_end']:.1f} |"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -206,7 +234,15 @@ def run(args: argparse.Namespace) -> int:
     _print(rows, args.window)
     if args.json_path:
         with open(args.json_path, "w") as fh:
-            json.dump({"command": "bench cluster-time-to-loss", "hosts": args.hosts,
-                       "workload": args.workload, "max_steps": args.max_steps,
-                       "rows": rows}, fh, indent=1)  # fmt: skip
+            json.dump(
+                {
+                    "command": "bench cluster-time-to-loss",
+                    "hosts": args.hosts,
+                    "workload": args.workload,
+                    "max_steps": args.max_steps,
+                    "rows": rows,
+                },
+                fh,
+                indent=1,
+            )
     return 0

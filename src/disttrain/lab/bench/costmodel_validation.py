@@ -52,8 +52,14 @@ def _uptime() -> str:
 
 
 def _row(kind: str, config: str, measured: float, predicted: float, held_out: bool) -> dict:
-    return {"kind": kind, "config": config, "measured_s": measured, "predicted_s": predicted,
-            "error": abs(predicted - measured) / measured, "held_out": held_out}  # fmt: skip
+    return {
+        "kind": kind,
+        "config": config,
+        "measured_s": measured,
+        "predicted_s": predicted,
+        "error": abs(predicted - measured) / measured,
+        "held_out": held_out,
+    }
 
 
 def _allreduce(cal: Calibration, workers: int) -> list[dict[str, Any]]:
@@ -75,8 +81,15 @@ def _allreduce(cal: Calibration, workers: int) -> list[dict[str, Any]]:
         for r in rows:
             pred, _ = costmodel.allreduce_seconds(r["algorithm"], r["size"], n, net, cal)
             seen = r["size"] in fitted_sizes.get(r["algorithm"], ())
-            out.append(_row("allreduce", f"n={n} {r['algorithm']} {r['size'] >> 10}KB",
-                            r[calibrate.STAT], pred, not seen))  # fmt: skip
+            out.append(
+                _row(
+                    "allreduce",
+                    f"n={n} {r['algorithm']} {r['size'] >> 10}KB",
+                    r[calibrate.STAT],
+                    pred,
+                    not seen,
+                )
+            )
     return out
 
 
@@ -89,12 +102,23 @@ def _dp(cal: Calibration, workers: int, params: int) -> list[dict[str, Any]]:
         rows = calibrate.bench_dp_rows(n, DP_BATCH)
         for fusion in (4.0, 0.0):
             measured = DP_BATCH / rows[f"dp fusion={fusion:g} no-overlap"]["samples_per_second"]
-            work = costmodel.Workload(params=params, batch_size=DP_BATCH, ranks_per_host=n,
-                                      buckets=calibrate.mlp_buckets(fusion))  # fmt: skip
+            work = costmodel.Workload(
+                params=params,
+                batch_size=DP_BATCH,
+                ranks_per_host=n,
+                buckets=calibrate.mlp_buckets(fusion),
+            )
             net = calibrate.loopback_network(cal, n)
             p = costmodel.predict("allreduce:native", work, n, net, cal)
-            out.append(_row("dp", f"n={n} mlp batch {DP_BATCH} fusion {fusion:g}MB", measured,
-                            p.step_seconds, True))  # fmt: skip
+            out.append(
+                _row(
+                    "dp",
+                    f"n={n} mlp batch {DP_BATCH} fusion {fusion:g}MB",
+                    measured,
+                    p.step_seconds,
+                    True,
+                )
+            )
     return out
 
 
@@ -105,8 +129,7 @@ def _step_seconds(out: str) -> float:
     return statistics.median(b - a for a, b in itertools.pairwise(walls[3:]))
 
 
-def _cluster(cal: Calibration, rates: list[str], params: int,
-             steps: int) -> list[dict[str, Any]]:  # fmt: skip
+def _cluster(cal: Calibration, rates: list[str], params: int, steps: int) -> list[dict[str, Any]]:
     from disttrain.cluster import hosts as cluster
     from disttrain.cluster import linkprobe, netns
     from disttrain.comm.errors import UsageError
@@ -129,10 +152,34 @@ def _cluster(cal: Calibration, rates: list[str], params: int,
             # a ring's hosts send and receive at once: goodput measured both ways at once
             link = linkprobe.measure_duplex(c.hosts[0], c.hosts[1], c.rate_bits, seconds=1.0)
             folder = os.path.join(tmp, rate)
-            cmd = [*dt, "cluster", "run", "--name", name, "--timeout", "900", "--", *dt,
-                   "train", "--model", "mlp", "--dataset", "digits", "--batch-size", "64",
-                   "--max-steps", str(steps), "--epochs", "1", "--no-overlap", "--workers", "1",
-                   "--no-progress", "--out", folder]  # fmt: skip
+            cmd = [
+                *dt,
+                "cluster",
+                "run",
+                "--name",
+                name,
+                "--timeout",
+                "900",
+                "--",
+                *dt,
+                "train",
+                "--model",
+                "mlp",
+                "--dataset",
+                "digits",
+                "--batch-size",
+                "64",
+                "--max-steps",
+                str(steps),
+                "--epochs",
+                "1",
+                "--no-overlap",
+                "--workers",
+                "1",
+                "--no-progress",
+                "--out",
+                folder,
+            ]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1000)
             if proc.returncode != 0:
                 raise RuntimeError(f"cluster run failed: {proc.stderr[-1500:]}")
@@ -140,12 +187,19 @@ def _cluster(cal: Calibration, rates: list[str], params: int,
         finally:
             cluster.down(name)
         net = costmodel.Network(alpha=cal.alpha, beta=8 / link.bits_per_s, name=rate)
-        work = costmodel.Workload(params=params, batch_size=64, ranks_per_host=hosts,
-                                  buckets=calibrate.mlp_buckets(4.0))  # fmt: skip
+        work = costmodel.Workload(
+            params=params, batch_size=64, ranks_per_host=hosts, buckets=calibrate.mlp_buckets(4.0)
+        )
         p = costmodel.predict("allreduce:native", work, hosts, net, cal)
-        out.append(_row("cluster", f"{hosts} hosts {rate} (goodput "
-                        f"{link.bits_per_s / 1e6:.0f} Mbit/s) mlp batch 64", measured,
-                        p.step_seconds, True))  # fmt: skip
+        out.append(
+            _row(
+                "cluster",
+                f"{hosts} hosts {rate} (goodput {link.bits_per_s / 1e6:.0f} Mbit/s) mlp batch 64",
+                measured,
+                p.step_seconds,
+                True,
+            )
+        )
     return out
 
 
@@ -164,8 +218,10 @@ def _table(title: str, rows: list[dict[str, Any]]) -> None:
     print("| --- | --- | ---: | ---: | ---: |")
     for r in rows:
         signed = (r["predicted_s"] - r["measured_s"]) / r["measured_s"]
-        print(f"| {r['kind']} | {r['config']} | {r['measured_s'] * 1e3:.3g} | "
-              f"{r['predicted_s'] * 1e3:.3g} | {signed:+.0%} |")  # fmt: skip
+        print(
+            f"| {r['kind']} | {r['config']} | {r['measured_s'] * 1e3:.3g} | "
+            f"{r['predicted_s'] * 1e3:.3g} | {signed:+.0%} |"
+        )
 
 
 def report(rows: list[dict[str, Any]]) -> dict[str, str]:
@@ -216,9 +272,13 @@ def run(args: argparse.Namespace) -> int:
     summary = report(rows)
     print(f"uptime before: {up_before}\nuptime after:  {up_after}")
     if args.json:
-        result = {"uptime_before": up_before, "uptime_after": up_after,
-                  "calibration": cal.__dict__, "rows": rows,
-                  "summary": summary}  # fmt: skip
+        result = {
+            "uptime_before": up_before,
+            "uptime_after": up_after,
+            "calibration": cal.__dict__,
+            "rows": rows,
+            "summary": summary,
+        }
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1, default=str)
     return 0

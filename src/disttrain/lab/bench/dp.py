@@ -61,13 +61,25 @@ def _configs(args: argparse.Namespace) -> list[dict[str, Any]]:
     ]
     if args.sweep:
         for mb in SWEEP_MB:
-            out.append({"name": f"dp fusion={mb:g} overlap", "kind": "dp", "fusion_mb": mb,
-                        "overlap": True})  # fmt: skip
+            out.append(
+                {
+                    "name": f"dp fusion={mb:g} overlap",
+                    "kind": "dp",
+                    "fusion_mb": mb,
+                    "overlap": True,
+                }
+            )
         return out
     for mb in (f, 0.0):
         for overlap in (True, False):
-            out.append({"name": f"dp fusion={mb:g} {'overlap' if overlap else 'no-overlap'}",
-                        "kind": "dp", "fusion_mb": mb, "overlap": overlap})  # fmt: skip
+            out.append(
+                {
+                    "name": f"dp fusion={mb:g} {'overlap' if overlap else 'no-overlap'}",
+                    "kind": "dp",
+                    "fusion_mb": mb,
+                    "overlap": overlap,
+                }
+            )
     return out
 
 
@@ -121,9 +133,13 @@ def _build(cfg: dict[str, Any], args: argparse.Namespace, data: Any) -> tuple[St
             timer.time("optimizer", opt.step)
 
         return step, None
-    flags = {"algorithm": args.algorithm, "workers": 1 if single else n,
-             "batch_size": args.batch_size, "fusion_mb": cfg.get("fusion_mb", args.fusion_mb),
-             "overlap": cfg.get("overlap", True)}  # fmt: skip
+    flags = {
+        "algorithm": args.algorithm,
+        "workers": 1 if single else n,
+        "batch_size": args.batch_size,
+        "fusion_mb": cfg.get("fusion_mb", args.fusion_mb),
+        "overlap": cfg.get("overlap", True),
+    }
     w = world_mod.World(0, 1, 0, world.backend, world.device, world.timeout) if single else world
     strategy = strategies.get("allreduce")(config.load(flags), w, loss_fn)
     assert isinstance(strategy, AllReduce)
@@ -218,22 +234,27 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         # --timeout bounds the whole run and, inside it, every collective
-        raw = run_world(_rank_main, args.workers, (args,), timeout=args.timeout,
-                        collective_timeout=args.timeout)[0]  # fmt: skip
+        raw = run_world(
+            _rank_main, args.workers, (args,), timeout=args.timeout, collective_timeout=args.timeout
+        )[0]
     except (RankError, WorldTimeout) as exc:
         sys.stderr.write(f"disttrain: error: bench dp failed: {str(exc).splitlines()[0]}\n")
         return 1
     assert raw is not None
     rows = _summarise(raw, args)
-    print(f"bench dp: model={args.model} workers={args.workers} batch={args.batch_size} "
-          f"algorithm={args.algorithm} steps={args.steps} per config, interleaved "
-          "step by step (shared machine: medians, [p25, p75])")  # fmt: skip
+    print(
+        f"bench dp: model={args.model} workers={args.workers} batch={args.batch_size} "
+        f"algorithm={args.algorithm} steps={args.steps} per config, interleaved "
+        "step by step (shared machine: medians, [p25, p75])"
+    )
     print(f"{'config':<28}{'samples/s':>11}{'[p25, p75]':>20}{'/DDP':>7}   step ms (median)")
     for name, row in rows.items():
         spread = f"[{row['p25']:.0f}, {row['p75']:.0f}]"
         phases = " ".join(f"{k}={v:.1f}" for k, v in row["step_ms"].items())
-        print(f"{name:<28}{row['samples_per_second']:>11.0f}{spread:>20}"
-              f"{row['ratio_to_ddp']:>7.3f}   {phases}")  # fmt: skip
+        print(
+            f"{name:<28}{row['samples_per_second']:>11.0f}{spread:>20}"
+            f"{row['ratio_to_ddp']:>7.3f}   {phases}"
+        )
     print(f"disttrain-1 / plain = {rows['disttrain-1']['ratio_to_plain']:.3f}")
     if args.json:
         with open(args.json, "w") as fh:

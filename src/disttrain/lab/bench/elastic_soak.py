@@ -69,15 +69,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--events", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gap", type=int, default=30, help="least steps between events")
-    parser.add_argument("--max-seconds", type=float, default=1200.0,
-                        help="fire no event after this many seconds")  # fmt: skip
-    parser.add_argument("--steps-per-event", type=int, default=80,
-                        help="the job's --max-steps is events x this + 30: room for the steps "
-                        "trained while a joiner starts (~45 at 2 cores)")  # fmt: skip
+    parser.add_argument(
+        "--max-seconds", type=float, default=1200.0, help="fire no event after this many seconds"
+    )
+    parser.add_argument(
+        "--steps-per-event",
+        type=int,
+        default=80,
+        help="the job's --max-steps is events x this + 30: room for the steps "
+        "trained while a joiner starts (~45 at 2 cores)",
+    )
     parser.add_argument("--timeout", type=float, default=3.0, help="the job's --timeout")
     parser.add_argument("--out", default="", help="the job's folder (default: a temporary one)")
-    parser.add_argument("--reference", action="store_true",
-                        help="also run the job undisturbed: its final accuracy")  # fmt: skip
+    parser.add_argument(
+        "--reference", action="store_true", help="also run the job undisturbed: its final accuracy"
+    )
 
 
 def _procs() -> dict[int, tuple[int, str, str]]:
@@ -168,15 +174,37 @@ class _Soak:
 
     def join(self) -> None:
         cmd = [sys.executable, "-m", "disttrain", "train", "--join", self.out]
-        self.joiners.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
-                                             stderr=subprocess.DEVNULL))  # fmt: skip
+        self.joiners.append(
+            subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        )
 
 
 def _train(a: argparse.Namespace, out: str, steps: int) -> list[str]:
-    return [sys.executable, "-m", "disttrain", "train", "--workers", "3", "--min-workers", "2",
-            "--max-workers", "3", "--batch-size", "24", "--seed", str(a.seed), "--epochs",
-            "1000", "--max-steps", str(steps), "--timeout", str(a.timeout), "--no-progress",
-            "--out", out]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "disttrain",
+        "train",
+        "--workers",
+        "3",
+        "--min-workers",
+        "2",
+        "--max-workers",
+        "3",
+        "--batch-size",
+        "24",
+        "--seed",
+        str(a.seed),
+        "--epochs",
+        "1000",
+        "--max-steps",
+        str(steps),
+        "--timeout",
+        str(a.timeout),
+        "--no-progress",
+        "--out",
+        out,
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -208,10 +236,16 @@ def _fire(soak: _Soak, job: subprocess.Popen[bytes], event: Event) -> dict[str, 
         if soak.wait_for(have + 1, limit, job) and soak.changes()[have].get("joined"):
             break
     joined = [c for c in soak.changes()[before + 1 :] if c.get("joined")]
-    return {"event": event.kind, "pid": pid, "lost": lost.get("lost"), "at": lost["step"],
-            "lost_s": lost.get("seconds_lost"), "joined": joined[0]["joined"] if joined else None,
-            "join_s": joined[0].get("seconds_lost") if joined else None,
-            "wall_s": round(time.monotonic() - t0, 1)}  # fmt: skip
+    return {
+        "event": event.kind,
+        "pid": pid,
+        "lost": lost.get("lost"),
+        "at": lost["step"],
+        "lost_s": lost.get("seconds_lost"),
+        "joined": joined[0]["joined"] if joined else None,
+        "join_s": joined[0].get("seconds_lost") if joined else None,
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
 
 
 def _soak(a: argparse.Namespace, out: str) -> int:
@@ -241,8 +275,16 @@ def _soak(a: argparse.Namespace, out: str) -> int:
     return _report(a, out, steps, code, joiner_codes, fired, shm_before, start)
 
 
-def _report(a: argparse.Namespace, out: str, steps: int, code: int, joiner_codes: list[int],
-            fired: list[dict[str, Any]], shm_before: set[str], start: float) -> int:  # fmt: skip
+def _report(
+    a: argparse.Namespace,
+    out: str,
+    steps: int,
+    code: int,
+    joiner_codes: list[int],
+    fired: list[dict[str, Any]],
+    shm_before: set[str],
+    start: float,
+) -> int:
     lines = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     missing, repeated = step_errors([r["step"] for r in lines if "loss" in r], steps)
     summary = json.loads((Path(out) / "summary.json").read_text()) if code == 0 else {}
@@ -253,8 +295,10 @@ def _report(a: argparse.Namespace, out: str, steps: int, code: int, joiner_codes
     shm_new = sorted(set(os.listdir("/dev/shm")) - shm_before)
     kills = sum(f["event"] == "kill" for f in fired)
     print(f"load average (1 min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    print(f"events fired: {len(fired)} of {a.events} ({kills} kill, {len(fired) - kills} hang) "
-          f"in {time.monotonic() - start:.0f} s")  # fmt: skip
+    print(
+        f"events fired: {len(fired)} of {a.events} ({kills} kill, {len(fired) - kills} hang) "
+        f"in {time.monotonic() - start:.0f} s"
+    )
     print(f"job exit code: {code}; joiners' exit codes: {sorted(set(joiner_codes))}")
     # a step only some survivors finished has its line too (the one ahead hands it over)
     print(f"steps 1..{steps}: missing {missing or 'none'}, repeated {repeated or 'none'}")
@@ -271,11 +315,26 @@ def _report(a: argparse.Namespace, out: str, steps: int, code: int, joiner_codes
     if a.reference:
         from disttrain.lab.runs import train_run
 
-        ref = train_run({"workers": 3, "batch_size": 24, "seed": a.seed, "epochs": 1000,
-                         "max_steps": steps, "timeout": a.timeout})  # fmt: skip
+        ref = train_run(
+            {
+                "workers": 3,
+                "batch_size": 24,
+                "seed": a.seed,
+                "epochs": 1000,
+                "max_steps": steps,
+                "timeout": a.timeout,
+            }
+        )
         print(f"undisturbed run (3 workers): final accuracy {ref['final_accuracy']}")
     beaten = 1 if fired and fired[-1].get("joined") is None else 0  # the job ended first
-    ok = (code == 0 and not missing and not repeated and len(left) == len(fired)
-          and len(joined) >= len(fired) - beaten and not left_over and not shm_new)  # fmt: skip
+    ok = (
+        code == 0
+        and not missing
+        and not repeated
+        and len(left) == len(fired)
+        and len(joined) >= len(fired) - beaten
+        and not left_over
+        and not shm_new
+    )
     print("soak: PASS" if ok else "soak: FAIL")
     return 0 if ok else 1

@@ -55,27 +55,40 @@ def run(args: argparse.Namespace) -> int:
     variants = {
         "same lr": {},
         "linear scaling + warm-up": {
-            "lr_scaling": "linear", "base_batch_size": args.base_batch_size,
+            "lr_scaling": "linear",
+            "base_batch_size": args.base_batch_size,
             "warmup_epochs": args.warmup_epochs,
         },
-    }  # fmt: skip
+    }
     rows = []
     with Progress(console=Console(stderr=True)) as progress:
         task = progress.add_task("large batch", total=len(batches) * len(variants))
         for batch in batches:
             for name, flags in variants.items():
                 progress.update(task, description=f"batch {batch}, {name}")
-                summary = train_run({
-                    "dataset": args.dataset, "model": args.model, "epochs": args.epochs,
-                    "workers": args.workers, "batch_size": batch, "lr": args.lr,
-                    **flags, **_extra(args.extra),
-                })  # fmt: skip
-                rows.append({
-                    "global_batch": batch, "variant": name, "final_lr": summary["final_lr"],
-                    "final_accuracy": summary["final_accuracy"],
-                    "final_test_loss": summary["final_test_loss"], "steps": summary["steps"],
-                    "samples_per_second": summary["samples_per_second"],
-                })  # fmt: skip
+                summary = train_run(
+                    {
+                        "dataset": args.dataset,
+                        "model": args.model,
+                        "epochs": args.epochs,
+                        "workers": args.workers,
+                        "batch_size": batch,
+                        "lr": args.lr,
+                        **flags,
+                        **_extra(args.extra),
+                    }
+                )
+                rows.append(
+                    {
+                        "global_batch": batch,
+                        "variant": name,
+                        "final_lr": summary["final_lr"],
+                        "final_accuracy": summary["final_accuracy"],
+                        "final_test_loss": summary["final_test_loss"],
+                        "steps": summary["steps"],
+                        "samples_per_second": summary["samples_per_second"],
+                    }
+                )
                 progress.advance(task)
     title = f"{args.model} on {args.dataset}, {args.epochs} epochs"
     table = Table(title=f"{title}, lr {args.lr} at batch {args.base_batch_size}")
@@ -83,8 +96,14 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(col, justify="right")
     for r in rows:
         acc = "-" if r["final_accuracy"] is None else f"{r['final_accuracy']:.4f}"
-        table.add_row(str(r["global_batch"]), str(r["variant"]), str(r["steps"]),
-                      f"{r['final_lr']:.4g}", acc, f"{r['final_test_loss']:.4f}")  # fmt: skip
+        table.add_row(
+            str(r["global_batch"]),
+            str(r["variant"]),
+            str(r["steps"]),
+            f"{r['final_lr']:.4g}",
+            acc,
+            f"{r['final_test_loss']:.4f}",
+        )
     Console().print(table)
     if args.json:
         with open(args.json, "w") as fh:

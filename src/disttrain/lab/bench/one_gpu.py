@@ -39,10 +39,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--precision", default="bf16", choices=("fp32", "bf16", "fp16"))
     parser.add_argument("--lr", type=float, default=3e-4)
-    parser.add_argument("--check-finite", action=argparse.BooleanOptionalAction, default=True,
-                        help="the trainer's per-step gradient check (its default: on)")  # fmt: skip
-    parser.add_argument("--peak-tflops", type=float, default=0.0,
-                        help="the card's peak bf16 TFLOP/s (default: from its name)")  # fmt: skip
+    parser.add_argument(
+        "--check-finite",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the trainer's per-step gradient check (its default: on)",
+    )
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=0.0,
+        help="the card's peak bf16 TFLOP/s (default: from its name)",
+    )
     parser.add_argument("--json", default="", help="write the figures to this file")
 
 
@@ -95,12 +103,24 @@ def _trainer(args: argparse.Namespace, chars: int, check_finite: bool) -> list[f
     """``disttrain train``'s step end times (metrics.jsonl's wall_seconds, one line a step)."""
     from disttrain.lab.runs import train_run
 
-    summary = train_run({
-        "device": "cuda", "workers": 1, "model": args.model, "dataset": "pycode",
-        "seq_len": args.seq_len, "pycode_chars": chars, "batch_size": args.batch_size,
-        "max_steps": args.steps, "epochs": 1, "precision": args.precision,
-        "optimizer": "adam", "lr": args.lr, "check_finite": check_finite,
-    }, timeout=900)  # fmt: skip
+    summary = train_run(
+        {
+            "device": "cuda",
+            "workers": 1,
+            "model": args.model,
+            "dataset": "pycode",
+            "seq_len": args.seq_len,
+            "pycode_chars": chars,
+            "batch_size": args.batch_size,
+            "max_steps": args.steps,
+            "epochs": 1,
+            "precision": args.precision,
+            "optimizer": "adam",
+            "lr": args.lr,
+            "check_finite": check_finite,
+        },
+        timeout=900,
+    )
     lines = [m for m in summary["metrics"] if "wall_seconds" in m and "test_loss" not in m]
     return [float(m["wall_seconds"]) for m in sorted(lines, key=lambda m: m["step"])]
 
@@ -125,9 +145,11 @@ def run(args: argparse.Namespace) -> int:
         ours.append(_steady(_trainer(args, chars, args.check_finite), args.warmup, tokens))
         if args.check_finite:
             unchecked.append(_steady(_trainer(args, chars, False), args.warmup, tokens))
-        print(f"round {r + 1}: plain {plain[-1]:,.0f} tokens/s, disttrain {ours[-1]:,.0f}"
-              + (f", --no-check-finite {unchecked[-1]:,.0f}" if unchecked else ""),
-              flush=True)  # fmt: skip
+        print(
+            f"round {r + 1}: plain {plain[-1]:,.0f} tokens/s, disttrain {ours[-1]:,.0f}"
+            + (f", --no-check-finite {unchecked[-1]:,.0f}" if unchecked else ""),
+            flush=True,
+        )
     name = torch.cuda.get_device_name()
     peak = args.peak_tflops * 1e12 or next((v for k, v in PEAK_BF16.items() if k in name), 0.0)
     per_token = flops_per_token(build_model(args.model, data), args.seq_len)
@@ -135,17 +157,30 @@ def run(args: argparse.Namespace) -> int:
     mfu = statistics.median(ours) * per_token / peak if peak else float("nan")
     mfu_plain = statistics.median(plain) * per_token / peak if peak else float("nan")
     result = {
-        "device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
-        "model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len,
-        "precision": args.precision, "steps": args.steps, "warmup": args.warmup,
-        "check_finite": args.check_finite, "plain_tokens_per_s": plain,
+        "device": name,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "model": args.model,
+        "batch_size": args.batch_size,
+        "seq_len": args.seq_len,
+        "precision": args.precision,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "check_finite": args.check_finite,
+        "plain_tokens_per_s": plain,
         "disttrain_no_check_finite_tokens_per_s": unchecked,
-        "disttrain_tokens_per_s": ours, "ratio": ratio, "flops_per_token": per_token,
-        "peak_flops": peak, "mfu": mfu, "mfu_plain": mfu_plain,
-    }  # fmt: skip
-    print(f"{name}: disttrain / plain loop (paired, median) {ratio:.3f}; "
-          f"MFU disttrain {mfu:.1%}, plain {mfu_plain:.1%} "
-          f"({per_token / 1e9:.2f} GFLOP/token, peak {peak / 1e12:.0f} TFLOP/s)")  # fmt: skip
+        "disttrain_tokens_per_s": ours,
+        "ratio": ratio,
+        "flops_per_token": per_token,
+        "peak_flops": peak,
+        "mfu": mfu,
+        "mfu_plain": mfu_plain,
+    }
+    print(
+        f"{name}: disttrain / plain loop (paired, median) {ratio:.3f}; "
+        f"MFU disttrain {mfu:.1%}, plain {mfu_plain:.1%} "
+        f"({per_token / 1e9:.2f} GFLOP/token, peak {peak / 1e12:.0f} TFLOP/s)"
+    )
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1)

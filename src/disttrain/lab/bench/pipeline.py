@@ -49,21 +49,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per measurement")
     parser.add_argument("--show-schedule", action="store_true", help="print the diagrams, exit")
     parser.add_argument(
-        "--schedule", default="gpipe,1f1b",
+        "--schedule",
+        default="gpipe,1f1b",
         help="--show-schedule: the schedules to draw (any of gpipe, 1f1b, interleaved, zb1, zb2)",
-    )  # fmt: skip
+    )
     parser.add_argument("--virtual-stages", type=int, default=2, help="V of --schedule interleaved")
     parser.add_argument("--skip-torch", action="store_true", help="leave out the torch anchors")
     parser.add_argument("--bubble-only", action="store_true", help="measure the bubble only")
     parser.add_argument("--out", default="", help="folder for results.json and bubble.png")
     parser.add_argument(
-        "--recv-ahead", choices=("auto", "on", "off"), default="auto",
+        "--recv-ahead",
+        choices=("auto", "on", "off"),
+        default="auto",
         help="post each receive one action early (auto: the runner's default for the schedule)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--unequal", action="store_true",
+        "--unequal",
+        action="store_true",
         help="bubble: leave stage 0's input without a gradient (its backward then does less)",
-    )  # fmt: skip
+    )
 
 
 def _model(stages: int, per_stage: int, width: int) -> nn.Sequential:
@@ -129,9 +133,13 @@ def _ours(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
         # equal stages: stage 0's backward then computes its input gradient, as every other's does
         parts[0] = nn.Sequential(_InputGrad(), parts[0])
     runner = PipelineRunner(
-        parts[rank], rank, schedule.build(sched, m, p), meta, F.mse_loss,
+        parts[rank],
+        rank,
+        schedule.build(sched, m, p),
+        meta,
+        F.mse_loss,
         recv_ahead=_recv_ahead(a, sched),
-    )  # fmt: skip
+    )
     x, y = torch.randn(a.batch, a.width), torch.randn(a.batch, a.width)
     steps: list[dict[str, float]] = []
 
@@ -140,8 +148,7 @@ def _ours(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
         steps.append(dict(vars(runner.times)))
 
     times = _time_steps(step, a.repeats)
-    return {"step": statistics.median(times), "steps": steps[2:],
-            "peak": runner.activations.peak}  # fmt: skip
+    return {"step": statistics.median(times), "steps": steps[2:], "peak": runner.activations.peak}
 
 
 def bubble(per_rank: list[list[dict[str, float]]]) -> dict[str, float]:
@@ -166,11 +173,17 @@ def bubble(per_rank: list[list[dict[str, float]]]) -> dict[str, float]:
         # the same actions' measured durations, hand-offs instant: the stages' inequality alone
         ideal, busy = schedule.replay([list(t["actions"]) for t in step])
         instant = statistics.mean(1.0 - b / ideal for b in busy) if ideal > 0 else 0.0
-        rows.append((statistics.mean(idle), statistics.mean(own), statistics.mean(lost), window,
-                     instant))  # fmt: skip
+        rows.append(
+            (statistics.mean(idle), statistics.mean(own), statistics.mean(lost), window, instant)
+        )
     med = [statistics.median(col) for col in zip(*rows, strict=True)]
-    return {"measured": med[0], "own_step": med[1], "preempted": med[2], "window": med[3],
-            "instant_hand_offs": med[4]}  # fmt: skip
+    return {
+        "measured": med[0],
+        "own_step": med[1],
+        "preempted": med[2],
+        "window": med[3],
+        "instant_hand_offs": med[4],
+    }
 
 
 def _torch_pipe(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
@@ -196,9 +209,13 @@ def _torch_pipe(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
     )
     meta = [copy.deepcopy(s).to("meta") for s in ours_parts]
     runner = PipelineRunner(
-        ours_parts[rank], rank, schedule.build(sched, m, p), meta, F.mse_loss,
+        ours_parts[rank],
+        rank,
+        schedule.build(sched, m, p),
+        meta,
+        F.mse_loss,
         recv_ahead=_recv_ahead(a, sched),
-    )  # fmt: skip
+    )
     parts = placement.split(_model(p, a.layers_per_stage, a.width), [2 * a.layers_per_stage] * p)
     stage = PipelineStage(parts[rank], rank, p, torch.device("cpu"))
     cls = ScheduleGPipe if sched == "gpipe" else Schedule1F1B
@@ -231,11 +248,14 @@ def _torch_pipe(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
             torch_t.append(t)
     ratios = [o / t for o, t in zip(ours_t, torch_t, strict=True)]
     # timed rounds start at i = 2 (even): ours ran first in ratios[0::2], torch in ratios[1::2]
-    return {"ours": statistics.median(ours_t), "torch": statistics.median(torch_t),
-            "paired": statistics.median(ratios),
-            "paired_ours_first": statistics.median(ratios[0::2]),
-            "paired_torch_first": statistics.median(ratios[1::2]) if len(ratios) > 1 else None,
-            "peak": runner.activations.peak}  # fmt: skip
+    return {
+        "ours": statistics.median(ours_t),
+        "torch": statistics.median(torch_t),
+        "paired": statistics.median(ratios),
+        "paired_ours_first": statistics.median(ratios[0::2]),
+        "paired_torch_first": statistics.median(ratios[1::2]) if len(ratios) > 1 else None,
+        "peak": runner.activations.peak,
+    }
 
 
 def _plot(
@@ -280,10 +300,13 @@ def run(a: argparse.Namespace) -> int:
                 except ValueError as exc:
                     raise UsageError(str(exc)) from None
                 held = [f"{kind.held(m, p, v, r):g}" for r in range(p)]
-                print(f"{name}  M={m} P={p}" + (f" V={v}" if kind.virtual else "")
-                      + f"  bubble {schedule.bubble_fraction(grid):.3f} "
-                      f"(theory {kind.bubble(m, p, v):.3f})  activations held per rank "
-                      f"{', '.join(held)} stages' worth")  # fmt: skip
+                print(
+                    f"{name}  M={m} P={p}"
+                    + (f" V={v}" if kind.virtual else "")
+                    + f"  bubble {schedule.bubble_fraction(grid):.3f} "
+                    f"(theory {kind.bubble(m, p, v):.3f})  activations held per rank "
+                    f"{', '.join(held)} stages' worth"
+                )
                 print(schedule.render(grid), end="\n\n")
         return 0
     if not 1 <= p <= 4:
@@ -291,20 +314,30 @@ def run(a: argparse.Namespace) -> int:
     if any(a.batch % m for m in ms):
         raise UsageError(f"--batch {a.batch} must be divisible by every --microbatches value")
     results: dict[str, Any] = {"stages": p, "width": a.width, "batch": a.batch, "bubble": []}
-    print(f"GPipe bubble, P={p}, {a.layers_per_stage} x Linear({a.width}) per stage, "
-          f"batch {a.batch} (median of {a.repeats} steps; shared, noisy machine)")  # fmt: skip
-    print(f"{'M':>4} {'theory':>8} {'measured':>9} {'rel.err':>8} {'own step':>9} "
-          f"{'preempted':>10} {'instant':>8} {'step s':>8}")  # fmt: skip
+    print(
+        f"GPipe bubble, P={p}, {a.layers_per_stage} x Linear({a.width}) per stage, "
+        f"batch {a.batch} (median of {a.repeats} steps; shared, noisy machine)"
+    )
+    print(
+        f"{'M':>4} {'theory':>8} {'measured':>9} {'rel.err':>8} {'own step':>9} "
+        f"{'preempted':>10} {'instant':>8} {'step s':>8}"
+    )
     for m in ms:
         per_rank = _spawn(_ours, p, (a, "gpipe", m))
         theory = (p - 1) / (m + p - 1)
-        row = {"m": m, "theory": theory, **bubble([r["steps"] for r in per_rank]),
-               "step": per_rank[0]["step"]}  # fmt: skip
+        row = {
+            "m": m,
+            "theory": theory,
+            **bubble([r["steps"] for r in per_rank]),
+            "step": per_rank[0]["step"],
+        }
         results["bubble"].append(row)
         err = (row["measured"] - theory) / theory if theory else 0.0
-        print(f"{m:>4} {theory:>8.3f} {row['measured']:>9.3f} {err:>+8.1%} "
-              f"{row['own_step']:>9.3f} {row['preempted']:>10.3f} "
-              f"{row['instant_hand_offs']:>8.3f} {row['step']:>8.4f}")  # fmt: skip
+        print(
+            f"{m:>4} {theory:>8.3f} {row['measured']:>9.3f} {err:>+8.1%} "
+            f"{row['own_step']:>9.3f} {row['preempted']:>10.3f} "
+            f"{row['instant_hand_offs']:>8.3f} {row['step']:>8.4f}"
+        )
     m = max(ms)
     if a.bubble_only:
         return _write(a, results, ms, p)
@@ -316,28 +349,38 @@ def run(a: argparse.Namespace) -> int:
             row = {"ours": ours[0]["step"], "peak_activation_bytes": [r["peak"] for r in ours]}
         else:
             both = _spawn(_torch_pipe, p, (a, sched, m))
-            row = {"ours": both[0]["ours"], "torch": both[0]["torch"],
-                   "ratio": both[0]["ours"] / both[0]["torch"], "paired": both[0]["paired"],
-                   "paired_ours_first": both[0]["paired_ours_first"],
-                   "paired_torch_first": both[0]["paired_torch_first"],
-                   "peak_activation_bytes": [r["peak"] for r in both]}  # fmt: skip
+            row = {
+                "ours": both[0]["ours"],
+                "torch": both[0]["torch"],
+                "ratio": both[0]["ours"] / both[0]["torch"],
+                "paired": both[0]["paired"],
+                "paired_ours_first": both[0]["paired_ours_first"],
+                "paired_torch_first": both[0]["paired_torch_first"],
+                "peak_activation_bytes": [r["peak"] for r in both],
+            }
         results["schedules"][sched] = row
-        anchor = (f"torch {row['torch']:.4f} s  ratio {row['ratio']:.2f}  "
-                  f"paired {row['paired']:.2f} (ours first {row['paired_ours_first']:.2f}, "
-                  f"torch first {row['paired_torch_first'] or 0:.2f})"
-                  if "torch" in row else "")  # fmt: skip
-        print(f"  {sched:<6} ours {row['ours']:.4f} s  {anchor}  "
-              f"peak activations per stage {row['peak_activation_bytes']}")  # fmt: skip
+        anchor = (
+            f"torch {row['torch']:.4f} s  ratio {row['ratio']:.2f}  "
+            f"paired {row['paired']:.2f} (ours first {row['paired_ours_first']:.2f}, "
+            f"torch first {row['paired_torch_first'] or 0:.2f})"
+            if "torch" in row
+            else ""
+        )
+        print(
+            f"  {sched:<6} ours {row['ours']:.4f} s  {anchor}  "
+            f"peak activations per stage {row['peak_activation_bytes']}"
+        )
     if p > 1:
         print(f"\nTensor slicing, Linear({a.width},{4 * a.width})-ReLU-Linear on {p} ranks")
         print("  (all in the same processes, order rotating each round; paired = median over")
         print("   rounds of this step / DTensor's step in the same round)")
         results["tensor"] = _spawn(bench_tensor.paired_steps, p, (a, not a.skip_torch))[0]
         for how, r in results["tensor"].items():
-            anchor = (f"  ratio {r['ratio']:.2f}  paired {r['paired']:.2f}"
-                      if "paired" in r else "")  # fmt: skip
-            print(f"  {how:<9} {r['step']:.4f} s  metered {r['bytes_per_step'] / 1e6:.2f} "
-                  f"MB/step{anchor}")  # fmt: skip
+            anchor = f"  ratio {r['ratio']:.2f}  paired {r['paired']:.2f}" if "paired" in r else ""
+            print(
+                f"  {how:<9} {r['step']:.4f} s  metered {r['bytes_per_step'] / 1e6:.2f} "
+                f"MB/step{anchor}"
+            )
     return _write(a, results, ms, p)
 
 
@@ -347,7 +390,12 @@ def _write(a: argparse.Namespace, results: dict[str, Any], ms: list[int], p: int
         with open(os.path.join(a.out, "results.json"), "w") as fh:
             json.dump(results, fh, indent=2)
         bub = results["bubble"]
-        _plot(os.path.join(a.out, "bubble.png"), ms, p, [b["measured"] for b in bub],
-              [b["instant_hand_offs"] for b in bub])  # fmt: skip
+        _plot(
+            os.path.join(a.out, "bubble.png"),
+            ms,
+            p,
+            [b["measured"] for b in bub],
+            [b["instant_hand_offs"] for b in bub],
+        )
         print(f"\nwrote {a.out}/results.json and {a.out}/bubble.png")
     return 0

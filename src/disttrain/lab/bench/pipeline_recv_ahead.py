@@ -63,9 +63,10 @@ def work(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
     out = bench_tensor.summarize(times, dict.fromkeys(names, 0.0), anchor="torch")
     # ours on-demand over ours ahead, round by round
     out["on-demand"]["paired_vs_ahead"] = bench_tensor.summarize(
-        {"on-demand": times["on-demand"], "ahead": times["ahead"]}, {"on-demand": 0, "ahead": 0},
+        {"on-demand": times["on-demand"], "ahead": times["ahead"]},
+        {"on-demand": 0, "ahead": 0},
         anchor="ahead",
-    )["on-demand"]["paired"]  # fmt: skip
+    )["on-demand"]["paired"]
     return out
 
 
@@ -83,8 +84,12 @@ def run(args: argparse.Namespace) -> int:
     if args.microbatches < 1 or args.rounds < 1 or args.width < 1 or args.batch < 1:
         raise UsageError("microbatches, rounds, width and batch must be at least 1")
     sched, m, reps, width, batch = (
-        args.schedule, args.microbatches, args.rounds, args.width, args.batch,
-    )  # fmt: skip
+        args.schedule,
+        args.microbatches,
+        args.rounds,
+        args.width,
+        args.batch,
+    )
     a = argparse.Namespace(layers_per_stage=2, width=width, batch=batch, repeats=reps)
     with open("/proc/loadavg") as fh:
         load = fh.read().split()[0]

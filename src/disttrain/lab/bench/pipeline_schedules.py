@@ -62,14 +62,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed steps (rounds)")
     parser.add_argument("--skip-torch", action="store_true", help="leave out the torch anchors")
     parser.add_argument(
-        "--pairs", default="interleaved/torch,zb1/torch,zb1/1f1b,zb2/1f1b",
+        "--pairs",
+        default="interleaved/torch,zb1/torch,zb1/1f1b,zb2/1f1b",
         help="paired step times OURS/ANCHOR (ANCHOR: one of ours, or torch), comma-separated; "
         "'none' for none",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--wall", dest="cpu", action="store_false",
+        "--wall",
+        dest="cpu",
+        action="store_false",
         help="replay each action's wall time (default: its CPU time, free of preemptions)",
-    )  # fmt: skip
+    )
 
 
 def _model(a: argparse.Namespace) -> nn.Sequential:
@@ -97,8 +100,9 @@ def _runner(a: argparse.Namespace, name: str, m: int) -> Any:
     parts = _parts(a, p * v)
     meta = [copy.deepcopy(s).to("meta") for s in parts]
     grid = schedule.build(name, m, p, v)
-    return PipelineRunner(parts[rank::p], rank, grid, meta, F.mse_loss,
-                          recv_ahead=recv_ahead_default(name))  # fmt: skip
+    return PipelineRunner(
+        parts[rank::p], rank, grid, meta, F.mse_loss, recv_ahead=recv_ahead_default(name)
+    )
 
 
 def _timed(step: Callable[[], object]) -> float:
@@ -126,9 +130,13 @@ def _replays(a: argparse.Namespace, names: list[str], m: int) -> dict[str, Any]:
                 times.append(t)
                 # one clock for the host's processes: the ranks' steps lie on one time line
                 wall.append((rt.start, rt.end, rt.compute, list(rt.actions)))
-        out[name] = {"actions": steps, "step": statistics.median(times), "wall": wall,
-                     "peak": runner.activations.peak,
-                     "peak_total": runner.activations.peak_total}  # fmt: skip
+        out[name] = {
+            "actions": steps,
+            "step": statistics.median(times),
+            "wall": wall,
+            "peak": runner.activations.peak,
+            "peak_total": runner.activations.peak_total,
+        }
     return out
 
 
@@ -162,10 +170,12 @@ def _bubble_rows(
         per_step = [_idle([list(s) for s in step], vv) for step in zip(*steps, strict=True)]
         # each action's median over the timed steps (per rank, per position)
         medians: Orders = [
-            [(k, mb, statistics.median(st[i][2] for st in acts))
-             for i, (k, mb, _) in enumerate(acts[0])]
+            [
+                (k, mb, statistics.median(st[i][2] for st in acts))
+                for i, (k, mb, _) in enumerate(acts[0])
+            ]
             for acts in steps
-        ]  # fmt: skip
+        ]
         means = _kind_means(medians)
         at_means = [[(k, mb, means[k[0]]) for k, mb, _ in acts] for acts in medians]
         stage_means = [_kind_means([acts]) for acts in medians]
@@ -173,15 +183,22 @@ def _bubble_rows(
             [(k, mb, sm[k[0]]) for k, mb, _ in acts]
             for acts, sm in zip(medians, stage_means, strict=True)
         ]
-        rows.append({
-            "schedule": name, "m": m, "theory": kind.bubble(m, p, vv),
-            "at_means": _idle(at_means, vv), "stages": _idle(at_stages, vv),
-            "replay": _idle(medians, vv), "per_step": statistics.median(per_step),
-            "durations": means, "step": per_rank[0][name]["step"],
-            "peak_activation_bytes": [r[name]["peak"] for r in per_rank],
-            "peak_with_w_grads": [r[name].get("peak_total", r[name]["peak"]) for r in per_rank],
-            **_wall(per_rank, name, vv),
-        })  # fmt: skip
+        rows.append(
+            {
+                "schedule": name,
+                "m": m,
+                "theory": kind.bubble(m, p, vv),
+                "at_means": _idle(at_means, vv),
+                "stages": _idle(at_stages, vv),
+                "replay": _idle(medians, vv),
+                "per_step": statistics.median(per_step),
+                "durations": means,
+                "step": per_rank[0][name]["step"],
+                "peak_activation_bytes": [r[name]["peak"] for r in per_rank],
+                "peak_with_w_grads": [r[name].get("peak_total", r[name]["peak"]) for r in per_rank],
+                **_wall(per_rank, name, vv),
+            }
+        )
     return rows
 
 
@@ -270,10 +287,16 @@ def _paired(a: argparse.Namespace, ours: str, theirs: str, m: int) -> dict[str, 
             work["ours"].append((runner.times.compute, runner.times.compute_cpu))
             if theirs.startswith("our:"):
                 work["theirs"].append((anchor.times.compute, anchor.times.compute_cpu))
-    return {"ours": statistics.median(o_t), "theirs": statistics.median(t_t),
-            "paired": statistics.median(o / t for o, t in zip(o_t, t_t, strict=True)),
-            "compute": {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
-                        for k, v in work.items() if v}}  # fmt: skip
+    return {
+        "ours": statistics.median(o_t),
+        "theirs": statistics.median(t_t),
+        "paired": statistics.median(o / t for o, t in zip(o_t, t_t, strict=True)),
+        "compute": {
+            k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
+            for k, v in work.items()
+            if v
+        },
+    }
 
 
 def _spawn(fn: Callable[..., Any], size: int, args: tuple[Any, ...]) -> list[Any]:
@@ -324,11 +347,15 @@ def run(a: argparse.Namespace) -> int:
             f"--layers {a.layers} must split into {p}x{v} stages and every M must divide "
             f"--batch {a.batch} and be a multiple of --stages {p}"
         )
-    print(f"P={p}, V={v}, {a.layers} x Linear({a.width})+ReLU, batch {a.batch}, "
-          f"median of {a.repeats} steps")  # fmt: skip
-    print(f"{'schedule':<12}{'M':>3} {'theory':>7} {'@means':>7} {'@stages':>8} {'replay':>7} "
-          f"{'rel.err':>8} {'per step':>9} {'wall':>6} {'machine':>8}  F/B/W ms{'':<14}"
-          f"{'step s':>7}  peak activations (with W's gradients)")  # fmt: skip
+    print(
+        f"P={p}, V={v}, {a.layers} x Linear({a.width})+ReLU, batch {a.batch}, "
+        f"median of {a.repeats} steps"
+    )
+    print(
+        f"{'schedule':<12}{'M':>3} {'theory':>7} {'@means':>7} {'@stages':>8} {'replay':>7} "
+        f"{'rel.err':>8} {'per step':>9} {'wall':>6} {'machine':>8}  F/B/W ms{'':<14}"
+        f"{'step s':>7}  peak activations (with W's gradients)"
+    )
     for m in ms:
         per_rank = _spawn(_replays, p, (a, names, m))
         for row in _bubble_rows(per_rank, names, m, p, v):
@@ -336,11 +363,13 @@ def run(a: argparse.Namespace) -> int:
             dur = "/".join(
                 f"{row['durations'][k] * 1e3:.2f}" for k in "FBW" if k in row["durations"]
             )
-            print(f"{row['schedule']:<12}{m:>3} {row['theory']:>7.3f} {row['at_means']:>7.3f} "
-                  f"{row['stages']:>8.3f} {row['replay']:>7.3f} {err:>+8.1%} "
-                  f"{row['per_step']:>9.3f} {row['wall']:>6.3f} "
-                  f"{row['wall'] - row['wall_replay']:>+8.3f}  {dur:<22}{row['step']:>7.4f}  "
-                  f"{row['peak_activation_bytes']} ({row['peak_with_w_grads']})")  # fmt: skip
+            print(
+                f"{row['schedule']:<12}{m:>3} {row['theory']:>7.3f} {row['at_means']:>7.3f} "
+                f"{row['stages']:>8.3f} {row['replay']:>7.3f} {err:>+8.1%} "
+                f"{row['per_step']:>9.3f} {row['wall']:>6.3f} "
+                f"{row['wall'] - row['wall_replay']:>+8.3f}  {dur:<22}{row['step']:>7.4f}  "
+                f"{row['peak_activation_bytes']} ({row['peak_with_w_grads']})"
+            )
     if not pairs:
         return 0
     m = max(ms)
@@ -352,8 +381,10 @@ def run(a: argparse.Namespace) -> int:
         if "error" in r:
             print(f"  {ours:<12} vs {label}: anchor failed: {r['error']}")
             continue
-        print(f"  {ours:<12} vs {label}: ours {r['ours']:.4f} s, theirs {r['theirs']:.4f} s, "
-              f"paired {r['paired']:.2f}")  # fmt: skip
+        print(
+            f"  {ours:<12} vs {label}: ours {r['ours']:.4f} s, theirs {r['theirs']:.4f} s, "
+            f"paired {r['paired']:.2f}"
+        )
         for side in r["compute"]:  # each rank's compute a step: wall (CPU) ms
             cells = ", ".join(
                 f"{q['compute'][side][0] * 1e3:.1f} ({q['compute'][side][1] * 1e3:.1f})"

@@ -61,8 +61,9 @@ def _rank_main(args: argparse.Namespace) -> dict[str, Any] | None:
     # and with several buckets on gloo their order differed between ranks (a collective
     # mismatch, seen on mlp's default two buckets).
     models = {k: DDP(copy.deepcopy(base), bucket_cap_mb=4096) for k in names}
-    torch_state = ref.PowerSGDState(None, matrix_approximation_rank=args.rank,
-                                    start_powerSGD_iter=max(2, args.start_step))  # fmt: skip
+    torch_state = ref.PowerSGDState(
+        None, matrix_approximation_rank=args.rank, start_powerSGD_iter=max(2, args.start_step)
+    )
     models["torch"].register_comm_hook(torch_state, ref.powerSGD_hook)
     mine = CompressorHook(lambda: PowerSGD(args.rank, start_step=max(2, args.start_step)))
     models["disttrain"].register_comm_hook(mine, compressed_hook)
@@ -97,8 +98,11 @@ def _rank_main(args: argparse.Namespace) -> dict[str, Any] | None:
         for k, m in models.items():
             out = m.module(data.x_test[:2000])
             y = data.y_test[:2000]
-            quality[k] = (float(loss_of(out, y)) if args.model == "gpt"
-                          else float((out.argmax(1) == y).float().mean()))  # fmt: skip
+            quality[k] = (
+                float(loss_of(out, y))
+                if args.model == "gpt"
+                else float((out.argmax(1) == y).float().mean())
+            )
     if rank:
         return None
     skip = max(2, args.start_step)  # compressed steps only
@@ -128,8 +132,9 @@ def run(args: argparse.Namespace) -> int:
     from disttrain.launch.spawn import RankError, WorldTimeout, run_world
 
     try:
-        raw = run_world(_rank_main, args.workers, (args,), timeout=args.timeout,
-                        collective_timeout=args.timeout)[0]  # fmt: skip
+        raw = run_world(
+            _rank_main, args.workers, (args,), timeout=args.timeout, collective_timeout=args.timeout
+        )[0]
     except (RankError, WorldTimeout) as exc:
         sys.stderr.write(f"disttrain: error: bench powersgd failed: {str(exc).splitlines()[0]}\n")
         return 1

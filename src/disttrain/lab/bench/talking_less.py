@@ -52,8 +52,18 @@ POWERSGD = {
 }
 #: DiLoCo's outer step (lr, Nesterov momentum) tried at H = 50 besides the paper's (0.7, 0.9),
 #: compared on the validation half of the held-out windows (the test half is reported)
-OUTER_GRID = ((0.2, 0.9), (0.35, 0.9), (1.0, 0.9), (1.4, 0.9), (0.7, 0.5), (0.8, 0.5),
-              (1.0, 0.3), (1.0, 0.5), (1.0, 0.7), (1.2, 0.5))  # fmt: skip
+OUTER_GRID = (
+    (0.2, 0.9),
+    (0.35, 0.9),
+    (1.0, 0.9),
+    (1.4, 0.9),
+    (0.7, 0.5),
+    (0.8, 0.5),
+    (1.0, 0.3),
+    (1.0, 0.5),
+    (1.0, 0.7),
+    (1.2, 0.5),
+)
 #: the grid's choice (lowest validation loss at H = 50), run at H = 200 and streamed too
 CHOSEN_OUTER = (1.0, 0.5)
 #: streaming's own setting, tried at H = 50 with the chosen outer step: the weight of the
@@ -66,8 +76,18 @@ def _outer(
 ) -> tuple[str, list[str]]:
     """A DiLoCo row with its own outer step (and streaming's mix): (label, flags)."""
     kind = f"streaming diloco H={h} F={fragments}" if fragments > 1 else f"diloco H={h}"
-    flags = ["--strategy", "diloco", "--period", str(h), "--outer-lr", str(lr),
-             "--outer-momentum", str(momentum), "--fragments", str(fragments)]  # fmt: skip
+    flags = [
+        "--strategy",
+        "diloco",
+        "--period",
+        str(h),
+        "--outer-lr",
+        str(lr),
+        "--outer-momentum",
+        str(momentum),
+        "--fragments",
+        str(fragments),
+    ]
     if mix is None:
         return f"{kind} outer {lr:g}/{momentum:g}", flags
     return f"{kind} outer {lr:g}/{momentum:g} mix {mix:g}", [*flags, "--fragment-mix", str(mix)]
@@ -79,32 +99,65 @@ CONFIGS: dict[str, dict[str, list[str]]] = {
         "allreduce fp32, sgd lr 0.5": ["--strategy", "allreduce", *SGD],
         "localsgd H=16": ["--strategy", "localsgd", "--period", "16"],
         "localsgd H=16 +opt state": [
-            "--strategy", "localsgd", "--period", "16", "--average-optimizer-state",
+            "--strategy",
+            "localsgd",
+            "--period",
+            "16",
+            "--average-optimizer-state",
         ],
         "decentralized fp16": ["--strategy", "decentralized", "--compression", "fp16"],
         "decentralized topk:0.001": ["--strategy", "decentralized", "--compression", "topk:0.001"],
         "decentralized onebit:0.03": [
-            "--strategy", "decentralized", "--compression", "onebit:0.03",
+            "--strategy",
+            "decentralized",
+            "--compression",
+            "onebit:0.03",
         ],
         "decentralized onebit:0.03, sgd lr 0.5": [
-            "--strategy", "decentralized", "--compression", "onebit:0.03", *SGD,
+            "--strategy",
+            "decentralized",
+            "--compression",
+            "onebit:0.03",
+            *SGD,
         ],
         "decentralized ring onebit:0.015, sgd lr 0.5": [
-            "--strategy", "decentralized", "--compression", "onebit:0.015", "--topology", "ring",
+            "--strategy",
+            "decentralized",
+            "--compression",
+            "onebit:0.015",
+            "--topology",
+            "ring",
             *SGD,
         ],
         "decentralized onebit:0.03, sgd lr 0.5, 1 active for 22 steps": [
-            "--strategy", "decentralized", "--compression", "onebit:0.03", *SGD, *FEW_EARLY,
+            "--strategy",
+            "decentralized",
+            "--compression",
+            "onebit:0.03",
+            *SGD,
+            *FEW_EARLY,
         ],
         "decentralized onebit:0.03, 1 active for 22 steps": [
-            "--strategy", "decentralized", "--compression", "onebit:0.03", *FEW_EARLY,
+            "--strategy",
+            "decentralized",
+            "--compression",
+            "onebit:0.03",
+            *FEW_EARLY,
         ],
         "decentralized onebit:0.03, momentum-correction": [
-            "--strategy", "decentralized", "--compression", "onebit:0.03", "--momentum-correction",
+            "--strategy",
+            "decentralized",
+            "--compression",
+            "onebit:0.03",
+            "--momentum-correction",
         ],
         # the velocity is ~1/(1-m) = 10x the gradient: 10x the threshold for similar bytes
         "decentralized onebit:0.3, momentum-correction": [
-            "--strategy", "decentralized", "--compression", "onebit:0.3", "--momentum-correction",
+            "--strategy",
+            "decentralized",
+            "--compression",
+            "onebit:0.3",
+            "--momentum-correction",
         ],
         **POWERSGD,
     },
@@ -112,29 +165,57 @@ CONFIGS: dict[str, dict[str, list[str]]] = {
         "allreduce fp32, adam (anchor)": ["--strategy", "allreduce"],
         "localsgd H=16": ["--strategy", "localsgd", "--period", "16"],
         "localsgd H=16 +opt state": [
-            "--strategy", "localsgd", "--period", "16", "--average-optimizer-state",
+            "--strategy",
+            "localsgd",
+            "--period",
+            "16",
+            "--average-optimizer-state",
         ],
         "decentralized topk:0.01": ["--strategy", "decentralized", "--compression", "topk:0.01"],
         "decentralized onebit:0.03": [
-            "--strategy", "decentralized", "--compression", "onebit:0.03",
+            "--strategy",
+            "decentralized",
+            "--compression",
+            "onebit:0.03",
         ],
         "allreduce fp32, sgd lr 0.5": ["--strategy", "allreduce", *SGD],
         "decentralized onebit:0.03, sgd lr 0.5": [
-            "--strategy", "decentralized", "--compression", "onebit:0.03", *SGD,
+            "--strategy",
+            "decentralized",
+            "--compression",
+            "onebit:0.03",
+            *SGD,
         ],
         "decentralized onebit:0.03, sgd lr 0.5, 1 active for 22 steps": [
-            "--strategy", "decentralized", "--compression", "onebit:0.03", *SGD, *FEW_EARLY,
+            "--strategy",
+            "decentralized",
+            "--compression",
+            "onebit:0.03",
+            *SGD,
+            *FEW_EARLY,
         ],
         "allreduce fp32, momentum lr 0.05": ["--strategy", "allreduce", *MOMENTUM],
         "decentralized onebit:0.03, momentum lr 0.05": [
-            "--strategy", "decentralized", "--compression", "onebit:0.03", *MOMENTUM,
+            "--strategy",
+            "decentralized",
+            "--compression",
+            "onebit:0.03",
+            *MOMENTUM,
         ],
         "decentralized onebit:0.03, momentum lr 0.05, momentum-correction": [
-            "--strategy", "decentralized", "--compression", "onebit:0.03", *MOMENTUM,
+            "--strategy",
+            "decentralized",
+            "--compression",
+            "onebit:0.03",
+            *MOMENTUM,
             "--momentum-correction",
         ],
         "decentralized onebit:0.3, momentum lr 0.05, momentum-correction": [
-            "--strategy", "decentralized", "--compression", "onebit:0.3", *MOMENTUM,
+            "--strategy",
+            "decentralized",
+            "--compression",
+            "onebit:0.3",
+            *MOMENTUM,
             "--momentum-correction",
         ],
         **POWERSGD,
@@ -149,29 +230,63 @@ CONFIGS: dict[str, dict[str, list[str]]] = {
             for label, flags in (
                 (f"localsgd H={h}", ["--strategy", "localsgd", "--period", h]),
                 (f"diloco H={h}", ["--strategy", "diloco", "--period", h]),
-                (f"streaming diloco H={h} F=4",
-                 ["--strategy", "diloco", "--period", h, "--fragments", "4"]),
+                (
+                    f"streaming diloco H={h} F=4",
+                    ["--strategy", "diloco", "--period", h, "--fragments", "4"],
+                ),
             )
         },
         **dict(_outer(50, lr, m) for lr, m in OUTER_GRID),
         **dict(_outer(h, *CHOSEN_OUTER, fragments=f) for h, f in ((200, 1), (50, 4), (200, 4))),
-        **dict(_outer(h, *CHOSEN_OUTER, fragments=4, mix=a)
-               for h in (50, 200) for a in STREAM_MIXES),
+        **dict(
+            _outer(h, *CHOSEN_OUTER, fragments=4, mix=a) for h in (50, 200) for a in STREAM_MIXES
+        ),
     },
-}  # fmt: skip
+}
 
 BASE = {
     "digits": ["--model", "mlp", "--dataset", "digits", "--epochs", "10"],
     "pycode": [
-        "--model", "gpt", "--dataset", "pycode", "--pycode-chars", "60000", "--epochs", "2",
-        "--optimizer", "adam", "--lr", "0.002", "--batch-size", "32",
+        "--model",
+        "gpt",
+        "--dataset",
+        "pycode",
+        "--pycode-chars",
+        "60000",
+        "--epochs",
+        "2",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.002",
+        "--batch-size",
+        "32",
     ],
     "diloco": [
-        "--model", "gpt", "--dataset", "pycode", "--pycode-chars", "2000000", "--epochs", "2",
-        "--max-steps", "1600", "--optimizer", "adam", "--lr", "0.002", "--lr-schedule", "cosine",
-        "--warmup-epochs", "0.1", "--batch-size", "32", "--log-every", "10",
+        "--model",
+        "gpt",
+        "--dataset",
+        "pycode",
+        "--pycode-chars",
+        "2000000",
+        "--epochs",
+        "2",
+        "--max-steps",
+        "1600",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.002",
+        "--lr-schedule",
+        "cosine",
+        "--warmup-epochs",
+        "0.1",
+        "--batch-size",
+        "32",
+        "--log-every",
+        "10",
     ],
-}  # fmt: skip
+}
 
 
 def base_flags(workload: str, pycode_chars: int | None) -> list[str]:
@@ -207,8 +322,9 @@ def held_out_halves(out: str, summary: dict[str, Any]) -> tuple[float, float]:
     from disttrain.train.trainer import evaluate
 
     cfg = summary["config"]
-    data = load_dataset(DataConfig(dataset="pycode", pycode_chars=cfg["pycode_chars"],
-                                   seq_len=cfg["seq_len"]))  # fmt: skip
+    data = load_dataset(
+        DataConfig(dataset="pycode", pycode_chars=cfg["pycode_chars"], seq_len=cfg["seq_len"])
+    )
     model = build_model(cfg["model"], data)
     model.load_state_dict(torch.load(os.path.join(out, "model.pt"), weights_only=True))
     half = len(data.x_test) // 2
@@ -234,8 +350,10 @@ def plot_curves(path: str, rows: dict[str, list[dict[str, Any]]], quality: str) 
         steps, losses = zip(*curve, strict=True)
         every = max(1, steps[1] - steps[0]) if len(steps) > 1 else 1
         k = max(1, 50 // every)  # a window of ~50 steps: rank 0's batch loss is noisy
-        smooth = [sum(losses[max(0, i - k + 1) : i + 1]) / len(losses[max(0, i - k + 1) : i + 1])
-                  for i in range(len(losses))]  # fmt: skip
+        smooth = [
+            sum(losses[max(0, i - k + 1) : i + 1]) / len(losses[max(0, i - k + 1) : i + 1])
+            for i in range(len(losses))
+        ]
         final = runs[0].get(quality)
         ax.plot([s * batch for s in steps], smooth, label=f"{label} (test {final:.4f})")
     ax.set_xlabel("samples seen (global)")
@@ -254,18 +372,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", default="", help="';'-separated labels to run (anchor always)")
     parser.add_argument("--timeout", type=float, default=1200.0)
     parser.add_argument(
-        "--pycode-chars", type=int, default=None,
+        "--pycode-chars",
+        type=int,
+        default=None,
         help="more text, more steps per epoch (default: the workload's own)",
-    )  # fmt: skip
+    )
     parser.add_argument("--plot", default="", help="write the loss curves to this .png")
     parser.add_argument("--keep", default="", help="keep each run's --out under this folder")
     parser.add_argument(
         "--lr", type=float, default=None, help="every row's --lr (default: the workload's)"
     )
     parser.add_argument(
-        "--max-steps", type=int, default=None,
+        "--max-steps",
+        type=int,
+        default=None,
         help="diloco workload: every row's steps (default 1600; the epochs stop being a limit)",
-    )  # fmt: skip
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -274,8 +396,10 @@ def run(args: argparse.Namespace) -> int:
     steps_end_it = "--max-steps" in BASE[args.workload]  # the others end on their epochs
     if args.max_steps is not None and (not steps_end_it or args.max_steps < 1):
         ended = [w for w, flags in BASE.items() if "--max-steps" in flags]
-        raise UsageError(f"--max-steps: a positive number of steps, for a workload that ends "
-                         f"on steps ({', '.join(ended)})")  # fmt: skip
+        raise UsageError(
+            f"--max-steps: a positive number of steps, for a workload that ends "
+            f"on steps ({', '.join(ended)})"
+        )
     if args.only:
         wanted = {w.strip() for w in args.only.split(";")}
         unknown = wanted - set(labels)
@@ -295,10 +419,14 @@ def run(args: argparse.Namespace) -> int:
                     flags += ["--max-steps", str(args.max_steps), "--epochs", "1000"]
                 s = run_one(flags, out, args.timeout)
                 rows[label].append(s)
-                print(f"# done {label} (repeat {rep + 1}): test loss {s['final_test_loss']:.4f}, "
-                      f"{s['bytes_sent_per_rank']:,} bytes/rank, peak/step "
-                      f"{s.get('peak_bytes_per_step', '-')}, {s['wall_seconds']:.0f} s, "
-                      f"load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"# done {label} (repeat {rep + 1}): test loss {s['final_test_loss']:.4f}, "
+                    f"{s['bytes_sent_per_rank']:,} bytes/rank, peak/step "
+                    f"{s.get('peak_bytes_per_step', '-')}, {s['wall_seconds']:.0f} s, "
+                    f"load {os.getloadavg()[0]:.1f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def med(label: str, key: str) -> float:
         vals = [r[key] for r in rows[label] if r.get(key) is not None]
@@ -316,8 +444,10 @@ def run(args: argparse.Namespace) -> int:
         + "| samples/s | samples/s vs anchor | payload compression | bits/sent entry (entropy) "
         "| peak bytes in one step |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-          + (" ---: | ---: |" if halves else ""))  # fmt: skip
+    print(
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        + (" ---: | ---: |" if halves else "")
+    )
     for label in labels:
         bps = per_step(label)
         ratio = per_step(anchor) / bps if bps else float("inf")
@@ -328,8 +458,11 @@ def run(args: argparse.Namespace) -> int:
         cr = med(label, "payload_compression")
         peak = med(label, "peak_bytes_per_step")  # streaming's figure (diloco)
         vs = 100 * (med(label, quality) / med(anchor, quality) - 1)
-        split = (f"| {med(label, 'validation_loss'):.4f} | {med(label, 'test_half_loss'):.4f} "
-                 if halves else "")  # fmt: skip
+        split = (
+            f"| {med(label, 'validation_loss'):.4f} | {med(label, 'test_half_loss'):.4f} "
+            if halves
+            else ""
+        )
         print(
             f"| {label} | {bps:,.0f} | {ratio:,.1f}x | {med(label, quality):.4f} | {vs:+.2f} % "
             f"{split}| {sps:.0f} | {sps / med(anchor, 'samples_per_second'):.2f} "

@@ -71,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     timeline.stop()
     per_step_us = events_per_step * on_ns / 1000
     print(f"one span: {null_ns:.0f} ns off, {on_ns:.0f} ns on")
-    print(f"{events_per_step:.1f} events per step per rank -> ~{per_step_us:.1f} us per step on, "
-          f"{per_step_us * 1e-6 * off:.5f} of a step at {off:.2f} steps/s")  # fmt: skip
+    print(
+        f"{events_per_step:.1f} events per step per rank -> ~{per_step_us:.1f} us per step on, "
+        f"{per_step_us * 1e-6 * off:.5f} of a step at {off:.2f} steps/s"
+    )
     return 0

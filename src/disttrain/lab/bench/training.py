@@ -20,9 +20,15 @@ __all__ = ["add_arguments", "run"]
 
 DIGITS = {"dataset": "digits", "model": "mlp", "epochs": 10, "workers": 2}
 GPT = {
-    "dataset": "pycode", "model": "gpt", "epochs": 2, "workers": 2, "batch_size": 32,
-    "lr": 0.003, "optimizer": "adam", "pycode_chars": 100_000,
-}  # fmt: skip
+    "dataset": "pycode",
+    "model": "gpt",
+    "epochs": 2,
+    "workers": 2,
+    "batch_size": 32,
+    "lr": 0.003,
+    "optimizer": "adam",
+    "pycode_chars": 100_000,
+}
 
 
 def _median(runs: list[dict[str, Any]], key: str) -> float:
@@ -65,9 +71,12 @@ def prefetch(delay_ms: float, repeats: int) -> None:
     for depth, rs in runs.items():
         steps = rs[0]["steps"]
         wait = statistics.median(r["time_breakdown"].get("data", 0.0) for r in rs) / steps
-        busy = statistics.median(
-            r["time_breakdown"]["compute"] + r["time_breakdown"]["communication"] for r in rs
-        ) / steps  # fmt: skip
+        busy = (
+            statistics.median(
+                r["time_breakdown"]["compute"] + r["time_breakdown"]["communication"] for r in rs
+            )
+            / steps
+        )
         sps = _median(rs, "samples_per_second")
         label = "on (2 batches)" if depth else "off"
         print(f"| {label} | {wait * 1e3:.1f} | {busy * 1e3:.1f} | {sps:.0f} |")

@@ -77,8 +77,9 @@ def _build(name: str, args: argparse.Namespace, data: Any) -> tuple[Step, Any, A
     torch.manual_seed(0)
     model = build_model(args.model, data)
     g = torch.Generator().manual_seed(1 + rank)
-    batches = [torch.randint(0, len(data.x_train), (args.batch_size // n,), generator=g)
-               for _ in range(8)]  # fmt: skip
+    batches = [
+        torch.randint(0, len(data.x_train), (args.batch_size // n,), generator=g) for _ in range(8)
+    ]
     xs, ys = [data.x_train[b] for b in batches], [data.y_train[b] for b in batches]
     if name in ("torch-zero1", "fsdp2"):
         if name == "torch-zero1":
@@ -107,12 +108,18 @@ def _build(name: str, args: argparse.Namespace, data: Any) -> tuple[Step, Any, A
 
         return torch_step, None, model
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    flags: dict[str, Any] = {"workers": n, "batch_size": args.batch_size, "lr": 1e-3,
-                             "algorithm": args.algorithm, "optimizer": "adam"}  # fmt: skip
+    flags: dict[str, Any] = {
+        "workers": n,
+        "batch_size": args.batch_size,
+        "lr": 1e-3,
+        "algorithm": args.algorithm,
+        "optimizer": "adam",
+    }
     if name.startswith("zero"):
         flags.update(strategy="zero", zero_stage=int(name[-1]))
-    strategy = strategies.get(flags.get("strategy", "allreduce"))(config.load(flags), world,
-                                                                  loss_fn)  # fmt: skip
+    strategy = strategies.get(flags.get("strategy", "allreduce"))(
+        config.load(flags), world, loss_fn
+    )
     strategy.setup(model, opt)
 
     def dt_step(i: int) -> dict[str, float]:
@@ -180,8 +187,12 @@ def _rank_main(args: argparse.Namespace) -> dict[str, Any] | None:
         diff = max(float((a - b).abs().max()) for a, b in zip(params, reference, strict=True))
         if strategy is not None:
             strategy.finish()
-        raw["rows"][name] = {"times": times[name], "max_diff_vs_allreduce": diff,
-                             "memory": memory, "phases": phases[name]}  # fmt: skip
+        raw["rows"][name] = {
+            "times": times[name],
+            "max_diff_vs_allreduce": diff,
+            "memory": memory,
+            "phases": phases[name],
+        }
     return raw if dist.get_rank() == 0 else None
 
 
@@ -190,10 +201,14 @@ def _summarise(raw: dict[str, Any]) -> dict[str, Any]:
     for name, r in raw["rows"].items():
         t = sorted(r["times"])
         q = len(t) // 4
-        row = {"step_ms": statistics.median(t) * 1e3, "p25_ms": t[q] * 1e3,
-               "p75_ms": t[-1 - q] * 1e3, "max_diff_vs_allreduce": r["max_diff_vs_allreduce"],
-               "memory": r["memory"], "phases_ms": {
-                   k: statistics.median(v) * 1e3 for k, v in r["phases"].items()}}  # fmt: skip
+        row = {
+            "step_ms": statistics.median(t) * 1e3,
+            "p25_ms": t[q] * 1e3,
+            "p75_ms": t[-1 - q] * 1e3,
+            "max_diff_vs_allreduce": r["max_diff_vs_allreduce"],
+            "memory": r["memory"],
+            "phases_ms": {k: statistics.median(v) * 1e3 for k, v in r["phases"].items()},
+        }
         anchor = ANCHORS.get(name)
         if anchor in raw["rows"]:
             pairs = zip(r["times"], raw["rows"][anchor]["times"], strict=True)
@@ -212,8 +227,9 @@ def run(args: argparse.Namespace) -> int:
     from disttrain.launch.spawn import RankError, WorldTimeout, run_world
 
     try:
-        raw = run_world(_rank_main, args.workers, (args,), timeout=args.timeout,
-                        collective_timeout=args.timeout)[0]  # fmt: skip
+        raw = run_world(
+            _rank_main, args.workers, (args,), timeout=args.timeout, collective_timeout=args.timeout
+        )[0]
     except (RankError, WorldTimeout) as exc:
         sys.stderr.write(f"disttrain: error: bench zero failed: {str(exc).splitlines()[0]}\n")
         return 1
@@ -223,19 +239,24 @@ def run(args: argparse.Namespace) -> int:
         f"bench zero: model={args.model} workers={args.workers} batch={args.batch_size} adam "
         f"algorithm={args.algorithm} steps={args.steps} interleaved (medians, [p25, p75])"
     )
-    print(f"{'config':<14}{'step ms':>9}{'[p25, p75]':>18}  {'ratio to anchor':<26}"
-          f"{'max |Δ| vs allreduce':>22}  bytes (params/grads/optimizer)")  # fmt: skip
+    print(
+        f"{'config':<14}{'step ms':>9}{'[p25, p75]':>18}  {'ratio to anchor':<26}"
+        f"{'max |Δ| vs allreduce':>22}  bytes (params/grads/optimizer)"
+    )
     for name, row in rows.items():
-        ratio = next((f"{v:.3f} × {k[9:]}" for k, v in row.items() if k.startswith("ratio_to_")),
-                     "")  # fmt: skip
+        ratio = next(
+            (f"{v:.3f} × {k[9:]}" for k, v in row.items() if k.startswith("ratio_to_")), ""
+        )
         mem = row["memory"]
-        held = (f"{mem['parameters']}/{mem['gradients']}/{mem['optimizer_state']}" if mem
-                else "-")  # fmt: skip
+        held = f"{mem['parameters']}/{mem['gradients']}/{mem['optimizer_state']}" if mem else "-"
         spread = f"[{row['p25_ms']:.1f}, {row['p75_ms']:.1f}]"
-        print(f"{name:<14}{row['step_ms']:>9.1f}{spread:>18}  {ratio:<26}"
-              f"{row['max_diff_vs_allreduce']:>22.2e}  {held}")  # fmt: skip
-    print(f"where the time went (medians, ms): {'config':<14}"
-          + "".join(f"{p:>12}" for p in PHASES))  # fmt: skip
+        print(
+            f"{name:<14}{row['step_ms']:>9.1f}{spread:>18}  {ratio:<26}"
+            f"{row['max_diff_vs_allreduce']:>22.2e}  {held}"
+        )
+    print(
+        f"where the time went (medians, ms): {'config':<14}" + "".join(f"{p:>12}" for p in PHASES)
+    )
     for name, row in rows.items():
         parts = row["phases_ms"]
         cells = (f"{parts[p]:>12.1f}" if p in parts else f"{'-':>12}" for p in PHASES)
@@ -244,6 +265,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name}: failed: {error}")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"args": vars(args) | {"bench_module": None}, "rows": rows,
-                       "errors": raw["errors"]}, fh, indent=2)  # fmt: skip
+            json.dump(
+                {
+                    "args": vars(args) | {"bench_module": None},
+                    "rows": rows,
+                    "errors": raw["errors"],
+                },
+                fh,
+                indent=2,
+            )
     return 0

@@ -59,16 +59,24 @@ def _names(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workers", type=_ints, default=[1, 2, 3, 4],
-                        help="world sizes, comma-separated (one world each)")  # fmt: skip
+    parser.add_argument(
+        "--workers",
+        type=_ints,
+        default=[1, 2, 3, 4],
+        help="world sizes, comma-separated (one world each)",
+    )
     parser.add_argument("--models", type=_names(MODELS), default=list(MODELS))
     parser.add_argument("--optimizers", type=_names(OPTIMIZERS), default=list(OPTIMIZERS))
     parser.add_argument("--steps", type=int, default=20, help="steps of every configuration")
     parser.add_argument("--batch-size", type=int, default=24, help="GLOBAL batch size")
     parser.add_argument("--algorithm", default="native", help="collective algorithm")
     parser.add_argument("--tolerance", type=float, default=1e-5, help="largest |Δ| accepted")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"),
-                        help="of the models, data and sums (float64: rounding ~1e-16)")  # fmt: skip
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "float64"),
+        help="of the models, data and sums (float64: rounding ~1e-16)",
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per world")
     parser.add_argument("--json", default="", help="write every cell to this JSON file")
 
@@ -99,8 +107,14 @@ def _data(model: str) -> Any:
     return dataclasses.replace(data, x_train=data.x_train.to(torch.get_default_dtype()))
 
 
-def _train(name: str, model_name: str, optimizer: str, args: argparse.Namespace, data: Any,
-           batches: list[Any]) -> dict[str, Any]:  # fmt: skip
+def _train(
+    name: str,
+    model_name: str,
+    optimizer: str,
+    args: argparse.Namespace,
+    data: Any,
+    batches: list[Any],
+) -> dict[str, Any]:
     """Every parameter, by name, after ``args.steps`` steps of configuration ``name`` on this rank's
     slices of ``batches`` (collective; stage 3 gathers every layer on every rank)."""
     import torch
@@ -112,8 +126,13 @@ def _train(name: str, model_name: str, optimizer: str, args: argparse.Namespace,
 
     world = world_mod.current()
     n, rank = world.world_size, world.rank
-    flags: dict[str, Any] = {"workers": n, "batch_size": args.batch_size, "lr": LR[optimizer],
-                             "algorithm": args.algorithm, "optimizer": optimizer}  # fmt: skip
+    flags: dict[str, Any] = {
+        "workers": n,
+        "batch_size": args.batch_size,
+        "lr": LR[optimizer],
+        "algorithm": args.algorithm,
+        "optimizer": optimizer,
+    }
     if name.startswith("zero"):
         flags.update(strategy="zero", zero_stage=int(name[-1]))
     cfg = config.load(flags)
@@ -137,8 +156,9 @@ def _train(name: str, model_name: str, optimizer: str, args: argparse.Namespace,
     return params
 
 
-def _one_process(model_name: str, optimizer: str, args: argparse.Namespace, data: Any,
-                 batches: list[Any]) -> dict[str, Any]:  # fmt: skip
+def _one_process(
+    model_name: str, optimizer: str, args: argparse.Namespace, data: Any, batches: list[Any]
+) -> dict[str, Any]:
     """The reference: a plain model and optimizer, each step on the whole global batch."""
     import torch
 
@@ -195,28 +215,37 @@ def _rank_main(args: argparse.Namespace) -> list[dict[str, Any]] | None:
     for model_name in args.models:
         data = _data(model_name)
         g = torch.Generator().manual_seed(1)  # the same global batches on every rank
-        batches = [torch.randint(0, len(data.x_train), (args.batch_size,), generator=g)
-                   for _ in range(args.steps)]  # fmt: skip
+        batches = [
+            torch.randint(0, len(data.x_train), (args.batch_size,), generator=g)
+            for _ in range(args.steps)
+        ]
         for optimizer in args.optimizers:
-            params = {s: _train(s, model_name, optimizer, args, data, batches)
-                      for s in STRATEGIES}  # fmt: skip
+            params = {s: _train(s, model_name, optimizer, args, data, batches) for s in STRATEGIES}
             if dist.get_rank() != 0:
                 continue
             one = _one_process(model_name, optimizer, args, data, batches)
-            row: dict[str, Any] = {"model": model_name, "optimizer": optimizer,
-                                   "workers": dist.get_world_size(),
-                                   "parameters": sum(p.numel() for p in one.values())}  # fmt: skip
+            row: dict[str, Any] = {
+                "model": model_name,
+                "optimizer": optimizer,
+                "workers": dist.get_world_size(),
+                "parameters": sum(p.numel() for p in one.values()),
+            }
             for s in STRATEGIES:
-                row[s] = {"vs_allreduce": _diff(params[s], params["allreduce"]),
-                          "vs_one_process": _diff(params[s], one)}  # fmt: skip
+                row[s] = {
+                    "vs_allreduce": _diff(params[s], params["allreduce"]),
+                    "vs_one_process": _diff(params[s], one),
+                }
             rows.append(row)
     return rows if dist.get_rank() == 0 else None
 
 
 def _worst(row: dict[str, Any], key: str = "max") -> tuple[float, str]:
     """The row's largest difference (``key``: "max" or "outside_null") and its parameter."""
-    return max((row[s][v][key], row[s][v]["at"]) for s in STRATEGIES
-               for v in ("vs_allreduce", "vs_one_process"))  # fmt: skip
+    return max(
+        (row[s][v][key], row[s][v]["at"])
+        for s in STRATEGIES
+        for v in ("vs_allreduce", "vs_one_process")
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -234,16 +263,25 @@ def run(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     for n in args.workers:
         try:
-            got = run_world(_rank_main, n, (args,), timeout=args.timeout,
-                            collective_timeout=min(args.timeout, 120.0))[0]  # fmt: skip
+            got = run_world(
+                _rank_main,
+                n,
+                (args,),
+                timeout=args.timeout,
+                collective_timeout=min(args.timeout, 120.0),
+            )[0]
         except (RankError, WorldTimeout) as exc:
-            sys.stderr.write(f"disttrain: error: bench zero-equivalence failed on {n} "
-                             f"workers: {str(exc).splitlines()[0]}\n")  # fmt: skip
+            sys.stderr.write(
+                f"disttrain: error: bench zero-equivalence failed on {n} "
+                f"workers: {str(exc).splitlines()[0]}\n"
+            )
             return 1
         rows += got or []
-    print(f"bench zero-equivalence: {args.steps} steps, global batch {args.batch_size}, "
-          f"{args.dtype}, algorithm={args.algorithm}, lr {LR}; max |Δ| of any parameter, "
-          f"tolerance {args.tolerance:g}")  # fmt: skip
+    print(
+        f"bench zero-equivalence: {args.steps} steps, global batch {args.batch_size}, "
+        f"{args.dtype}, algorithm={args.algorithm}, lr {LR}; max |Δ| of any parameter, "
+        f"tolerance {args.tolerance:g}"
+    )
     head = "".join(f"{s + ' vs ar':>15}{s + ' vs 1p':>15}" for s in STRATEGIES[1:])
     print(
         f"{'model':<6}{'opt':<10}{'N':>2}{'params':>9}{'ar vs 1p':>12}{head}"
@@ -259,9 +297,11 @@ def run(args: argparse.Namespace) -> int:
         rest = _worst(row, "outside_null")[0]
         ok = worst <= args.tolerance
         misses += not ok
-        print(f"{row['model']:<6}{row['optimizer']:<10}{row['workers']:>2}{row['parameters']:>9}"
-              f"{row['allreduce']['vs_one_process']['max']:>12.2e}{cells}{rest:>14.2e}  "
-              f"{'yes' if ok else 'MISS (' + where + ')'}")  # fmt: skip
+        print(
+            f"{row['model']:<6}{row['optimizer']:<10}{row['workers']:>2}{row['parameters']:>9}"
+            f"{row['allreduce']['vs_one_process']['max']:>12.2e}{cells}{rest:>14.2e}  "
+            f"{'yes' if ok else 'MISS (' + where + ')'}"
+        )
     worst, where = max((_worst(r) for r in rows), default=(0.0, "-"))
     rest = max((_worst(r, "outside_null")[0] for r in rows), default=0.0)
     print(

@@ -83,11 +83,14 @@ def held(microbatches: int, ranks: int, chunks: int, rank: int) -> float:
     return min((ranks - rank - 1) * 2 + (chunks - 1) * ranks + 1, microbatches * chunks) / chunks
 
 
-SCHEDULES.add("interleaved", ScheduleKind(
-    grid=interleaved,
-    bubble=lambda m, p, v: (p - 1) / (m * v + p - 1),
-    held=held,
-    summary="V chunks per rank: (P-1)/(MV+P-1) idle, i.e. (P-1)/(VM) of the ideal time",
-    virtual=True,
-    check=check,
-))  # fmt: skip
+SCHEDULES.add(
+    "interleaved",
+    ScheduleKind(
+        grid=interleaved,
+        bubble=lambda m, p, v: (p - 1) / (m * v + p - 1),
+        held=held,
+        summary="V chunks per rank: (P-1)/(MV+P-1) idle, i.e. (P-1)/(VM) of the ideal time",
+        virtual=True,
+        check=check,
+    ),
+)

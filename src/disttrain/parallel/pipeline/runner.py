@@ -286,12 +286,21 @@ class PipelineRunner:
         prev, nxt = (r - 1) % p, (r + 1) % p
         acts = Inbox(
             [(k, shapes[k[1] - 1]) for k in self._stream(prev, "F", mine)],
-            self.ranks[prev], device, self.group, ACT, requires_grad=True, ahead=self.recv_ahead,
-        )  # fmt: skip
+            self.ranks[prev],
+            device,
+            self.group,
+            ACT,
+            requires_grad=True,
+            ahead=self.recv_ahead,
+        )
         grads_in = Inbox(
             [(k, shapes[k[1]]) for k in self._stream(nxt, "B", mine)],
-            self.ranks[nxt], device, self.group, GRAD, ahead=self.recv_ahead,
-        )  # fmt: skip
+            self.ranks[nxt],
+            device,
+            self.group,
+            GRAD,
+            ahead=self.recv_ahead,
+        )
         sends: list[tuple[Any, torch.Tensor]] = []  # kept alive until their send is done
         for action in actions:
             m, s = action.microbatch, action.stage

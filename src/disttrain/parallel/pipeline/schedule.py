@@ -188,26 +188,35 @@ class ScheduleKind:
 
 #: ``--schedule NAME`` -> its :class:`ScheduleKind`; a new schedule is one ``SCHEDULES.add``.
 SCHEDULES = Registry[ScheduleKind]("pipeline schedule", flag="--schedule")
-SCHEDULES.add("gpipe", ScheduleKind(
-    grid=lambda m, p, v: gpipe(m, p),
-    bubble=lambda m, p, v: (p - 1) / (m + p - 1),
-    held=lambda m, p, v, r: m,
-    summary="fill then drain: (P-1)/(M+P-1) idle, every stage holds all M micro-batches",
-    recv_ahead=True,
-))  # fmt: skip
-SCHEDULES.add("1f1b", ScheduleKind(
-    grid=lambda m, p, v: one_f_one_b(m, p),
-    bubble=lambda m, p, v: (p - 1) / (m + p - 1),
-    held=lambda m, p, v, r: min(m, p - r),
-    summary="one forward, one backward: (P-1)/(M+P-1) idle, stage s holds P-s",
-))  # fmt: skip
-SCHEDULES.add("none", ScheduleKind(
-    grid=lambda m, p, v: none(m, p),
-    bubble=lambda m, p, v: (p - 1) / p,
-    held=lambda m, p, v, r: 1,
-    summary="the whole batch walks through the stages: (P-1)/P idle",
-    recv_ahead=True,
-))  # fmt: skip
+SCHEDULES.add(
+    "gpipe",
+    ScheduleKind(
+        grid=lambda m, p, v: gpipe(m, p),
+        bubble=lambda m, p, v: (p - 1) / (m + p - 1),
+        held=lambda m, p, v, r: m,
+        summary="fill then drain: (P-1)/(M+P-1) idle, every stage holds all M micro-batches",
+        recv_ahead=True,
+    ),
+)
+SCHEDULES.add(
+    "1f1b",
+    ScheduleKind(
+        grid=lambda m, p, v: one_f_one_b(m, p),
+        bubble=lambda m, p, v: (p - 1) / (m + p - 1),
+        held=lambda m, p, v, r: min(m, p - r),
+        summary="one forward, one backward: (P-1)/(M+P-1) idle, stage s holds P-s",
+    ),
+)
+SCHEDULES.add(
+    "none",
+    ScheduleKind(
+        grid=lambda m, p, v: none(m, p),
+        bubble=lambda m, p, v: (p - 1) / p,
+        held=lambda m, p, v, r: 1,
+        summary="the whole batch walks through the stages: (P-1)/P idle",
+        recv_ahead=True,
+    ),
+)
 
 
 def build(name: str, microbatches: int, stages: int, virtual: int = 1) -> Grid:

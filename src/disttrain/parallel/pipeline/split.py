@@ -129,8 +129,9 @@ def backward_input(
         return None, PendingW()
     got = torch.autograd.grad(out, wanted, grad, retain_graph=True, allow_unused=True)
     grads: list[torch.Tensor | None] = list(got[: len(layers)])
-    pending = PendingW([e for e, _, _ in layers], grads, [p for _, p, _ in layers],
-                       [x for _, _, x in layers])  # fmt: skip
+    pending = PendingW(
+        [e for e, _, _ in layers], grads, [p for _, p, _ in layers], [x for _, _, x in layers]
+    )
     pending.nbytes = sum(g.numel() * g.element_size() for g in grads if g is not None)
     return (got[-1] if inp is not None else None), pending
 

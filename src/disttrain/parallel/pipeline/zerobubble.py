@@ -98,13 +98,18 @@ def _zb1_bubble(m: int, p: int, v: int) -> float:
     return idle / (3 * m + idle)
 
 
-SCHEDULES.add("zb1", ScheduleKind(
-    grid=lambda m, p, v: zb1(m, p),
-    bubble=_zb1_bubble,
-    held=lambda m, p, v, r: min(m, p),
-    summary="B and W apart, 1F1B's peak (P on stage 0): (P-1)/(3M+P-1) idle (F = B = W, M >= P)",
-    splits_backward=True,
-))  # fmt: skip
+SCHEDULES.add(
+    "zb1",
+    ScheduleKind(
+        grid=lambda m, p, v: zb1(m, p),
+        bubble=_zb1_bubble,
+        held=lambda m, p, v, r: min(m, p),
+        summary=(
+            "B and W apart, 1F1B's peak (P on stage 0): (P-1)/(3M+P-1) idle (F = B = W, M >= P)"
+        ),
+        splits_backward=True,
+    ),
+)
 
 
 def _check_zb2(m: int, p: int, v: int) -> str:
@@ -113,12 +118,15 @@ def _check_zb2(m: int, p: int, v: int) -> str:
     return ""
 
 
-SCHEDULES.add("zb2", ScheduleKind(
-    grid=lambda m, p, v: zb2(m, p),
-    bubble=lambda m, p, v: (p - 1) / (3 * m + p - 1),
-    held=lambda m, p, v, r: min(m, 2 * p - 1) if m >= 2 * p - 2 else min(m, p),
-    summary="B and W apart, up to 2P-1 held: (P-1)/(3M+P-1) idle at F = B = W, "
-    "(P-1)(F + max(0, B-2W)) otherwise (M >= P)",
-    splits_backward=True,
-    check=_check_zb2,
-))  # fmt: skip
+SCHEDULES.add(
+    "zb2",
+    ScheduleKind(
+        grid=lambda m, p, v: zb2(m, p),
+        bubble=lambda m, p, v: (p - 1) / (3 * m + p - 1),
+        held=lambda m, p, v, r: min(m, 2 * p - 1) if m >= 2 * p - 2 else min(m, p),
+        summary="B and W apart, up to 2P-1 held: (P-1)/(3M+P-1) idle at F = B = W, "
+        "(P-1)(F + max(0, B-2W)) otherwise (M >= P)",
+        splits_backward=True,
+        check=_check_zb2,
+    ),
+)
