@@ -43,6 +43,10 @@ def _training(out: Path, proc: subprocess.Popen[str], within: float = 120) -> No
 def _kill_and_check(proc: subprocess.Popen[str], tree: list[Proc], how: str) -> None:
     """SIGKILL the launcher (its pid, or its process group), then every process of
     ``tree`` must be gone within 5 s."""
+    # its job folder, named for it (found while it lives: a dead owner's folder may be
+    # swept by any launch, another test's included)
+    folders = list(Path(tempfile.gettempdir()).glob(f"disttrain-*-{proc.pid}.*"))
+    assert folders, "the launcher's job folder is named for it"
     if how == "pid":
         os.kill(proc.pid, signal.SIGKILL)
     else:
@@ -53,9 +57,7 @@ def _kill_and_check(proc: subprocess.Popen[str], tree: list[Proc], how: str) -> 
         time.sleep(0.05)
     left = [p for p in tree if alive(p)]
     assert not left, f"alive 5 s after the launcher's SIGKILL ({how}): {left}"
-    # its job folder outlives it (nothing runs to remove it); the next launch sweeps it
-    folders = list(Path(tempfile.gettempdir()).glob(f"disttrain-*-{proc.pid}.*"))
-    assert folders, "the launcher's job folder is named for it"
+    # the folder outlives it (nothing runs to remove it); the next launch sweeps it
     jobdir.sweep()
     assert not [f for f in folders if f.exists()]
 

@@ -157,7 +157,7 @@ def test_a_restart_after_a_resume_continues_from_its_own_out(
 def test_under_torchrun_rank_0_claims_the_run_itself(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from disttrain.train.trainer import _agree_run
+    from disttrain.train.resume import agree_run
 
     out = str(tmp_path / "out")
     _commit(out, A, 90, 100)
@@ -167,9 +167,9 @@ def test_under_torchrun_rank_0_claims_the_run_itself(
     world = World(0, 1, 0, "gloo", torch.device("cpu"), 5.0)
     tc = SimpleNamespace(out=out, resume="", overwrite=False)
     with pytest.raises(UsageError, match="already holds checkpoints"):
-        _agree_run(tc, world)
+        agree_run(tc, world)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    assert _agree_run(tc, world) == A == os.environ[checkpoint.RUN_ENV]
+    assert agree_run(tc, world) == A == os.environ[checkpoint.RUN_ENV]
 
 
 FLAGS = ("--workers", "2", "--checkpoint-every", "10", "--no-progress", "--timeout", "20")
@@ -249,10 +249,10 @@ def test_a_resume_in_place_keeps_the_earlier_log_and_runs_the_later_steps_once(
 def test_a_restart_with_nothing_committed_says_it_starts_again(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from disttrain.train.trainer import _say_where_it_goes_on
+    from disttrain.train.resume import say_where_it_goes_on
 
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    _say_where_it_goes_on(0, "r" * 32)
+    say_where_it_goes_on(0, "r" * 32)
     assert capsys.readouterr().err == (
         "disttrain: restart 1: no committed checkpoint yet, so training starts again from step 1\n"
     )

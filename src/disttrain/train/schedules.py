@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["LR_SCHEDULES", "LRSchedule"]
 
@@ -33,6 +34,22 @@ class LRSchedule:
     schedule: str = "constant"
     gamma: float = 0.0  # 0: the schedule's default (0.9 per epoch exponential, 0.1 per step)
     step_epochs: int = 30
+
+    @classmethod
+    def for_run(cls, tc: Any, total_steps: int, steps_per_epoch: int) -> LRSchedule:
+        """The schedule a run's settings (``TrainConfig``) describe."""
+        return cls(
+            tc.lr,
+            tc.batch_size,
+            total_steps,
+            steps_per_epoch,
+            tc.lr_scaling,
+            tc.base_batch_size,
+            tc.warmup_epochs,
+            tc.lr_schedule,
+            tc.lr_gamma,
+            tc.lr_step_epochs,
+        )
 
     @property
     def target(self) -> float:

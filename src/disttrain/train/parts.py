@@ -1,0 +1,124 @@
+"""What one process's run is made of, before its loop (train/trainer.py) starts: the
+world, the run's id, the data, the model, its optimizer and the strategy (``setup``);
+the budget, outputs, step runner, schedule, checkpoints and membership (``prepare``)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from disttrain import checkpoint, collectives, strategies, timeline
+from disttrain.collectives import checks
+from disttrain.comm import world as world_mod
+from disttrain.comm.meter import meter
+from disttrain.config import RunConfig
+from disttrain.data import GlobalBatchSampler, load_dataset
+from disttrain.data.sampler import run_steps
+from disttrain.models import build_model
+from disttrain.train.evaluation import loss_fn
+from disttrain.train.faults import parse_fault
+from disttrain.train.grow import Grow, Joiner, read_point
+from disttrain.train.metrics import Throughput, Timers
+from disttrain.train.optimizers import make_optimizer
+from disttrain.train.outputs import Outputs
+from disttrain.train.pinning import pin_to_cpu
+from disttrain.train.resume import agree_run, goes_on
+from disttrain.train.saver import Checkpoints, recorded_settings
+from disttrain.train.schedules import LRSchedule
+from disttrain.train.shrink import Shrink, membership_for
+from disttrain.train.step import StepRunner
+from disttrain.train.trackers import Tracker
+
+__all__ = ["Change", "RunParts"]
+
+Change = dict[str, Any]  # a membership change (train/shrink.py, train/grow.py)
+
+
+class RunParts:
+    """What one process's run is made of: built by :meth:`setup` (world, data, model,
+    strategy) and :meth:`prepare` (the loop's parts); :class:`~disttrain.train.trainer.Run`
+    is the loop over them."""
+
+    def __init__(self, cfg: RunConfig, trackers: Sequence[Tracker] = ()) -> None:
+        self.cfg, self.tc, self.given_trackers = cfg, cfg.train, list(trackers)
+        self.step, self.epochs_done, self.loss = 0, 0, float("nan")
+        self.whole: nn.Module | None = None  # the whole model, evaluated on rank 0
+        self.test_loss: float = float("nan")
+        self.test_acc: float | None = None  # None for language models
+        self.memory: dict[str, int] = {}  # what this worker holds at the end of a step
+
+    def setup(self) -> None:
+        """The world, the run's id, the data, the model, its optimizer and the strategy."""
+        tc = self.tc
+        self.world = world_mod.init(
+            device=tc.device, timeout=tc.timeout, threads=tc.threads, backend=tc.backend
+        )
+        # --join: this process builds in a group of its own, then joins the job (train/grow.py)
+        self.joiner = Joiner(tc, read_point(tc.join)) if tc.join else None
+        joiner = self.joiner
+        self.run_id = (
+            os.environ.get(checkpoint.RUN_ENV, "") if joiner else agree_run(tc, self.world)
+        )
+        first = joiner.launch_rank if joiner else self.world.rank
+        self.recorder = timeline.start(first) if tc.timeline else None
+        collectives.set_length_check(tc.check_collectives)
+        collectives.set_inter_algorithm(tc.inter_algorithm)
+        checks.set_checks_everywhere(tc.check_collectives)
+        if tc.pin_cpus:
+            pin_to_cpu(self.world.local_rank)
+        self.fault = None if joiner else parse_fault(tc.inject_fault)  # the job's ranks'
+        self.data = load_dataset(self.cfg.data)
+        torch.manual_seed(tc.seed)  # every rank builds the same initial model
+        self.strategy = strategies.get(tc.strategy)(self.cfg, self.world, loss_fn)
+        sample = self.data.x_train[: tc.batch_size]  # what --balance time measures layers on
+        model = build_model(tc.model, self.data)
+        self.model = self.strategy.prepare_model(model, sample).to(self.world.device)
+        self.optimizer = make_optimizer(self.model.parameters(), tc)
+        self.strategy.setup(self.model, self.optimizer)
+        self.roles = self.strategy.roles  # who trains and who serves (parameter servers)
+
+    def prepare(self) -> None:
+        """The loop's parts: budget, outputs, progress, step runner, schedule, checkpoints."""
+        tc, roles = self.tc, self.roles
+        meter.reset()  # count training traffic only, not the initial broadcast
+        self.sampler = self._sampler()
+        total = run_steps(len(self.data.x_train), tc.batch_size, tc.epochs, tc.max_steps)
+        # asynchronous strategies let fast workers run more steps, until the budget is spent
+        self.epoch_limit, self.step_limit = roles.limits(tc.epochs, total)
+        main = self.world.is_main and self.joiner is None
+        # the epochs the run will show: a --max-steps inside an epoch ends in that epoch
+        # (the job's: an asynchronous worker's own limits are the whole budget)
+        shown = min(tc.epochs, self.epoch_limit, -(-total // self.sampler.steps_per_epoch))
+        self.out = Outputs(tc, main, goes_on(tc), self.given_trackers, total, shown)
+        self.timers = Timers()
+        self.start = time.perf_counter()
+        self.throughput = Throughput(tc.batch_size, self.start)  # this process's steps
+        self.runner = StepRunner(
+            self.strategy, self.optimizer, tc, self.timers, self.fault, self.world.rank
+        )
+        self.schedule = LRSchedule.for_run(tc, total, self.sampler.steps_per_epoch)
+        self.saver = Checkpoints(
+            tc.out, self.strategy, tc.async_checkpoint, recorded_settings(self.cfg)
+        )
+        self._prepare_membership()
+
+    def _prepare_membership(self) -> None:
+        """Live shrink and grow, when asked for (summary.json's ``membership``: changes)."""
+        tc = self.tc
+        self.membership = self.joiner.membership if self.joiner else membership_for(tc, self.world)
+        self.changes: list[Change] = []
+        member = self.membership
+        self.shrink = Shrink(tc, member, self.changes) if member and tc.live_shrink else None
+        self.grow = Grow(tc, member, self.changes) if member and tc.live_grow else None
+        if self.grow and self.out.main:
+            self.grow.open(self.cfg, self.run_id)  # OUT/join.json: where a --join finds the job
+
+    def _sampler(self) -> GlobalBatchSampler:
+        """This worker's share of each global batch (again after a membership change)."""
+        tc, n, s = self.tc, len(self.data.x_train), self.strategy
+        return GlobalBatchSampler(n, tc.batch_size, s.data_rank, s.data_world_size, tc.seed)
