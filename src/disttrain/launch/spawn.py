@@ -210,67 +210,91 @@ def run_world(
         )
         for r in range(world_size)
     ]
-    out: dict[int, Any] = {}
-    errors: list[str] = []
-    reported: set[int] = set()
-
-    def take(item: tuple[int, bool, Any]) -> None:
-        rank, ok, value = item
-        reported.add(rank)
-        if ok:
-            out[rank] = _unpack(value)
-        else:
-            errors.append(f"rank {rank}: {value}")
-
+    got = _Reports(results)
     try:
         for p in procs:
             p.start()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        stop_at: float | None = None  # set by the first failure: the others' grace ends then
-        while len(reported) < world_size:
-            now = time.monotonic()
-            running = sorted(set(range(world_size)) - reported)
-            if errors and stop_at is not None and now >= stop_at:
-                errors.append(f"ranks {running} still running {grace:g} s after a failure: stopped")
-                break
-            if deadline is not None and now >= deadline:
-                if errors:  # a failure is the likelier cause: name it first
-                    errors.append(f"ranks {running} still running at the timeout: stopped")
-                    break
-                raise WorldTimeout(
-                    f"ranks {running} still running after {timeout:g} s "
-                    f"(finished: {sorted(reported) or 'none'}); every rank stopped"
-                )
-            try:
-                take(results.get(timeout=0.2))
-            except queue.Empty:
-                for r, p in enumerate(procs):
-                    if p.exitcode is None or r in reported:
-                        continue
-                    # It exited: anything it sent is in the pipe by now (a queue's feeder
-                    # thread flushes before the process ends), so read that first.
-                    try:
-                        while r not in reported:
-                            take(results.get_nowait())
-                    except queue.Empty:
-                        reported.add(r)
-                        errors.append(
-                            f"rank {r} died without a result ({_how_it_ended(p.exitcode)})"
-                        )
-            if errors and stop_at is None:
-                stop_at = time.monotonic() + grace
-        if errors:
-            raise RankError(_report(errors))
-        return [out[r] for r in range(world_size)]
+        _collect(got, procs, timeout, grace)
+        if got.errors:
+            raise RankError(_report(got.errors))
+        return [got.out[r] for r in range(world_size)]
     finally:
-        clean = not errors and len(out) == world_size
-        for p in procs:
-            if clean and p.pid is not None:
-                p.join(timeout=5)  # leaving the process group; then gone
-            if p.is_alive():
-                p.kill()
-            if p.pid is not None:
-                p.join()
+        _stop(procs, clean=not got.errors and len(got.out) == world_size)
         results.close()
         shutil.rmtree(folder, ignore_errors=True)
         remove_leftovers(env[JOB_ENV])
+
+
+class _Reports:
+    """What the ranks sent so far: results by rank, failures in the order they came."""
+
+    def __init__(self, results: Any) -> None:
+        self.results = results  # the ranks' queue
+        self.out: dict[int, Any] = {}
+        self.errors: list[str] = []
+        self.reported: set[int] = set()
+
+    def take(self, item: tuple[int, bool, Any]) -> None:
+        """File one rank's ``(rank, ok, value)``: its result, or its error text."""
+        rank, ok, value = item
+        self.reported.add(rank)
+        if ok:
+            self.out[rank] = _unpack(value)
+        else:
+            self.errors.append(f"rank {rank}: {value}")
+
+    def reap_exited(self, procs: list[Any]) -> None:
+        """Each rank that exited unreported: read what it sent, else name it as died."""
+        for r, p in enumerate(procs):
+            if p.exitcode is None or r in self.reported:
+                continue
+            # It exited: anything it sent is in the pipe by now (a queue's feeder
+            # thread flushes before the process ends), so read that first.
+            try:
+                while r not in self.reported:
+                    self.take(self.results.get_nowait())
+            except queue.Empty:
+                self.reported.add(r)
+                self.errors.append(f"rank {r} died without a result ({_how_it_ended(p.exitcode)})")
+
+
+def _collect(got: _Reports, procs: list[Any], timeout: float | None, grace: float) -> None:
+    """Read reports until every rank has one, the grace after a failure ends, or the timeout.
+
+    Raises :class:`WorldTimeout` at the timeout if no rank failed; with a
+    failure, the ranks still running are listed as one more error instead.
+    """
+    world_size = len(procs)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    stop_at: float | None = None  # set by the first failure: the others' grace ends then
+    while len(got.reported) < world_size:
+        now = time.monotonic()
+        running = sorted(set(range(world_size)) - got.reported)
+        if got.errors and stop_at is not None and now >= stop_at:
+            got.errors.append(f"ranks {running} still running {grace:g} s after a failure: stopped")
+            break
+        if deadline is not None and now >= deadline:
+            if got.errors:  # a failure is the likelier cause: name it first
+                got.errors.append(f"ranks {running} still running at the timeout: stopped")
+                break
+            raise WorldTimeout(
+                f"ranks {running} still running after {timeout:g} s "
+                f"(finished: {sorted(got.reported) or 'none'}); every rank stopped"
+            )
+        try:
+            got.take(got.results.get(timeout=0.2))
+        except queue.Empty:
+            got.reap_exited(procs)
+        if got.errors and stop_at is None:
+            stop_at = time.monotonic() + grace
+
+
+def _stop(procs: list[Any], clean: bool) -> None:
+    """End every rank: after a clean run each gets 5 s to leave its group; the rest are killed."""
+    for p in procs:
+        if clean and p.pid is not None:
+            p.join(timeout=5)  # leaving the process group; then gone
+        if p.is_alive():
+            p.kill()
+        if p.pid is not None:
+            p.join()
