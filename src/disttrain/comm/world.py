@@ -115,7 +115,7 @@ def init(
     intra-op threads (one by default, so that N workers share N cores fairly);
     ``None`` leaves torch's choice.
     """
-    global _world, _store, _store_path, _sockets_before
+    global _world
     if _world is not None:
         return _world
     if threads is not None:
@@ -126,7 +126,21 @@ def init(
     else:
         rank = _env_int("RANK", 0)
         world_size = _env_int("WORLD_SIZE", 1)
-    lrank = _env_int("LOCAL_RANK", 0)
+    backend, torch_device = _device(device, backend, _env_int("LOCAL_RANK", 0))
+    if adopted:
+        _world = _adopt(rank, world_size, device, torch_device, timeout)
+        return _world
+    _form_group(backend, rank, world_size, timedelta(seconds=timeout))
+    place = _placement(rank, world_size, adopted=False)
+    _world = World(rank, world_size, place[0], backend, torch_device, timeout, *place[1:])
+    return _world
+
+
+def _device(device: str, backend: str, lrank: int) -> tuple[str, torch.device]:
+    """(backend, device) for ``--device``: gloo on cpu; NCCL, or gloo if asked, on CUDA.
+
+    A CUDA rank takes GPU ``local rank mod the GPUs`` and makes it current.
+    """
     if device == "cuda":
         if not torch.cuda.is_available():
             raise UsageError("--device cuda: no CUDA device is available on this machine")
@@ -138,30 +152,44 @@ def init(
         torch_device = torch.device("cpu")
     else:
         raise UsageError(f"unknown device {device!r}: use cpu or cuda")
+    return backend, torch_device
 
-    if adopted:
-        place = _placement(rank, world_size, adopted=True)
-        if device == "cuda" and "LOCAL_RANK" not in os.environ:
-            torch_device = torch.device("cuda", place[0] % torch.cuda.device_count())
-            torch.cuda.set_device(torch_device)
-        _world = World(
-            rank,
-            world_size,
-            place[0],
-            dist.get_backend(),
-            torch_device,
-            timeout,
-            *place[1:],
-            owns_group=False,
-        )
-        return _world
+
+def _adopt(
+    rank: int, world_size: int, device: str, torch_device: torch.device, timeout: float
+) -> World:
+    """The World of a group an engine formed: it owns the group, not us.
+
+    Without LOCAL_RANK, a CUDA rank's GPU comes from its placement's local rank.
+    """
+    place = _placement(rank, world_size, adopted=True)
+    if device == "cuda" and "LOCAL_RANK" not in os.environ:
+        torch_device = torch.device("cuda", place[0] % torch.cuda.device_count())
+        torch.cuda.set_device(torch_device)
+    return World(
+        rank,
+        world_size,
+        place[0],
+        dist.get_backend(),
+        torch_device,
+        timeout,
+        *place[1:],
+        owns_group=False,
+    )
+
+
+def _form_group(backend: str, rank: int, world_size: int, pg_timeout: timedelta) -> None:
+    """Form the process group: on our file store, torchrun's store under a round's prefix, or env://.
+
+    A plain single process (no store file, no MASTER_ADDR) gets a private file store.
+    """
+    global _store, _store_path, _sockets_before
     store_file = os.environ.get(STORE_FILE_ENV)
     if store_file is None and "MASTER_ADDR" not in os.environ:
         # A plain single process: a private file store, so collectives still work.
         if world_size != 1:
             raise UsageError("WORLD_SIZE > 1 but neither MASTER_ADDR nor a store file is set")
         store_file = _private_store()
-    pg_timeout = timedelta(seconds=timeout)
     if store_file is not None:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         # an elastic restart forms a new group: a fresh store, free of the last round's keys
@@ -191,9 +219,6 @@ def init(
         dist.init_process_group(
             backend, init_method="env://", rank=rank, world_size=world_size, timeout=pg_timeout
         )
-    place = _placement(rank, world_size, adopted=False)
-    _world = World(rank, world_size, place[0], backend, torch_device, timeout, *place[1:])
-    return _world
 
 
 def _private_store() -> str:
