@@ -172,34 +172,8 @@ def run_ray(cfg: Any, out: str, run_id: str) -> dict[str, Any]:
         raise UsageError("--launcher ray needs Ray Train: pip install 'ray[train]'") from None
     settings = {k: v for k, v in config_mod.changed_settings(cfg).items() if k not in _DRIVER_ONLY}
     settings.update(out=os.path.abspath(out), progress=False)
-    env = {
-        "DISTTRAIN_RUN_ID": run_id,  # every worker and restart writes checkpoints of this run
-        "OMP_NUM_THREADS": str(tc.threads),
-        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)),
-    }
-    for name in ("DISTTRAIN_PLUGINS", "DISTTRAIN_DEBUG"):
-        if name in os.environ:
-            env[name] = os.environ[name]
-    local = not tc.ray_address
-    if local:
-        env["GLOO_SOCKET_IFNAME"] = "lo"  # a local Ray: the group meets on the loopback
-    for attempt in range(3):
-        try:
-            ray.init(
-                address=tc.ray_address or None,
-                num_cpus=nproc if local else None,
-                include_dashboard=False,
-                _node_ip_address="127.0.0.1" if local else None,
-                runtime_env={"env_vars": env},
-                logging_level=logging.ERROR,
-                log_to_driver=False,  # Ray's per-report chatter; failures come back in the error
-            )
-            break
-        except Exception as exc:
-            # Ray waits a fixed 30 s for its raylet to register: a busy machine misses it
-            ray.shutdown()
-            if attempt == 2 or "timed out during startup" not in str(exc):
-                raise
+    env = _worker_env(tc, run_id)
+    _init_ray(ray, tc, nproc, env)
     nccl = tc.device == "cuda" and tc.backend != "gloo"  # --backend gloo: ranks share a GPU
     try:
         trainer = TorchTrainer(
@@ -221,6 +195,53 @@ def run_ray(cfg: Any, out: str, run_id: str) -> dict[str, Any]:
         result = trainer.fit()
     finally:
         ray.shutdown()
+    return _summary(out, result)
+
+
+def _worker_env(tc: Any, run_id: str) -> dict[str, str]:
+    """The workers' environment: the run id, threads, this driver's import path, the plugin
+    and debug variables; a local Ray's group meets on the loopback."""
+    env = {
+        "DISTTRAIN_RUN_ID": run_id,  # every worker and restart writes checkpoints of this run
+        "OMP_NUM_THREADS": str(tc.threads),
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)),
+    }
+    for name in ("DISTTRAIN_PLUGINS", "DISTTRAIN_DEBUG"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    if not tc.ray_address:
+        env["GLOO_SOCKET_IFNAME"] = "lo"  # a local Ray: the group meets on the loopback
+    return env
+
+
+def _init_ray(ray: Any, tc: Any, nproc: int, env: dict[str, str]) -> None:
+    """Join the Ray cluster at ``--ray-address``, or start a local one with ``nproc`` CPUs.
+
+    Up to three tries: Ray waits a fixed 30 s for its raylet to register, which a
+    busy machine misses; any other failure is raised at once.
+    """
+    local = not tc.ray_address
+    for attempt in range(3):
+        try:
+            ray.init(
+                address=tc.ray_address or None,
+                num_cpus=nproc if local else None,
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1" if local else None,
+                runtime_env={"env_vars": env},
+                logging_level=logging.ERROR,
+                log_to_driver=False,  # Ray's per-report chatter; failures come back in the error
+            )
+            break
+        except Exception as exc:
+            # Ray waits a fixed 30 s for its raylet to register: a busy machine misses it
+            ray.shutdown()
+            if attempt == 2 or "timed out during startup" not in str(exc):
+                raise
+
+
+def _summary(out: str, result: Any) -> dict[str, Any]:
+    """Rank 0's summary: its summary.json if rank 0 ran on this machine, else its last report."""
     path = os.path.join(out, "summary.json")
     if os.path.exists(path):  # rank 0 ran on this machine
         with open(path) as fh:
