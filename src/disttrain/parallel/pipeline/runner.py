@@ -282,6 +282,40 @@ class PipelineRunner:
         times.start = time.monotonic()
         step_start = time.perf_counter()
         actions = [a for a in (row[r] for row in self.grid) if a is not None]
+        acts, grads_in = self._inboxes(shapes, device)
+        sends: list[tuple[Any, torch.Tensor]] = []  # kept alive until their send is done
+        for action in actions:
+            m = action.microbatch
+            t0 = time.perf_counter()
+            self._receive(action, st, acts, grads_in)
+            t1 = time.perf_counter()
+            times.comm += t1 - t0
+            cpu1 = time.thread_time()
+            out = self._compute(action, st, loss_sum)
+            t2 = time.perf_counter()
+            times.compute += t2 - t1
+            cpu = time.thread_time() - cpu1
+            times.actions.append((replay_kind(action, p), m, t2 - t1))
+            times.actions_cpu.append((replay_kind(action, p), m, cpu))
+            times.compute_cpu += cpu
+            if out is not None:  # to s+1 after a forward, to s-1 after a backward
+                self._send(action, out, shapes, sends)
+            times.comm += time.perf_counter() - t2
+        t0 = time.perf_counter()
+        with timeline.span("send wait", sends=len(sends)), phases.book(COMM):
+            for work, _ in sends:
+                work.wait()
+        times.comm += time.perf_counter() - t0
+        times.step = time.perf_counter() - step_start
+        times.end = time.monotonic()
+        return loss_sum if r == last % p else None
+
+    def _inboxes(
+        self, shapes: list[tuple[torch.Size, torch.dtype]], device: torch.device
+    ) -> tuple[Inbox, Inbox]:
+        """The step's two receive streams: activations from the previous rank, gradients from
+        the next, each in the order its sender's column of the grid sends them."""
+        r, p, last = self.stage, self.pipeline, self.stages - 1
         mine = lambda s: 0 <= s <= last and self._rank_of(s) == r  # noqa: E731
         prev, nxt = (r - 1) % p, (r + 1) % p
         acts = Inbox(
@@ -301,61 +335,67 @@ class PipelineRunner:
             GRAD,
             ahead=self.recv_ahead,
         )
-        sends: list[tuple[Any, torch.Tensor]] = []  # kept alive until their send is done
-        for action in actions:
-            m, s = action.microbatch, action.stage
-            key = (m, s)
-            t0 = time.perf_counter()
-            # waiting for a neighbour is communication, not compute (the trainer's phases)
-            if action.kind == "F" and s > 0:
-                with timeline.span("send/recv", peer_stage=s - 1), phases.book(COMM):
-                    st.inputs[key] = acts.take(key)
-            elif action.kind == "B" and s < last:
-                with timeline.span("send/recv", peer_stage=s + 1), phases.book(COMM):
-                    st.grads[key] = grads_in.take(key)
-            t1 = time.perf_counter()
-            times.comm += t1 - t0
-            cpu1 = time.thread_time()
-            out: torch.Tensor | None = None
-            if action.kind == "F":
-                with timeline.span("forward", microbatch=m, stage=s):
-                    out = self._do_forward(action, st, m_count)
-                if s == last:
-                    loss_sum += st.outputs[key].detach()
-            elif action.kind == "B":
-                name = "backward input" if self.split else "backward"
-                with timeline.span(name, microbatch=m, stage=s):
-                    out = self._do_backward(action, st)
-            else:
-                with timeline.span("backward weight", microbatch=m, stage=s):
-                    pending = st.pending.pop(key)
-                    split.backward_weight(pending)
-                    self.activations.hold_grads(-pending.nbytes)
-                    del pending  # the graph goes with it, and its saved activations
-            t2 = time.perf_counter()
-            times.compute += t2 - t1
-            cpu = time.thread_time() - cpu1
-            times.actions.append((replay_kind(action, p), m, t2 - t1))
-            times.actions_cpu.append((replay_kind(action, p), m, cpu))
-            times.compute_cpu += cpu
-            if out is not None:  # to s+1 after a forward, to s-1 after a backward
-                dst = s + 1 if action.kind == "F" else s - 1
-                # under autocast a stage's output is fp16/bf16, but the peer's buffer has the
-                # meta run's dtype (fp32): a shorter message would be silently misread
-                out = out.to(shapes[s if action.kind == "F" else s - 1][1])
-                tag = ACT if action.kind == "F" else GRAD
-                with timeline.span("send", peer_stage=dst), phases.book(COMM):
-                    peer = self.ranks[self._rank_of(dst)]
-                    sends.append((p2p.isend(out, peer, self.group, tag=tag), out))
-            times.comm += time.perf_counter() - t2
-        t0 = time.perf_counter()
-        with timeline.span("send wait", sends=len(sends)), phases.book(COMM):
-            for work, _ in sends:
-                work.wait()
-        times.comm += time.perf_counter() - t0
-        times.step = time.perf_counter() - step_start
-        times.end = time.monotonic()
-        return loss_sum if r == last % p else None
+        return acts, grads_in
+
+    def _receive(self, action: Action, st: _StepState, acts: Inbox, grads_in: Inbox) -> None:
+        """Take what the action needs from a neighbour: a forward's input (not on stage 0), a
+        backward's output gradient (not on the last stage). Booked as communication."""
+        key, s, last = (action.microbatch, action.stage), action.stage, self.stages - 1
+        # waiting for a neighbour is communication, not compute (the trainer's phases)
+        if action.kind == "F" and s > 0:
+            with timeline.span("send/recv", peer_stage=s - 1), phases.book(COMM):
+                st.inputs[key] = acts.take(key)
+        elif action.kind == "B" and s < last:
+            with timeline.span("send/recv", peer_stage=s + 1), phases.book(COMM):
+                st.grads[key] = grads_in.take(key)
+
+    def _compute(
+        self, action: Action, st: _StepState, loss_sum: torch.Tensor
+    ) -> torch.Tensor | None:
+        """Run one F, B or W action; return what goes to a neighbour, if anything.
+
+        A forward on the last stage adds its micro-batch's loss into ``loss_sum`` (in place).
+        """
+        m, s = action.microbatch, action.stage
+        key = (m, s)
+        out: torch.Tensor | None = None
+        if action.kind == "F":
+            with timeline.span("forward", microbatch=m, stage=s):
+                out = self._do_forward(action, st, self.microbatches)
+            if s == self.stages - 1:
+                loss_sum += st.outputs[key].detach()
+        elif action.kind == "B":
+            name = "backward input" if self.split else "backward"
+            with timeline.span(name, microbatch=m, stage=s):
+                out = self._do_backward(action, st)
+        else:
+            with timeline.span("backward weight", microbatch=m, stage=s):
+                pending = st.pending.pop(key)
+                split.backward_weight(pending)
+                self.activations.hold_grads(-pending.nbytes)
+                del pending  # the graph goes with it, and its saved activations
+        return out
+
+    def _send(
+        self,
+        action: Action,
+        out: torch.Tensor,
+        shapes: list[tuple[torch.Size, torch.dtype]],
+        sends: list[tuple[Any, torch.Tensor]],
+    ) -> None:
+        """Post ``out``'s send to stage s+1 after a forward, s-1 after a backward, into ``sends``.
+
+        The message has the meta run's dtype, which the peer's buffer has.
+        """
+        s = action.stage
+        dst = s + 1 if action.kind == "F" else s - 1
+        # under autocast a stage's output is fp16/bf16, but the peer's buffer has the
+        # meta run's dtype (fp32): a shorter message would be silently misread
+        out = out.to(shapes[s if action.kind == "F" else s - 1][1])
+        tag = ACT if action.kind == "F" else GRAD
+        with timeline.span("send", peer_stage=dst), phases.book(COMM):
+            peer = self.ranks[self._rank_of(dst)]
+            sends.append((p2p.isend(out, peer, self.group, tag=tag), out))
 
     def _do_forward(self, a: Action, st: _StepState, m_count: int) -> torch.Tensor | None:
         m, s = a.microbatch, a.stage
