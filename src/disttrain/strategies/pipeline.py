@@ -136,6 +136,66 @@ def _replayed_step(
     return schedule.replay(orders, virtual=chunks)[0]
 
 
+def _runnable_microbatches(
+    spec: RunSpec, pc: ParallelConfig, kind: schedule.ScheduleKind, p: int, v: int
+) -> int:
+    """The M a run would use: the spec's (train's default 4 unless stated); unstated, raised
+    to the least count the schedule accepts (e.g. a multiple of P for interleaved).
+
+    A refusal that no count within 4PV more lifts is the spec's to fix: ValueError.
+    """
+    m = pc.microbatches
+    why = kind.check(m, p, v) if p > 1 else ""  # one stage: no pipeline to refuse
+    if why and "microbatches" not in spec.settings:
+        # unstated: the least count from train's default up that the schedule runs (a
+        # refusal that no count within 4PV more lifts is the spec's to fix)
+        m = next((n for n in range(m, m + 4 * p * v + 1) if not kind.check(n, p, v)), m)
+        why = kind.check(m, p, v)
+    if why:
+        raise ValueError(why)
+    return m
+
+
+def _pipelined_seconds(
+    name: str,
+    kind: schedule.ScheduleKind,
+    m: int,
+    p: int,
+    v: int,
+    shares: list[float] | None,
+    busy: float,
+) -> tuple[float, float]:
+    """(the pipelined compute of a step, its bubble) for ``busy`` seconds of work a rank.
+
+    Equal stages (or one): busy / (1 - bubble), the schedule's closed form. Unequal
+    stages (each stage's share its layers' share of the parameters, ``work.layer_params``
+    where advise knows the model; else of the layers): the schedule's grid replayed with
+    each stage's F, B, W at its share (``schedule.replay``: the slowest stage sets the
+    pace), and the bubble 1 - busy / step.
+    """
+    bubble = kind.bubble(m, p, v)
+    if shares is None or p == 1:  # equal stages (or one): the schedule's closed form
+        return busy / (1 - bubble), bubble
+    pipelined = _replayed_step(name, m, p, v, shares, busy * p)
+    return pipelined, 1 - busy / pipelined
+
+
+def _hand_off_seconds(
+    net: costing.Network, message: float, sends: int, p: int, v: int, compute: float
+) -> float:
+    """Seconds of a step spent waiting for hand-offs between stages.
+
+    The fill and drain cross 2(PV-1) stage boundaries on the critical path, each an α and
+    a micro-batch's activations at β; the steady state's ``sends`` hand-offs are hidden
+    behind the compute unless the link needs longer.
+    """
+    hand_off = net.alpha + message * net.beta
+    # the fill and drain wait for their hand-offs; the steady state's overlap the compute
+    # unless the link needs longer than the compute for all of them
+    fill_drain = 2 * (p * v - 1) if p > 1 else 0  # stage boundaries between ranks
+    return fill_drain * hand_off + max(0.0, sends * hand_off - compute)
+
+
 @register
 class Pipeline(Strategy):
     """Stage ``s`` of ``P`` on rank ``s``; micro-batches flow through by ``--schedule``."""
@@ -323,56 +383,33 @@ class Pipeline(Strategy):
         The schedule's own terms (``ScheduleKind.bubble``, ``.held``) give the step: busy /
         (1 - bubble), exact for equal stages with F:B:W = 1:1:1 (6·params flops: forward 2,
         input gradient 2, weight gradient 2), and for the fused schedules at any F:B (their
-        idle time is (P-1)(F+B) per chunk). M is the spec's (train's default 4 unless stated;
-        unstated, raised to the least count the schedule accepts, e.g. a multiple of P for
-        interleaved), as ``disttrain train``/``compare`` would run it. The fill and
-        drain cross 2(PV-1) stage boundaries on the critical path, each an α and a
-        micro-batch's activations at β; the steady state's 2MV hand-offs are hidden behind
-        the compute unless the link needs longer. Activations: ``activation_bytes`` a sample,
+        idle time is (P-1)(F+B) per chunk). M is the spec's (:func:`_runnable_microbatches`),
+        as ``disttrain train``/``compare`` would run it. The hand-offs:
+        :func:`_hand_off_seconds`. Activations: ``activation_bytes`` a sample,
         else 4·sqrt(params) (fp32 values as wide as a one-layer square model: an upper bound
         on a deeper dense model's width). ``balance`` as a list of layer counts (``3/2/3``)
-        cuts the work unequally, each stage's share its layers' share of the parameters
-        (``work.layer_params``, which advise sets from its model; else of the layers): the
-        step is then the schedule's grid replayed with each stage's F, B, W at its share
-        (``schedule.replay``: the slowest stage sets the pace), and its rank's parameters at
-        its share. ``balance=params`` is the equal cut; ``balance=time`` is measured in
+        cuts the work unequally (:func:`_pipelined_seconds`), its rank's parameters at its
+        share. ``balance=params`` is the equal cut; ``balance=time`` is measured in
         training and modelled as equal (said in the note). Not modelled: the split backward's
         own overhead, a micro-batch too small to compute efficiently.
         """
         pc = spec.config().section(ParallelConfig)
         kind = schedule.SCHEDULES.get(pc.schedule)
         p, v = nodes, pc.chunks
-        m = pc.microbatches
-        why = kind.check(m, p, v) if p > 1 else ""  # one stage: no pipeline to refuse
-        if why and "microbatches" not in spec.settings:
-            # unstated: the least count from train's default up that the schedule runs (a
-            # refusal that no count within 4PV more lifts is the spec's to fix)
-            m = next((n for n in range(m, m + 4 * p * v + 1) if not kind.check(n, p, v)), m)
-            why = kind.check(m, p, v)
-        if why:
-            raise ValueError(why)
+        m = _runnable_microbatches(spec, pc, kind, p, v)
         net, cal = network, calibration
-        bubble = kind.bubble(m, p, v)
         busy = work.batch_size * work.flops * cal.seconds_per_flop / p
         shares = _stage_shares(pc, p, v, work.layer_params)
         own = work.params * _rank_share(shares, p) * cal.seconds_per_param + cal.seconds_per_step
-        if shares is None or p == 1:  # equal stages (or one): the schedule's closed form
-            pipelined = busy / (1 - bubble)
-        else:
-            pipelined = _replayed_step(pc.schedule, m, p, v, shares, busy * p)
-            bubble = 1 - busy / pipelined
+        pipelined, bubble = _pipelined_seconds(pc.schedule, kind, m, p, v, shares, busy)
         compute = (pipelined + own) * cal.colocation_factor(work.ranks_per_host)
         # unstated: the width of a model that is one square layer, sqrt(params) values, which
         # bounds the width of any deeper dense model of as many parameters from above
         stated = spec.assumptions.get("activation_bytes")
         per_sample = stated if stated is not None else 4 * math.sqrt(work.params)
         message = work.batch_size / m * per_sample  # one micro-batch's activations
-        hand_off = net.alpha + message * net.beta
         sends = 2 * m * v if p > 1 else 0  # an activation on, a gradient back, per chunk action
-        # the fill and drain wait for their hand-offs; the steady state's overlap the compute
-        # unless the link needs longer than the compute for all of them
-        fill_drain = 2 * (p * v - 1) if p > 1 else 0  # stage boundaries between ranks
-        comm = fill_drain * hand_off + max(0.0, sends * hand_off - compute)
+        comm = _hand_off_seconds(net, message, sends, p, v, compute)
         held = kind.held(m, p, v, 0)
         reason = (
             f"{pc.schedule}: bubble {bubble:.1%} of the step at M={m}, V={v}; "
