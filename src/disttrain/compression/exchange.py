@@ -144,33 +144,7 @@ def compressed_all_reduce(
     before = meter.bytes_sent
     allreduce_sent = dense_allreduce_bytes(flat.numel(), size, rank, algorithm)
     if isinstance(compressor, CollectiveCompressor):  # its own rounds of allreduces (PowerSGD)
-        # The rounds' lengths follow from the bound shapes and the step: the algorithms'
-        # cross-rank length check (a blocking allreduce of its own before each round: three
-        # extra latencies a step) runs until every rank has agreed on them once.
-        rounds = tuple(compressor.round_numels(flat.numel()))
-        agreed = _AGREED.setdefault(compressor, set())
-        checked = rounds not in agreed
-        algo = collectives.get(algorithm)
-
-        def sum_(t: torch.Tensor) -> None:
-            if size > 1:
-                algo.all_reduce(t, group, checked=checked)
-
-        in_place = flat.dtype == torch.float32  # else the fp32 sum is copied back at the end
-        out = flat.view(-1) if in_place else torch.empty(flat.numel())
-
-        def run(acc: torch.Tensor) -> tuple[None, torch.Tensor]:
-            return None, compressor.reduce(acc, sum_, size, out)
-
-        if feedback is not None:
-            feedback.apply(flat, run)
-        else:
-            run(flat.detach().reshape(-1).float())
-        agreed.add(rounds)
-        if not mean:
-            out.mul_(size)  # exact for a power-of-two size; else one rounding of the mean
-        if not in_place:
-            flat.copy_(out.view_as(flat))
+        _collective_rounds(flat, compressor, algorithm, group, feedback, size, mean)
         if stats is not None:  # fp32 payloads already: the reference is the dense allreduce
             stats.add(allreduce_sent, allreduce_sent, meter.bytes_sent - before)
         return flat
@@ -189,14 +163,7 @@ def compressed_all_reduce(
             result = compressor.decompress(payload)
         dense_sent = allreduce_sent  # the same allreduce, in fp32
     else:
-        send_to, recv_from = all_peers(rank, size)
-        got = exchange_payloads(payload, compressor, send_to, recv_from, group)
-        with phases.book(phases.CODEC):  # decoding each payload and summing the decodes
-            decoded = {s: compressor.decompress(p) for s, p in zip(recv_from, got, strict=True)}
-            decoded[rank] = mine
-            result = torch.zeros_like(mine)
-            for r in range(size):  # in rank order on every rank: bit-identical sums, equal replicas
-                result += decoded[r]
+        result = _sum_from_peers(payload, mine, compressor, group, rank, size)
         dense_sent = 4 * flat.numel() * (size - 1)  # an fp32 tensor to each peer
     flat.copy_(result.view_as(flat))
     if mean:
@@ -204,3 +171,69 @@ def compressed_all_reduce(
     if stats is not None:
         stats.add(dense_sent, allreduce_sent, meter.bytes_sent - before)
     return flat
+
+
+def _collective_rounds(
+    flat: torch.Tensor,
+    compressor: CollectiveCompressor,
+    algorithm: str,
+    group: ProcessGroup | None,
+    feedback: ErrorFeedback | None,
+    size: int,
+    mean: bool,
+) -> None:
+    """A collective compressor's own rounds of allreduces, summed into ``flat`` in place.
+
+    The compressor writes the mean; the sum is the mean × size (exact for a
+    power-of-two size; else one rounding of the mean).
+    """
+    # The rounds' lengths follow from the bound shapes and the step: the algorithms'
+    # cross-rank length check (a blocking allreduce of its own before each round: three
+    # extra latencies a step) runs until every rank has agreed on them once.
+    rounds = tuple(compressor.round_numels(flat.numel()))
+    agreed = _AGREED.setdefault(compressor, set())
+    checked = rounds not in agreed
+    algo = collectives.get(algorithm)
+
+    def sum_(t: torch.Tensor) -> None:
+        if size > 1:
+            algo.all_reduce(t, group, checked=checked)
+
+    in_place = flat.dtype == torch.float32  # else the fp32 sum is copied back at the end
+    out = flat.view(-1) if in_place else torch.empty(flat.numel())
+
+    def run(acc: torch.Tensor) -> tuple[None, torch.Tensor]:
+        return None, compressor.reduce(acc, sum_, size, out)
+
+    if feedback is not None:
+        feedback.apply(flat, run)
+    else:
+        run(flat.detach().reshape(-1).float())
+    agreed.add(rounds)
+    if not mean:
+        out.mul_(size)  # exact for a power-of-two size; else one rounding of the mean
+    if not in_place:
+        flat.copy_(out.view_as(flat))
+
+
+def _sum_from_peers(
+    payload: Payload,
+    mine: torch.Tensor,
+    compressor: Compressor,
+    group: ProcessGroup | None,
+    rank: int,
+    size: int,
+) -> torch.Tensor:
+    """Send a sparse payload to every peer, decode theirs, and sum the decodes in rank order.
+
+    Rank order on every rank gives bit-identical sums, so the replicas stay equal.
+    """
+    send_to, recv_from = all_peers(rank, size)
+    got = exchange_payloads(payload, compressor, send_to, recv_from, group)
+    with phases.book(phases.CODEC):  # decoding each payload and summing the decodes
+        decoded = {s: compressor.decompress(p) for s, p in zip(recv_from, got, strict=True)}
+        decoded[rank] = mine
+        result = torch.zeros_like(mine)
+        for r in range(size):  # in rank order on every rank: bit-identical sums, equal replicas
+            result += decoded[r]
+    return result
