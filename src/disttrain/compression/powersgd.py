@@ -195,21 +195,7 @@ class PowerSGD(CollectiveCompressor):
         with phases.book(phases.CODEC):
             vec = torch.cat([flat[o : o + k] for o, k in plan.vectors]) if plan.vectors else None
             mats = [flat[o : o + n * m].view(n, m) for o, n, m, _ in plan.matrices]
-            if self.q is not None and self.q.numel() != plan.q_numel:
-                self.q = None  # a Q for other tensors (a checkpoint of another model)
-            if self.q is None or not self.warm_start:
-                self.q = torch.empty(plan.q_numel)
-                qs = self._views(self.q, plan, "q")
-                with torch.random.fork_rng(devices=[]):  # the same Q on every rank, as torch
-                    torch.manual_seed(self.rng.randint(1_000_000_000))
-                    self.draws += 1
-                    for q in qs:
-                        q.copy_(torch.randn(*q.shape))
-                        orthogonalize(q)
-            else:
-                qs = self._views(self.q, plan, "q")
-                for q in qs:
-                    orthogonalize(q)
+            q_flat, qs = self._start_q(plan)
             p_flat = torch.empty(plan.p_numel)
             ps = self._views(p_flat, plan, "p")
             for mat, q, p in zip(mats, qs, ps, strict=True):
@@ -222,23 +208,60 @@ class PowerSGD(CollectiveCompressor):
                 for mat, p, q in zip(mats, ps, qs, strict=True):
                     orthogonalize(p)  # the sum of P is orthogonalized; no need to divide by n
                     torch.mm(mat.t(), p, out=q)
-            sum_(self.q)
+            sum_(q_flat)
         with phases.book(phases.CODEC):
-            self.q.div_(size)
+            q_flat.div_(size)
             # what a world of one would have sent: the vectors, P and Q as decoded
-            self._sent = tuple(t for t in (vec, p_flat, self.q) if t is not None and t.numel())
-            # Every entry is a vector's or a matrix's, so ``out`` is written whole: the mean
-            # straight into the caller's buffer, as torch's hook writes into its bucket (each
-            # matrix of ``acc`` is read for the last time above, so ``out`` may be ``acc``).
-            if vec is not None:
-                vec.div_(size)
-                for (o, k), part in zip(
-                    plan.vectors, vec.split([k for _, k in plan.vectors]), strict=True
-                ):
-                    out[o : o + k] = part
-            for (o, n, m, _), p, q in zip(plan.matrices, ps, qs, strict=True):
-                torch.mm(p, q.t(), out=out[o : o + n * m].view(n, m))
+            self._sent = tuple(t for t in (vec, p_flat, q_flat) if t is not None and t.numel())
+            self._write_mean(out, plan, vec, ps, qs, size)
         return out
+
+    def _start_q(self, plan: _Plan) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """This step's Q (``self.q``) and its per-matrix views, each orthogonalized.
+
+        Warm start: last step's mean Q, if it fits the plan. Else a fresh Gaussian Q,
+        drawn from a seed that ``self.rng`` gives, so every rank draws the same Q, as
+        torch's PowerSGDState does.
+        """
+        if self.q is not None and self.q.numel() != plan.q_numel:
+            self.q = None  # a Q for other tensors (a checkpoint of another model)
+        if self.q is None or not self.warm_start:
+            self.q = torch.empty(plan.q_numel)
+            qs = self._views(self.q, plan, "q")
+            with torch.random.fork_rng(devices=[]):  # the same Q on every rank, as torch
+                torch.manual_seed(self.rng.randint(1_000_000_000))
+                self.draws += 1
+                for q in qs:
+                    q.copy_(torch.randn(*q.shape))
+                    orthogonalize(q)
+        else:
+            qs = self._views(self.q, plan, "q")
+            for q in qs:
+                orthogonalize(q)
+        return self.q, qs
+
+    @staticmethod
+    def _write_mean(
+        out: torch.Tensor,
+        plan: _Plan,
+        vec: torch.Tensor | None,
+        ps: list[torch.Tensor],
+        qs: list[torch.Tensor],
+        size: int,
+    ) -> None:
+        """The mean into ``out``: each vector's sum / size, each matrix as P Q^T (Q already
+        the mean)."""
+        # Every entry is a vector's or a matrix's, so ``out`` is written whole: the mean
+        # straight into the caller's buffer, as torch's hook writes into its bucket (each
+        # matrix of ``acc`` is read for the last time above, so ``out`` may be ``acc``).
+        if vec is not None:
+            vec.div_(size)
+            for (o, k), part in zip(
+                plan.vectors, vec.split([k for _, k in plan.vectors]), strict=True
+            ):
+                out[o : o + k] = part
+        for (o, n, m, _), p, q in zip(plan.matrices, ps, qs, strict=True):
+            torch.mm(p, q.t(), out=out[o : o + n * m].view(n, m))
 
     @staticmethod
     def _views(buf: torch.Tensor, plan: _Plan, which: str) -> list[torch.Tensor]:
