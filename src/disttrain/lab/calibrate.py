@@ -28,7 +28,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from disttrain.collectives.paths import critical_path
@@ -256,6 +256,61 @@ def calibrate(
             print(f"calibrate: {text}", flush=True)
 
     load_before = os.getloadavg()
+    links = _measure_links(workers, sizes, algorithms, say)
+    say("memory reduction and copy rates, one-bit codec")
+    gamma, mu = _gamma(), _mu()
+    enc, dec, enc_sent, dec_sent = _codec()
+    comp = _measure_compute(workers, say)
+    cal = Calibration(
+        alpha=links.alpha,
+        beta=links.beta,
+        gamma=gamma,
+        mu=mu,
+        seconds_per_flop=comp.s_flop,
+        seconds_per_param=comp.s_param,
+        seconds_per_step=comp.s_step,
+        seconds_per_encode=enc,
+        seconds_per_decode=dec,
+        seconds_per_encode_sent=enc_sent,
+        seconds_per_decode_sent=dec_sent,
+        cores=os.cpu_count() or 1,
+        colocation=comp.colocation,
+        loopback=links.loopback,
+        shared_memory=links.shared_memory,
+        source=f"calibrated on {os.uname().nodename} at {time.strftime('%Y-%m-%d %H:%M:%S')}",
+        meta={
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+            "compute_points": comp.points,
+            "step_overheads": comp.overheads,
+            "params": comp.params,
+            "stat": STAT,
+            "rows": links.raw,
+            "dp_step_seconds": comp.steps,
+        },
+    )
+    return dataclasses.replace(cal, sync=fit_sync(cal, comp.steps))
+
+
+@dataclasses.dataclass
+class _Links:
+    """The allreduce fits: per n the shared-host links, and the critical-path α, β at n = 2."""
+
+    loopback: dict[str, list[float]]
+    shared_memory: dict[str, list[float]]
+    raw: dict[str, Any]
+    alpha: float
+    beta: float
+
+
+def _measure_links(
+    workers: int, sizes: Sequence[str], algorithms: Sequence[str], say: Callable[[str], None]
+) -> _Links:
+    """``bench allreduce`` at n = 2..workers ranks, over the sockets and over shared memory.
+
+    Per n, each link is fitted to the rows' paths; at n = 2, α and β also by a
+    relative least-squares fit of STAT against each path's steps and critical bytes.
+    """
     loopback: dict[str, list[float]] = {}
     shared_memory: dict[str, list[float]] = {}
     shared = shared_memory_algorithms()
@@ -276,9 +331,30 @@ def calibrate(
             alpha, beta = nonneg_relative_lstsq(
                 [[p.steps, p.critical_bytes] for p in paths], [r[STAT] for r in rows]
             )
-    say("memory reduction and copy rates, one-bit codec")
-    gamma, mu = _gamma(), _mu()
-    enc, dec, enc_sent, dec_sent = _codec()
+    return _Links(loopback, shared_memory, raw, alpha, beta)
+
+
+@dataclasses.dataclass
+class _Compute:
+    """The compute fits from ``bench dp``, with the points and step times they came from."""
+
+    params: int
+    points: list[tuple[float, float]]
+    overheads: list[float]
+    s_flop: float
+    s_param: float
+    s_step: float
+    colocation: dict[str, float]
+    steps: dict[int, float]
+
+
+def _measure_compute(workers: int, say: Callable[[str], None]) -> _Compute:
+    """``bench dp``: one rank at two batch sizes, then n = 2..workers ranks at CAL_BATCH each.
+
+    step = samples·6·params·s_flop + params·s_param (:func:`fit_compute`); the
+    trainer's fixed work is disttrain's one-rank step minus the same compute;
+    colocation is n ranks' compute over one rank's, at least 1.
+    """
     params, _ = mlp_params()
     say(f"bench dp, 1 rank, batch {CAL_BATCH} and {4 * CAL_BATCH} (mlp, {params:,} parameters)")
     points: list[tuple[float, float]] = []
@@ -299,35 +375,7 @@ def calibrate(
         row = bench_dp_rows(n, CAL_BATCH * n)["dp fusion=4 no-overlap"]
         colocation[str(n)] = max(1.0, _compute_seconds(row) / base)
         steps[n] = CAL_BATCH * n / row["samples_per_second"]
-    cal = Calibration(
-        alpha=alpha,
-        beta=beta,
-        gamma=gamma,
-        mu=mu,
-        seconds_per_flop=s_flop,
-        seconds_per_param=s_param,
-        seconds_per_step=s_step,
-        seconds_per_encode=enc,
-        seconds_per_decode=dec,
-        seconds_per_encode_sent=enc_sent,
-        seconds_per_decode_sent=dec_sent,
-        cores=os.cpu_count() or 1,
-        colocation=colocation,
-        loopback=loopback,
-        shared_memory=shared_memory,
-        source=f"calibrated on {os.uname().nodename} at {time.strftime('%Y-%m-%d %H:%M:%S')}",
-        meta={
-            "loadavg_before": load_before,
-            "loadavg_after": os.getloadavg(),
-            "compute_points": points,
-            "step_overheads": overheads,
-            "params": params,
-            "stat": STAT,
-            "rows": raw,
-            "dp_step_seconds": steps,
-        },
-    )
-    return dataclasses.replace(cal, sync=fit_sync(cal, steps))
+    return _Compute(params, points, overheads, s_flop, s_param, s_step, colocation, steps)
 
 
 def loopback_network(cal: Calibration, n: int) -> costmodel.Network:
