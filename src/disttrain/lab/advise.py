@@ -100,6 +100,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "it), with the memory each holds per worker (--memory-per-worker: which fit); ends "
         "with a one-line recommendation. See docs/lab.md."
     )
+    _add_model_arguments(parser)
+    _add_cluster_arguments(parser)
+    parser.add_argument(
+        "--strategies",
+        default="",
+        help="comma-separated strategy[:value][:key=value...], the grammar of compare "
+        "(default: each strategy's own rows)",
+    )
+    parser.add_argument(
+        "--calibration", default="", help=f"constants file (default {DEFAULT_PATH})"
+    )
+    parser.add_argument("--calibrate", action="store_true", help="measure this machine, save")
+    parser.add_argument("--workers", type=int, default=4, help="--calibrate: most local ranks")
+    parser.add_argument("--json", dest="json_path", default="", help="also write the rows here")
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """What is trained: the model (by size or by name), its optimizer, precision, memory cap."""
     parser.add_argument(
         "--params", help="model parameters, e.g. 25M (required unless --model or --calibrate)"
     )
@@ -134,6 +152,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help="e.g. 2GB: mark the rows that fit; recommend only among them",
     )
+
+
+def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where it is trained: nodes, their link and flops, the batch, buckets, parameter servers."""
     parser.add_argument("--nodes", default="256", help="data-parallel ranks, 1 to 10,000")
     parser.add_argument("--bandwidth", help="each node's link, e.g. 25Gbit, 100mbit")
     parser.add_argument(
@@ -155,18 +177,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--grad-dtype", default="fp32", choices=sorted(_GRAD_BYTES))
     parser.add_argument("--servers", type=int, default=1, help="parameter servers (ps:*)")
-    parser.add_argument(
-        "--strategies",
-        default="",
-        help="comma-separated strategy[:value][:key=value...], the grammar of compare "
-        "(default: each strategy's own rows)",
-    )
-    parser.add_argument(
-        "--calibration", default="", help=f"constants file (default {DEFAULT_PATH})"
-    )
-    parser.add_argument("--calibrate", action="store_true", help="measure this machine, save")
-    parser.add_argument("--workers", type=int, default=4, help="--calibrate: most local ranks")
-    parser.add_argument("--json", dest="json_path", default="", help="also write the rows here")
 
 
 def _calibration(args: argparse.Namespace) -> Calibration:

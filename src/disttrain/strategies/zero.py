@@ -72,6 +72,38 @@ class ZeroConfig:
             raise UsageError(f"--zero-stage must be 1, 2 or 3, got {self.zero_stage}")
 
 
+def _halves(algorithm: str, gradient_bytes: int, nodes: int) -> tuple[float, float]:
+    """(reduce-scatter, all-gather): each half's share of the algorithm's whole allreduce,
+    in bytes sent, as the algorithm's own costs give them (``ring``: half each)."""
+    algo, probe = collectives.get(algorithm), max(gradient_bytes, 1)
+    whole = max(algo.cost(probe, nodes).bytes_sent, 1)
+    rs = algo.reduce_scatter_cost(probe, nodes).bytes_sent / whole  # shares of it
+    ag = algo.all_gather_cost(probe, nodes).bytes_sent / whole
+    return rs, ag
+
+
+def _stage_comm(
+    stage: int, allreduce_comm: float, times: list[float], rs: float, ag: float, backward: float
+) -> tuple[float, float]:
+    """(exposed communication seconds, bytes as a multiple of the allreduce's) of a stage.
+
+    ``times`` are the buckets' allreduce seconds; what runs during ``backward`` is
+    hidden but for its last bucket. Stage 1: the allreduce, then an all-gather;
+    stage 2: reduce-scatter behind backward, then an all-gather; stage 3: an
+    all-gather for forward (exposed) and the backward's gathers and reduce-scatters.
+    """
+    total, last = sum(times), (times[-1] if times else 0.0)
+
+    def hidden(total: float, window: float, tail: float) -> float:
+        return max(tail, total - window) if window else total
+
+    if stage == 1:
+        return allreduce_comm + ag * total, 1 + ag
+    if stage == 2:
+        return hidden(rs * total, backward, rs * last) + ag * total, rs + ag
+    return ag * total + hidden((ag + rs) * total, backward, rs * last), 2 * ag + rs
+
+
 @register
 class Zero(Strategy):
     """ZeRO stages 1-3 over ``--algorithm``'s reduce-scatter, allreduce and all-gather."""
@@ -252,24 +284,10 @@ class Zero(Strategy):
             )[0]
             for size in sizes
         ]
-        algo, probe = collectives.get(cfg.train.algorithm), max(work.gradient_bytes, 1)
-        whole = max(algo.cost(probe, nodes).bytes_sent, 1)
-        rs = algo.reduce_scatter_cost(probe, nodes).bytes_sent / whole  # shares of it
-        ag = algo.all_gather_cost(probe, nodes).bytes_sent / whole
-        total, last = sum(times), (times[-1] if times else 0.0)
+        rs, ag = _halves(cfg.train.algorithm, work.gradient_bytes, nodes)
         compute = ar.compute_seconds
         backward = compute * 2 / 3 if overlap else 0.0
-
-        def hidden(total: float, window: float, tail: float) -> float:
-            return max(tail, total - window) if window else total
-
-        if stage == 1:
-            comm, scale = ar.comm_seconds + ag * total, 1 + ag
-        elif stage == 2:
-            comm, scale = hidden(rs * total, backward, rs * last) + ag * total, rs + ag
-        else:
-            comm = ag * total + hidden((ag + rs) * total, backward, rs * last)
-            scale = 2 * ag + rs
+        comm, scale = _stage_comm(stage, ar.comm_seconds, times, rs, ag, backward)
         if stage > 1:  # stage 1's is in the allreduce's comm
             comm += calibration.sync_seconds(nodes)
         what = {
