@@ -28,7 +28,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -36,6 +36,11 @@ from torch import nn
 from disttrain.comm.errors import UsageError
 from disttrain.lab.bench import _tensor as bench_tensor
 from disttrain.parallel.pipeline import schedule
+
+if TYPE_CHECKING:
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
+    from disttrain.parallel.pipeline.runner import PipelineRunner
 
 __all__ = ["add_arguments", "bubble", "run"]
 
@@ -194,32 +199,11 @@ def _torch_pipe(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
     other's step), so that both see the same load; ``paired`` is the median
     over rounds of our step time over torch's in the same round.
     """
-    import copy
-
     import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-    from torch.nn import functional as F
-
-    from disttrain.parallel import placement
-    from disttrain.parallel.pipeline.runner import PipelineRunner
 
     rank, p = dist.get_rank(), dist.get_world_size()
-    ours_parts = placement.split(
-        _model(p, a.layers_per_stage, a.width), [2 * a.layers_per_stage] * p
-    )
-    meta = [copy.deepcopy(s).to("meta") for s in ours_parts]
-    runner = PipelineRunner(
-        ours_parts[rank],
-        rank,
-        schedule.build(sched, m, p),
-        meta,
-        F.mse_loss,
-        recv_ahead=_recv_ahead(a, sched),
-    )
-    parts = placement.split(_model(p, a.layers_per_stage, a.width), [2 * a.layers_per_stage] * p)
-    stage = PipelineStage(parts[rank], rank, p, torch.device("cpu"))
-    cls = ScheduleGPipe if sched == "gpipe" else Schedule1F1B
-    sch = cls(stage, m, loss_fn=F.mse_loss)
+    runner = _our_runner(a, sched, m, rank, p)
+    sch = _torch_schedule(a, sched, m, rank, p)
     x, y = torch.randn(a.batch, a.width), torch.randn(a.batch, a.width)
 
     def theirs() -> None:
@@ -230,22 +214,7 @@ def _torch_pipe(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
         else:
             sch.step()
 
-    def timed(step: Callable[[], object]) -> float:
-        dist.barrier()
-        t0 = time.perf_counter()
-        step()
-        dist.barrier()
-        return time.perf_counter() - t0
-
-    ours_t, torch_t = [], []
-    for i in range(a.repeats + 2):
-        if i % 2 == 0:
-            o, t = timed(lambda: runner.run(x, y)), timed(theirs)
-        else:
-            t, o = timed(theirs), timed(lambda: runner.run(x, y))
-        if i >= 2:
-            ours_t.append(o)
-            torch_t.append(t)
+    ours_t, torch_t = _alternate_rounds(a.repeats, lambda: runner.run(x, y), theirs)
     ratios = [o / t for o, t in zip(ours_t, torch_t, strict=True)]
     # timed rounds start at i = 2 (even): ours ran first in ratios[0::2], torch in ratios[1::2]
     return {
@@ -256,6 +225,73 @@ def _torch_pipe(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
         "paired_torch_first": statistics.median(ratios[1::2]) if len(ratios) > 1 else None,
         "peak": runner.activations.peak,
     }
+
+
+def _our_runner(a: argparse.Namespace, sched: str, m: int, rank: int, p: int) -> PipelineRunner:
+    """Our PipelineRunner for this rank's stage; every stage's meta copy gives it the shapes."""
+    import copy
+
+    from torch.nn import functional as F
+
+    from disttrain.parallel import placement
+    from disttrain.parallel.pipeline.runner import PipelineRunner
+
+    ours_parts = placement.split(
+        _model(p, a.layers_per_stage, a.width), [2 * a.layers_per_stage] * p
+    )
+    meta = [copy.deepcopy(s).to("meta") for s in ours_parts]
+    return PipelineRunner(
+        ours_parts[rank],
+        rank,
+        schedule.build(sched, m, p),
+        meta,
+        F.mse_loss,
+        recv_ahead=_recv_ahead(a, sched),
+    )
+
+
+def _torch_schedule(
+    a: argparse.Namespace, sched: str, m: int, rank: int, p: int
+) -> PipelineScheduleSingle:
+    """The anchor: torch's GPipe or 1F1B schedule on a fresh copy of the same stage."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.nn import functional as F
+
+    from disttrain.parallel import placement
+
+    parts = placement.split(_model(p, a.layers_per_stage, a.width), [2 * a.layers_per_stage] * p)
+    stage = PipelineStage(parts[rank], rank, p, torch.device("cpu"))
+    cls = ScheduleGPipe if sched == "gpipe" else Schedule1F1B
+    return cls(stage, m, loss_fn=F.mse_loss)
+
+
+def _alternate_rounds(
+    repeats: int, ours: Callable[[], object], theirs: Callable[[], object]
+) -> tuple[list[float], list[float]]:
+    """Time one step of each per round, ours first in even rounds, after two warm-up rounds.
+
+    Each step is timed between barriers, so every rank's time is the slowest
+    rank's step.
+    """
+    import torch.distributed as dist
+
+    def timed(step: Callable[[], object]) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        step()
+        dist.barrier()
+        return time.perf_counter() - t0
+
+    ours_t, torch_t = [], []
+    for i in range(repeats + 2):
+        if i % 2 == 0:
+            o, t = timed(ours), timed(theirs)
+        else:
+            t, o = timed(theirs), timed(ours)
+        if i >= 2:
+            ours_t.append(o)
+            torch_t.append(t)
+    return ours_t, torch_t
 
 
 def _plot(
@@ -283,37 +319,62 @@ def _plot(
 
 
 def run(a: argparse.Namespace) -> int:
-    try:
-        ms = [int(v) for v in a.microbatches.split(",")]
-    except ValueError:
-        raise UsageError(f"--microbatches {a.microbatches!r}: use numbers like 1,2,4") from None
+    ms = _parse_microbatches(a)
     p = a.stages
     if p < 1 or any(m < 1 for m in ms):
         raise UsageError("--stages and every --microbatches value must be >= 1")
     if a.show_schedule:
-        for name in a.schedule.split(","):
-            kind = schedule.SCHEDULES.get(name)
-            v = a.virtual_stages if kind.virtual else 1
-            for m in ms:
-                try:
-                    grid = schedule.build(name, m, p, v)
-                except ValueError as exc:
-                    raise UsageError(str(exc)) from None
-                held = [f"{kind.held(m, p, v, r):g}" for r in range(p)]
-                print(
-                    f"{name}  M={m} P={p}"
-                    + (f" V={v}" if kind.virtual else "")
-                    + f"  bubble {schedule.bubble_fraction(grid):.3f} "
-                    f"(theory {kind.bubble(m, p, v):.3f})  activations held per rank "
-                    f"{', '.join(held)} stages' worth"
-                )
-                print(schedule.render(grid), end="\n\n")
+        _show_schedules(a, ms, p)
         return 0
     if not 1 <= p <= 4:
         raise UsageError(f"--stages {p}: this benchmark starts P local processes, use 1 to 4")
     if any(a.batch % m for m in ms):
         raise UsageError(f"--batch {a.batch} must be divisible by every --microbatches value")
     results: dict[str, Any] = {"stages": p, "width": a.width, "batch": a.batch, "bubble": []}
+    _measure_bubbles(a, ms, p, results)
+    m = max(ms)
+    if a.bubble_only:
+        return _write(a, results, ms, p)
+    _compare_with_torch(a, m, p, results)
+    if p > 1:
+        _compare_tensor_slicing(a, p, results)
+    return _write(a, results, ms, p)
+
+
+def _parse_microbatches(a: argparse.Namespace) -> list[int]:
+    """``--microbatches 1,2,4`` as numbers; anything else is a usage error."""
+    try:
+        return [int(v) for v in a.microbatches.split(",")]
+    except ValueError:
+        raise UsageError(f"--microbatches {a.microbatches!r}: use numbers like 1,2,4") from None
+
+
+def _show_schedules(a: argparse.Namespace, ms: list[int], p: int) -> None:
+    """Print each schedule's grid with its bubble (measured on the grid and in theory).
+
+    Also prints the activations each rank holds at its peak, in stages' worth.
+    """
+    for name in a.schedule.split(","):
+        kind = schedule.SCHEDULES.get(name)
+        v = a.virtual_stages if kind.virtual else 1
+        for m in ms:
+            try:
+                grid = schedule.build(name, m, p, v)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+            held = [f"{kind.held(m, p, v, r):g}" for r in range(p)]
+            print(
+                f"{name}  M={m} P={p}"
+                + (f" V={v}" if kind.virtual else "")
+                + f"  bubble {schedule.bubble_fraction(grid):.3f} "
+                f"(theory {kind.bubble(m, p, v):.3f})  activations held per rank "
+                f"{', '.join(held)} stages' worth"
+            )
+            print(schedule.render(grid), end="\n\n")
+
+
+def _measure_bubbles(a: argparse.Namespace, ms: list[int], p: int, results: dict[str, Any]) -> None:
+    """GPipe's measured bubble at each M against (P-1)/(M+P-1), one row per M into results."""
     print(
         f"GPipe bubble, P={p}, {a.layers_per_stage} x Linear({a.width}) per stage, "
         f"batch {a.batch} (median of {a.repeats} steps; shared, noisy machine)"
@@ -338,26 +399,17 @@ def run(a: argparse.Namespace) -> int:
             f"{row['own_step']:>9.3f} {row['preempted']:>10.3f} "
             f"{row['instant_hand_offs']:>8.3f} {row['step']:>8.4f}"
         )
-    m = max(ms)
-    if a.bubble_only:
-        return _write(a, results, ms, p)
+
+
+def _compare_with_torch(a: argparse.Namespace, m: int, p: int, results: dict[str, Any]) -> None:
+    """Step time of our GPipe and 1F1B at M against torch.distributed.pipelining's.
+
+    With ``--skip-torch`` only ours runs; the ratio is ours over torch's.
+    """
     print(f"\nStep time at M={m}: ours vs torch.distributed.pipelining (ratio < 1: ours faster)")
     results["schedules"] = {}
     for sched in ("gpipe", "1f1b"):
-        if a.skip_torch:
-            ours = _spawn(_ours, p, (a, sched, m))
-            row = {"ours": ours[0]["step"], "peak_activation_bytes": [r["peak"] for r in ours]}
-        else:
-            both = _spawn(_torch_pipe, p, (a, sched, m))
-            row = {
-                "ours": both[0]["ours"],
-                "torch": both[0]["torch"],
-                "ratio": both[0]["ours"] / both[0]["torch"],
-                "paired": both[0]["paired"],
-                "paired_ours_first": both[0]["paired_ours_first"],
-                "paired_torch_first": both[0]["paired_torch_first"],
-                "peak_activation_bytes": [r["peak"] for r in both],
-            }
+        row = _schedule_row(a, sched, m, p)
         results["schedules"][sched] = row
         anchor = (
             f"torch {row['torch']:.4f} s  ratio {row['ratio']:.2f}  "
@@ -370,18 +422,36 @@ def run(a: argparse.Namespace) -> int:
             f"  {sched:<6} ours {row['ours']:.4f} s  {anchor}  "
             f"peak activations per stage {row['peak_activation_bytes']}"
         )
-    if p > 1:
-        print(f"\nTensor slicing, Linear({a.width},{4 * a.width})-ReLU-Linear on {p} ranks")
-        print("  (all in the same processes, order rotating each round; paired = median over")
-        print("   rounds of this step / DTensor's step in the same round)")
-        results["tensor"] = _spawn(bench_tensor.paired_steps, p, (a, not a.skip_torch))[0]
-        for how, r in results["tensor"].items():
-            anchor = f"  ratio {r['ratio']:.2f}  paired {r['paired']:.2f}" if "paired" in r else ""
-            print(
-                f"  {how:<9} {r['step']:.4f} s  metered {r['bytes_per_step'] / 1e6:.2f} "
-                f"MB/step{anchor}"
-            )
-    return _write(a, results, ms, p)
+
+
+def _schedule_row(a: argparse.Namespace, sched: str, m: int, p: int) -> dict[str, Any]:
+    """One schedule's figures: ours alone (``--skip-torch``) or ours paired with torch's."""
+    if a.skip_torch:
+        ours = _spawn(_ours, p, (a, sched, m))
+        return {"ours": ours[0]["step"], "peak_activation_bytes": [r["peak"] for r in ours]}
+    both = _spawn(_torch_pipe, p, (a, sched, m))
+    return {
+        "ours": both[0]["ours"],
+        "torch": both[0]["torch"],
+        "ratio": both[0]["ours"] / both[0]["torch"],
+        "paired": both[0]["paired"],
+        "paired_ours_first": both[0]["paired_ours_first"],
+        "paired_torch_first": both[0]["paired_torch_first"],
+        "peak_activation_bytes": [r["peak"] for r in both],
+    }
+
+
+def _compare_tensor_slicing(a: argparse.Namespace, p: int, results: dict[str, Any]) -> None:
+    """Tensor slicing of a two-layer MLP on P ranks, against DTensor unless ``--skip-torch``."""
+    print(f"\nTensor slicing, Linear({a.width},{4 * a.width})-ReLU-Linear on {p} ranks")
+    print("  (all in the same processes, order rotating each round; paired = median over")
+    print("   rounds of this step / DTensor's step in the same round)")
+    results["tensor"] = _spawn(bench_tensor.paired_steps, p, (a, not a.skip_torch))[0]
+    for how, r in results["tensor"].items():
+        anchor = f"  ratio {r['ratio']:.2f}  paired {r['paired']:.2f}" if "paired" in r else ""
+        print(
+            f"  {how:<9} {r['step']:.4f} s  metered {r['bytes_per_step'] / 1e6:.2f} MB/step{anchor}"
+        )
 
 
 def _write(a: argparse.Namespace, results: dict[str, Any], ms: list[int], p: int) -> int:

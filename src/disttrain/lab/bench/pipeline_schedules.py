@@ -347,6 +347,16 @@ def run(a: argparse.Namespace) -> int:
             f"--layers {a.layers} must split into {p}x{v} stages and every M must divide "
             f"--batch {a.batch} and be a multiple of --stages {p}"
         )
+    _bubbles(a, names, ms, p, v)
+    if not pairs:
+        return 0
+    _compare_pairs(a, pairs, max(ms), p)
+    return 0
+
+
+def _bubbles(a: argparse.Namespace, names: list[str], ms: list[int], p: int, v: int) -> None:
+    """Each schedule's bubble at each M: theory, at the mean action times, at each stage's own
+    times, and replayed from the measured actions (the error is replay's against stages')."""
     print(
         f"P={p}, V={v}, {a.layers} x Linear({a.width})+ReLU, batch {a.batch}, "
         f"median of {a.repeats} steps"
@@ -370,9 +380,11 @@ def run(a: argparse.Namespace) -> int:
                 f"{row['wall'] - row['wall_replay']:>+8.3f}  {dur:<22}{row['step']:>7.4f}  "
                 f"{row['peak_activation_bytes']} ({row['peak_with_w_grads']})"
             )
-    if not pairs:
-        return 0
-    m = max(ms)
+
+
+def _compare_pairs(a: argparse.Namespace, pairs: list[tuple[str, str]], m: int, p: int) -> None:
+    """Each pair's step time at M, ours against its anchor in paired rounds, with each rank's
+    compute a step (wall and CPU ms); an anchor that failed is reported and skipped."""
     print(f"\nStep time at M={m}, paired rounds (ratio < 1: ours faster)")
     for ours, theirs in pairs:
         per_rank = _spawn(_paired, p, (a, ours, theirs, m))
@@ -391,4 +403,3 @@ def run(a: argparse.Namespace) -> int:
                 for q in per_rank
             )
             print(f"    {side:<6} compute per rank, wall (CPU) ms: {cells}")
-    return 0
