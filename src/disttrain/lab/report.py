@@ -222,6 +222,20 @@ def write_report(
     pngs = draw_plots(out_dir, runs, target)
     sections = _sections(runs, target, meta, algorithms or [], notes or [])
     title = "disttrain compare: " + ", ".join(r.label for r in runs)
+    md, page = _render(title, sections, pngs)
+    paths = {"md": os.path.join(out_dir, "report.md"), "html": os.path.join(out_dir, "report.html")}
+    with open(paths["md"], "w") as fh:
+        fh.write("\n".join(md))
+    with open(paths["html"], "w") as fh:
+        fh.write("\n".join(page) + "\n")
+    paths["runs"] = os.path.join(out_dir, "runs.json")
+    _write_runs(paths["runs"], runs, out_dir)
+    return {**paths, **pngs}
+
+
+def _render(title: str, sections: list[Any], pngs: dict[str, str]) -> tuple[list[str], list[str]]:
+    """The report's markdown and HTML lines: each section's paragraphs (the Setting as a
+    list) and table, then the plots (linked in markdown, inlined as base64 in HTML)."""
     md = [f"# {title}", ""]
     page = [
         "<!doctype html><html><head><meta charset='utf-8'>",
@@ -254,13 +268,12 @@ def write_report(
                 data = base64.b64encode(fh.read()).decode("ascii")
             page.append(f"<img alt='{html.escape(caption)}' src='data:image/png;base64,{data}'>")
     page.append("</body></html>")
-    paths = {"md": os.path.join(out_dir, "report.md"), "html": os.path.join(out_dir, "report.html")}
-    with open(paths["md"], "w") as fh:
-        fh.write("\n".join(md))
-    with open(paths["html"], "w") as fh:
-        fh.write("\n".join(page) + "\n")
-    paths["runs"] = os.path.join(out_dir, "runs.json")
-    with open(paths["runs"], "w") as fh:
+    return md, page
+
+
+def _write_runs(path: str, runs: list[RunResult], out_dir: str) -> None:
+    """runs.json: each run's label, flags, error, summary and folder (relative to the report)."""
+    with open(path, "w") as fh:
         json.dump(
             [
                 {
@@ -276,4 +289,3 @@ def write_report(
             fh,
             indent=1,
         )
-    return {**paths, **pngs}

@@ -58,6 +58,20 @@ def draw_plots(out_dir: str, runs: list[RunResult], target: float) -> dict[str, 
         fig.savefig(paths[name], dpi=100)
         plt.close(fig)
 
+    _curves(plt, done, target, save)
+    _throughput(plt, done, save)
+    _train_loss(plt, done, save)
+    _breakdown(plt, done, save)
+    _memory(plt, done, save)
+    return paths
+
+
+def _curves(plt: Any, done: list[RunResult], target: float, save: Any) -> None:
+    """Test loss and accuracy against epochs, wall time and bytes, one line per run.
+
+    Epochs count from 1 (the metrics' count from 0); bytes on a log scale, where
+    only positive counts are plotted; the accuracy plot marks ``target``.
+    """
     curves = (
         ("loss_vs_epoch.png", "epoch", "test_loss", "epoch", "test loss"),
         ("loss_vs_time.png", "wall_seconds", "test_loss", "wall time (s)", "test loss"),
@@ -85,6 +99,10 @@ def draw_plots(out_dir: str, runs: list[RunResult], target: float) -> dict[str, 
         if name == "accuracy_vs_time.png":
             ax.axhline(target, color="grey", linestyle="--", linewidth=1)
         save(fig, ax, name, xlabel, ylabel)
+
+
+def _throughput(plt: Any, done: list[RunResult], save: Any) -> None:
+    """One bar per run: its samples per second (0 where the summary has none)."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     labels = [r.label for r in done]
     values = [float((r.summary or {}).get("samples_per_second") or 0.0) for r in done]
@@ -92,6 +110,10 @@ def draw_plots(out_dir: str, runs: list[RunResult], target: float) -> dict[str, 
     ax.bar_label(bars, fmt="%.0f", fontsize="small")
     ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize="small")
     save(fig, ax, "throughput.png", "", "samples/s")
+
+
+def _train_loss(plt: Any, done: list[RunResult], save: Any) -> None:
+    """Each run's training loss at every logged step (rank 0's batch), not one point an epoch."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for run in done:  # every logged step, not one point per epoch
         steps = [m for m in (run.summary or {}).get("metrics", []) if "loss" in m]
@@ -100,9 +122,6 @@ def draw_plots(out_dir: str, runs: list[RunResult], target: float) -> dict[str, 
                 [m["step"] for m in steps], [m["loss"] for m in steps], label=run.label, linewidth=1
             )
     save(fig, ax, "train_loss_vs_step.png", "step", "training loss")
-    _breakdown(plt, done, save)
-    _memory(plt, done, save)
-    return paths
 
 
 def _memory(plt: Any, done: list[RunResult], save: Any) -> None:
