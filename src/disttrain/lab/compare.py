@@ -209,11 +209,36 @@ def _meta(
     }
 
 
+def _run_one(
+    i: int,
+    spec: RunSpec,
+    common: dict[str, Any],
+    board: str,
+    out: str,
+    run_timeout: float,
+    launcher: list[str],
+) -> tuple[RunResult, str]:
+    """Train spec number ``i`` into its own folder under the report's; with its status, done
+    or FAILED (its exit, an OSError, the timeout: the error instead of a summary)."""
+    from disttrain.lab.runs import RunFailed, train_run
+
+    flags = spec.flags(common)
+    if board:  # one TensorBoard folder, one run (sub-folder) per spec
+        flags["tensorboard"] = os.path.join(board, _run_folder(i, spec.label))
+    try:
+        # on the cluster, `cluster run --timeout` stops the nodes first and cleans up
+        limit = run_timeout + (60 if launcher else 0)
+        # each run's own folder stays, under the report's: runs.json points to it
+        folder = os.path.join(out, "runs", f"run-{i:02d}")
+        summary = train_run(flags, timeout=limit, launcher=launcher, out=folder)
+        return RunResult(spec.label, flags, summary, folder=folder), "done"
+    except (RunFailed, OSError, subprocess.TimeoutExpired) as exc:
+        return RunResult(spec.label, flags, None, str(exc), folder=folder), "FAILED"
+
+
 def run(ns: argparse.Namespace, argv: list[str]) -> int:
     """Check everything, run each spec in turn, write the report; 0 if every run succeeded."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    from disttrain.lab.runs import RunFailed, train_run
 
     specs = parse_specs(ns.strategies)
     common = _common_flags(ns)
@@ -243,20 +268,8 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
             task = progress.add_task(f"run {i}/{len(specs)}: {spec.label}", total=1)
             if not show:
                 print(f"compare: run {i}/{len(specs)}: {spec.label}", file=sys.stderr)
-            flags = spec.flags(common)
-            if board:  # one TensorBoard folder, one run (sub-folder) per spec
-                flags["tensorboard"] = os.path.join(board, _run_folder(i, spec.label))
-            try:
-                # on the cluster, `cluster run --timeout` stops the nodes first and cleans up
-                limit = ns.run_timeout + (60 if launcher else 0)
-                # each run's own folder stays, under the report's: runs.json points to it
-                folder = os.path.join(out, "runs", f"run-{i:02d}")
-                summary = train_run(flags, timeout=limit, launcher=launcher, out=folder)
-                results.append(RunResult(spec.label, flags, summary, folder=folder))
-                status = "done"
-            except (RunFailed, OSError, subprocess.TimeoutExpired) as exc:
-                results.append(RunResult(spec.label, flags, None, str(exc), folder=folder))
-                status = "FAILED"
+            result, status = _run_one(i, spec, common, board, out, ns.run_timeout, launcher)
+            results.append(result)
             progress.update(
                 task, completed=1, description=f"run {i}/{len(specs)}: {spec.label}: {status}"
             )
