@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -74,3 +76,54 @@ def test_ray_job_survives_a_killed_worker_and_matches_one_process(tmp_path: Path
     # each worker's part (a DCP folder) of step 3, through Ray's checkpoint API
     saved = sorted(p.relative_to(out / "ray") for p in (out / "ray").rglob("rank-*") if p.is_dir())
     assert any("step-00000003" in str(p) for p in saved), saved
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_ray_launcher_leaves_no_process(tmp_path: Path) -> None:
+    """SIGKILL of the driver while Ray's workers train: the local Ray's whole tree (GCS,
+    raylet, its agents, the Train workers: about 16 processes) ends within 5 s
+    (launch/reaper.py; without it the raylet's two agents ran on for minutes)."""
+    from tests.launch.test_tether import _training
+    from tests.netcheck import alive, descendants, kill
+
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "-m",
+        "disttrain",
+        "train",
+        "--launcher",
+        "ray",
+        "--workers",
+        "2",
+        "--max-steps",
+        "100000",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO / "src"),
+        "OMP_NUM_THREADS": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    tree = []
+    try:
+        _training(out, proc, within=240)
+        tree = [p for p in descendants(proc.pid) if p != proc.pid]
+        assert len(tree) >= 4, tree  # GCS, raylet, workers, the watchdog at least
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while [p for p in tree if alive(p)] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = [p for p in tree if alive(p)]
+        assert not left, f"alive 5 s after the Ray launcher's SIGKILL: {left}"
+    finally:
+        for p in tree:
+            kill(p)
+        proc.wait()

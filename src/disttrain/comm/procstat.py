@@ -3,7 +3,9 @@ a later process that reused it (pids wrap in about half an hour under a test sui
 
 from __future__ import annotations
 
-__all__ = ["ended", "start_time", "stat_fields"]
+import os
+
+__all__ = ["descendants", "ended", "start_time", "stat_fields"]
 
 
 def stat_fields(pid: int) -> list[str]:
@@ -27,3 +29,22 @@ def ended(pid: int, start: str) -> bool:
     (killed, not yet reaped), or a later process with its pid."""
     fields = stat_fields(pid)
     return not fields or fields[0] == "Z" or fields[19] != start
+
+
+def descendants(root: int) -> dict[int, str]:
+    """Every live descendant of ``root`` (not ``root``): pid -> start time."""
+    children: dict[int, list[int]] = {}
+    starts: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = stat_fields(int(entry))
+            if fields:  # state, ppid, ...: field 4 of /proc/PID/stat is the parent
+                children.setdefault(int(fields[1]), []).append(int(entry))
+                starts[int(entry)] = fields[19]
+    out: dict[int, str] = {}
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        out[pid] = starts[pid]
+        todo.extend(children.get(pid, []))
+    return out

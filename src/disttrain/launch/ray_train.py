@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from disttrain.comm.errors import UsageError
+from disttrain.launch import reaper
 from disttrain.train.trackers import Tracker
 
 __all__ = [
@@ -173,6 +174,8 @@ def run_ray(cfg: Any, out: str, run_id: str) -> dict[str, Any]:
     settings = {k: v for k, v in config_mod.changed_settings(cfg).items() if k not in _DRIVER_ONLY}
     settings.update(out=os.path.abspath(out), progress=False)
     env = _worker_env(tc, run_id)
+    if not tc.ray_address:  # a local Ray: its processes end with this one (launch/reaper.py)
+        reaper.watch()
     _init_ray(ray, tc, nproc, env)
     nccl = tc.device == "cuda" and tc.backend != "gloo"  # --backend gloo: ranks share a GPU
     try:
