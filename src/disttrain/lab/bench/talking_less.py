@@ -391,8 +391,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    configs = CONFIGS[args.workload]
-    labels = list(configs)
+    labels = _labels(args)
+    rows = _run_rows(args, labels)
+    quality = "final_accuracy" if args.workload == "digits" else "final_test_loss"
+    _print_table(rows, labels, quality)
+    print(f"\n(median of {args.repeats} run(s) each; 4 workers on a shared 2-core machine)")
+    if args.plot:
+        plot_curves(args.plot, rows, quality)
+        print(f"curves: {args.plot}")
+    return 0
+
+
+def _labels(args: argparse.Namespace) -> list[str]:
+    """The rows to run: the workload's configs, or the anchor and those ``--only`` names.
+
+    Also refuses ``--max-steps`` for a workload that ends on its epochs.
+    """
+    labels = list(CONFIGS[args.workload])
     steps_end_it = "--max-steps" in BASE[args.workload]  # the others end on their epochs
     if args.max_steps is not None and (not steps_end_it or args.max_steps < 1):
         ended = [w for w, flags in BASE.items() if "--max-steps" in flags]
@@ -406,6 +421,15 @@ def run(args: argparse.Namespace) -> int:
         if unknown:
             raise UsageError(f"--only: unknown labels {sorted(unknown)}; choose from {labels}")
         labels = [labels[0], *[lb for lb in labels[1:] if lb in wanted]]
+    return labels
+
+
+def _run_rows(args: argparse.Namespace, labels: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Train every label ``--repeats`` times, labels interleaved within each repeat.
+
+    Returns each label's summaries; a line per run goes to stderr as it ends.
+    """
+    configs = CONFIGS[args.workload]
     rows: dict[str, list[dict[str, Any]]] = {lb: [] for lb in labels}
     with tempfile.TemporaryDirectory(prefix="talking-less-") as scratch:
         tmp = args.keep or scratch
@@ -427,6 +451,12 @@ def run(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                     flush=True,
                 )
+    return rows
+
+
+def _print_table(rows: dict[str, list[dict[str, Any]]], labels: list[str], quality: str) -> None:
+    """The markdown table: per label the medians over its runs, and each against the anchor
+    (the first label): fewer bytes per step, quality change in %, throughput ratio."""
 
     def med(label: str, key: str) -> float:
         vals = [r[key] for r in rows[label] if r.get(key) is not None]
@@ -436,7 +466,6 @@ def run(args: argparse.Namespace) -> int:
         return statistics.median(r["bytes_sent_per_rank"] / r["steps"] for r in rows[label])
 
     anchor = labels[0]
-    quality = "final_accuracy" if args.workload == "digits" else "final_test_loss"
     halves = any("validation_loss" in r for runs in rows.values() for r in runs)  # pycode's
     print(
         f"| strategy | bytes/step/rank | fewer bytes than anchor | {quality} | vs anchor "
@@ -469,8 +498,3 @@ def run(args: argparse.Namespace) -> int:
             f"| {'-' if cr != cr else f'{cr:,.0f}'} | {bits_cell} "
             f"| {'-' if peak != peak else f'{peak:,.0f}'} |"
         )
-    print(f"\n(median of {args.repeats} run(s) each; 4 workers on a shared 2-core machine)")
-    if args.plot:
-        plot_curves(args.plot, rows, quality)
-        print(f"curves: {args.plot}")
-    return 0
