@@ -28,9 +28,12 @@ import json
 import os
 import statistics
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disttrain.comm.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "add_arguments",
@@ -196,7 +199,6 @@ def _measure_size(
 
     from disttrain import collectives
     from disttrain.collectives.checks import check_cost_bytes
-    from disttrain.comm import meter
 
     n, rank = dist.get_world_size(), dist.get_rank()
     dtype = getattr(torch, args.dtype)
@@ -207,25 +209,7 @@ def _measure_size(
         for _ in range(args.warmup):
             algo.all_reduce(x)
             x.fill_(1)  # keep values small: repeated sums would overflow low precision
-    times = torch.zeros(len(names), args.iters, dtype=torch.float64)
-    sent = torch.zeros(len(names), 3, dtype=torch.int64)
-    for i in range(args.iters):
-        if progress is not None:
-            progress.update(task, description=f"{_label(numel * itemsize)} round {i + 1}")
-        for k in [(i + j) % len(names) for j in range(len(names))]:
-            x.fill_(1)
-            dist.barrier()
-            meter.reset()
-            start = time.perf_counter()
-            algos[k].all_reduce(x)
-            times[k, i] = time.perf_counter() - start
-            sent[k] = torch.tensor([meter.bytes_sent, meter.messages_sent, meter.bytes_copied])
-            if not bool((x == n).all()):  # n ones summed: exact in every dtype offered
-                raise RuntimeError(
-                    f"{names[k]} gave a wrong sum on rank {rank} ({_label(numel * itemsize)})"
-                )
-        if progress is not None:
-            progress.advance(task)
+    times, sent = _interleaved_rounds(algos, names, x, args.iters, progress, task)
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
     dist.all_reduce(sent, op=dist.ReduceOp.MAX)
     if rank != 0:
@@ -248,6 +232,42 @@ def _measure_size(
             row["times_anchor"] = times[k].tolist()
         rows.append(row)
     return rows
+
+
+def _interleaved_rounds(
+    algos: list[Any], names: list[str], x: torch.Tensor, iters: int, progress: Any, task: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``iters`` rounds, each calling every algorithm once on ``x`` in an order rotated by the
+    round; returns this rank's seconds (algorithm × round) and the meter's (bytes sent,
+    messages sent, bytes copied) of each algorithm's last call.
+
+    Each call starts after a barrier on a tensor of ones, and its sum must be n ones exactly.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from disttrain.comm import meter
+
+    n, rank = dist.get_world_size(), dist.get_rank()
+    nbytes = x.numel() * x.element_size()
+    times = torch.zeros(len(names), iters, dtype=torch.float64)
+    sent = torch.zeros(len(names), 3, dtype=torch.int64)
+    for i in range(iters):
+        if progress is not None:
+            progress.update(task, description=f"{_label(nbytes)} round {i + 1}")
+        for k in [(i + j) % len(names) for j in range(len(names))]:
+            x.fill_(1)
+            dist.barrier()
+            meter.reset()
+            start = time.perf_counter()
+            algos[k].all_reduce(x)
+            times[k, i] = time.perf_counter() - start
+            sent[k] = torch.tensor([meter.bytes_sent, meter.messages_sent, meter.bytes_copied])
+            if not bool((x == n).all()):  # n ones summed: exact in every dtype offered
+                raise RuntimeError(f"{names[k]} gave a wrong sum on rank {rank} ({_label(nbytes)})")
+        if progress is not None:
+            progress.advance(task)
+    return times, sent
 
 
 def _row(
