@@ -140,25 +140,7 @@ def run(args: argparse.Namespace) -> int:
             f"(goodput {link.bits_per_s / 1e6:.0f} Mbit/s)",
             flush=True,
         )
-        script = _node_script(args, per, out)
-        cmd = [
-            sys.executable,
-            "-m",
-            "disttrain",
-            "cluster",
-            "run",
-            "--name",
-            NAME,
-            "--port",
-            str(PORT),
-            "--timeout",
-            "1800",
-            "--",
-            "sh",
-            "-c",
-            script,
-        ]
-        proc = subprocess.run(cmd, timeout=1900)
+        proc = _run_on_hosts(_node_script(args, per, out))
         if proc.returncode != 0:
             print(f"cluster-allreduce: the hosts' run failed (exit {proc.returncode})")
             return 1
@@ -169,17 +151,46 @@ def run(args: argparse.Namespace) -> int:
     args.link = f"{args.hosts} hosts' {args.rate} links ({per} ranks)"
     bench_allreduce.print_rows(rows, args)
     if args.json_path:
-        with open(args.json_path, "w") as fh:
-            record = {
-                "command": "bench cluster-allreduce",
-                "hosts": args.hosts,
-                "ranks_per_host": per,
-                "rate": args.rate,
-                "goodput_bits_per_s": link.bits_per_s,
-                "rows": rows,
-            }
-            json.dump(record, fh, indent=1)
+        _write_record(args, per, link.bits_per_s, rows)
     return 0
+
+
+def _run_on_hosts(script: str) -> subprocess.CompletedProcess[bytes]:
+    """``disttrain cluster run`` of the node script on every host (30 min, then stopped)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "disttrain",
+        "cluster",
+        "run",
+        "--name",
+        NAME,
+        "--port",
+        str(PORT),
+        "--timeout",
+        "1800",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]
+    return subprocess.run(cmd, timeout=1900)
+
+
+def _write_record(
+    args: argparse.Namespace, per: list[int], goodput: float, rows: list[dict[str, Any]]
+) -> None:
+    """``--json``: the rows with the cluster's layout, rate and measured goodput."""
+    with open(args.json_path, "w") as fh:
+        record = {
+            "command": "bench cluster-allreduce",
+            "hosts": args.hosts,
+            "ranks_per_host": per,
+            "rate": args.rate,
+            "goodput_bits_per_s": goodput,
+            "rows": rows,
+        }
+        json.dump(record, fh, indent=1)
 
 
 def _worker(args: argparse.Namespace) -> int:

@@ -129,6 +129,44 @@ def _step_seconds(out: str) -> float:
     return statistics.median(b - a for a, b in itertools.pairwise(walls[3:]))
 
 
+def _train_on_cluster(name: str, folder: str, steps: int) -> float:
+    """Train mlp on digits for ``steps`` steps on the emulated cluster ``name`` (one worker a
+    host, no overlap); return the median step seconds (:func:`_step_seconds`)."""
+    dt = [sys.executable, "-m", "disttrain"]
+    cmd = [
+        *dt,
+        "cluster",
+        "run",
+        "--name",
+        name,
+        "--timeout",
+        "900",
+        "--",
+        *dt,
+        "train",
+        "--model",
+        "mlp",
+        "--dataset",
+        "digits",
+        "--batch-size",
+        "64",
+        "--max-steps",
+        str(steps),
+        "--epochs",
+        "1",
+        "--no-overlap",
+        "--workers",
+        "1",
+        "--no-progress",
+        "--out",
+        folder,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1000)
+    if proc.returncode != 0:
+        raise RuntimeError(f"cluster run failed: {proc.stderr[-1500:]}")
+    return _step_seconds(folder)
+
+
 def _cluster(cal: Calibration, rates: list[str], params: int, steps: int) -> list[dict[str, Any]]:
     from disttrain.cluster import hosts as cluster
     from disttrain.cluster import linkprobe, netns
@@ -141,7 +179,6 @@ def _cluster(cal: Calibration, rates: list[str], params: int, steps: int) -> lis
         print(f"validate: emulated cluster skipped: {exc}")
         return []
     out, hosts, name = [], 4, "cmv"
-    dt = [sys.executable, "-m", "disttrain"]
     tmp = tempfile.mkdtemp(prefix="dt-cmv-")
     for rate in rates:
         print(f"validate: emulated cluster, {hosts} hosts at {rate}", flush=True)
@@ -151,39 +188,7 @@ def _cluster(cal: Calibration, rates: list[str], params: int, steps: int) -> lis
         try:
             # a ring's hosts send and receive at once: goodput measured both ways at once
             link = linkprobe.measure_duplex(c.hosts[0], c.hosts[1], c.rate_bits, seconds=1.0)
-            folder = os.path.join(tmp, rate)
-            cmd = [
-                *dt,
-                "cluster",
-                "run",
-                "--name",
-                name,
-                "--timeout",
-                "900",
-                "--",
-                *dt,
-                "train",
-                "--model",
-                "mlp",
-                "--dataset",
-                "digits",
-                "--batch-size",
-                "64",
-                "--max-steps",
-                str(steps),
-                "--epochs",
-                "1",
-                "--no-overlap",
-                "--workers",
-                "1",
-                "--no-progress",
-                "--out",
-                folder,
-            ]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1000)
-            if proc.returncode != 0:
-                raise RuntimeError(f"cluster run failed: {proc.stderr[-1500:]}")
-            measured = _step_seconds(folder)
+            measured = _train_on_cluster(name, os.path.join(tmp, rate), steps)
         finally:
             cluster.down(name)
         net = costmodel.Network(alpha=cal.alpha, beta=8 / link.bits_per_s, name=rate)
