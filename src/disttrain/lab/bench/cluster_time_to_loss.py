@@ -126,11 +126,39 @@ def _check(args: argparse.Namespace) -> tuple[list[str], list[Any]]:
 
 
 def _one_rate(args: argparse.Namespace, rate: str, specs: list[Any]) -> list[dict[str, Any]]:
+    """Train every spec on a fresh emulated cluster at ``rate``; their rows, timed to the
+    anchor's (the first spec's) final mean loss (:func:`_time_to_anchor`)."""
     from disttrain.cluster import hosts as cluster
     from disttrain.lab.runs import train_run
 
     common = _workload(args)
-    launcher = [
+    launcher = _launcher(args)
+    rows = []
+    c = cluster.plan(NAME, args.hosts, rate)
+    cluster.down(NAME)
+    cluster.up(c)
+    try:
+        for spec in specs:
+            load = os.getloadavg()[0]
+            summary = train_run(
+                spec.flags(common), timeout=args.run_timeout + 60, launcher=launcher
+            )
+            rows.append(_row(args, rate, spec.label, summary, load))
+            print(
+                f"# {rate} {spec.label}: {rows[-1]['train_seconds']:.1f} s, test loss "
+                f"{summary['final_test_loss']:.4f}, load {load:.1f}",
+                flush=True,
+            )
+    finally:
+        cluster.down(NAME)
+    _time_to_anchor(rows)
+    return rows
+
+
+def _launcher(args: argparse.Namespace) -> list[str]:
+    """``disttrain cluster run`` on this benchmark's cluster, port and timeout: what each
+    training run is started under."""
+    return [
         sys.executable,
         "-m",
         "disttrain",
@@ -144,44 +172,37 @@ def _one_rate(args: argparse.Namespace, rate: str, specs: list[Any]) -> list[dic
         str(args.run_timeout),
         "--",
     ]
-    rows = []
-    c = cluster.plan(NAME, args.hosts, rate)
-    cluster.down(NAME)
-    cluster.up(c)
-    try:
-        for spec in specs:
-            load = os.getloadavg()[0]
-            summary = train_run(
-                spec.flags(common), timeout=args.run_timeout + 60, launcher=launcher
-            )
-            lines = summary.pop("metrics")
-            walls = [m["wall_seconds"] for m in lines if "loss" in m]
-            logged = [m["step"] for m in lines if "loss" in m]
-            per_step = [
-                (b - a) / (sb - sa)
-                for a, b, sa, sb in zip(walls, walls[1:], logged, logged[1:], strict=False)
-            ]
-            rows.append(
-                {
-                    "rate": rate,
-                    "label": spec.label,
-                    "steps": summary["steps"],
-                    "curve": mean_curve(lines, args.window // args.log_every),
-                    "train_seconds": walls[-1] if walls else float("nan"),
-                    "seconds_per_step": statistics.median(per_step) if per_step else float("nan"),
-                    "final_test_loss": summary["final_test_loss"],
-                    "bytes_sent_per_rank": summary["bytes_sent_per_rank"],
-                    "load_start": load,
-                    "load_end": os.getloadavg()[0],
-                }
-            )
-            print(
-                f"# {rate} {spec.label}: {rows[-1]['train_seconds']:.1f} s, test loss "
-                f"{summary['final_test_loss']:.4f}, load {load:.1f}",
-                flush=True,
-            )
-    finally:
-        cluster.down(NAME)
+
+
+def _row(
+    args: argparse.Namespace, rate: str, label: str, summary: dict[str, Any], load: float
+) -> dict[str, Any]:
+    """One run's row: its loss curve (means over ``--window`` steps), its training seconds,
+    and its median seconds per step between logged lines; ``summary`` loses its metrics."""
+    lines = summary.pop("metrics")
+    walls = [m["wall_seconds"] for m in lines if "loss" in m]
+    logged = [m["step"] for m in lines if "loss" in m]
+    per_step = [
+        (b - a) / (sb - sa)
+        for a, b, sa, sb in zip(walls, walls[1:], logged, logged[1:], strict=False)
+    ]
+    return {
+        "rate": rate,
+        "label": label,
+        "steps": summary["steps"],
+        "curve": mean_curve(lines, args.window // args.log_every),
+        "train_seconds": walls[-1] if walls else float("nan"),
+        "seconds_per_step": statistics.median(per_step) if per_step else float("nan"),
+        "final_test_loss": summary["final_test_loss"],
+        "bytes_sent_per_rank": summary["bytes_sent_per_rank"],
+        "load_start": load,
+        "load_end": os.getloadavg()[0],
+    }
+
+
+def _time_to_anchor(rows: list[dict[str, Any]]) -> None:
+    """Add to each row the time and step at which it reached the anchor's final mean loss,
+    its speedup (the anchor's time over its own) and its best mean loss."""
     anchor = rows[0]
     target = anchor["curve"][-1][2] if anchor["curve"] else float("nan")
     base = time_to_loss(anchor["curve"], target)
@@ -192,7 +213,6 @@ def _one_rate(args: argparse.Namespace, rate: str, specs: list[Any]) -> list[dic
         r["step_at_target"] = got[0] if got else None
         r["speedup"] = base[1] / got[1] if got and base and got[1] > 0 else None
         r["best_mean_loss"] = min((c[2] for c in r["curve"]), default=float("nan"))
-    return rows
 
 
 def _print(rows: list[dict[str, Any]], window: int) -> None:
