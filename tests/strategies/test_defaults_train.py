@@ -173,7 +173,7 @@ def _train_row(
 #: own lr here; one-bit with an explicit momentum is refused, tests/test_bad_inputs.py):
 #: every strategy and compressor trains with every optimizer's own default lr
 #: (config.OPTIMIZER_LR), held to the same band against allreduce with that optimizer.
-#: ``make test-long``; results: benchmarks/RESULTS.md, "Defaults train".
+#: ``make test-long``; results: benchmarks/RESULTS.md, "Defaults that train".
 OTHER_OPTIMIZERS = [name for name in OPTIMIZER_LR if name != "momentum"]
 #: A row refused with an optimizer (one-bit with adam: config says why) is run through
 #: the flags its refusal names (``_train_row``), as the rows above.
