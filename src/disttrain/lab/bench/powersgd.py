@@ -23,7 +23,12 @@ import json
 import statistics
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
 __all__ = ["add_arguments", "run"]
 
@@ -43,63 +48,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _rank_main(args: argparse.Namespace) -> dict[str, Any] | None:
     import torch
     import torch.distributed as dist
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ref
-    from torch.nn import functional as F
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from disttrain.compression.powersgd import PowerSGD
     from disttrain.data import load_dataset
-    from disttrain.dataparallel.ddp_hooks import CompressorHook, compressed_hook
     from disttrain.models import build_model
 
     rank, n = dist.get_rank(), dist.get_world_size()
     data = load_dataset("pycode" if args.model == "gpt" else "digits")
     torch.manual_seed(0)
     base = build_model(args.model, data)
-    names = ("dense", "torch", "disttrain")
-    # One bucket each: torch's hook launches its P and Q allreduces from future callbacks,
-    # and with several buckets on gloo their order differed between ranks (a collective
-    # mismatch, seen on mlp's default two buckets).
-    models = {k: DDP(copy.deepcopy(base), bucket_cap_mb=4096) for k in names}
-    torch_state = ref.PowerSGDState(
-        None, matrix_approximation_rank=args.rank, start_powerSGD_iter=max(2, args.start_step)
-    )
-    models["torch"].register_comm_hook(torch_state, ref.powerSGD_hook)
-    mine = CompressorHook(lambda: PowerSGD(args.rank, start_step=max(2, args.start_step)))
-    models["disttrain"].register_comm_hook(mine, compressed_hook)
-
-    def optimizer(m: torch.nn.Module) -> torch.optim.Optimizer:
-        if args.model == "gpt":
-            return torch.optim.Adam(m.parameters(), lr=1e-3)
-        return torch.optim.SGD(m.parameters(), lr=args.lr, momentum=0.9)
-
-    opts = {k: optimizer(m) for k, m in models.items()}
-
-    def loss_of(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
-
-    times: dict[str, list[float]] = {k: [] for k in names}
-    gen = torch.Generator().manual_seed(1)
-    shard = args.batch_size // n
-    for i in range(args.steps):
-        idx = torch.randint(0, len(data.x_train), (args.batch_size,), generator=gen)
-        mine_idx = idx[rank * shard : (rank + 1) * shard]
-        x, y = data.x_train[mine_idx], data.y_train[mine_idx]
-        for j in range(len(names)):
-            k = names[(i + j) % len(names)]
-            dist.barrier()
-            t0 = time.perf_counter()
-            opts[k].zero_grad()
-            loss_of(models[k](x), y).backward()
-            opts[k].step()
-            times[k].append(time.perf_counter() - t0)
+    models, torch_state, mine = _replicas(args, base)
+    times = _train_lockstep(args, data, models, rank, n)
     quality: dict[str, float] = {}
     with torch.no_grad():
         for k, m in models.items():
             out = m.module(data.x_test[:2000])
             y = data.y_test[:2000]
             quality[k] = (
-                float(loss_of(out, y))
+                float(_loss_of(out, y))
                 if args.model == "gpt"
                 else float((out.argmax(1) == y).float().mean())
             )
@@ -120,6 +85,76 @@ def _rank_main(args: argparse.Namespace) -> dict[str, Any] | None:
         "quality": quality,
         "metric": "test loss" if args.model == "gpt" else "test accuracy",
     }
+
+
+_NAMES = ("dense", "torch", "disttrain")
+
+
+def _replicas(args: argparse.Namespace, base: nn.Module) -> tuple[dict[str, DDP], Any, Any]:
+    """The three DDP replicas of ``base`` (dense, torch's hook, ours), each its own copy.
+
+    Returns them by name with torch's PowerSGD state and our hook, which hold the
+    compression figures. Same rank, start step, error feedback and warm start.
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ref
+    from torch.nn.parallel import DistributedDataParallel
+
+    from disttrain.compression.powersgd import PowerSGD
+    from disttrain.dataparallel.ddp_hooks import CompressorHook, compressed_hook
+
+    # One bucket each: torch's hook launches its P and Q allreduces from future callbacks,
+    # and with several buckets on gloo their order differed between ranks (a collective
+    # mismatch, seen on mlp's default two buckets).
+    models = {k: DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=4096) for k in _NAMES}
+    torch_state = ref.PowerSGDState(
+        None, matrix_approximation_rank=args.rank, start_powerSGD_iter=max(2, args.start_step)
+    )
+    models["torch"].register_comm_hook(torch_state, ref.powerSGD_hook)
+    mine = CompressorHook(lambda: PowerSGD(args.rank, start_step=max(2, args.start_step)))
+    models["disttrain"].register_comm_hook(mine, compressed_hook)
+    return models, torch_state, mine
+
+
+def _loss_of(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over every position (gpt's tokens) or sample (mlp's)."""
+    from torch.nn import functional as F
+
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+
+
+def _train_lockstep(
+    args: argparse.Namespace, data: Any, models: dict[str, DDP], rank: int, n: int
+) -> dict[str, list[float]]:
+    """Train the replicas on the same batches, in an order that rotates every step.
+
+    Each replica's step is timed from a barrier, so that background load hits
+    each alike; returns each replica's step seconds.
+    """
+    import torch
+    import torch.distributed as dist
+
+    def optimizer(m: torch.nn.Module) -> torch.optim.Optimizer:
+        if args.model == "gpt":
+            return torch.optim.Adam(m.parameters(), lr=1e-3)
+        return torch.optim.SGD(m.parameters(), lr=args.lr, momentum=0.9)
+
+    opts = {k: optimizer(m) for k, m in models.items()}
+    times: dict[str, list[float]] = {k: [] for k in _NAMES}
+    gen = torch.Generator().manual_seed(1)
+    shard = args.batch_size // n
+    for i in range(args.steps):
+        idx = torch.randint(0, len(data.x_train), (args.batch_size,), generator=gen)
+        mine_idx = idx[rank * shard : (rank + 1) * shard]
+        x, y = data.x_train[mine_idx], data.y_train[mine_idx]
+        for j in range(len(_NAMES)):
+            k = _NAMES[(i + j) % len(_NAMES)]
+            dist.barrier()
+            t0 = time.perf_counter()
+            opts[k].zero_grad()
+            _loss_of(models[k](x), y).backward()
+            opts[k].step()
+            times[k].append(time.perf_counter() - t0)
+    return times
 
 
 def run(args: argparse.Namespace) -> int:

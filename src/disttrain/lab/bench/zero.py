@@ -64,13 +64,9 @@ Step = Callable[[int], dict[str, float]]
 def _build(name: str, args: argparse.Namespace, data: Any) -> tuple[Step, Any, Any]:
     """This rank's step for configuration ``name``, its strategy (disttrain) and model."""
     import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from disttrain import config, strategies
     from disttrain.comm import world as world_mod
     from disttrain.models import build_model
-    from disttrain.train.trainer import loss_fn
 
     world = world_mod.current()
     n, rank = world.world_size, world.rank
@@ -82,34 +78,64 @@ def _build(name: str, args: argparse.Namespace, data: Any) -> tuple[Step, Any, A
     ]
     xs, ys = [data.x_train[b] for b in batches], [data.y_train[b] for b in batches]
     if name in ("torch-zero1", "fsdp2"):
-        if name == "torch-zero1":
-            from torch.distributed.optim import ZeroRedundancyOptimizer
+        return _torch_step(name, model, xs, ys), None, model
+    step, strategy = _disttrain_step(name, args, model, xs, ys)
+    return step, strategy, model
 
-            net: Any = DDP(model)
-            opt: Any = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=1e-3)
-        else:
-            from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.fsdp import fully_shard
 
-            mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-            for child in model.children():
-                if any(True for _ in child.parameters()):
-                    fully_shard(child, mesh=mesh)
-            net = fully_shard(model, mesh=mesh)
-            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+def _torch_step(name: str, model: Any, xs: list[Any], ys: list[Any]) -> Step:
+    """PyTorch's anchors: DDP + ZeroRedundancyOptimizer (``torch-zero1``), or ``fsdp2``:
+    ``fully_shard`` on each child module that has parameters, then on the root."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
-        def torch_step(i: int) -> dict[str, float]:
-            t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            loss_fn(net(xs[i % 8]), ys[i % 8]).backward()
-            t1 = time.perf_counter()
-            opt.step()
-            return {"fwd+bwd": t1 - t0, "optimizer": time.perf_counter() - t1}
+    from disttrain.train.trainer import loss_fn
 
-        return torch_step, None, model
+    if name == "torch-zero1":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        net: Any = DDP(model)
+        opt: Any = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=1e-3)
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for child in model.children():
+            if any(True for _ in child.parameters()):
+                fully_shard(child, mesh=mesh)
+        net = fully_shard(model, mesh=mesh)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def torch_step(i: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss_fn(net(xs[i % 8]), ys[i % 8]).backward()
+        t1 = time.perf_counter()
+        opt.step()
+        return {"fwd+bwd": t1 - t0, "optimizer": time.perf_counter() - t1}
+
+    return torch_step
+
+
+def _disttrain_step(
+    name: str, args: argparse.Namespace, model: Any, xs: list[Any], ys: list[Any]
+) -> tuple[Step, Any]:
+    """disttrain's allreduce strategy, or ``--strategy zero`` at stage ``name[-1]``, with Adam.
+
+    Its step times each of :data:`PHASES` apart; returns it with the strategy.
+    """
+    import torch
+
+    from disttrain import config, strategies
+    from disttrain.comm import world as world_mod
+    from disttrain.train.trainer import loss_fn
+
+    world = world_mod.current()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     flags: dict[str, Any] = {
-        "workers": n,
+        "workers": world.world_size,
         "batch_size": args.batch_size,
         "lr": 1e-3,
         "algorithm": args.algorithm,
@@ -136,7 +162,7 @@ def _build(name: str, args: argparse.Namespace, data: Any) -> tuple[Step, Any, A
         t.append(time.perf_counter())
         return {name: b - a for name, a, b in zip(PHASES, t[:-1], t[1:], strict=True)}
 
-    return dt_step, strategy, model
+    return dt_step, strategy
 
 
 def _full_params(name: str, strategy: Any, model: Any) -> list[Any]:
