@@ -275,6 +275,24 @@ def _soak(a: argparse.Namespace, out: str) -> int:
     return _report(a, out, steps, code, joiner_codes, fired, shm_before, start)
 
 
+def _reference_run(a: argparse.Namespace, steps: int) -> None:
+    """Print the final accuracy of the same job run undisturbed (3 workers, the same seed
+    and steps): what the soak's accuracy is read against."""
+    from disttrain.lab.runs import train_run
+
+    ref = train_run(
+        {
+            "workers": 3,
+            "batch_size": 24,
+            "seed": a.seed,
+            "epochs": 1000,
+            "max_steps": steps,
+            "timeout": a.timeout,
+        }
+    )
+    print(f"undisturbed run (3 workers): final accuracy {ref['final_accuracy']}")
+
+
 def _report(
     a: argparse.Namespace,
     out: str,
@@ -313,19 +331,7 @@ def _report(
     accuracy = summary.get("final_accuracy")
     print(f"final accuracy: {accuracy}")
     if a.reference:
-        from disttrain.lab.runs import train_run
-
-        ref = train_run(
-            {
-                "workers": 3,
-                "batch_size": 24,
-                "seed": a.seed,
-                "epochs": 1000,
-                "max_steps": steps,
-                "timeout": a.timeout,
-            }
-        )
-        print(f"undisturbed run (3 workers): final accuracy {ref['final_accuracy']}")
+        _reference_run(a, steps)
     beaten = 1 if fired and fired[-1].get("joined") is None else 0  # the job ended first
     ok = (
         code == 0

@@ -277,6 +277,16 @@ def run(args: argparse.Namespace) -> int:
             )
             return 1
         rows += got or []
+    misses = _print_table(args, rows)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"args": vars(args) | {"bench_module": None}, "rows": rows}, fh, indent=2)
+    return 1 if misses else 0
+
+
+def _print_table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> int:
+    """One line per row: each ZeRO stage's max |Δ| against allreduce and against one
+    process, and the worst outside the key biases; returns the rows over ``--tolerance``."""
     print(
         f"bench zero-equivalence: {args.steps} steps, global batch {args.batch_size}, "
         f"{args.dtype}, algorithm={args.algorithm}, lr {LR}; max |Δ| of any parameter, "
@@ -308,7 +318,4 @@ def run(args: argparse.Namespace) -> int:
         f"{len(rows)} rows, {len(rows) * 3} ZeRO cells; worst {worst:.2e} ({where}), "
         f"{rest:.2e} outside the key biases; {misses} row(s) over {args.tolerance:g}"
     )
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"args": vars(args) | {"bench_module": None}, "rows": rows}, fh, indent=2)
-    return 1 if misses else 0
+    return misses
