@@ -178,6 +178,40 @@ class Shrink:
         why = gist(exc)
         before = self.membership.members
         strategy.abandon_step()  # nothing of the step may still use the group it drops
+        world, change, why = self._form_group(step, before, why)
+        lost = [r for r in before if r not in change.members]
+        strategy.regroup(world)
+        done, self.caught_up = even_out(
+            change, self.membership, strategy.model, strategy.optimizer, scaler, line
+        )
+        go_on = done + 1
+        if world.rank == 0:
+            self.membership.end_lost(lost)  # a hung one would keep the job from ending
+            how = f"run step {step} again" if go_on == step else f"go on from step {go_on}"
+            sys.stderr.write(
+                f"disttrain: rank(s) {', '.join(map(str, lost)) or 'none'} lost at step {step} "
+                f"({why}): {len(change.members)} of {len(before)} workers {how} "
+                f"(--min-workers {self.min_workers})\n"
+            )
+            sys.stderr.flush()
+        record = {
+            "step": go_on,
+            "workers": len(change.members),
+            "before": len(before),
+            "lost": lost,
+            "seconds_lost": round(time.perf_counter() - began, 3),
+            "waited_out_window": change.waited,
+        }
+        timeline.instant("membership change", lane="comm", **record)  # --timeline shows it
+        self.changes.append(record)
+        return record
+
+    def _form_group(
+        self, step: int, before: tuple[int, ...], why: str
+    ) -> tuple[world_mod.World, Change, str]:
+        """Agree on the survivors and form their group, again while another worker is lost
+        meanwhile; the new world, the agreed change and the latest cause. Fewer than
+        ``--min-workers`` survivors: :class:`TooFewWorkers` naming the lost ranks."""
         while True:
             world_mod.leave_group()
             change = self.membership.agree(done=step - 1)
@@ -190,34 +224,9 @@ class Shrink:
                     lost,
                 )
             try:
-                world = world_mod.rejoin(self.membership.rank, left, self.membership.group_prefix())
-                break
+                group = self.membership.group_prefix()
+                return world_mod.rejoin(self.membership.rank, left, group), change, why
             except Exception as again:  # another worker lost while forming the group
                 if not is_peer_error(again):
                     raise
                 why = gist(again)
-        strategy.regroup(world)
-        done, self.caught_up = even_out(
-            change, self.membership, strategy.model, strategy.optimizer, scaler, line
-        )
-        go_on = done + 1
-        if world.rank == 0:
-            self.membership.end_lost(lost)  # a hung one would keep the job from ending
-            how = f"run step {step} again" if go_on == step else f"go on from step {go_on}"
-            sys.stderr.write(
-                f"disttrain: rank(s) {', '.join(map(str, lost)) or 'none'} lost at step {step} "
-                f"({why}): {left} of {len(before)} workers {how} "
-                f"(--min-workers {self.min_workers})\n"
-            )
-            sys.stderr.flush()
-        record = {
-            "step": go_on,
-            "workers": left,
-            "before": len(before),
-            "lost": lost,
-            "seconds_lost": round(time.perf_counter() - began, 3),
-            "waited_out_window": change.waited,
-        }
-        timeline.instant("membership change", lane="comm", **record)  # --timeline shows it
-        self.changes.append(record)
-        return record
