@@ -28,13 +28,17 @@ from tests.launch.test_entry import ONE_SAMPLE, SETTINGS, _reference
 
 pytest.importorskip("ray.train.torch", reason="ray[train] is in requirements.lock: make setup")
 REPO = Path(__file__).resolve().parents[2]
+ENV = {
+    **os.environ,
+    "PYTHONPATH": str(REPO / "src"),
+    "OMP_NUM_THREADS": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
 
 
-@pytest.mark.timeout(600)
-def test_ray_job_survives_a_killed_worker_and_matches_one_process(tmp_path: Path) -> None:
-    want: dict[str, Any] = run_world(_reference, 1, args=(str(tmp_path / "ref"),), timeout=120)[0]
-    out = tmp_path / "run"
-    cmd = [
+def _ray_train(out: Path, *flags: str) -> list[str]:
+    """``disttrain train --launcher ray --workers 2 FLAGS`` into ``out``."""
+    return [
         sys.executable,
         "-m",
         "disttrain",
@@ -43,6 +47,19 @@ def test_ray_job_survives_a_killed_worker_and_matches_one_process(tmp_path: Path
         "ray",
         "--workers",
         "2",
+        *flags,
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+
+
+@pytest.mark.timeout(600)
+def test_ray_job_survives_a_killed_worker_and_matches_one_process(tmp_path: Path) -> None:
+    want: dict[str, Any] = run_world(_reference, 1, args=(str(tmp_path / "ref"),), timeout=120)[0]
+    out = tmp_path / "run"
+    cmd = _ray_train(
+        out,
         "--max-steps",
         str(SETTINGS["max_steps"]),
         "--batch-size",
@@ -55,17 +72,8 @@ def test_ray_job_survives_a_killed_worker_and_matches_one_process(tmp_path: Path
         "1",
         "--inject-fault",
         "kill:rank=1:step=5",
-        "--out",
-        str(out),
-        "--no-progress",
-    ]
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO / "src"),
-        "OMP_NUM_THREADS": "1",
-        "RAY_USAGE_STATS_ENABLED": "0",
-    }
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=560)
+    )
+    proc = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=560)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "final_accuracy" in proc.stdout  # the summary table, as `disttrain train` prints it
     summary = json.loads((out / "summary.json").read_text())
@@ -87,29 +95,9 @@ def test_a_killed_ray_launcher_leaves_no_process(tmp_path: Path) -> None:
     from tests.netcheck import alive, descendants, kill
 
     out = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "disttrain",
-        "train",
-        "--launcher",
-        "ray",
-        "--workers",
-        "2",
-        "--max-steps",
-        "100000",
-        "--no-progress",
-        "--out",
-        str(out),
-    ]
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO / "src"),
-        "OMP_NUM_THREADS": "1",
-        "RAY_USAGE_STATS_ENABLED": "0",
-    }
+    cmd = _ray_train(out, "--max-steps", "100000")
     proc = subprocess.Popen(
-        cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        cmd, cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
     tree = []
     try:
