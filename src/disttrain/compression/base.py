@@ -14,7 +14,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -25,8 +25,12 @@ __all__ = [
     "SPARSE_DEFAULTS",
     "CollectiveCompressor",
     "Compressor",
+    "Configurable",
+    "LayerAware",
     "Payload",
     "SparseCompressor",
+    "Stateful",
+    "add_decoded",
 ]
 
 
@@ -66,10 +70,6 @@ class Compressor(ABC):
     def decompress(self, payload: Payload) -> torch.Tensor:
         """The dense fp32 tensor of ``payload.numel`` entries that ``payload`` stands for."""
 
-    def add_into(self, total: torch.Tensor, payload: Payload) -> None:
-        """``total += decompress(payload)``, in place (sparse codes add only their entries)."""
-        total += self.decompress(payload)
-
     def compress_and_decode(self, tensor: torch.Tensor) -> tuple[Payload, torch.Tensor]:
         """The payload and the dense tensor it decodes to (override when cheaper than both)."""
         payload = self.compress(tensor)
@@ -84,33 +84,48 @@ class Compressor(ABC):
         del numel
         return None
 
-    def from_wire(self, data: torch.Tensor, numel: int) -> Payload:
-        """Wrap received ``data`` (for a tensor of ``numel`` entries) as a payload."""
-        return Payload(data, numel)
-
-    def bind_shapes(self, shapes: Sequence[torch.Size]) -> None:
-        """The flat input is these tensors flattened in order (the caller knows: a strategy's
-        gradients, a DDP bucket). Per-layer compressors (low rank) use it; others ignore it."""
-        del shapes
-
-    def configure(self, config: Any) -> None:
-        """Read this compressor's own settings section from the run's ``RunConfig``
-        (``CompressorKind.section``); the spec alone builds the rest."""
-        del config
-
-    def figures(self) -> dict[str, Any]:
-        """Compressor-specific figures for the run's summary (none by default)."""
-        return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        """State carried from step to step (PowerSGD's warm-start Q), for checkpoints."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        del state
-
     def __repr__(self) -> str:
         return f"<compressor {self.spec}>"
+
+
+# --- capabilities: what some compressors do besides the interface (PowerSGD today). A
+# caller asks ``isinstance(c, Stateful)``; a compressor has one by defining its methods.
+
+
+@runtime_checkable
+class LayerAware(Protocol):
+    """Works per layer: told how the flat input is cut (a strategy's gradients, a DDP
+    bucket: these tensors flattened in order)."""
+
+    def bind_shapes(self, shapes: Sequence[torch.Size]) -> None: ...
+
+
+@runtime_checkable
+class Configurable(Protocol):
+    """Reads its own settings section (``CompressorKind.section``) from the run's config;
+    the spec alone builds the rest."""
+
+    def configure(self, config: Any) -> None: ...
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """Carries state from step to step (PowerSGD's warm-start Q), for checkpoints, and
+    reports figures of its own in the run's summary."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def figures(self) -> dict[str, Any]: ...
+
+
+def add_decoded(compressor: Compressor, total: torch.Tensor, payload: Payload) -> None:
+    """``total += decompress(payload)`` in place; a sparse code adds only its entries."""
+    if isinstance(compressor, SparseCompressor):
+        compressor.add_into(total, payload)
+    else:
+        total += compressor.decompress(payload)
 
 
 class SparseCompressor(Compressor):

@@ -30,7 +30,7 @@ from torch.distributed import ProcessGroup
 from disttrain import collectives
 from disttrain.comm.commthread import CommThread
 from disttrain.comm.world import group_timeout
-from disttrain.compression.base import Compressor
+from disttrain.compression.base import Compressor, LayerAware
 from disttrain.compression.error_feedback import ErrorFeedback
 from disttrain.compression.exchange import CompressionStats, compressed_all_reduce
 from disttrain.compression.registry import parse
@@ -123,7 +123,8 @@ class CompressorHook:
             compressor = self.factory()
             self.buckets[index] = (compressor, ErrorFeedback(compressor, self.error_feedback))
         compressor, feedback = self.buckets[index]
-        compressor.bind_shapes([g.shape for g in bucket.gradients()])
+        if isinstance(compressor, LayerAware):  # per-layer compressors (low rank)
+            compressor.bind_shapes([g.shape for g in bucket.gradients()])
         return compressor, feedback
 
 

@@ -29,7 +29,7 @@ from torch import nn
 from disttrain import collectives, costing, timeline
 from disttrain.comm.errors import UsageError
 from disttrain.comm.world import World
-from disttrain.compression.base import CollectiveCompressor
+from disttrain.compression.base import CollectiveCompressor, Configurable, LayerAware, Stateful
 from disttrain.compression.casts import cast_dtype
 from disttrain.compression.config import CompressionConfig
 from disttrain.compression.error_feedback import ErrorFeedback
@@ -139,7 +139,8 @@ class AllReduce(Strategy):
             # Compressed payloads are summed after backward (sparse ones are all-gathered
             # and decoded), so the step runner unscales fp16 gradients before sending.
             self.communicates_during_backward = False
-            self.compressor.configure(self.config)
+            if isinstance(self.compressor, Configurable):
+                self.compressor.configure(self.config)
             self.feedback = ErrorFeedback(self.compressor, enabled=cc.error_feedback)
             self.stats = CompressionStats(starved=StarvedCheck(self.compressor))
             # only summable payloads ride an allreduce; the others go to every peer
@@ -203,7 +204,8 @@ class AllReduce(Strategy):
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         compressor = self.compressor
         assert compressor is not None
-        compressor.bind_shapes([g.shape for g in grads])  # per-layer compressors (low rank)
+        if isinstance(compressor, LayerAware):  # per-layer compressors (low rank)
+            compressor.bind_shapes([g.shape for g in grads])
 
         def compressed_mean(flat: torch.Tensor) -> None:
             compressed_all_reduce(
@@ -230,7 +232,7 @@ class AllReduce(Strategy):
         return {
             **compression_figures(self.stats),
             "residual_norm": self.feedback.residual_norm(),
-            **self.compressor.figures(),
+            **(self.compressor.figures() if isinstance(self.compressor, Stateful) else {}),
         }
 
     def summary(self) -> dict[str, Any]:
@@ -248,12 +250,14 @@ class AllReduce(Strategy):
     def state_dict(self) -> dict[str, Any]:
         if self.compressor is None:
             return {}
-        return {"feedback": self.feedback.state_dict(), "compressor": self.compressor.state_dict()}
+        own = self.compressor.state_dict() if isinstance(self.compressor, Stateful) else {}
+        return {"feedback": self.feedback.state_dict(), "compressor": own}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.compressor is not None and state:
             self.feedback.load_state_dict(state.get("feedback", {}))
-            self.compressor.load_state_dict(state.get("compressor", {}))
+            if isinstance(self.compressor, Stateful):
+                self.compressor.load_state_dict(state.get("compressor", {}))
 
     # --- the cost model ---------------------------------------------------------------
     @classmethod
@@ -335,7 +339,8 @@ class AllReduce(Strategy):
                 f"--compression {compressor.spec} sends what the layer shapes give: the "
                 "workload needs them (advise: --model, or --params with --layers)"
             )
-        compressor.bind_shapes([torch.Size(s) for s in work.shapes])
+        if isinstance(compressor, LayerAware):
+            compressor.bind_shapes([torch.Size(s) for s in work.shapes])
         rounds = [4 * k for k in compressor.round_numels(work.params)]  # fp32 sums
         alg = spec.config().train.algorithm
         compute = costing.compute_seconds(work, n, cal)

@@ -53,7 +53,7 @@ from disttrain.compression import (
     exchange_payloads,
     parse,
 )
-from disttrain.compression.base import CollectiveCompressor
+from disttrain.compression.base import CollectiveCompressor, add_decoded
 from disttrain.compression.exchange import compression_figures, dense_allreduce_bytes
 from disttrain.compression.registry import COMPRESSORS
 from disttrain.compression.starved import StarvedCheck
@@ -232,7 +232,7 @@ class Decentralized(Strategy):
                 if r == self.rank:
                     total += mine
                 else:  # sparse codes add only their entries (same float ops as a dense add)
-                    self.compressor.add_into(total, payloads[r])
+                    add_decoded(self.compressor, total, payloads[r])
             total /= active
             self._account(payload, len(send_to), before)
         for g, v in zip(grads, _unflatten_dense_tensors(total, grads), strict=True):
@@ -269,7 +269,7 @@ class Decentralized(Strategy):
             got = exchange_payloads(payload, self.compressor, send_to, recv_from)
         with phases.book(phases.CODEC):  # decoding (and counting the entries of our payload)
             for src, theirs in zip(recv_from, got, strict=True):
-                self.compressor.add_into(self.public[src], theirs)
+                add_decoded(self.compressor, self.public[src], theirs)
             self._account(payload, len(send_to), before)
         for src in recv_from:  # Metropolis-Hastings weight on a ring: 1 / (1 + max degree) = 1/3
             x += self.settings.consensus_step * (1.0 / 3.0) * (self.public[src] - own)
