@@ -11,9 +11,7 @@ rendezvous server is not spoken. Without any of them the process is a job of one
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -62,7 +60,11 @@ def init(comm: object = None, process_sets: object = None) -> None:
     ``process_sets``: None, ``"dynamic"`` or a list of :class:`ProcessSet` to register."""
     global _owns_world
     if engine._engine is not None:
-        return
+        if engine._engine.gone is None:
+            return
+        # a peer shut the job down, or the transport failed: Horovod's init would be a no-op
+        # and every call would fail; this rank starts again with the peers that do the same
+        shutdown()
     if comm is not None:
         raise ValueError("init(comm=...) needs MPI, which this build does not have (gloo only)")
     for theirs, ours in _FROM_HOROVOD.items():
@@ -89,23 +91,13 @@ def _register_static(entries: list[ProcessSet]) -> None:
         sets.add_process_set(ps)
 
 
-def _leave_together(group: object) -> None:
-    """Wait (10 s at most) until every rank is shutting down. A rank that destroyed its
-    groups while a peer was still completing the connections of the last one made that
-    peer's ``new_group`` fail ("Connection closed by peer", in 1 of about 5 suite runs,
-    at Horovod's shutdown-then-init). A peer that is gone only costs the wait."""
-    with contextlib.suppress(Exception):
-        dist.monitored_barrier(group, timeout=timedelta(seconds=10))  # type: ignore[arg-type]
-
-
 def shutdown() -> None:
     """Stop the engine and forget the process sets; leave the world if init joined it."""
     global _owns_world
     if engine._engine is None:
         return
-    group = engine._engine.group
-    engine.stop()  # its thread has finished every queued call
-    _leave_together(group)
+    engine._engine.leave()  # after the queued calls: the peers learn it (engine.py)
+    engine.stop()
     sets.stop()
     if _owns_world:
         world.shutdown()

@@ -15,10 +15,18 @@ same. A mismatch is then a :class:`HorovodInternalError` on every rank, and no d
 moves (gloo would hang or abort on a length mismatch). The header also carries what
 a rank that has called :func:`join` needs to serve the others' allreduces with zeros:
 the length, wire dtype and reduce op.
+
+``shutdown()`` sends one last header, flagged *leaving*, after the rank's queued calls.
+A peer whose call meets it fails that call and every later one with Horovod's
+"Horovod has been shut down" (a HorovodInternalError) and sends nothing more: it does
+not wait for a partner that is gone (gloo's 60 s timeout, then a group that later
+calls cannot use). Such an engine, or one whose transport failed, is *gone*; the
+next ``hvd.init()`` starts a new one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import zlib
 from collections.abc import Callable
@@ -59,7 +67,13 @@ DTYPES = [
 REDUCE_OPS = [dist.ReduceOp.SUM, dist.ReduceOp.MIN, dist.ReduceOp.MAX, dist.ReduceOp.PRODUCT]
 
 _LOW = -(1 << 62)  # a joined rank's entry: below anything an active rank sends
-_HEADER = 10  # active, joined, crc, -crc, numel, -numel, dtype, kind, reduce op, first join
+# active, joined, crc, -crc, numel, -numel, dtype, kind, reduce op, first join, leaving
+_HEADER = 11
+SHUT_DOWN = (
+    "Horovod has been shut down. This was caused by an exception on one of the ranks or an "
+    "attempt to allreduce, allgather or broadcast a tensor after one of the ranks finished "
+    "execution."
+)
 
 
 @dataclass
@@ -100,6 +114,8 @@ class Engine:
         self.inflight: set[str] = set()
         self.next_handle = 1
         self.lock = threading.Lock()
+        # why no call can run any more (a peer shut down, the transport failed), or None
+        self.gone: str | None = None
 
     # --- submission (the caller's thread) ------------------------------------------------
     def submit(
@@ -168,12 +184,15 @@ class Engine:
             results: list[Any] = []
             failed: Failed | None = None
             for call, name in zip(calls, agreed, strict=True):
-                refused = self._agree(call, name, group)
+                refused = self.gone or self._agree(call, name, group)
                 if refused is not None:  # every rank saw it: all go on to the next call
                     failed = failed or Failed(refused)
                     continue
                 results.append(call.body())
             return failed if failed is not None else finish(results)
+        except Exception as exc:  # the transport failed: this group carries nothing more
+            self.gone = f"{SHUT_DOWN} (the transport failed: {exc})"
+            raise
         finally:
             with self.lock:
                 self.inflight.difference_update(names)
@@ -195,9 +214,13 @@ class Engine:
                 call.kind,
                 call.reduce_op,
                 0,
+                0,
             ]
         )
         dist.all_reduce(header, op=dist.ReduceOp.MAX, group=group)
+        if int(header[10]):  # a rank is shutting down: it sends nothing more
+            self.gone = SHUT_DOWN
+            return SHUT_DOWN
         if int(header[1]) and call.kind not in (ALLREDUCE, BARRIER):
             return f"{KIND_NAMES[call.kind]} ({name}) is not supported with Join at this time"
         if int(header[2]) != -int(header[3]) or int(header[4]) != -int(header[5]):
@@ -217,20 +240,42 @@ class Engine:
             raise HorovodInternalError(str(exc)) from exc
 
     def _serve_joined(self) -> int:
+        if self.gone is not None:
+            raise HorovodInternalError(self.gone)
         first = True
         while True:
             header = torch.tensor(
-                [0, 1, -1, _LOW, -1, _LOW, -1, -1, -1, self.rank + 1 if first else 0]
+                [0, 1, -1, _LOW, -1, _LOW, -1, -1, -1, self.rank + 1 if first else 0, 0]
             )
             first = False
             if dist.get_world_size(self.group) > 1:
                 dist.all_reduce(header, op=dist.ReduceOp.MAX, group=self.group)
+            if int(header[10]):
+                self.gone = SHUT_DOWN
+                raise HorovodInternalError(SHUT_DOWN)
             if int(header[0]) == 0:  # nobody is active any more
                 return int(header[9]) - 1
             agreed = int(header[2]) == -int(header[3]) and int(header[4]) == -int(header[5])
             if agreed and int(header[7]) == ALLREDUCE:
                 zeros = torch.zeros(int(header[4]), dtype=DTYPES[int(header[6])])
                 dist.all_reduce(zeros, op=REDUCE_OPS[int(header[8])], group=self.group)
+
+    def leave(self) -> None:
+        """Tell the peers this rank is shutting down: one header flagged *leaving*, after
+        the calls already queued (a peer whose call meets it fails it, and is gone). It
+        also waits until every rank has finished the groups it was forming (a rank that
+        destroys its groups while a peer still connects one makes that peer fail). Nothing
+        is sent by an engine that is gone: its peers no longer listen."""
+        job = cast(Callable[[], torch.Tensor], self._send_leaving)
+        with contextlib.suppress(Exception):  # a peer already gone costs only its timeout
+            self.thread.submit(job).wait()
+        self.gone = self.gone or SHUT_DOWN
+
+    def _send_leaving(self) -> None:
+        if self.gone is not None or dist.get_world_size(self.group) == 1:
+            return
+        header = torch.tensor([_LOW] * 10 + [1])
+        dist.all_reduce(header, op=dist.ReduceOp.MAX, group=self.group)
 
     def close(self) -> None:
         self.thread.close()
