@@ -198,6 +198,16 @@ CASES: list[tuple[str, Argv, str]] = [
     ("unknown-dataset", _flags("--dataset", "imagenet"), "unknown dataset 'imagenet'"),
     ("restarts-without-ckpt", _flags("--max-restarts", "1"), "needs --checkpoint-every"),
     ("nnodes-without-rdzv", _flags("--nnodes", "2"), "needs --rdzv-endpoint"),
+    (
+        "rdzv-port",
+        _flags("--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:notaport"),
+        "the port must be 1..65535",
+    ),
+    (
+        "rdzv-host",
+        _flags("--nnodes", "2", "--rdzv-endpoint", "nohost.invalid:29400"),
+        "cannot resolve host 'nohost.invalid'",
+    ),
     ("node-rank-outside", _flags("--node-rank", "3"), "--node-rank 3 is outside"),
     ("batch-bigger-than-data", _flags("--batch-size", "4096"), "larger than the 1437"),
     ("cuda-without-gpu", _flags("--device", "cuda"), "no CUDA device"),

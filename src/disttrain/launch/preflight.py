@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 from typing import Any
 
@@ -67,6 +68,7 @@ def preflight(cfg: Any) -> tuple[Any, Any]:
 
     tc = cfg.train
     check_paths(tc)
+    check_endpoint(tc.rdzv_endpoint)
     strategy = strategies.get(tc.strategy)  # an unknown name: the registry's usage error
     collectives.get(tc.algorithm)  # an unknown name: the registry's usage error
     collectives.set_inter_algorithm(tc.inter_algorithm)  # one that crosses hosts, or exit 2
@@ -151,6 +153,24 @@ def check_resume_matches(cfg: Any, train_samples: int) -> None:
             f"--resume {tc.resume}: run already complete at step {step} (this run's budget: "
             f"{total} steps); raise --epochs or --max-steps"
         )
+
+
+def check_endpoint(endpoint: str) -> None:
+    """``--rdzv-endpoint HOST[:PORT]``: a port torch's rendezvous can take (it raised a
+    ValueError inside the agent), and a host this machine can resolve (else the agent's
+    store connection failed after its own retries, with a traceback)."""
+    if not endpoint:
+        return
+    host, sep, port = endpoint.rpartition(":") if ":" in endpoint else (endpoint, "", "")
+    if sep and not (port.isdigit() and 0 < int(port) < 65536):
+        raise UsageError(f"--rdzv-endpoint {endpoint}: the port must be 1..65535 (HOST:PORT)")
+    host = host.strip("[]")  # an IPv6 address is written [ADDR]:PORT
+    if not host:
+        raise UsageError(f"--rdzv-endpoint {endpoint}: give the host (HOST:PORT)")
+    try:
+        socket.getaddrinfo(host, None)
+    except OSError:  # (its reason depends on the resolver: not part of the line)
+        raise UsageError(f"--rdzv-endpoint {endpoint}: cannot resolve host {host!r}") from None
 
 
 def check_paths(tc: Any) -> None:

@@ -281,7 +281,7 @@ def _row(
     check: tuple[int, int],
 ) -> dict[str, Any]:
     median = statistics.median(times)
-    qs = statistics.quantiles(times, n=10) if len(times) > 1 else [median] * 9
+    qs = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else [median] * 9
     theory = [algo.cost(nbytes, n, r, itemsize) for r in range(n)]
     algbw = nbytes / median / 1e9
     return {
