@@ -243,6 +243,31 @@ def test_failed_run_is_reported_and_the_others_still_run(
     assert "| localsgd:4 | ok | 0.9500 |" in report
 
 
+def test_an_out_holding_an_earlier_comparison_is_refused_unless_overwrite(
+    tmp_path: object, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As train refuses an --out with an earlier run's results: the report is kept."""
+    from disttrain.lab import runs
+
+    monkeypatch.setattr(runs, "train_run", lambda flags, **_: _fake_summary(flags))
+    out = os.path.join(str(tmp_path), "cmp")
+    argv = ["compare", "--strategies", "localsgd:4, ps:async", "--workers", "2", "--out", out]
+    assert main(argv) == 0
+    with open(os.path.join(out, "report.md")) as fh:
+        first = fh.read()
+    capsys.readouterr()
+    assert main(["compare", "--strategies", "localsgd:4", "--workers", "2", "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert "already holds an earlier comparison (report.md, runs.json)" in err
+    assert len(err.strip().splitlines()) == 1
+    with open(os.path.join(out, "report.md")) as fh:
+        assert fh.read() == first  # kept
+    again = ["compare", "--strategies", "localsgd:4", "--workers", "2", "--out", out]
+    assert main([*again, "--overwrite"]) == 0
+    with open(os.path.join(out, "report.md")) as fh:
+        assert "ps:async" not in fh.read()  # replaced, as asked
+
+
 def test_cluster_runs_go_through_cluster_run(
     tmp_path: object, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

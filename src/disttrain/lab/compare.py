@@ -147,6 +147,19 @@ def _common_flags(ns: argparse.Namespace) -> dict[str, Any]:
     return flags
 
 
+def _check_out(out: str, overwrite: bool) -> None:
+    """An ``--out`` holding an earlier comparison is refused, as ``train`` refuses one
+    holding an earlier run's results: its report would be replaced by this one's."""
+    earlier = [
+        n for n in ("report.md", "runs.json", "runs") if os.path.exists(os.path.join(out, n))
+    ]
+    if earlier and not overwrite:
+        raise UsageError(
+            f"--out {out} already holds an earlier comparison ({', '.join(earlier)}): "
+            "choose another --out, or give --overwrite to replace it"
+        )
+
+
 def _check_runs(specs: list[RunSpec], common: dict[str, Any]) -> None:
     """Each run's settings through the same checks ``disttrain train`` makes (UsageError)."""
     from disttrain import config
@@ -258,6 +271,7 @@ def run(ns: argparse.Namespace, argv: list[str]) -> int:
         from disttrain.lab.bench.allreduce import parse_size
 
         parse_size(ns.table_size)
+    _check_out(out, bool(common.get("overwrite")))
     os.makedirs(out, exist_ok=True)
     meta = _meta(ns, argv, given, net)
     results: list[RunResult] = []
