@@ -221,6 +221,11 @@ CASES: list[tuple[str, Argv, str]] = [
         _flags("--launcher", "ray", "--strategy", "ps"),
         "--launcher ray runs --workers training processes",
     ),
+    (
+        "ray-nnodes",
+        _flags("--launcher", "ray", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29400"),
+        "--launcher ray decides where its workers run",
+    ),
     # config files
     ("toml-missing", lambda tmp: ["--config", str(tmp / "nope.toml")], "config file not found"),
     ("toml-syntax", _toml("workers = = 2\n"), "is not valid TOML"),

@@ -146,7 +146,12 @@ def check_layout(cfg: Any) -> int:
 
     tc = cfg.train
     nproc = int(strategies.get(tc.strategy).layout.num_processes(cfg))
-    if nproc != tc.workers or tc.nnodes != 1:
+    if tc.nnodes != 1:
+        raise UsageError(
+            "--launcher ray decides where its workers run: drop --nnodes and give --workers "
+            "for all of them"
+        )
+    if nproc != tc.workers:
         raise UsageError(
             f"--launcher ray runs --workers training processes: --strategy {tc.strategy} "
             "also starts servers, and --nnodes is Ray's to decide (use --workers for all of them)"
