@@ -328,8 +328,12 @@ def _reason(exc: BaseException) -> str:
         advice = ("Check the documentation", "Please file an issue")
         details = [x for x in lines[1:] if not x.startswith(advice)]
         return f"refused by weights_only: {details[0] if details else '?'}"
-    text = lines[0] if lines else type(exc).__name__
-    return text.split(". This is")[0]
+    if not lines:  # a bare error (a DCP file cut short): the cause's message, if it has one
+        cause = exc.__cause__ or exc.__context__
+        if cause is not None and str(cause).strip():
+            return _reason(cause)
+        return f"{type(exc).__name__} while reading it: a file cut short or damaged"
+    return lines[0].split(". This is")[0]
 
 
 def _step_of(root: str, step: int | None, run: str | None) -> tuple[str, int]:
