@@ -61,6 +61,8 @@ def test_sync_ps_matches_allreduce_within_1e_5(tmp_path: Path) -> None:
     assert summary["updates_applied"] == 6 and summary["clock_gap_max"] == 0
     assert [s["rank"] for s in summary["per_server"]] == [2, 3]
     assert all(s["bytes_in"] > 0 and s["bytes_out"] > 0 for s in summary["per_server"])
+    # docs/parameter-server.md: pushes after the budget is spent (none in sync mode)
+    assert [s["discarded_after_stop"] for s in summary["per_server"]] == [0, 0]
     assert summary["bytes_sent_by_rank"][0] > 0
     # the servers' own return values are their figures
     assert results[2]["shard"] == 0 and results[3]["shard"] == 1

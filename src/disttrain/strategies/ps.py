@@ -52,7 +52,16 @@ if TYPE_CHECKING:
 __all__ = ["ParameterServer", "ServerLayout"]
 
 _KEY = "disttrain/ps/endpoint/{}"
-_SERVER_KEYS = ("rank", "shard", "elements", "bytes_in", "bytes_out", "messages_in", "messages_out")
+_SERVER_KEYS = (
+    "rank",
+    "shard",
+    "elements",
+    "bytes_in",
+    "bytes_out",
+    "messages_in",
+    "messages_out",
+    "discarded_after_stop",
+)
 
 
 def _publish_host(address: str) -> str:
