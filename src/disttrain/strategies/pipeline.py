@@ -461,7 +461,10 @@ class Pipeline(Strategy):
         layers = placement.check_sequential(model, cls.name)
         cuts = nodes * pc.chunks
         if cuts > len(layers):
-            raise ValueError(f"{cuts} stages need as many layers; the model has {len(layers)}")
+            raise ValueError(
+                f"{cuts} stages need as many layers; the model has {len(layers)} "
+                "(its modules in order, activations included)"
+            )
         balance = pc.balance_spec()
         note = "--balance time: split as params (training measures the layers)"
         if isinstance(balance, list):
