@@ -199,6 +199,11 @@ CASES: list[tuple[str, Argv, str]] = [
     ("restarts-without-ckpt", _flags("--max-restarts", "1"), "needs --checkpoint-every"),
     ("nnodes-without-rdzv", _flags("--nnodes", "2"), "needs --rdzv-endpoint"),
     (
+        "other-dataset-setting",
+        _flags("--synthetic-size", "100"),
+        "--synthetic-size is read only with --dataset synthetic (this run: --dataset digits)",
+    ),
+    (
         "rdzv-port",
         _flags("--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:notaport"),
         "the port must be 1..65535",

@@ -97,6 +97,12 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     **{n: {"pp": 2} for n in ("microbatches", "schedule", "balance", "recompute")},
     "virtual_stages": {"pp": 2, "schedule": "interleaved"},
     "inter_algorithm": {"algorithm": "hierarchical"},  # the algorithm's own setting
+    # a data set's own shape (DataConfig.not_read: refused with another data set)
+    **{
+        n: {"dataset": "synthetic"}
+        for n in ("synthetic_size", "synthetic_dim", "synthetic_classes")
+    },
+    "pycode_chars": {"dataset": "pycode"},
 }
 
 

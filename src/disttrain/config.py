@@ -309,6 +309,19 @@ class DataConfig:
     seq_len: int = opt(64, "pycode / gpt: characters of context")
     pycode_chars: int = opt(400_000, "pycode: characters of the standard library to use")
 
+    def not_read(self) -> dict[str, str]:
+        """The settings of another data set than this run's, each with why: always-read as
+        the section is, ``--synthetic-*`` and ``--pycode-chars`` shape one data set each."""
+        own = {"synthetic": ("synthetic_size", "synthetic_dim", "synthetic_classes"),
+               "pycode": ("pycode_chars",)}  # fmt: skip
+        return {
+            name: f"--{_flag(name)} is read only with --dataset {kind} "
+            f"(this run: --dataset {self.dataset})"
+            for kind, names in own.items()
+            if self.dataset != kind
+            for name in names
+        }
+
     def validate(self) -> None:
         for name in ("synthetic_size", "synthetic_dim", "synthetic_classes", "seq_len"):
             if getattr(self, name) <= 0:

@@ -25,7 +25,11 @@ def unread_settings(cfg: Any) -> dict[str, str]:
     strategy = strategies.get(cfg.train.strategy)
     reads, off = strategy.reads(cfg), strategy.settings_not_read(cfg)
     out: dict[str, str] = {}
+    other_data = cfg.data.not_read()  # another data set's shape (the section is always read)
     for name, value in changed_settings(cfg).items():
+        if name in other_data:
+            out[name] = other_data[name]
+            continue
         if always_read(name) or name in reads:
             continue
         given = f"--no-{flag(name)[2:]}" if value is False else flag(name)  # as typed
