@@ -197,6 +197,7 @@ CASES: list[tuple[str, Argv, str]] = [
     ),
     ("unknown-dataset", _flags("--dataset", "imagenet"), "unknown dataset 'imagenet'"),
     ("restarts-without-ckpt", _flags("--max-restarts", "1"), "needs --checkpoint-every"),
+    ("fault-step-0", _flags("--inject-fault", "kill:rank=1:step=0"), "steps count from 1"),
     ("nnodes-without-rdzv", _flags("--nnodes", "2"), "needs --rdzv-endpoint"),
     (
         "other-dataset-setting",

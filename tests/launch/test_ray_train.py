@@ -28,8 +28,6 @@ from tests.harness import run_world
 from tests.launch.test_entry import ONE_SAMPLE, SETTINGS, _reference
 
 pytest.importorskip("ray.train.torch", reason="ray[train] is in requirements.lock: make setup")
-# one Ray at a time: two local Rays at once on 2 cores took 155-217 s each (45 s alone)
-pytestmark = pytest.mark.xdist_group("ray")
 REPO = Path(__file__).resolve().parents[2]
 ENV = {
     **os.environ,

@@ -269,4 +269,7 @@ def parse_fault(spec: str) -> Fault | None:
         fields[key] = tuple(int(n) for n in numbers)
     if "rank" not in fields:
         raise UsageError(f"--inject-fault {spec!r}: name the rank with rank=R")
-    return Fault(kind, fields["rank"], max(1, fields.get("step", (1,))[0]), factor)
+    step = fields.get("step", (1,))[0]
+    if step < 1:  # it used to fire at step 1 without a word
+        raise UsageError(f"--inject-fault {spec!r}: steps count from 1, got step={step}")
+    return Fault(kind, fields["rank"], step, factor)
