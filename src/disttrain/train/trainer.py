@@ -100,8 +100,8 @@ class Run(RunParts):
         tc = self.tc
         skip = self.step - epoch * self.sampler.steps_per_epoch  # batches done before
         batches = self.sampler.epoch(epoch)[skip : skip + self.step_limit - self.step]
-        x, y, delay = self.data.x_train, self.data.y_train, tc.loader_delay_ms / 1000
-        loader = BatchLoader(x, y, batches, self.world.device, tc.prefetch, delay_seconds=delay)
+        xs, ys, delay = self.data.x_train, self.data.y_train, tc.loader_delay_ms / 1000
+        loader = BatchLoader(xs, ys, batches, self.world.device, tc.prefetch, delay_seconds=delay)
         change = None
         for x, y in timeline.iterate(loader, "data"):
             if self.roles.should_stop():
