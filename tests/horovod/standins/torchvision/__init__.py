@@ -1,5 +1,6 @@
 """A stand-in for torchvision, for running Horovod's examples offline: tiny models of the
-names the examples ask for, a synthetic MNIST, and the two transforms they use.
+names the examples ask for, a synthetic MNIST, an ImageFolder over the files a test
+writes, and the transforms the examples use.
 
 Put on PYTHONPATH by tests/horovod/test_examples.py only; never part of the library.
 """

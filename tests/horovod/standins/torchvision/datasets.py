@@ -1,10 +1,13 @@
-"""A synthetic MNIST: 28x28 uint8 images whose label is readable from them (learnable)."""
+"""A synthetic MNIST (28x28 uint8 images whose label is readable from them: learnable) and
+an ImageFolder that reads what the test writes."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 
 
 class MNIST(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -28,3 +31,30 @@ class MNIST(torch.utils.data.Dataset):  # type: ignore[type-arg]
         if self.transform is not None:
             image = self.transform(image)
         return image, int(self.targets[i])
+
+
+class ImageFolder(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """torchvision's layout: ``root/<class>/<image>``, classes in sorted order, each image
+    opened with PIL as RGB (the test writes a small synthetic folder with PIL)."""
+
+    def __init__(self, root: str, transform: Any = None) -> None:
+        base = Path(root)
+        self.classes = sorted(p.name for p in base.iterdir() if p.is_dir())
+        self.samples = [
+            (str(f), label)
+            for label, name in enumerate(self.classes)
+            for f in sorted((base / name).iterdir())
+        ]
+        self.targets = [label for _, label in self.samples]
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        path, label = self.samples[i]
+        with Image.open(path) as f:
+            image: Any = f.convert("RGB")
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, label
