@@ -114,6 +114,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calibrate", action="store_true", help="measure this machine, save")
     parser.add_argument("--workers", type=int, default=4, help="--calibrate: most local ranks")
     parser.add_argument("--json", dest="json_path", default="", help="also write the rows here")
+    parser.add_argument(
+        "--scenario",
+        default="",
+        metavar="FILE.toml",
+        help="predict one published-style cluster run described in FILE.toml "
+        "(docs/lab.md, 'Scenario files'); --json writes the prediction",
+    )
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -406,6 +413,10 @@ def _json_row(r: costmodel.Row) -> dict[str, Any]:
 
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     del argv
+    if args.scenario:  # a described cluster: its own self-contained model
+        from disttrain.lab.scenario import command
+
+        return command.run(args.scenario, args.json_path)
     if args.calibrate:
         from disttrain.lab import calibrate
 

@@ -1,0 +1,400 @@
+"""How each published row becomes a scenario: what the row states, what we assume where it
+is silent (each assumption says why), and the one line of what the model leaves out.
+
+Only inputs live here (shapes, links, batch sizes the sources leave out); every figure
+that is compared is read from benchmarks/published/measurements.toml at run time. A GPU
+rate no source publishes is fitted at run time on one calibration row (``FAMILIES``),
+never on a held-out row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "APART",
+    "EXPLAIN",
+    "FAMILIES",
+    "INTRA_FAMILIES",
+    "MEMORY_BANDWIDTH",
+    "NOT_MODELLED",
+    "OVERRIDES",
+    "STRONG",
+]
+
+#: node links no row states, from the systems' datasheets: DGX A100 and Selene have
+#: 8 x 200 Gbit/s HDR InfiniBand for compute; DGX-2 8 x 100 Gbit/s EDR; DGX H100
+#: 8 x 400 Gbit/s NDR. AWS p2.8xlarge: "10 Gigabit" networking (EC2 instance table).
+_DGXA100 = {"inter_bandwidth": "1600Gbit", "inter_fabric": "infiniband", "nics_per_node": 8}
+_DGX2 = {"inter_bandwidth": "800Gbit", "inter_fabric": "infiniband", "nics_per_node": 8}
+_DGXH100 = {"inter_bandwidth": "3200Gbit", "inter_fabric": "infiniband", "nics_per_node": 8}
+_P2 = {"inter_bandwidth": "10Gbit", "inter_fabric": "tcp", "nics_per_node": 1}
+
+#: Megatron's current README: --tp-comm-overlap on; micro-batch not stated (1 assumed)
+_H100_MEGATRON = {
+    "hw": _DGXH100,
+    "family": "h100-megatron",
+    "run.tp_overlap": True,
+    "run.batch_per_gpu": 1,
+}
+
+#: gpu_tflops for rows that publish no one-GPU rate: fitted (bisection) so that the named
+#: calibration row is predicted exactly, then used for the other rows of that family.
+FAMILIES = {
+    "a100-megatron": "megatron-gpt3-175b-1024gpu",
+    "h100-megatron": "megatron-h100-70b-768gpu",
+    "h100-nemo-fp8": "nemo-gpt3-175b-128gpu",
+    "a100-deepspeed-offload": "deepspeed-azure-1t-1024gpu",
+}
+#: intra-node bandwidths no source states, fitted the same way: TensorFlow 1.1's
+#: "replicated (with NCCL)" on DGX-1 P100 reaches far less than NVLink's rate.
+INTRA_FAMILIES = {"p100-tf2017-nccl": "tf2017-dgx1-vgg16-b64-8gpu"}
+
+#: A rate fitted on one model shape moves to another by a roofline: a layer's GEMMs take
+#: 24*h^2 FLOPs per token at the fitted rate T, its element-wise work moves ~68*h bytes
+#: per token (34*h activation bytes per layer, Korthikanti et al. 2022, written and read
+#: back) at the GPU's memory bandwidth, so the achieved rate is T/(1 + k/h) with
+#: k = 68*T/(24*BW). Memory bandwidths: A100 80GB SXM 2.0 TB/s, H100 SXM 3.35 TB/s
+#: (datasheets).
+MEMORY_BANDWIDTH = {
+    "a100-megatron": 2.0e12,
+    "h100-megatron": 3.35e12,
+    "h100-nemo-fp8": 3.35e12,
+    "a100-deepspeed-offload": 2.0e12,
+}
+
+#: (section, key) -> value per row; "rate_from" borrows another row's one-GPU figure,
+#: "family" takes a fitted gpu_tflops. Keys not given come from the row itself.
+OVERRIDES: dict[str, dict[str, Any]] = {
+    # Horovod's page: batch 64 (its reproduction command), fp32 (2017 TF default); one-GPU
+    # rates of the P100 from the TensorFlow 2017 page (same model, batch 64).
+    "horovod-inception3-512": {"run.batch_per_gpu": 64, "rate": 142.0, "bucket_mb": 64},
+    "horovod-resnet101-512": {"run.batch_per_gpu": 64, "rate": 129.0, "bucket_mb": 64},
+    "horovod-vgg16-512": {
+        "run.batch_per_gpu": 64,
+        "rate_from": "tf2017-dgx1-vgg16-b64-8gpu",
+        "bucket_mb": 64,
+    },
+    "tf2017-dgx1-vgg16-b64-8gpu": {"intra_family": "p100-tf2017-nccl"},
+    "tf2017-dgx1-alexnet-b512-8gpu": {"intra_family": "p100-tf2017-nccl"},
+    "tf2017-dgx1-vgg16-b32-8gpu": {"intra_family": "p100-tf2017-nccl"},
+    "tf2017-ec2-k80-resnet50-64gpu": {
+        "hw": _P2,
+        "run.strategy": "allreduce",
+        "run.library": "gloo",
+    },
+    "tf2017-ec2-k80-inception3-64gpu": {
+        "hw": _P2,
+        "run.strategy": "allreduce",
+        "run.library": "gloo",
+    },
+    "dle-pt-bert-large-s128-amp-256gpu": {"hw": _DGXA100},
+    "dle-pt-bert-large-s128-amp-64gpu": {"hw": _DGXA100},
+    "dle-pt-bert-large-s512-amp-256gpu": {"hw": _DGXA100},
+    "dle-pt-bert-large-s512-tf32-256gpu": {"hw": _DGXA100},
+    "dle-tf-bert-large-s128-amp-dgx2h-512gpu": {"hw": _DGX2},
+    "dle-tf-bert-large-s128-amp-dgxa100-256gpu": {"hw": _DGXA100},
+    # Megatron 2019/2020 (8.3B): Shoeybi et al. 2019 ran DGX-2H (16 V100, 8 x 100 Gbit/s),
+    # hidden 3072, 24 heads, seq 1024, batch 512 (8 per replica); V100's 39 TFLOP/s.
+    "megatron-gpt2-8.3b-512gpu-torchddp": {
+        "model": {"hidden": 3072, "heads": 24, "seq_len": 1024, "vocab": 51200},
+        "hw": _DGX2,
+        "gpus_per_node": 16,
+        "intra": "nvlink-v100",
+        "run.global_batch": 512,
+        "run.batch_per_gpu": 8,
+        "run.strategy": "hybrid:dp=64,tp=8,pp=1",
+        "rate_tflops_from": "baseline",
+        "run.precision": "fp16",
+    },
+    "megatron-gpt2-8.3b-512gpu-localddp": {
+        "model": {"hidden": 3072, "heads": 24, "seq_len": 1024, "vocab": 51200},
+        "hw": _DGX2,
+        "gpus_per_node": 16,
+        "intra": "nvlink-v100",
+        "run.global_batch": 512,
+        "run.batch_per_gpu": 8,
+        "run.strategy": "hybrid:dp=64,tp=8,pp=1",
+        "rate_tflops_from": "baseline",
+        "run.precision": "fp16",
+        "run.overlap": False,
+    },
+    "megatron-gpt3-175b-1024gpu": {
+        "hw": _DGXA100,
+        "family": "a100-megatron",
+        "model": {"vocab": 51200},
+    },
+    # Narayanan et al. 2021, Table 1: (t, p) = (1, 1), (8, 1), (8, 8), (8, 64); micro-batch 1,
+    # recomputation on, heads = hidden / 128 (the heads do not change the FLOPs).
+    "megatron-2021-1.7b-32gpu": {
+        "hw": _DGXA100,
+        "family": "a100-megatron",
+        "ckpt": True,
+        "run.strategy": "hybrid:dp=32,tp=1,pp=1",
+    },
+    "megatron-2021-18b-256gpu": {
+        "hw": _DGXA100,
+        "family": "a100-megatron",
+        "ckpt": True,
+        "run.strategy": "hybrid:dp=32,tp=8,pp=1",
+        "run.batch_per_gpu": 1,
+    },
+    "megatron-2021-145b-1536gpu": {
+        "hw": _DGXA100,
+        "family": "a100-megatron",
+        "ckpt": True,
+        "run.strategy": "hybrid:dp=24,tp=8,pp=8",
+        "run.batch_per_gpu": 1,
+    },
+    "megatron-2021-1t-3072gpu": {
+        "hw": _DGXA100,
+        "family": "a100-megatron",
+        "ckpt": True,
+        "run.strategy": "hybrid:dp=6,tp=8,pp=64",
+        "run.batch_per_gpu": 1,
+    },
+    "megatron-h100-1.7b-48gpu": {"hw": _DGXH100, **_H100_MEGATRON},
+    "megatron-h100-16b-192gpu": {"hw": _DGXH100, **_H100_MEGATRON},
+    "megatron-h100-70b-768gpu": {"hw": _DGXH100, **_H100_MEGATRON},
+    "megatron-h100-462b-6144gpu": {"hw": _DGXH100, **_H100_MEGATRON},
+    # the strong-scaling text names no split: the table's 177B row (tp 8, pp 6) at both ends
+    "megatron-h100-gpt3-175b-strong-4608gpu": {
+        "hw": _DGXH100,
+        "family": "h100-megatron",
+        "run.tp_overlap": True,
+        "run.batch_per_gpu": 1,
+        "run.strategy": "hybrid:dp=96,tp=8,pp=6",
+        "base.strategy": "hybrid:dp=2,tp=8,pp=6",
+        "run.global_batch": 1152,
+    },
+    "deepspeed-azure-175b-256gpu": {"family": "a100-deepspeed-offload", "run.strategy": "zero:3"},
+    # the 530B peak's micro-batch is not stated: 8, as the 1T and 2T rows of the same figure
+    "deepspeed-azure-530b-1024gpu": {
+        "family": "a100-deepspeed-offload",
+        "run.strategy": "zero:3",
+        "run.batch_per_gpu": 8,
+    },
+    "deepspeed-azure-1t-1024gpu": {"family": "a100-deepspeed-offload", "run.strategy": "zero:3"},
+    "deepspeed-azure-2t-1024gpu": {"family": "a100-deepspeed-offload", "run.strategy": "zero:3"},
+    # 1,024 V100 in 64 DGX-2; 64 sequences of 128 per GPU (global 64K), one V100's 272/s
+    "deepspeed-bert-large-1024gpu-time": {
+        "hw": _DGX2,
+        "run.batch_per_gpu": 64,
+        "model": {"seq_len": 128},
+        "run.precision": "fp16",
+        "rate_from": "one_gpu",
+    },
+    # BytePS's BERT-large: seq 128 assumed; one V100's rate at batch 64 from DLE's DGX-2 table
+    "byteps-readme-horovod-nccl-bert-large-256gpu": {
+        "model": {"seq_len": 128},
+        "rate_from": "dle-tf-bert-large-s128-amp-dgx2h-512gpu",
+        "run.precision": "amp",
+    },
+    # T5 as a GPT of the same depth and parameter count (T5-3B: 24+24 blocks, 2.85B;
+    # T5-11B: 24+24 blocks, 11B), seq 512; batch 50 (3B: not stated, 50 assumed); A100
+    # half-precision rate as fitted for Megatron's A100 rows.
+    "fsdp-ibm-t5-3b-512gpu": {
+        "model": {
+            "name": "gpt",
+            "layers": 48,
+            "hidden": 2240,
+            "heads": 32,
+            "seq_len": 512,
+            "vocab": 32128,
+        },
+        "family": "a100-megatron",
+        "run.strategy": "zero:3",
+        "run.batch_per_gpu": 50,
+    },
+    "fsdp-ibm-t5-11b-256gpu": {
+        "model": {
+            "name": "gpt",
+            "layers": 48,
+            "hidden": 4352,
+            "heads": 64,
+            "seq_len": 512,
+            "vocab": 32128,
+        },
+        "family": "a100-megatron",
+        "run.strategy": "zero:3",
+    },
+    "fsdp-ibm-t5-11b-512gpu": {
+        "model": {
+            "name": "gpt",
+            "layers": 48,
+            "hidden": 4352,
+            "heads": 64,
+            "seq_len": 512,
+            "vocab": 32128,
+        },
+        "family": "a100-megatron",
+        "run.strategy": "zero:3",
+    },
+    # secondary summary's hardware (unverified): Big Basin, 8 P100 NVLink, 50 Gbit Ethernet,
+    # Gloo; one P100's ResNet-50 rate from the TF 2017 page at batch 64 (219/s)
+    "goyal2017-resnet50-256gpu": {"gpus_per_node": 8, "rate": 219.0, "run.library": "gloo"},
+    "nemo-gpt3-5b-64gpu": {"hw": _DGXH100, "family": "h100-nemo-fp8"},
+    "nemo-gpt3-20b-64gpu": {"hw": _DGXH100, "family": "h100-nemo-fp8"},
+    "nemo-gpt3-175b-128gpu": {
+        "hw": _DGXH100,
+        "family": "h100-nemo-fp8",
+        "run.strategy": "hybrid:dp=4,tp=4,pp=8,vp=6",
+    },
+    "nemo-gpt3-175b-512gpu": {
+        "hw": _DGXH100,
+        "family": "h100-nemo-fp8",
+        "run.strategy": "hybrid:dp=16,tp=4,pp=8,vp=6",
+    },
+}
+
+#: rows whose baseline keeps the global batch (strong scaling); the others keep the batch
+#: per GPU (weak scaling)
+STRONG = {
+    "dle-pt-bert-large-s128-amp-256gpu",
+    "dle-pt-bert-large-s128-amp-64gpu",
+    "dle-pt-bert-large-s512-amp-256gpu",
+    "dle-pt-bert-large-s512-tf32-256gpu",
+    "megatron-h100-gpt3-175b-strong-4608gpu",
+}
+
+#: rows shown with their prediction but kept out of the held-out median, and why
+APART = {
+    "deepspeed-bert-large-1024gpu-time": "a time to train, not a throughput (README: report apart)",
+    "goyal2017-resnet50-256gpu": "hardware from a secondary summary, unverified (README: check "
+    "before scoring)",
+}
+
+#: rows the model cannot express, and why
+NOT_MODELLED = {
+    "deepspeed-zero3offload-1t-512gpu": "model shape, batch and sequence length not stated",
+    "deepspeed-pytorch-ddp-1.2b-512gpu": "model shape, batch and sequence length not stated",
+}
+
+#: each row's one line: what the model leaves out
+EXPLAIN: dict[str, str] = {
+    "horovod-inception3-512": (
+        "Horovod's negotiation and fusion-buffer copies; batch and precision assumed (64, fp32)"
+    ),
+    "horovod-resnet101-512": (
+        "Horovod's negotiation and fusion copies; the P100 ResNet-101 rate (129/s) "
+        "interpolated by FLOPs"
+    ),
+    "horovod-vgg16-512": (
+        "RoCE congestion at 128 nodes and Horovod's fusion copies; batch 64 assumed"
+    ),
+    "tf2017-dgx1-vgg16-b64-8gpu": (
+        "TF 1.1's per-tower variable copies, folded into a fitted 3 GB/s intra-node rate"
+    ),
+    "tf2017-dgx1-alexnet-b512-8gpu": (
+        "TF 1.1 replicated mode's per-step host work, which the fitted link rate does not carry"
+    ),
+    "tf2017-dgx1-vgg16-b32-8gpu": (
+        "the fitted link rate treats TF's fixed per-step cost as bandwidth, so it "
+        "over-charges small batches"
+    ),
+    "tf2017-ec2-k80-resnet50-64gpu": (
+        "parameter servers (modelled as a Gloo ring) and EC2's unstated network (10 Gbit assumed)"
+    ),
+    "tf2017-ec2-k80-inception3-64gpu": (
+        "parameter servers (modelled as a Gloo ring) and EC2's unstated network (10 Gbit assumed)"
+    ),
+    "dle-pt-rn50-dgxa100-tf32-8gpu": (
+        "the input pipeline (DALI) and launch overheads beyond the log-p synchronisation term"
+    ),
+    "dle-pt-rn50-dgxa100-amp-8gpu": (
+        "the per-node input pipeline, which caps 8 fast AMP GPUs (not in the scenario vocabulary)"
+    ),
+    "dle-pt-rn50-dgx1-fp32-8gpu": (
+        "the input pipeline and launch overheads beyond the log-p synchronisation term"
+    ),
+    "dle-pt-rn50-dgx1-amp-8gpu": "the per-node input pipeline, which caps 8 fast AMP GPUs",
+    "dle-tf-rn50-dgx2-fp32-16gpu": "DGX-2's NVSwitch modelled as V100 NVLink; the input pipeline",
+    "dle-tf-rn50-dgx2-amp-16gpu": "the per-node input pipeline, which caps 16 fast AMP GPUs",
+    "dle-pt-bert-large-s128-amp-256gpu": (
+        "the LAMB optimizer step and the unstated fabric (8 x 200 Gbit HDR assumed)"
+    ),
+    "dle-pt-bert-large-s128-amp-64gpu": (
+        "the LAMB optimizer step and the unstated fabric (8 x 200 Gbit HDR assumed)"
+    ),
+    "dle-pt-bert-large-s512-amp-256gpu": (
+        "the LAMB optimizer step and the unstated fabric (8 x 200 Gbit HDR assumed)"
+    ),
+    "dle-pt-bert-large-s512-tf32-256gpu": (
+        "the one-GPU TF32 rate was measured with 8x more accumulation; the fp32 LAMB step and "
+        "fp32 allreduce not hidden"
+    ),
+    "dle-tf-bert-large-s128-amp-dgx2h-512gpu": (
+        "single-node and multi-node tables come from different containers; DGX-2 fabric assumed"
+    ),
+    "dle-tf-bert-large-s128-amp-dgxa100-256gpu": (
+        "Horovod's negotiation in TF and the unstated fabric (8 x 200 Gbit HDR assumed)"
+    ),
+    "megatron-gpt2-8.3b-512gpu-torchddp": (
+        "the baseline is a smaller model on one GPU (39 TFLOP/s), taken as this model's rate"
+    ),
+    "megatron-gpt2-8.3b-512gpu-localddp": (
+        "the baseline is a smaller model; the non-overlapped allreduce's fp32 copies"
+    ),
+    "megatron-gpt3-175b-1024gpu": (
+        "the A100 rate is fitted here; the optimizer step and embedding allreduce"
+    ),
+    "megatron-2021-1.7b-32gpu": (
+        "the small model's kernel launch and optimizer costs beyond the roofline move of the rate"
+    ),
+    "megatron-2021-18b-256gpu": (
+        "the micro-batch size and split are not stated (1 and tp 8 assumed, as the paper's table)"
+    ),
+    "megatron-2021-145b-1536gpu": (
+        "the interleaved schedule, if used (not stated), which shrinks the bubble"
+    ),
+    "megatron-2021-1t-3072gpu": (
+        "the interleaved schedule and micro-batch size (not stated): the model's 64-stage "
+        "bubble is too big"
+    ),
+    "megatron-h100-1.7b-48gpu": (
+        "the small model's kernel launch and optimizer costs beyond the roofline move of the rate"
+    ),
+    "megatron-h100-16b-192gpu": "the micro-batch size (not stated, 1 assumed)",
+    "megatron-h100-70b-768gpu": "the H100 rate is fitted here; the micro-batch size is not stated",
+    "megatron-h100-462b-6144gpu": (
+        "the interleaved schedule and micro-batch size (not stated), which shrink the "
+        "16-stage bubble"
+    ),
+    "megatron-h100-gpt3-175b-strong-4608gpu": (
+        "the split and schedule at each end are not stated; tp 8, pp 6 without interleaving "
+        "leaves a 5/12 bubble"
+    ),
+    "deepspeed-azure-175b-256gpu": (
+        "CPU offload of activations and optimizer states; the rate fitted on the 1T row"
+    ),
+    "deepspeed-azure-530b-1024gpu": "CPU offload; the micro-batch of the peak (8 assumed)",
+    "deepspeed-azure-1t-1024gpu": "CPU offload, folded into the fitted rate",
+    "deepspeed-azure-2t-1024gpu": "CPU offload; the rate fitted on the 1T row",
+    "deepspeed-zero3offload-1t-512gpu": "no shape, batch or sequence length to model",
+    "deepspeed-pytorch-ddp-1.2b-512gpu": "no shape, batch or sequence length to model",
+    "deepspeed-bert-large-1024gpu-time": (
+        "a time to train: assumes both runs saw the same samples; batch 64 and seq 128 assumed"
+    ),
+    "byteps-readme-horovod-nccl-bert-large-256gpu": (
+        "sequence length (128 assumed) and the V100 rate borrowed from DLE's DGX-2 table"
+    ),
+    "fsdp-ibm-t5-3b-512gpu": (
+        "T5-3B as a GPT of equal depth and size; batch (50) and sequence (512) assumed"
+    ),
+    "fsdp-ibm-t5-11b-256gpu": (
+        "T5-11B as a GPT of equal depth and size; sequence length 512 assumed"
+    ),
+    "fsdp-ibm-t5-11b-512gpu": (
+        "TCP congestion at 64 nodes and FSDP's rate limiter, which the per-layer overlap does "
+        "not see"
+    ),
+    "goyal2017-resnet50-256gpu": (
+        "hardware unverified (50 Gbit Ethernet, Gloo); Caffe2's own overlap"
+    ),
+    "nemo-gpt3-5b-64gpu": (
+        "FP8 kernels' efficiency on small GEMMs; the roofline move uses one memory constant"
+    ),
+    "nemo-gpt3-20b-64gpu": "FP8 kernels' efficiency on small GEMMs; tp 2's overlap (not stated)",
+    "nemo-gpt3-175b-128gpu": "FP8 rate fitted here; tensor-parallel overlap not stated",
+    "nemo-gpt3-175b-512gpu": "micro-batch 2's better GEMM efficiency than the calibration row's 1",
+}

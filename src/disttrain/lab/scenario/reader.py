@@ -1,0 +1,333 @@
+"""The scenario file (TOML): ``[model]``, ``[hardware]``, ``[run]``, checked key by key.
+
+Every problem is one line naming the file, the table and the key (a UsageError: the
+command ends with exit code 2). Unknown keys are refused, so a typo is not a default.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import tomllib
+
+from disttrain.comm.errors import UsageError
+from disttrain.lab.scenario import models
+from disttrain.lab.scenario.hardware import FABRICS, INTRA_PRESETS, IntraLink
+from disttrain.lab.scenario.spec import GRAD_BYTES, Hardware, Run, Scenario
+
+__all__ = ["ScenarioError", "load", "parse", "parse_rate", "parse_strategy"]
+
+_KEYS = {
+    "model": {"name", "seq_len", "layers", "hidden", "heads", "vocab", "activation_checkpointing"},
+    "hardware": {
+        "gpus_per_node",
+        "gpu_samples_per_second",
+        "gpu_tflops",
+        "intra_node",
+        "intra_bandwidth",
+        "intra_latency",
+        "inter_bandwidth",
+        "inter_latency",
+        "inter_fabric",
+        "nics_per_node",
+    },
+    "run": {
+        "gpus",
+        "batch_per_gpu",
+        "global_batch",
+        "accumulation",
+        "precision",
+        "strategy",
+        "library",
+        "overlap",
+        "tp_overlap",
+        "bucket_mb",
+    },
+}
+#: GPT's vocabulary when the file gives none: GPT-2's 50,257 padded to 51,200, as
+#: Megatron-LM pads it (Narayanan et al. 2021 use V = 51,200).
+DEFAULT_VOCAB = 51200
+#: PyTorch DDP's default bucket (bucket_cap_mb = 25)
+DEFAULT_BUCKET_MB = 25.0
+_RATE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(bit|b)(?:/s|ps)?\s*$", re.I)
+_TIME = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ns|us|ms|s)\s*$", re.I)
+_SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+class ScenarioError(UsageError):
+    """A scenario file's problem: one line, exit code 2."""
+
+
+def parse_rate(text: str) -> float:
+    """``100Gbit`` -> 12.5e9 bytes/s; ``25GB/s`` -> 25e9 (bit or B, decimal prefixes)."""
+    m = _RATE.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a rate: write e.g. 100Gbit or 25GB/s")
+    unit = m.group(3)
+    bits = unit.lower() == "bit" or unit == "b"  # a lower-case b is a bit, as in Gb/s
+    value = float(m.group(1)) * _SCALE[m.group(2).lower()] / (8 if bits else 1)
+    if value <= 0:
+        raise ValueError(f"{text!r} must be above 0")
+    return value
+
+
+def _duration(text: str) -> float:
+    m = _TIME.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a duration: write e.g. 5us or 0.2ms")
+    return float(m.group(1)) * _SECONDS[m.group(2).lower()]
+
+
+class _Table:
+    """One table of the file; each getter checks the value's type and range."""
+
+    def __init__(self, path: str, name: str, data: Any) -> None:
+        self.path, self.name = path, name
+        if not isinstance(data, dict):
+            self.fail("", f"[{name}] must be a table")
+        unknown = sorted(set(data) - _KEYS[name])
+        self.data: dict[str, Any] = data
+        if unknown:
+            self.fail(unknown[0], f"unknown key; use one of {', '.join(sorted(_KEYS[name]))}")
+
+    def error(self, key: str, problem: str) -> ScenarioError:
+        where = f"[{self.name}] {key}" if key else f"[{self.name}]"
+        return ScenarioError(f"{self.path}: {where}: {problem}")
+
+    def fail(self, key: str, problem: str) -> None:
+        raise self.error(key, problem)
+
+    def has(self, key: str) -> bool:
+        return key in self.data
+
+    def integer(self, key: str, default: int | None = None, low: int = 1) -> int:
+        value = self.data.get(key, default)
+        if value is None:
+            self.fail(key, "is required")
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise self.error(key, f"must be a whole number of at least {low}, got {value!r}")
+        return value
+
+    def number(self, key: str) -> float:
+        value = self.data[key]
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not ok or not math.isfinite(value) or value <= 0:
+            self.fail(key, f"must be a number above 0, got {value!r}")
+        return float(value)
+
+    def choice(self, key: str, choices: tuple[str, ...], default: str | None = None) -> str:
+        value = self.data.get(key, default)
+        if value is None:
+            self.fail(key, f"is required: one of {', '.join(choices)}")
+        if value not in choices:
+            self.fail(key, f"{value!r} is not one of {', '.join(choices)}")
+        return str(value)
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.data.get(key, default)
+        if not isinstance(value, bool):
+            self.fail(key, f"must be true or false, got {value!r}")
+        return bool(value)
+
+    def text(self, key: str, parse: Any) -> float:
+        value = self.data[key]
+        try:
+            return float(parse(str(value)) if isinstance(value, str) else _not_text(value))
+        except ValueError as exc:
+            self.fail(key, str(exc))
+        raise AssertionError  # fail raised
+
+
+def _not_text(value: Any) -> float:
+    raise ValueError(f'{value!r} must be a quoted string with its unit, e.g. "100Gbit"')
+
+
+def load(path: str) -> Scenario:
+    """Read and check ``path``; ScenarioError (one line) on any problem."""
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ScenarioError(f"{path}: no such scenario file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"{path}: cannot read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
+    return parse(data, path)
+
+
+def parse(data: dict[str, Any], path: str = "scenario") -> Scenario:
+    extra = sorted(set(data) - set(_KEYS))
+    if extra:
+        raise ScenarioError(f"{path}: [{extra[0]}]: unknown table; use [model], [hardware], [run]")
+    for name in _KEYS:
+        if name not in data:
+            raise ScenarioError(f"{path}: [{name}]: the table is missing")
+    model_t, hw_t, run_t = (_Table(path, n, data[n]) for n in ("model", "hardware", "run"))
+    model, ckpt = _model(model_t)
+    hardware = _hardware(hw_t)
+    run = _run(run_t, hardware, model)
+    if run.gpus > hardware.gpus_per_node and hardware.inter_bandwidth <= 0:
+        hw_t.fail("inter_bandwidth", f"is required: {run.gpus} GPUs span more than one node")
+    return Scenario(model, ckpt, hardware, run)
+
+
+def _model(t: _Table) -> tuple[models.ModelShape, bool]:
+    name = t.choice("name", models.MODEL_NAMES)
+    ckpt = t.flag("activation_checkpointing", False)
+    if name == "gpt":
+        layers, hidden = t.integer("layers"), t.integer("hidden")
+        heads, seq = t.integer("heads"), t.integer("seq_len")
+        if hidden % heads:
+            t.fail("heads", f"{heads} does not divide hidden {hidden}")
+        vocab = t.integer("vocab", DEFAULT_VOCAB)
+        return models.build(name, seq_len=seq, layers=layers, hidden=hidden, vocab=vocab), ckpt
+    allowed = {"name", "activation_checkpointing"} | (
+        {"seq_len"} if name.startswith("bert") else set()
+    )
+    for key in sorted(set(t.data) - allowed):
+        t.fail(key, f"is not a setting of {name}")
+    if name.startswith("bert"):
+        seq = t.integer("seq_len", 128)
+        if seq > 512:
+            t.fail("seq_len", f"{seq}: BERT has 512 positions")
+        return models.build(name, seq_len=seq), ckpt
+    return models.build(name), ckpt
+
+
+def _intra(t: _Table) -> IntraLink:
+    if t.has("intra_node") == t.has("intra_bandwidth"):
+        t.fail("intra_node", "give either intra_node (a preset) or intra_bandwidth, not both")
+    if t.has("intra_node"):
+        preset = INTRA_PRESETS[t.choice("intra_node", tuple(INTRA_PRESETS))]
+        if t.has("intra_latency"):
+            t.fail("intra_latency", "goes with intra_bandwidth; a preset has its own")
+        return preset
+    bandwidth = t.text("intra_bandwidth", parse_rate)
+    latency = t.text("intra_latency", _duration) if t.has("intra_latency") else 2e-6
+    return IntraLink(bandwidth, latency, "from the scenario file")
+
+
+def _hardware(t: _Table) -> Hardware:
+    per_node = t.integer("gpus_per_node")
+    if t.has("gpu_samples_per_second") == t.has("gpu_tflops"):
+        t.fail("gpu_tflops", "give either gpu_samples_per_second or gpu_tflops (one of them)")
+    rate = t.number("gpu_samples_per_second") if t.has("gpu_samples_per_second") else None
+    tflops = t.number("gpu_tflops") if t.has("gpu_tflops") else None
+    intra = _intra(t)
+    inter = t.text("inter_bandwidth", parse_rate) if t.has("inter_bandwidth") else 0.0
+    fabric = "none"
+    if inter > 0:
+        fabric = t.choice("inter_fabric", tuple(FABRICS))
+    elif t.has("inter_fabric") or t.has("inter_latency"):
+        t.fail("inter_bandwidth", "is required with inter_fabric or inter_latency")
+    spec = FABRICS.get(fabric)
+    latency = t.text("inter_latency", _duration) if t.has("inter_latency") else 0.0
+    if spec is not None and not t.has("inter_latency"):
+        latency = spec.latency
+    return Hardware(
+        gpus_per_node=per_node,
+        gpu_samples_per_second=rate,
+        gpu_tflops=tflops,
+        intra=intra,
+        inter_bandwidth=inter,
+        inter_latency=latency,
+        inter_fabric=fabric,
+        inter_efficiency=spec.efficiency if spec is not None else 1.0,
+        nics_per_node=t.integer("nics_per_node", 1),
+    )
+
+
+def parse_strategy(text: str, gpus: int) -> tuple[int, int, int, int, int]:
+    """``allreduce``, ``zero:S``, ``tensor:T``, ``pipeline:P`` or
+    ``hybrid:dp=D,tp=T,pp=P[,vp=V]`` -> (dp, tp, pp, vp, zero stage); ValueError else."""
+    name, _, arg = text.strip().partition(":")
+    if name == "allreduce" and not arg:
+        return gpus, 1, 1, 1, 0
+    if name in ("zero", "tensor", "pipeline"):
+        if not arg.isdigit() or int(arg) < 1:
+            raise ValueError(f"{text!r}: {name} takes a whole number, e.g. {name}:2")
+        n = int(arg)
+        if name == "zero":
+            if n > 3:
+                raise ValueError(f"{text!r}: ZeRO stages are 1, 2 and 3")
+            return gpus, 1, 1, 1, n
+        if gpus % n:
+            raise ValueError(f"{text!r}: {n} does not divide run.gpus {gpus}")
+        return (gpus // n, n, 1, 1, 0) if name == "tensor" else (gpus // n, 1, n, 1, 0)
+    if name == "hybrid":
+        parts = dict(p.partition("=")[::2] for p in arg.split(","))
+        if set(parts) - {"dp", "tp", "pp", "vp"} or not {"dp", "tp", "pp"} <= set(parts):
+            raise ValueError(f"{text!r}: write hybrid:dp=D,tp=T,pp=P (optionally ,vp=V)")
+        if not all(v.isdigit() and int(v) >= 1 for v in parts.values()):
+            raise ValueError(f"{text!r}: dp, tp, pp and vp are whole numbers of at least 1")
+        dp, tp, pp = (int(parts[k]) for k in ("dp", "tp", "pp"))
+        if dp * tp * pp != gpus:
+            raise ValueError(f"{text!r}: dp*tp*pp = {dp * tp * pp}, not run.gpus {gpus}")
+        return dp, tp, pp, int(parts.get("vp", "1")), 0
+    raise ValueError(
+        f"{text!r} is not a strategy: allreduce, zero:S, tensor:T, pipeline:P or "
+        "hybrid:dp=D,tp=T,pp=P"
+    )
+
+
+def _batch(t: _Table, dp: int) -> tuple[int, int]:
+    """(batch per GPU, accumulation) from batch_per_gpu and/or global_batch."""
+    if not t.has("batch_per_gpu") and not t.has("global_batch"):
+        t.fail("batch_per_gpu", "give batch_per_gpu or global_batch")
+    acc = t.integer("accumulation", 1)
+    if not t.has("global_batch"):
+        return t.integer("batch_per_gpu"), acc
+    total = t.integer("global_batch")
+    if not t.has("batch_per_gpu"):
+        if total % (dp * acc):
+            t.fail(
+                "global_batch", f"{total} is not a multiple of {dp} replicas x {acc} accumulation"
+            )
+        return total // (dp * acc), acc
+    b = t.integer("batch_per_gpu")
+    if total % (b * dp):
+        t.fail("global_batch", f"{total} is not a multiple of batch_per_gpu {b} x {dp} replicas")
+    if t.has("accumulation") and total != b * dp * acc:
+        t.fail(
+            "accumulation",
+            f"{acc} disagrees with global_batch {total} = {b} x {dp} x {total // (b * dp)}",
+        )
+    return b, total // (b * dp)
+
+
+def _run(t: _Table, hw: Hardware, model: models.ModelShape) -> Run:
+    gpus = t.integer("gpus")
+    strategy = str(t.data.get("strategy", "allreduce"))
+    try:
+        dp, tp, pp, vp, zero = parse_strategy(strategy, gpus)
+    except ValueError as exc:
+        t.fail("strategy", str(exc))
+    if tp > 1 and not model.transformer:
+        t.fail("strategy", f"tensor parallelism is modelled for bert and gpt, not {model.name}")
+    stages = model.blocks if model.transformer else len(model.layers)
+    if pp * vp > stages:
+        t.fail("strategy", f"{pp * vp} pipeline stages for {stages} layers of {model.name}")
+    if gpus % hw.gpus_per_node and gpus > hw.gpus_per_node:
+        t.fail("gpus", f"{gpus} is not a multiple of gpus_per_node {hw.gpus_per_node}")
+    b, acc = _batch(t, dp)
+    bucket = t.number("bucket_mb") if t.has("bucket_mb") else DEFAULT_BUCKET_MB
+    return Run(
+        gpus=gpus,
+        batch_per_gpu=b,
+        accumulation=acc,
+        precision=t.choice("precision", tuple(GRAD_BYTES), "fp32"),
+        strategy=strategy,
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        vp=vp,
+        zero=zero,
+        library=t.choice("library", ("nccl", "gloo", "mpi"), "nccl"),
+        overlap=t.flag("overlap", True),
+        tp_overlap=t.flag("tp_overlap", False),
+        bucket_bytes=bucket * 1e6,
+    )
