@@ -6,12 +6,19 @@ rank) and a "reset" onto another world size (a sampler made again with another
 ``num_replicas``, loading the committed state) that skips what was processed. In one
 world of 2 ranks: ``run`` syncs rank 0's state, and a HorovodInternalError raised in the
 function rolls back to the last commit (the sampler's indices joined over the ranks),
-runs the reset callbacks and calls the function again.
+runs the reset callbacks and calls the function again. Under ``torchrun --max-restarts 1``
+(elastic_worker.py): a worker SIGKILLed mid-run, and the restarted round goes on from the
+job's last commit to the same end as an undisturbed run, no process left behind.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import subprocess
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +26,7 @@ import torch
 
 from disttrain.horovod.elastic import ElasticSampler, TorchState
 from tests.harness import run_world
+from tests.test_api import TORCHRUN, _free_port
 
 
 def _step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
@@ -175,3 +183,91 @@ def test_run_syncs_rolls_back_to_the_commit_and_retries() -> None:
     for a, b in zip(results[0]["calls"][0][1], results[1]["calls"][0][1], strict=True):
         assert torch.equal(a, b)
     assert sorted(results[0]["left"] + results[1]["left"]) == sorted(order[4:])
+
+
+def _torchrun(out: Path) -> subprocess.Popen[str]:
+    """2 workers of elastic_worker.py; the c10d rendezvous, so each restart round meets
+    afresh (tests/test_elastic.py says why); a session of its own, to kill it whole."""
+    cmd = [str(TORCHRUN), "--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "1"]
+    cmd += ["--monitor-interval", "0.1", "--rdzv-backend", "c10d"]
+    cmd += ["--rdzv-endpoint", f"127.0.0.1:{_free_port()}"]
+    cmd += [str(Path(__file__).with_name("elastic_worker.py")), str(out)]
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo / "src"), "OMP_NUM_THREADS": "1"}
+    env["GLOO_SOCKET_IFNAME"] = "lo"
+    return subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _kill_when_asked(out: Path, job: subprocess.Popen[str], within: float) -> int:
+    """SIGKILL the worker that wrote out/kill-me (rank 1, one step past a commit)."""
+    deadline = time.monotonic() + within
+    while not (out / "kill-me").exists():
+        assert job.poll() is None, "the job ended before its worker was killed"
+        assert time.monotonic() < deadline, "no worker asked to be killed"
+        time.sleep(0.05)
+    pid = int((out / "kill-me").read_text())
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def _undisturbed() -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The worker's training in one process: each step's gradient averaged over the
+    2 ranks' batches (what DistributedOptimizer gives), from round 0's rank 0 model."""
+    from tests.horovod import elastic_worker as w
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for step in range(w.STEPS):
+        sgd.zero_grad()
+        losses = [
+            torch.nn.functional.mse_loss(model(x), y)
+            for x, y in (w.batch(step, r) for r in range(2))
+        ]
+        (sum(losses) / 2).backward()
+        sgd.step()
+    return w.params(model), [sgd.state[p]["momentum_buffer"] for p in model.parameters()]
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_killed_mid_run_resumes_from_the_last_commit_under_torchrun(
+    tmp_path: Path,
+) -> None:
+    from tests.horovod.elastic_worker import KILL_AT, STEPS
+
+    job = _torchrun(tmp_path)
+    try:
+        killed = _kill_when_asked(tmp_path, job, within=40)
+        log, _ = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    assert job.returncode == 0, log[-3000:]
+    assert (tmp_path / "pid-0-1").read_text() == str(killed)
+    ends = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    last_commit = KILL_AT - KILL_AT % 2  # committed every second step
+    committed = torch.load(tmp_path / f"commit-{last_commit}.pt")
+    expected, momentum = _undisturbed()
+    for end in ends:
+        assert end["round"] == 1  # both ended in the restarted round
+        assert end["start_step"] == last_commit
+        assert torch.equal(end["start_params"], committed)  # the commit, bit for bit
+        assert end["step"] == STEPS and end["done"] == list(range(1, STEPS + 1))
+        torch.testing.assert_close(end["params"], expected)
+        for got, want in zip(end["momentum"], momentum, strict=True):
+            torch.testing.assert_close(got, want)
+    assert torch.equal(ends[0]["params"], ends[1]["params"])  # the ranks agree exactly
+    # no worker of either round outlives the job
+    pids = [int(p.read_text()) for p in tmp_path.glob("pid-*-*")]
+    assert len(pids) == 4
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -21,8 +21,9 @@ raised by the script) rolls the state back to its last commit, runs the reset ca
 syncs and calls it again, in the same processes and the same world, as Horovod does when
 no worker was lost. A lost worker cannot be reset around in memory on gloo under torchrun
 (its process group is gone; the world of a round is fixed): the sync after the error
-fails, the process exits and ``torchrun --max-restarts`` starts the whole round again,
-where the state is the script's own start (commits are in memory, as Horovod's).
+fails, the process exits and ``torchrun --max-restarts`` starts the whole round again;
+there, ``run`` starts from the job's last commit, which rank 0 kept in torchrun's store
+(see :mod:`disttrain.horovod.elastic.state`), as Horovod's survivors go on from theirs.
 """
 
 from __future__ import annotations
@@ -47,12 +48,18 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
     @functools.wraps(func)
     def wrapper(state: Any, *args: Any, **kwargs: Any) -> R:
         skip_sync = False
+        # a round torchrun restarted goes on from the job's last commit (rank 0 loads it,
+        # the sync below hands it to all, and every rank's snapshot becomes that commit)
+        resumed = isinstance(state, TorchState) and state.resume()
         while True:
             if not skip_sync:
                 # outside the try, unlike Horovod: a sync that fails means the group is
                 # broken (a peer died); retrying it would wait forever, exiting lets
                 # torchrun restart the round
                 state.sync()
+                if resumed:
+                    state.save()
+                    resumed = False
             try:
                 return func(state, *args, **kwargs)
             except HorovodInternalError:

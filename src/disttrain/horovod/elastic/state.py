@@ -10,16 +10,24 @@ a handled attribute to a new object commits that object at once (Horovod's rule)
 Why not ``dt.elastic.State`` (:mod:`disttrain.elastic`): that one writes every commit to
 disk for a job that restarts, and keeps JSON values only; Horovod's commits stay in memory
 and its values are any Python object (synced by ``broadcast_object``, which pickles).
-A commit here therefore does not outlive the process (docs/horovod.md).
+A commit here therefore lives in memory, with one exception: under
+``torchrun --max-restarts N`` (N >= 1), where a lost worker restarts every worker, rank 0
+also keeps each commit in torchrun's store (which outlives its restart rounds), and
+:func:`disttrain.horovod.elastic.run` of a restarted round starts from it: the job goes on
+from its last commit, as Horovod's survivors do (docs/horovod.md).
 """
 
 from __future__ import annotations
 
 import copy
+import io
+import itertools
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from disttrain.horovod import basics
 from disttrain.horovod.elastic.sampler import ElasticSampler
@@ -31,6 +39,10 @@ from disttrain.horovod.functions import (
 )
 
 __all__ = ["TorchState"]
+
+#: TorchStates made in this process, in order: the same count in every restart round, so
+#: the n-th state of a restarted round finds the n-th state's commit
+_made = itertools.count()
 
 
 class _Handler:
@@ -99,6 +111,7 @@ class TorchState:
     _handlers: dict[str, _Handler]
     _reset_callbacks: list[Callable[[], None]]
     _saved: dict[str, Any]  # the values without a handler, as last committed
+    _key: str  # its commit's key in torchrun's store (see resume)
 
     def __init__(
         self,
@@ -113,6 +126,7 @@ class TorchState:
         # the other values, as last committed (a copy: in-place changes are not commits)
         plain = {k: v for k, v in values.items() if k not in handlers}
         object.__setattr__(self, "_saved", copy.deepcopy(plain))
+        object.__setattr__(self, "_key", f"disttrain/horovod/commit/{next(_made)}")
         for name, value in values.items():
             object.__setattr__(self, name, value)
 
@@ -148,6 +162,32 @@ class TorchState:
             handler.save()
         saved = {k: getattr(self, k) for k in self._saved}
         object.__setattr__(self, "_saved", copy.deepcopy(saved))
+        store = _restart_store()
+        if store is not None and basics.rank() == 0:
+            # rank 0's commit holds what every rank needs (the sampler's indices are joined)
+            payload = {"handlers": {k: h.saved for k, h in self._handlers.items()}}
+            buffer = io.BytesIO()
+            torch.save({**payload, "plain": self._saved}, buffer)
+            # bytes, which the C++ store takes (torch's stub says str)
+            store.set(self._key, buffer.getvalue())  # type: ignore[arg-type]
+
+    def resume(self) -> bool:
+        """In a round torchrun restarted, whether the job has a commit (kept by :meth:`save`
+        in torchrun's store: every rank sees the same answer); rank 0 loads it, and
+        :meth:`sync` then gives it to every rank."""
+        store = _restart_store()
+        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        if store is None or not restarted or not store.check([self._key]):
+            return False
+        if basics.rank() != 0:
+            return True
+        # pickle, as broadcast_object: the job's own store, trusted as its peers are
+        commit = torch.load(io.BytesIO(store.get(self._key)), weights_only=False)
+        for name, saved in commit["handlers"].items():
+            self._handlers[name].saved = saved
+        object.__setattr__(self, "_saved", commit["plain"])
+        self.restore()
+        return True
 
     def restore(self) -> None:
         """Roll back to the last commit."""
@@ -167,3 +207,16 @@ class TorchState:
     def _set_saved(self) -> None:
         for name, value in copy.deepcopy(self._saved).items():
             object.__setattr__(self, name, value)
+
+
+def _restart_store() -> dist.Store | None:
+    """torchrun's own store, where a restart may come (``--max-restarts`` of 1 or more): it
+    outlives the job's rounds. None otherwise: commits stay in memory, as Horovod's."""
+    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) < 1:
+        return None
+    if not (basics.is_initialized() and basics.size() > 1):
+        return None
+    store = dist.distributed_c10d._get_default_store()
+    while isinstance(store, dist.PrefixStore):  # the round's and the group's prefixes
+        store = store.underlying_store
+    return store
