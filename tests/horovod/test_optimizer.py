@@ -35,9 +35,14 @@ def _reference() -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
-def _train(compression: str, passes: int) -> dict[str, Any]:
+def _train(compression: str, passes: int, fusion: str | None) -> dict[str, Any]:
+    import os
+
     import disttrain.horovod as hvd
     from disttrain.comm import world
+
+    if fusion is not None:  # read when the optimizer is made
+        os.environ["HOROVOD_FUSION_THRESHOLD"] = fusion
 
     world.shutdown()  # init joins the world itself (and leaves it at shutdown)
     hvd.init()
@@ -59,16 +64,19 @@ def _train(compression: str, passes: int) -> dict[str, Any]:
         backward_passes_per_step=passes,
     )
     xs, ys = _data()
+    launches = []
     for x, y in zip(xs, ys, strict=True):
         opt.zero_grad()
         mine = x.chunk(n)[r], y.chunk(n)[r]
         for xp, yp in zip(mine[0].chunk(passes), mine[1].chunk(passes), strict=True):
             # the mean over the whole batch: each pass's share of it
             (nn.functional.mse_loss(model(xp), yp) / passes).backward()
+        launches.append(len(opt._launched))  # type: ignore[attr-defined]  # all, in backward
         opt.step()
     out = {
         "params": [p.detach().clone() for p in model.parameters()],
         "is_sgd": isinstance(opt, torch.optim.SGD),
+        "launches": launches,
     }
     with pytest.raises(AssertionError):
         nn.functional.mse_loss(model(xs[0]), ys[0]).backward()
@@ -82,15 +90,29 @@ def _train(compression: str, passes: int) -> dict[str, Any]:
     return out
 
 
+# HOROVOD_FUSION_THRESHOLD -> allreduces per step. The gradients in launch order (reverse
+# registration) have 8, 16, 8, 64, 32 and 128 bytes: at 100 bytes, the first four share a
+# buffer, 32 goes alone (with 128 it would pass 100), and 128 alone; 0 is one per parameter
+FUSION = {None: 1, "100": 3, "0": 6}
+
+
 @pytest.mark.parametrize(
-    ("compression", "passes", "tol"), [("none", 1, 1e-6), ("none", 2, 1e-6), ("fp16", 1, 5e-3)]
+    ("compression", "passes", "tol", "fusion"),
+    [
+        ("none", 1, 1e-6, None),
+        ("none", 2, 1e-6, None),
+        ("fp16", 1, 5e-3, None),
+        ("none", 1, 1e-6, "100"),
+        ("fp16", 2, 5e-3, "0"),
+    ],
 )
 def test_training_equals_one_process_on_the_whole_batch(
-    compression: str, passes: int, tol: float
+    compression: str, passes: int, tol: float, fusion: str | None
 ) -> None:
     expected = _reference()
-    results = run_world(_train, world_size=2, args=(compression, passes), timeout=120)
+    results = run_world(_train, world_size=2, args=(compression, passes, fusion), timeout=120)
     for got in results:
+        assert got["launches"] == [FUSION[fusion]] * STEPS
         assert got["is_sgd"]
         assert got["flags"] == (True, False, 0, True)
         assert got["after"] is False

@@ -12,6 +12,14 @@ one fixed order on every rank: the parameters in reverse registration order (the
 order backward usually produces them); a ready gradient waits for those before it.
 Parameters a rank did not use are sent as zeros at ``synchronize()``, so every rank
 takes part in every reduction (Horovod's rule too).
+
+Tensor fusion: Horovod's engine fuses the gradients that are ready in the same cycle
+(1 ms) into one buffer of up to ``HOROVOD_FUSION_THRESHOLD`` bytes. Here consecutive
+gradients in the launch order share one flat buffer and one allreduce, cut where the
+next one would pass ``HOROVOD_FUSION_THRESHOLD`` (default 25 MiB, DDP's bucket: a
+bucket goes out while backward still runs) or has another dtype; the cuts depend on
+sizes only, so they are the same on every rank. ``HOROVOD_FUSION_THRESHOLD=0``: one
+allreduce per parameter. Explicit ``groups`` are launched as given, without fusion.
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ from disttrain.horovod.ops import (
 from disttrain.horovod.process_sets import ProcessSet, global_process_set
 
 __all__ = ["DistributedOptimizer"]
+
+FUSION_BYTES = 25 << 20  # without HOROVOD_FUSION_THRESHOLD (see the module doc)
 
 _TOO_MANY = (
     "Gradients were computed more than backward_passes_per_step times before call to "
@@ -132,7 +142,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._should_synchronize = True
         self._synchronized = False
         self._handles: dict[torch.Tensor, Any] = {}  # launched or accumulating this step
-        self._launched: list[tuple[list[nn.Parameter], int, list[Any]]] = []
+        # (parameters, handle, compression contexts, their shapes when fused into one)
+        self._launched: list[tuple[list[nn.Parameter], int, list[Any], Any]] = []
+        self._fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", FUSION_BYTES))
+        self._bucket: list[nn.Parameter] = []  # ready, waiting to be fused with the next
         self._ready: set[torch.Tensor] = set()
         self._next_unit = 0
         self._hooks: list[Any] = []
@@ -156,15 +169,38 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._launch_ready()
 
     def _launch_ready(self) -> None:
-        """Launch the units whose gradients are all ready, in the one launch order."""
+        """Launch the units whose gradients are all ready, in the one launch order; single
+        parameters go into the fusion bucket, sent once full or once all are ready."""
         while self._next_unit < len(self._units):
             unit = self._units[self._next_unit]
             if not all(p in self._ready for p in unit):
                 return
-            self._launch(unit)
             self._next_unit += 1
+            if len(unit) == 1 and self._fusion > 0 and self.op != Adasum:
+                self._add_to_bucket(unit[0])
+            else:
+                self._flush()
+                self._launch(unit)
+        self._flush()  # the last bucket: nothing more will join it this step
 
-    def _launch(self, unit: list[nn.Parameter]) -> None:
+    def _add_to_bucket(self, p: nn.Parameter) -> None:
+        bucket = self._bucket
+        size = p.numel() * p.element_size()
+        if bucket and (
+            p.dtype != bucket[0].dtype
+            or size + sum(q.numel() * q.element_size() for q in bucket) > self._fusion
+        ):
+            self._flush()
+        self._bucket.append(p)
+
+    def _flush(self) -> None:
+        bucket, self._bucket = self._bucket, []
+        if bucket:
+            self._launch(bucket, fuse=len(bucket) > 1)
+
+    def _launch(self, unit: list[nn.Parameter], fuse: bool = False) -> None:
+        """One allreduce for ``unit``: of its one gradient, of its gradients in one flat
+        buffer (``fuse``), or grouped (Horovod's ``groups``)."""
         grads, contexts = [], []
         for p in unit:
             if p.grad is None:
@@ -177,13 +213,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             grads.append(compressed)
             contexts.append(ctx)
         name = self._parameter_names[unit[0]]
-        if len(unit) == 1:
+        shapes = [g.shape for g in grads] if fuse else None
+        if len(unit) == 1 or fuse:
             pre = post = 1.0
             if self.op == Average:  # Horovod's split of the averaging around the sum
                 pre, post = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+            flat = torch.cat([g.reshape(-1) for g in grads]) if fuse else grads[0]
             handle = allreduce_async_(
-                grads[0],
-                name=name,
+                flat,
+                name=f"{name}+{len(unit) - 1}" if fuse else name,  # the bucket's first
                 op=self.op,
                 prescale_factor=pre,
                 postscale_factor=post,
@@ -193,7 +231,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             handle = grouped_allreduce_async_(
                 grads, name=name, op=self.op, process_set=self.process_set
             )
-        self._launched.append((unit, handle, contexts))
+        self._launched.append((unit, handle, contexts, shapes))
         for p in unit:
             self._handles[p] = handle
 
@@ -206,9 +244,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._hooks:
             self._ready.update(self._delay)  # the rest go now, accumulated or zero
             self._launch_ready()
-        for unit, handle, contexts in self._launched:
+        for unit, handle, contexts, shapes in self._launched:
             out = synchronize(handle)
             outs = out if isinstance(out, tuple) else (out,)
+            if shapes is not None:  # a fused bucket: each gradient's slice of the buffer
+                sizes = [s.numel() for s in shapes]
+                outs = tuple(o.view(s) for o, s in zip(out.split(sizes), shapes, strict=True))
             for p, o, ctx in zip(unit, outs, contexts, strict=True):
                 value = self.compression.decompress(o, ctx)
                 assert p.grad is not None
@@ -220,6 +261,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _reset(self) -> None:
         self._handles.clear()
         self._launched.clear()
+        self._bucket.clear()
         self._ready.clear()
         self._next_unit = 0
         self._delay = dict.fromkeys(self._delay, self.backward_passes_per_step)
@@ -312,13 +354,14 @@ class _DistributedAdasumOptimizer(_DistributedOptimizer):
         with torch.no_grad():
             p.sub_(start)
 
-    def _launch(self, unit: list[nn.Parameter]) -> None:
+    def _launch(self, unit: list[nn.Parameter], fuse: bool = False) -> None:
+        del fuse  # never: Adasum is not fused (see _launch_ready)
         for p in unit:  # one parameter per unit: groups are not built for Adasum
             self._local_step(p)
             compressed, ctx = self.compression.compress(p.data)
             name = self._parameter_names[p]
             handle = allreduce_async_(compressed, name=name, op=Adasum)
-            self._launched.append(([p], handle, [ctx]))
+            self._launched.append(([p], handle, [ctx], None))
             self._handles[p] = handle
 
     def synchronize(self) -> None:
@@ -337,7 +380,7 @@ class _DistributedAdasumOptimizer(_DistributedOptimizer):
         loss = closure() if closure is not None else None
         self._ready.update(self._delay)
         self._launch_ready()
-        for unit, handle, contexts in self._launched:
+        for unit, handle, contexts, _ in self._launched:
             delta = self.compression.decompress(synchronize(handle), contexts[0])
             p, start = unit[0], self._start[unit[0]]
             with torch.no_grad():
