@@ -1,0 +1,73 @@
+"""bench published: every row of the published table, read at run time, predicted."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from disttrain.lab.bench import _published_rows as rows_
+from disttrain.lab.bench import published
+from tests import zygote
+
+TABLE = published.DEFAULT
+
+
+def test_every_row_is_predicted_or_says_why_not() -> None:
+    recs, fitted = published.evaluate(TABLE)
+    with open(TABLE, "rb") as fh:
+        ids = [r["id"] for r in tomllib.load(fh)["row"]]
+    assert [r["id"] for r in recs] == ids  # every row, in the file's order
+    for r in recs:
+        assert r["why"], f"{r['id']}: no one-line explanation"
+        if r["predicted"] is None:
+            assert r["status"].startswith("not modelled: ")
+        else:
+            assert r["predicted"] > 0
+    assert set(fitted) == set(rows_.FAMILIES) | set(rows_.INTRA_FAMILIES)
+
+
+def test_constants_are_fitted_on_calibration_rows_only() -> None:
+    with open(TABLE, "rb") as fh:
+        cal = {r["id"] for r in tomllib.load(fh)["row"] if r["calibration"]}
+    assert set(rows_.FAMILIES.values()) <= cal
+    assert set(rows_.INTRA_FAMILIES.values()) <= cal
+    recs, _ = published.evaluate(TABLE)
+    for r in recs:  # each fitted family reproduces its own calibration row
+        if r["id"] in rows_.FAMILIES.values() or r["id"] in rows_.INTRA_FAMILIES.values():
+            assert r["error"] == pytest.approx(0.0, abs=1e-4)
+
+
+def test_the_figures_come_from_the_file(tmp_path: Path) -> None:
+    copy = tmp_path / "measurements.toml"
+    text = TABLE.read_text().replace("figure = 0.68\n", "figure = 0.5\n", 1)
+    copy.write_text(text)
+    recs, _ = published.evaluate(copy)
+    vgg = next(r for r in recs if r["id"] == "horovod-vgg16-512")
+    assert vgg["published"] == 0.5
+
+
+def test_the_held_out_block_reports_its_own_median(capsys: pytest.CaptureFixture[str]) -> None:
+    published.run(argparse.Namespace(table=str(TABLE), calibration_only=False))
+    out = capsys.readouterr().out
+    recs, _ = published.evaluate(TABLE)
+    held = [abs(r["error"]) for r in recs if not r["calibration"] and r["status"] == "scored"]
+    assert f"median |error| {statistics.median(held):.1%}" in out
+    assert "## calibration rows" in out and "## held-out rows" in out
+    assert out.index("## calibration rows") < out.index("## held-out rows")
+
+
+def test_it_runs_as_a_command(tmp_path: Path) -> None:
+    shutil.copy(TABLE, tmp_path / "m.toml")
+    cmd = [sys.executable, "-m", "disttrain", "bench", "published", "--calibration-only"]
+    done = zygote.run(
+        [*cmd, "--table", str(tmp_path / "m.toml")], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "calibration rows: 11 rows scored" in done.stdout
+    assert "held-out" not in done.stdout

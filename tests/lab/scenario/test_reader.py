@@ -1,0 +1,137 @@
+"""Scenario files: each bad input is one line naming the file, table and key (exit 2)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from disttrain.lab.scenario import ScenarioError, load, parse
+from disttrain.lab.scenario.reader import parse_rate, parse_strategy
+from tests import zygote
+
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLE = REPO / "examples" / "scenario_bert_large.toml"
+GOOD: dict[str, Any] = {
+    "model": {"name": "resnet50"},
+    "hardware": {
+        "gpus_per_node": 4,
+        "gpu_samples_per_second": 200.0,
+        "intra_node": "pcie3",
+        "inter_bandwidth": "25Gbit",
+        "inter_fabric": "roce",
+    },
+    "run": {"gpus": 16, "batch_per_gpu": 64},
+}
+
+
+def _bad(table: str, key: str, value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(GOOD)
+    if value is None:
+        del out[table][key]
+    else:
+        out[table][key] = value
+    return out
+
+
+CASES = [
+    (_bad("model", "name", "resnet999"), "[model] name: 'resnet999' is not one of resnet50"),
+    (_bad("model", "seq_len", 128), "[model] seq_len: is not a setting of resnet50"),
+    (_bad("model", "depth", 3), "[model] depth: unknown key"),
+    (_bad("hardware", "gpus_per_node", 0), "[hardware] gpus_per_node: must be a whole number"),
+    (_bad("hardware", "gpu_tflops", 100.0), "give either gpu_samples_per_second or gpu_tflops"),
+    (_bad("hardware", "intra_node", "nvlink9"), "[hardware] intra_node: 'nvlink9' is not one"),
+    (_bad("hardware", "inter_bandwidth", "fast"), "inter_bandwidth: 'fast' is not a rate"),
+    (_bad("hardware", "inter_bandwidth", 25), "must be a quoted string with its unit"),
+    (_bad("hardware", "inter_fabric", "carrier-pigeon"), "inter_fabric: 'carrier-pigeon'"),
+    (_bad("hardware", "inter_bandwidth", None), "[hardware] inter_bandwidth: is required"),
+    (_bad("run", "gpus", 18), "[run] gpus: 18 is not a multiple of gpus_per_node 4"),
+    (_bad("run", "strategy", "tensor:2"), "tensor parallelism is modelled for bert and gpt"),
+    (_bad("run", "strategy", "hybrid:dp=2,tp=2,pp=2"), "dp*tp*pp = 8, not run.gpus 16"),
+    (_bad("run", "strategy", "magic"), "'magic' is not a strategy"),
+    (_bad("run", "precision", "fp8"), "[run] precision: 'fp8' is not one of fp32, amp"),
+    (_bad("run", "batch_per_gpu", None), "give batch_per_gpu or global_batch"),
+    (_bad("run", "global_batch", 1000), "1000 is not a multiple of batch_per_gpu 64"),
+    (_bad("run", "overlap", "yes"), "[run] overlap: must be true or false"),
+]
+
+
+@pytest.mark.parametrize(("data", "message"), CASES, ids=[c[1][:40] for c in CASES])
+def test_each_bad_value_is_named(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(ScenarioError) as err:
+        parse(data, "my.toml")
+    text = str(err.value)
+    assert message in text and text.startswith("my.toml: ") and "\n" not in text
+
+
+def test_a_missing_table_and_an_unknown_one() -> None:
+    with pytest.raises(ScenarioError, match=r"\[run\]: the table is missing"):
+        parse({"model": GOOD["model"], "hardware": GOOD["hardware"]})
+    with pytest.raises(ScenarioError, match=r"\[cluster\]: unknown table"):
+        parse({**GOOD, "cluster": {}})
+
+
+def test_rates_and_strategies() -> None:
+    assert parse_rate("100Gbit") == pytest.approx(12.5e9)
+    assert parse_rate("200Gb/s") == pytest.approx(25e9)
+    assert parse_rate("25GB/s") == pytest.approx(25e9)
+    assert parse_strategy("hybrid:dp=8,tp=8,pp=16", 1024) == (8, 8, 16, 1, 0)
+    assert parse_strategy("zero:3", 64) == (64, 1, 1, 1, 3)
+    assert parse_strategy("pipeline:4", 16) == (4, 1, 4, 1, 0)
+
+
+def test_global_batch_alone_sets_the_batch_per_gpu() -> None:
+    sc = parse({**GOOD, "run": {"gpus": 16, "global_batch": 2048, "accumulation": 2}})
+    assert (sc.run.batch_per_gpu, sc.run.accumulation, sc.run.global_batch) == (64, 2, 2048)
+
+
+def test_the_example_file_loads() -> None:
+    sc = load(str(EXAMPLE))
+    assert sc.run.accumulation == 1 and sc.hardware.nics_per_node == 8
+
+
+def _disttrain(*args: str) -> Any:
+    return zygote.run(
+        [sys.executable, "-m", "disttrain", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+
+
+def test_the_command_refuses_a_bad_file_in_one_line_with_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[model]\nname = "resnet50"\n[hardware]\ngpus_per_node = "eight"\n[run]\n')
+    done = _disttrain("advise", "--scenario", str(bad))
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr
+    assert lines[0] == (
+        f"disttrain: error: {bad}: [hardware] gpus_per_node: must be a whole number of at "
+        "least 1, got 'eight'"
+    )
+
+
+def test_the_command_writes_the_json(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    done = _disttrain("advise", "--scenario", str(EXAMPLE), "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    got = json.loads(out.read_text())
+    assert set(got) == {"samples_per_second", "scaling_efficiency", "step_seconds", "breakdown"}
+    assert 100_000 < got["samples_per_second"] < 200_000
+    assert "samples/s" in done.stdout
+
+
+def test_a_missing_file_and_bad_toml(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match="no such scenario file"):
+        load(str(tmp_path / "none.toml"))
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[model\nname = 1\n")
+    with pytest.raises(ScenarioError, match="not valid TOML") as err:
+        load(str(broken))
+    assert "\n" not in str(err.value)
