@@ -744,6 +744,37 @@ def _check_advise(text: str, tmp: Path) -> None:
         os.chdir(here)
 
 
+def _check_scenario(text: str, tmp: Path) -> None:
+    """From the repository, in-process: the prediction's JSON has the issue's four keys;
+    ``bench published`` prints both blocks and the held-out median."""
+    here = os.getcwd()
+    os.chdir(REPO)
+    try:
+        for argv in _commands(text):
+            args = _budgeted(_disttrain_args(argv), tmp)
+            code, out, err = _in_process(args)
+            assert code == 0, (args, err)
+            if "--json" in args:
+                got = json.loads(Path(args[args.index("--json") + 1]).read_text())
+                keys = {"samples_per_second", "scaling_efficiency", "step_seconds", "breakdown"}
+                assert set(got) == keys, got
+            if args[:2] == ["bench", "published"]:
+                assert "## calibration rows" in out and "held-out rows:" in out, out[-500:]
+    finally:
+        os.chdir(here)
+
+
+def _check_scenario_file(text: str, tmp: Path) -> None:
+    """The block is the example file: both parse to the same scenario."""
+    import tomllib
+
+    from disttrain.lab.scenario import load, parse
+
+    del tmp
+    shown = parse(tomllib.loads(text), "docs/lab.md")
+    assert shown == load(str(REPO / "examples" / "scenario_bert_large.toml"))
+
+
 def _check_costmodel_api(text: str, tmp: Path) -> None:
     """In this process: ``DEFAULT_PATH`` (the user's saved calibration) is the repository's
     calibration; ``specs`` is the reader's (two specs)."""
@@ -1093,6 +1124,20 @@ ENTRIES: list[Entry] = [
         "run in-process: a recommendation each; rows.json; --calibrate parsed",
         _check_advise,
         120,
+    ),
+    Entry(
+        "docs/lab.md",
+        "disttrain advise --scenario examples/scenario_bert_large.toml",
+        "run in-process: the prediction's four JSON keys; bench published's blocks",
+        _check_scenario,
+        60,
+    ),
+    Entry(
+        "docs/lab.md",
+        "# examples/scenario_bert_large.toml",
+        "parsed: the same scenario as examples/scenario_bert_large.toml",
+        _check_scenario_file,
+        30,
     ),
     Entry(
         "docs/lab.md",
