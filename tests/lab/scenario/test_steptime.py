@@ -106,3 +106,11 @@ def test_zero_3_gathers_every_layer_and_tcp_is_slower_than_infiniband() -> None:
 def test_model_tflops_per_gpu_is_flops_times_rate() -> None:
     p = predict(parse(_with(GPT, run__strategy="allreduce")))
     assert math.isclose(p.breakdown["model_tflops_per_gpu"], 100 * p.scaling_efficiency)
+
+
+def test_a_cnn_pipeline_sends_the_activations_at_its_cut() -> None:
+    p = predict(parse(_with(CNN, run__strategy="pipeline:2")))
+    # the cut at half the FLOPs falls after ResNet-50's layer3: 1024 x 14 x 14 per image,
+    # fp32, 100 images, forward and back over PCIe 3 (10 GB/s, 5 us)
+    one_way = 5e-6 + 100 * 1024 * 14 * 14 * 4 / 10e9
+    assert p.breakdown["pipeline_p2p_seconds"] == pytest.approx(2 * one_way)

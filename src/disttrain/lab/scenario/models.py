@@ -43,6 +43,7 @@ class Layer:
     name: str
     params: float
     flops: float  # forward FLOPs per sample
+    outputs: float = 0.0  # output elements per sample: what a pipeline stage ends sending
 
 
 @dataclass(frozen=True)
@@ -69,11 +70,12 @@ def _conv(name: str, cin: int, cout: int, k: int, hw: int, bias: bool = False) -
     """A k x k convolution producing hw x hw outputs: k^2*cin*cout weights (+ BN's 2*cout,
     or a bias), 2*k^2*cin*cout*hw^2 FLOPs."""
     weights = k * k * cin * cout
-    return Layer(name, weights + (cout if bias else 2 * cout), 2.0 * weights * hw * hw)
+    params = weights + (cout if bias else 2 * cout)
+    return Layer(name, params, 2.0 * weights * hw * hw, float(cout * hw * hw))
 
 
 def _fc(name: str, cin: int, cout: int) -> Layer:
-    return Layer(name, cin * cout + cout, 2.0 * cin * cout)
+    return Layer(name, cin * cout + cout, 2.0 * cin * cout, float(cout))
 
 
 def _resnet(name: str, blocks: tuple[int, int, int, int]) -> ModelShape:
@@ -95,6 +97,7 @@ def _resnet(name: str, blocks: tuple[int, int, int, int]) -> ModelShape:
                     f"layer{stage + 1}.{b}",
                     sum(p.params for p in parts),
                     sum(p.flops for p in parts),
+                    parts[2].outputs,
                 )
             )
             cin = 4 * mid
@@ -130,27 +133,28 @@ def _alexnet() -> ModelShape:
     return ModelShape("alexnet", layers, "torchvision AlexNet (Krizhevsky 2014)")
 
 
-#: Inception v3 by block: (name, parameters, forward GMACs), our count of torchvision's
-#: definition, rounded; sums 23.8M parameters and 5.7 GMACs (Szegedy et al. 2016).
+#: Inception v3 by block: (name, parameters, forward GMACs, output channels x side), our
+#: count of torchvision's definition, rounded; sums 23.8M parameters and 5.7 GMACs
+#: (Szegedy et al. 2016, whose Table 1 gives the output sizes).
 _INCEPTION3 = (
-    ("stem", 0.17e6, 1.30),
-    ("Mixed_5b", 0.26e6, 0.32),
-    ("Mixed_5c", 0.28e6, 0.34),
-    ("Mixed_5d", 0.29e6, 0.35),
-    ("Mixed_6a", 1.15e6, 0.45),
-    ("Mixed_6b", 1.30e6, 0.38),
-    ("Mixed_6c", 1.69e6, 0.49),
-    ("Mixed_6d", 1.69e6, 0.49),
-    ("Mixed_6e", 2.14e6, 0.62),
-    ("Mixed_7a", 1.70e6, 0.28),
-    ("Mixed_7b", 5.04e6, 0.32),
-    ("Mixed_7c", 6.07e6, 0.39),
-    ("fc", 2.05e6, 0.002),
+    ("stem", 0.17e6, 1.30, 192, 35),
+    ("Mixed_5b", 0.26e6, 0.32, 256, 35),
+    ("Mixed_5c", 0.28e6, 0.34, 288, 35),
+    ("Mixed_5d", 0.29e6, 0.35, 288, 35),
+    ("Mixed_6a", 1.15e6, 0.45, 768, 17),
+    ("Mixed_6b", 1.30e6, 0.38, 768, 17),
+    ("Mixed_6c", 1.69e6, 0.49, 768, 17),
+    ("Mixed_6d", 1.69e6, 0.49, 768, 17),
+    ("Mixed_6e", 2.14e6, 0.62, 768, 17),
+    ("Mixed_7a", 1.70e6, 0.28, 1280, 8),
+    ("Mixed_7b", 5.04e6, 0.32, 2048, 8),
+    ("Mixed_7c", 6.07e6, 0.39, 2048, 8),
+    ("fc", 2.05e6, 0.002, 1000, 1),
 )
 
 
 def _inception3() -> ModelShape:
-    layers = tuple(Layer(n, p, 2e9 * g) for n, p, g in _INCEPTION3)
+    layers = tuple(Layer(n, p, 2e9 * g, float(c * side * side)) for n, p, g, c, side in _INCEPTION3)
     return ModelShape("inception3", layers, "Szegedy et al. 2016; block counts of torchvision")
 
 
@@ -158,10 +162,10 @@ def _transformer(name: str, blocks: int, hidden: int, seq: int, vocab: int, pos:
     """Embedding, ``blocks`` layers of 12H^2+13H parameters and (24H^2 + 4sH)*s forward
     FLOPs per sequence, and the tied logit layer's 2VH FLOPs per token."""
     h, s = hidden, seq
-    layers = [Layer("embedding", (vocab + pos) * h, 0.0)]
-    per_layer = Layer("block", 12.0 * h * h + 13 * h, (24.0 * h * h + 4.0 * s * h) * s)
-    layers += [Layer(f"block{i}", per_layer.params, per_layer.flops) for i in range(blocks)]
-    layers.append(Layer("logits", 2.0 * h, 2.0 * vocab * h * s))
+    layers = [Layer("embedding", (vocab + pos) * h, 0.0, float(s * h))]
+    block = (12.0 * h * h + 13 * h, (24.0 * h * h + 4.0 * s * h) * s, float(s * h))
+    layers += [Layer(f"block{i}", *block) for i in range(blocks)]
+    layers.append(Layer("logits", 2.0 * h, 2.0 * vocab * h * s, float(s * vocab)))
     source = (
         "Devlin et al. 2019" if name.startswith("bert") else "Narayanan et al. 2021 (GPT shape)"
     )
@@ -210,3 +214,18 @@ def megatron_flops_per_sample(model: ModelShape, checkpointing: bool) -> float:
     s, h, n, v = model.seq_len, model.hidden, model.blocks, model.vocab
     passes = 96.0 if checkpointing else 72.0
     return passes * s * n * h * h * (1 + s / (6 * h)) + 6.0 * s * h * v
+
+
+def boundary_outputs(model: ModelShape, stages: int) -> float:
+    """Elements per sample that cross the busiest boundary when the layers are cut into
+    ``stages`` runs of about equal FLOPs (a pipeline's stages)."""
+    if stages <= 1:
+        return 0.0
+    total = model.flops or 1.0
+    crossing, done, cut = 0.0, 0.0, 1
+    for layer in model.layers[:-1]:
+        done += layer.flops
+        if cut < stages and done >= cut * total / stages:
+            crossing = max(crossing, layer.outputs)
+            cut += 1
+    return crossing

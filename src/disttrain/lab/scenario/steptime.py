@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from disttrain.lab.scenario import collectives as coll
-from disttrain.lab.scenario.models import ModelShape, megatron_flops_per_sample
+from disttrain.lab.scenario.models import ModelShape, boundary_outputs, megatron_flops_per_sample
 from disttrain.lab.scenario.spec import ACTIVATION_BYTES, GRAD_BYTES, PARAM_BYTES, Scenario
 
 __all__ = ["SYNC_PER_DOUBLING", "Prediction", "predict"]
@@ -108,7 +108,7 @@ def _p2p_seconds(sc: Scenario) -> float:
     r, m, hw = sc.run, sc.model, sc.hardware
     if r.pp == 1:
         return 0.0
-    width = m.hidden * m.seq_len if m.transformer else max(lay.params for lay in m.layers) ** 0.5
+    width = m.hidden * m.seq_len if m.transformer else boundary_outputs(m, r.pp)
     size = r.batch_per_gpu * width * ACTIVATION_BYTES[r.precision] / r.tp
     if r.tp * r.dp >= hw.gpus_per_node and hw.inter_bandwidth > 0:
         bw, lat = _net(sc)
