@@ -114,11 +114,6 @@ class TrainConfig:
     algorithm: str = opt(
         "native", "allreduce algorithm for data-parallel strategies", always_read=False
     )
-    inter_algorithm: str = opt(
-        "ring",
-        "network algorithm among one leader per host (--algorithm hierarchical)",
-        always_read=False,
-    )
     model: str = opt(
         "mlp",
         "mlp, cnn, gpt, gpt2-small, or package.module:function (or path/file.py:function) "

@@ -5,7 +5,7 @@ floats: results are compared exactly with torch's own collectives
 (``dist.all_reduce`` then this rank's chunk; ``dist.all_gather`` of every rank's
 data, then chunk r of rank r's), in fp32 and (up to 3 ranks) fp64. Lengths: empty,
 fewer elements than ranks, one more than a multiple of n, and odd sizes (uneven
-chunks). The meter must equal ``reduce_scatter_cost`` / ``all_gather_cost``
+chunks). The meter must equal ``cost(..., op="reduce_scatter")`` / ``op="all_gather"``
 exactly (length check off, so only the collective itself is counted).
 """
 
@@ -16,11 +16,13 @@ from typing import Any
 import pytest
 import torch
 
+from disttrain.collectives import ALGORITHMS
 from tests.harness import run_world
 
 DTYPES = [torch.float32, torch.float64]
-#: The algorithms with halves of their own; every other one goes through the fallback.
-OWN = ("native", "ring")
+#: The algorithms with halves of their own (their kinds say so); every other one goes through
+#: the fallback.
+OWN = tuple(n for n, kind in ALGORITHMS.items() if kind.shards)
 
 
 def _lengths(n: int) -> list[int]:
@@ -51,7 +53,8 @@ def _body(names: tuple[str, ...], lengths: tuple[int, ...]) -> list[str]:
                 meter.reset()
                 got = algo.reduce_scatter(x.clone())
                 assert torch.equal(got, expected[a:b]), where
-                cost = algo.reduce_scatter_cost(length * x.element_size(), n, me, x.element_size())
+                size = x.element_size()
+                cost = algo.cost(length * size, n, me, size, op="reduce_scatter")
                 sent = (meter.bytes_sent, meter.messages_sent)
                 assert sent == (cost.bytes_sent, cost.messages), f"{where}: {sent} != {cost}"
                 # all-gather: chunk r of rank r's data, from torch's all_gather of all data
@@ -65,7 +68,7 @@ def _body(names: tuple[str, ...], lengths: tuple[int, ...]) -> list[str]:
                 meter.reset()
                 algo.all_gather(mine)
                 assert torch.equal(mine, full), where
-                cost = algo.all_gather_cost(length * x.element_size(), n, me, x.element_size())
+                cost = algo.cost(length * size, n, me, size, op="all_gather")
                 sent = (meter.bytes_sent, meter.messages_sent)
                 assert sent == (cost.bytes_sent, cost.messages), f"{where}: {sent} != {cost}"
                 checked.append(where)
@@ -94,8 +97,8 @@ def test_ring_halves_are_the_allreduce_cost() -> None:
         for numel in (1, 7, 1001):
             whole = sum(ring.cost(numel * 4, n, r, 4).bytes_sent for r in range(n))
             halves = sum(
-                ring.reduce_scatter_cost(numel * 4, n, r, 4).bytes_sent
-                + ring.all_gather_cost(numel * 4, n, r, 4).bytes_sent
+                ring.cost(numel * 4, n, r, 4, op="reduce_scatter").bytes_sent
+                + ring.cost(numel * 4, n, r, 4, op="all_gather").bytes_sent
                 for r in range(n)
             )
             assert halves == whole

@@ -14,8 +14,10 @@ from __future__ import annotations
 import hashlib
 import os
 
+import pytest
 import torch
 
+from disttrain.comm.errors import UsageError
 from tests.harness import run_world
 
 LAYOUTS = {"3+1": ("aaab", 3), "2+2": ("aabb", 2), "1+1+1+1": ("abcd", 1), "4": ("aaaa", 4)}
@@ -91,14 +93,51 @@ def test_cost_by_layout() -> None:
 def test_critical_path_on_one_host_is_shms_and_one_rank_per_host_the_networks() -> None:
     # the pipelined chain applies only with both phases: on one host (no $LOCAL_WORLD_SIZE)
     # the whole tensor's shm path, with one rank per host the inter algorithm's
-    from disttrain import collectives
+    from disttrain.collectives.paths import path_of
 
-    algo = collectives.get("hierarchical")
     nbytes = 8 << 20  # several pipeline pieces
-    assert algo.critical_path(nbytes, 4, 4) == collectives.get("shm").critical_path(nbytes, 4, 4)
+    assert path_of("hierarchical", nbytes, 4, 4) == path_of("shm", nbytes, 4, 4)
     os.environ["LOCAL_WORLD_SIZE"] = "1"
     try:
-        ring = collectives.get("ring").critical_path(nbytes, 4, 4)
-        assert algo.critical_path(nbytes, 4, 4) == ring
+        assert path_of("hierarchical", nbytes, 4, 4) == path_of("ring", nbytes, 4, 4)
     finally:
         del os.environ["LOCAL_WORLD_SIZE"]
+
+
+def test_the_inter_algorithm_is_its_own_setting_read_from_the_runs_config() -> None:
+    """--inter-algorithm lives in hierarchical's section: a run's config builds the algorithm
+    with it (no process-wide state); get() is the default (ring) whatever a run chose."""
+    from disttrain import collectives, config
+    from disttrain.collectives.costs import pricing_layout
+    from disttrain.collectives.hierarchical import Hierarchical, HierarchicalConfig
+    from disttrain.collectives.paths import path_of, steps_formula
+
+    cfg = config.load({"algorithm": "hierarchical", "inter_algorithm": "tree"})
+    assert cfg.section(HierarchicalConfig).inter_algorithm == "tree"
+    assert config.section_fields()["inter_algorithm"][0] is HierarchicalConfig  # not TrainConfig
+    built = collectives.build("hierarchical", cfg)
+    tree, ring = collectives.get("tree"), collectives.get("ring")
+    default = collectives.get("hierarchical")
+    assert isinstance(built, Hierarchical) and isinstance(default, Hierarchical)
+    assert built.inter is tree and default.inter is ring
+    with pricing_layout(1):  # one rank per host: the inter algorithm alone
+        assert built.cost(4000, 4, 1, 4) == tree.cost(4000, 4, 1, 4)
+        assert path_of(built, 4000, 4, 4) == path_of("tree", 4000, 4, 4)
+        assert steps_formula(built, 4) == steps_formula("tree", 4)
+    with pricing_layout(2):
+        assert "tree among 2 hosts" in path_of(built, 8 << 20, 4, 4).bandwidth_formula
+
+
+@pytest.mark.parametrize(
+    ("inter", "message"),
+    [
+        ("shm", "--inter-algorithm shm: choose an algorithm that crosses hosts"),
+        ("hierarchical", "--inter-algorithm hierarchical: choose an algorithm that crosses"),
+        ("gossip", "--inter-algorithm 'gossip': unknown allreduce algorithm; choose one of"),
+    ],
+)
+def test_an_inter_algorithm_that_does_not_cross_hosts_is_refused(inter: str, message: str) -> None:
+    from disttrain import config
+
+    with pytest.raises(UsageError, match=message):
+        config.load({"algorithm": "hierarchical", "inter_algorithm": inter})

@@ -1,4 +1,5 @@
-"""The registry of algorithms, what each class states for the lab, and the process-wide switches."""
+"""The registry of algorithms, what each one's kind states for the lab, and the process-wide
+switches."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from torch.distributed import ProcessGroup
 
 from disttrain import collectives
 from disttrain.collectives import checks, chunks
+from disttrain.collectives.base import Op
 from disttrain.collectives.costs import NOTHING, Cost
+from disttrain.collectives.paths import path_of, steps_formula
 from disttrain.comm.errors import UsageError
 
 
@@ -41,7 +44,7 @@ def test_unknown_name_is_the_usage_error_listing_the_choices() -> None:
         collectives.all_reduce(torch.ones(2), "gossip")
 
 
-def test_what_each_class_states_for_the_lab() -> None:
+def test_what_each_kind_states_for_the_lab() -> None:
     table = sorted((a.table_position, n) for n, a in collectives.ALGORITHMS.items())
     # the seed lectures' four, then the shared-memory ones
     seed_and_shm = ["star", "tree", "butterfly", "ring", "shm", "hierarchical"]
@@ -49,7 +52,7 @@ def test_what_each_class_states_for_the_lab() -> None:
     calibrated = [n for n, a in collectives.ALGORITHMS.items() if a.calibrates]
     assert calibrated == ["alltoall", "ring", "star", "tree"]
     assert [n for n, a in collectives.ALGORITHMS.items() if a.estimated] == ["native"]
-    steps = {n: collectives.get(n).steps_formula(6) for n in collectives.ALGORITHMS}
+    steps = {n: steps_formula(n, 6) for n in collectives.ALGORITHMS}
     assert steps == {
         "alltoall": "1",
         "butterfly": "-",
@@ -63,15 +66,17 @@ def test_what_each_class_states_for_the_lab() -> None:
         "hierarchical": "2 per piece",
     }
     assert [n for n, a in collectives.ALGORITHMS.items() if a.one_host] == ["shm"]
-    assert collectives.get("butterfly").steps_formula(8) == "3"
-    assert collectives.get("halving_doubling").steps_formula(8) == "6"
+    assert [n for n, a in collectives.ALGORITHMS.items() if a.shards] == ["native", "ring"]
+    assert steps_formula("butterfly", 8) == "3"
+    assert steps_formula("halving_doubling", 8) == "6"
+    assert [n for n, a in collectives.ALGORITHMS.items() if a.reads_settings] == ["hierarchical"]
+    assert collectives.ALGORITHMS.get("hierarchical").reads_settings == ("inter_algorithm",)
 
 
 @pytest.mark.parametrize("name", list(collectives.ALGORITHMS))
 def test_nothing_to_send_has_an_empty_path(name: str) -> None:
-    algo = collectives.get(name)
-    assert algo.critical_path(0, 8, 4) == NOTHING
-    assert algo.critical_path(4096, 1, 4) == NOTHING
+    assert path_of(name, 0, 8, 4) == NOTHING
+    assert path_of(name, 4096, 1, 4) == NOTHING
 
 
 class _Uneven(collectives.AllReduceAlgorithm):
@@ -82,16 +87,35 @@ class _Uneven(collectives.AllReduceAlgorithm):
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         raise NotImplementedError
 
-    def cost(self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1) -> Cost:
+    def cost(
+        self,
+        nbytes: int,
+        world_size: int,
+        rank: int = 0,
+        itemsize: int = 1,
+        op: Op = "all_reduce",
+    ) -> Cost:
         return Cost(nbytes * (2 if rank == 1 else 1), 3 if rank == 1 else 1)
 
 
-def test_the_default_path_is_the_busiest_ranks_sends_in_sequence() -> None:
-    path = _Uneven().critical_path(1000, 4, 4)
+def test_the_default_terms_are_the_busiest_ranks_sends_in_sequence_and_no_formula() -> None:
+    terms = collectives.AlgorithmKind(_Uneven).cost_terms  # what a kind states by default
+    path = terms.chain(_Uneven(), 1000, 4, 4)
     assert (path.steps, path.critical_bytes, path.reduced_bytes) == (3, 2000, 2000)
     assert (path.bytes_per_rank, path.messages_per_rank) == (2000, 3)
-    assert _Uneven().steps_formula(4) == "-"
+    assert terms.steps(_Uneven(), 4) == "-"
     assert "uneven" not in collectives.ALGORITHMS
+
+
+def test_a_registered_kind_is_the_registry_entry_and_get_its_default_runtime() -> None:
+    kind = collectives.register(collectives.AlgorithmKind(_Uneven, calibrates=True))
+    try:
+        assert collectives.ALGORITHMS.get("uneven") is kind and kind.name == "uneven"
+        assert collectives.get("uneven") is collectives.get("uneven") is kind.default
+        assert isinstance(kind.default, _Uneven) and kind.reads_settings == ()
+        assert path_of("uneven", 1000, 4, 4).steps == 3
+    finally:
+        collectives.ALGORITHMS.remove("uneven")
 
 
 def test_switches_are_plain_module_state() -> None:

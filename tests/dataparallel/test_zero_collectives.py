@@ -29,9 +29,10 @@ def _started_equal_blocking() -> list[str]:
         blocking = native.reduce_scatter(x.clone(), checked=False)
         started = x.clone()
         meter.reset()
-        work = native.start_reduce_scatter(started, None)
+        assert isinstance(native, collectives.Starts)  # gloo's own threads run it
+        work = collectives.start(native, "reduce_scatter", started, None)
         work.wait()
-        cost = native.reduce_scatter_cost(length * 4, n, me, 4)
+        cost = native.cost(length * 4, n, me, 4, op="reduce_scatter")
         assert (meter.bytes_sent, meter.messages_sent) == (cost.bytes_sent, cost.messages)
         lo, hi = chunk_bounds(length, n)[me]
         assert torch.equal(started[lo:hi], blocking), length
@@ -39,8 +40,8 @@ def _started_equal_blocking() -> list[str]:
         mine[lo:hi] = x[lo:hi]
         want = native.all_gather(mine.clone(), checked=False)
         meter.reset()
-        native.start_all_gather(mine, None).wait()
-        cost = native.all_gather_cost(length * 4, n, me, 4)
+        collectives.start(native, "all_gather", mine, None).wait()
+        cost = native.cost(length * 4, n, me, 4, op="all_gather")
         assert (meter.bytes_sent, meter.messages_sent) == (cost.bytes_sent, cost.messages)
         assert torch.equal(mine, want) and not torch.isnan(mine).any(), length
         checked.append(f"length {length}")

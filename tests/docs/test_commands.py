@@ -361,7 +361,7 @@ def _value_of(code: str, start: str, ns: dict[str, Any]) -> Any:
 
 def _after_collectives(code: str, ns: dict[str, Any]) -> Any:
     cost = _value_of(code, 'collectives.get("ring").cost(', ns)
-    path = _value_of(code, 'collectives.get("ring").critical_path(', ns)
+    path = _value_of(code, 'critical_path("ring",', ns)
     assert "ring" in _value_of(code, "collectives.ALGORITHMS", ns)  # "the registry: `in`"
     return {"tensor": ns["tensor"], "cost": cost, "steps": path.steps}
 

@@ -9,18 +9,25 @@ Adding an algorithm is adding a file (docs/collectives.md, "Adding an algorithm"
 
 from disttrain.collectives.base import (
     ALGORITHMS,
+    OPS,
+    Algorithm,
+    AlgorithmKind,
     AllReduceAlgorithm,
     Cost,
+    CostTerms,
+    Op,
     Path,
+    Starts,
     all_gather,
     all_reduce,
+    build,
     get,
-    inter_algorithm,
     length_check_enabled,
     reduce_scatter,
     register,
-    set_inter_algorithm,
+    resolve,
     set_length_check,
+    start,
 )
 from disttrain.registry import import_submodules
 
@@ -31,18 +38,25 @@ HELPERS = ("adasum", "base", "checks", "chunks", "costs", "folding", "paths", "s
 __all__ = [
     "ALGORITHMS",
     "HELPERS",
+    "OPS",
+    "Algorithm",
+    "AlgorithmKind",
     "AllReduceAlgorithm",
     "Cost",
+    "CostTerms",
+    "Op",
     "Path",
+    "Starts",
     "all_gather",
     "all_reduce",
+    "build",
     "get",
-    "inter_algorithm",
     "length_check_enabled",
     "reduce_scatter",
     "register",
-    "set_inter_algorithm",
+    "resolve",
     "set_length_check",
+    "start",
 ]
 
 import_submodules(__name__, skip=HELPERS)

@@ -9,7 +9,14 @@ from __future__ import annotations
 import torch
 from torch.distributed import ProcessGroup
 
-from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
+from disttrain.collectives.base import (
+    AlgorithmKind,
+    AllReduceAlgorithm,
+    Cost,
+    CostTerms,
+    Op,
+    register,
+)
 from disttrain.collectives.costs import Path, max_rank_cost
 from disttrain.collectives.scratch import buffer
 from disttrain.comm.p2p import group_rank, group_size, post
@@ -17,7 +24,6 @@ from disttrain.comm.p2p import group_rank, group_size, post
 __all__ = ["AllToAll"]
 
 
-@register
 class AllToAll(AllReduceAlgorithm):
     """Broadcast-everything then local reduction.
 
@@ -26,7 +32,6 @@ class AllToAll(AllReduceAlgorithm):
     """
 
     name = "alltoall"
-    calibrates = True
 
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         n, r = group_size(group), group_rank(group)
@@ -41,25 +46,37 @@ class AllToAll(AllReduceAlgorithm):
         if r != 0:
             flat.copy_(acc)
 
-    def cost(self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1) -> Cost:
+    def cost(
+        self,
+        nbytes: int,
+        world_size: int,
+        rank: int = 0,
+        itemsize: int = 1,
+        op: Op = "all_reduce",
+    ) -> Cost:
         # The whole array to each of the n-1 others.
         if world_size == 1 or nbytes == 0:
             return Cost(0, 0)
         return Cost((world_size - 1) * nbytes, world_size - 1)
 
-    def chain(self, nbytes: int, n: int, itemsize: int) -> Path:
-        # All n-1 sends posted at once; every arriving array is added.
-        own = self.cost(nbytes, n, 0, itemsize)
-        most = max_rank_cost(self, nbytes, n, itemsize)
-        return Path(
-            own.messages,
-            own.bytes_sent,
-            own.bytes_sent,
-            most.bytes_sent,
-            most.messages,
-            f"n−1 = {own.messages} messages",
-            "(n−1)·S",
-        )
 
-    def steps_formula(self, n: int) -> str:
-        return "1"  # every array sent at once
+def _chain(algo: AllToAll, nbytes: int, n: int, itemsize: int) -> Path:
+    # All n-1 sends posted at once; every arriving array is added.
+    own = algo.cost(nbytes, n, 0, itemsize)
+    most = max_rank_cost(algo, nbytes, n, itemsize)
+    return Path(
+        own.messages,
+        own.bytes_sent,
+        own.bytes_sent,
+        most.bytes_sent,
+        most.messages,
+        f"n−1 = {own.messages} messages",
+        "(n−1)·S",
+    )
+
+
+def _steps(algo: AllToAll, n: int) -> str:
+    return "1"  # every array sent at once
+
+
+register(AlgorithmKind(AllToAll, CostTerms(_chain, _steps), calibrates=True))

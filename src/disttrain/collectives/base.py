@@ -1,4 +1,4 @@
-"""The allreduce interface, its cost statement, and the registry of algorithms by name.
+"""The allreduce interface, the descriptor each algorithm registers, and the registry by name.
 
 Every algorithm is an in-place elementwise sum over a process group. The shared
 work lives here (a template method): flatten the tensor, skip the trivial cases
@@ -11,14 +11,23 @@ ends with the sum of its chunk r) and :meth:`AllReduceAlgorithm.all_gather` (eve
 rank ends with every rank's chunk). Chunks are the balanced split of
 :mod:`chunks` (sizes differ by at most one element: no padding on the wire). An
 algorithm file provides them by overriding ``reduce_scatter_flat`` /
-``all_gather_flat`` and their costs; one that does not gets the generic fallback
-through its own allreduce (right, but it sends a whole allreduce for each half).
+``all_gather_flat`` and answering ``cost(..., op=...)`` for them; one that does not
+gets the generic fallback through its own allreduce (right, but it sends a whole
+allreduce for each half, which is what its ``cost`` states when it ignores ``op``).
+
+The runtime class holds the collective calls and ``cost()`` only. What else is known
+about an algorithm (the lab's facts, its cost-model terms, its settings section) is
+its :class:`AlgorithmKind`, registered in its own file with :func:`register`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, ClassVar, Literal, Protocol, TypeAlias, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -26,30 +35,38 @@ from torch.distributed import ProcessGroup
 
 from disttrain.collectives import checks
 from disttrain.collectives.chunks import chunk_bounds
-from disttrain.collectives.costs import NOTHING, Cost, Path, max_rank_cost
-from disttrain.comm.errors import UsageError
+from disttrain.collectives.costs import Cost, CostTerms, Path
 from disttrain.registry import Registry
 
 __all__ = [
     "ALGORITHMS",
+    "OPS",
+    "Algorithm",
+    "AlgorithmKind",
     "AllReduceAlgorithm",
     "Cost",
+    "CostTerms",
+    "Op",
     "Path",
+    "Starts",
     "all_gather",
     "all_reduce",
+    "build",
     "get",
-    "inter_algorithm",
     "length_check_enabled",
     "reduce_scatter",
     "register",
-    "set_inter_algorithm",
+    "resolve",
     "set_length_check",
+    "start",
 ]
+
+#: The collectives an algorithm runs: its allreduce and the allreduce's two halves.
+Op = Literal["all_reduce", "reduce_scatter", "all_gather"]
+OPS: tuple[Op, ...] = ("all_reduce", "reduce_scatter", "all_gather")
 
 #: The cross-rank length check (process-wide; see :func:`set_length_check`).
 _length_check = True
-#: The network algorithm composite algorithms use between hosts (``--inter-algorithm``).
-_inter = "ring"
 
 
 def set_length_check(enabled: bool) -> bool:
@@ -70,49 +87,34 @@ def length_check_enabled() -> bool:
     return _length_check
 
 
-def set_inter_algorithm(name: str) -> str:
-    """Set the algorithm that composite algorithms (``hierarchical``) run between hosts
-    (``--inter-algorithm``, process-wide); return the old one. It must cross a network:
-    a registered algorithm that is neither ``one_host`` nor composite (UsageError)."""
-    global _inter
-    algo = get(name)
-    if algo.one_host or algo.composite:
-        raise UsageError(f"--inter-algorithm {name}: choose an algorithm that crosses hosts")
-    old, _inter = _inter, name
-    return old
+def _checked(name: str, flat: torch.Tensor, group: ProcessGroup | None, checked: bool) -> None:
+    """The length check of one call named ``name`` (``allreduce/ring/torch.float32``)."""
+    if _length_check and checked:
+        checks.check_call(f"{name}/{flat.dtype}", flat.numel(), group)
 
 
-def inter_algorithm() -> str:
-    return _inter
+def _half(
+    algo: AllReduceAlgorithm, op: str, flat: torch.Tensor, group: ProcessGroup | None, checked: bool
+) -> tuple[int, int]:
+    """The shared template of both halves: shape, trivial cases, the length check."""
+    if flat.dim() != 1 or not flat.is_contiguous():
+        raise ValueError(f"{op} takes a 1-D contiguous tensor, got shape {tuple(flat.shape)}")
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    if n > 1:
+        _checked(f"{op}/{algo.name}", flat, group, checked)
+    return n, r
 
 
 class AllReduceAlgorithm(ABC):
-    """An in-place elementwise sum over a process group, and everything known about it.
+    """An in-place elementwise sum over a process group, its halves, and what a rank sends.
 
     A new algorithm is one file in this package (found by itself) or in a plug-in
-    module (``$DISTTRAIN_PLUGINS``) with a subclass decorated with :func:`register`
-    that sets ``name`` and defines :meth:`reduce_flat` and :meth:`cost`; the lab's
-    cost model, its tables and benchmarks read the rest from the class.
+    module (``$DISTTRAIN_PLUGINS``): a subclass that sets ``name`` and defines
+    :meth:`reduce_flat` and :meth:`cost`, registered with its :class:`AlgorithmKind`
+    (``register(AlgorithmKind(MyAlgorithm))``), which says the rest.
     """
 
     name: ClassVar[str]
-    #: Position in the seed lectures' table of ``compare --algorithms-table``
-    #: (1 = first row); 0: not in it.
-    table_position: ClassVar[int] = 0
-    #: Measured by ``advise --calibrate`` by default: algorithms whose paths differ
-    #: enough (steps vs bytes) for the least-squares fit to tell α, δ and β apart.
-    calibrates: ClassVar[bool] = False
-    #: The meter's counts are the documented cost, not observed sends (the backend's
-    #: own allreduce): benchmarks report them as estimated, tables leave them out.
-    estimated: ClassVar[bool] = False
-    #: Its ranks must share one host (shared memory): the cost model offers it only for
-    #: ranks on one host, ``hierarchical`` uses it inside each host.
-    one_host: ClassVar[bool] = False
-    #: Built of other algorithms (inside and between hosts): not an inter-host choice.
-    composite: ClassVar[bool] = False
-    #: Settings this algorithm reads (``inter_algorithm``): read by a run exactly when a
-    #: strategy that reads ``algorithm`` runs this one, refused otherwise.
-    reads_settings: ClassVar[tuple[str, ...]] = ()
 
     def all_reduce(
         self, tensor: torch.Tensor, group: ProcessGroup | None = None, checked: bool = True
@@ -124,8 +126,7 @@ class AllReduceAlgorithm(ABC):
         n = dist.get_world_size(group)
         if n == 1:
             return tensor
-        if _length_check and checked:
-            checks.check_call(f"allreduce/{self.name}/{tensor.dtype}", tensor.numel(), group)
+        _checked(f"allreduce/{self.name}", tensor, group, checked)
         if tensor.numel() == 0:
             return tensor
         if tensor.is_contiguous():
@@ -141,60 +142,23 @@ class AllReduceAlgorithm(ABC):
         """Sum the non-empty 1-D contiguous ``flat`` over ``group`` (of two or more ranks)."""
 
     @abstractmethod
-    def cost(self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1) -> Cost:
-        """Bytes and messages group rank ``rank`` sends for ``nbytes`` on ``world_size`` ranks.
+    def cost(
+        self,
+        nbytes: int,
+        world_size: int,
+        rank: int = 0,
+        itemsize: int = 1,
+        op: Op = "all_reduce",
+    ) -> Cost:
+        """Bytes and messages group rank ``rank`` sends for ``op`` of ``nbytes`` on
+        ``world_size`` ranks.
 
         ``itemsize`` is the element size: algorithms split the tensor between
         elements, so chunk sizes (and hence the exact bytes) depend on it. The
         cost excludes the optional length check (:func:`checks.check_cost_bytes`).
+        ``op``: the allreduce or one of its halves; an algorithm without halves of its
+        own ignores it (its halves are whole allreduces: the fallback).
         """
-
-    def critical_path(self, nbytes: int, n: int, itemsize: int = 4) -> Path:
-        """The critical path of one allreduce of ``nbytes`` on ``n`` ranks (:mod:`costs`)."""
-        if n <= 1 or nbytes == 0:
-            return NOTHING
-        return self.chain(nbytes, n, itemsize)
-
-    def chain(self, nbytes: int, n: int, itemsize: int) -> Path:
-        """The critical path when there is something to send (n >= 2, nbytes > 0).
-
-        Default: the busiest rank's sends one after another, every byte of them
-        added on arrival (an upper bound: an algorithm that overlaps sends, or
-        adds only part of what arrives, overrides this with its own chain).
-        """
-        most = max_rank_cost(self, nbytes, n, itemsize)
-        return Path(
-            most.messages,
-            most.bytes_sent,
-            most.bytes_sent,
-            most.bytes_sent,
-            most.messages,
-            f"{most.messages} messages one after another",
-            "the busiest rank's bytes",
-        )
-
-    def steps_formula(self, n: int) -> str:
-        """Dependent communication rounds on ``n`` ranks, by the algorithm's formula.
-
-        For ``compare --algorithms-table``; "-" where no closed form is stated.
-        """
-        return "-"
-
-    # --- the two halves: reduce-scatter and all-gather (sharded data parallelism) ------
-    #: True if the algorithm has its own reduce-scatter and all-gather; False: the
-    #: generic fallback through :meth:`reduce_flat` (a whole allreduce for each half).
-    shards: ClassVar[bool] = False
-
-    def _half(
-        self, op: str, flat: torch.Tensor, group: ProcessGroup | None, checked: bool
-    ) -> tuple[int, int]:
-        """The shared template of both halves: shape, trivial cases, the length check."""
-        if flat.dim() != 1 or not flat.is_contiguous():
-            raise ValueError(f"{op} takes a 1-D contiguous tensor, got shape {tuple(flat.shape)}")
-        n, r = dist.get_world_size(group), dist.get_rank(group)
-        if n > 1 and _length_check and checked:
-            checks.check_call(f"{op}/{self.name}/{flat.dtype}", flat.numel(), group)
-        return n, r
 
     def reduce_scatter(
         self, flat: torch.Tensor, group: ProcessGroup | None = None, checked: bool = True
@@ -205,7 +169,7 @@ class AllReduceAlgorithm(ABC):
         scratch afterwards (it may hold partial sums); every rank passes the same length.
         ``checked``: as for :meth:`all_reduce`.
         """
-        n, r = self._half("reduce_scatter", flat, group, checked)
+        n, r = _half(self, "reduce_scatter", flat, group, checked)
         a, b = chunk_bounds(flat.numel(), n)[r]
         if n > 1 and flat.numel() > 0:
             self.reduce_scatter_flat(flat, group)
@@ -216,26 +180,10 @@ class AllReduceAlgorithm(ABC):
     ) -> torch.Tensor:
         """Fill ``flat`` in place with every rank's chunk (rank r gives chunk r); return it.
         ``checked``: as for :meth:`all_reduce`."""
-        n, _ = self._half("all_gather", flat, group, checked)
+        n, _ = _half(self, "all_gather", flat, group, checked)
         if n > 1 and flat.numel() > 0:
             self.all_gather_flat(flat, group)
         return flat
-
-    # --- started without blocking (unchecked), where the backend can ---------------------
-    def start_all_reduce(self, flat: torch.Tensor, group: ProcessGroup | None) -> Any:
-        """Start :meth:`all_reduce` of the non-empty 1-D ``flat`` (unchecked) and return its
-        ``dist.Work`` to ``wait()`` on; None where the algorithm has no asynchronous form
-        (the default: our algorithms are blocking loops, which a caller runs on a
-        :class:`~disttrain.comm.commthread.CommThread` instead)."""
-        return None
-
-    def start_reduce_scatter(self, flat: torch.Tensor, group: ProcessGroup | None) -> Any:
-        """:meth:`start_all_reduce` for :meth:`reduce_scatter` (default: None)."""
-        return None
-
-    def start_all_gather(self, flat: torch.Tensor, group: ProcessGroup | None) -> Any:
-        """:meth:`start_all_reduce` for :meth:`all_gather` (default: None)."""
-        return None
 
     def reduce_scatter_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         """Leave the sum of this rank's chunk in place (non-empty ``flat``, two or more ranks).
@@ -256,52 +204,145 @@ class AllReduceAlgorithm(ABC):
         flat[b:].zero_()
         self.reduce_flat(flat, group)
 
-    def reduce_scatter_cost(
-        self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1
-    ) -> Cost:
-        """What :meth:`reduce_scatter` sends (fallback: the allreduce's :meth:`cost`)."""
-        return self.cost(nbytes, world_size, rank, itemsize)
 
-    def all_gather_cost(
-        self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1
-    ) -> Cost:
-        """What :meth:`all_gather` of ``nbytes`` in all sends (fallback: the allreduce's)."""
-        return self.cost(nbytes, world_size, rank, itemsize)
+# --- capabilities: what some algorithms do besides the interface (native today). A caller
+# asks ``isinstance(algo, Starts)``; an algorithm has one by defining its method.
+
+
+@runtime_checkable
+class Starts(Protocol):
+    """Starts a collective without blocking: the backend's own threads run it (native)."""
+
+    def start(self, op: Op, flat: torch.Tensor, group: ProcessGroup | None) -> Any:
+        """Start ``op`` of the non-empty 1-D ``flat`` (unchecked) and return its
+        ``dist.Work`` (or Future) to ``wait()`` on; None where there is nothing to send."""
+
+
+def start(
+    algorithm: AllReduceAlgorithm, op: Op, flat: torch.Tensor, group: ProcessGroup | None
+) -> Any:
+    """``algorithm.start(op, flat, group)`` where it :class:`Starts`; None otherwise (our
+    algorithms are blocking loops, which a caller runs on a
+    :class:`~disttrain.comm.commthread.CommThread` instead)."""
+    return algorithm.start(op, flat, group) if isinstance(algorithm, Starts) else None
+
+
+@dataclass(frozen=True)
+class AlgorithmKind:
+    """One allreduce algorithm as registered: its runtime class, its settings section, its
+    cost-model terms, and the facts the lab and pre-flight read.
+
+    ``register(AlgorithmKind(Ring, CostTerms(_chain, _steps), table_position=4, ...))``.
+    """
+
+    #: The runtime: built with no argument, or with its settings section when it has one.
+    runtime: type[AllReduceAlgorithm]
+    #: The cost model's terms (critical path, step formula); read by the lab only.
+    cost_terms: CostTerms = field(default_factory=CostTerms)
+    #: Its own settings section (a ``@register_section`` dataclass), read by a run exactly
+    #: when a strategy that reads ``--algorithm`` runs this algorithm.
+    section: type[Any] | None = None
+    #: Position in the seed lectures' table of ``compare --algorithms-table`` (1 = first
+    #: row); 0: not in it.
+    table_position: int = 0
+    #: Measured by ``advise --calibrate`` by default: algorithms whose paths differ enough
+    #: (steps vs bytes) for the least-squares fit to tell α, δ and β apart.
+    calibrates: bool = False
+    #: The meter's counts are the documented cost, not observed sends (the backend's own
+    #: allreduce): benchmarks report them as estimated, tables leave them out.
+    estimated: bool = False
+    #: Its ranks must share one host (shared memory): the cost model offers it only for
+    #: ranks on one host, ``hierarchical`` uses it inside each host.
+    one_host: bool = False
+    #: Built of other algorithms (inside and between hosts): not an inter-host choice.
+    composite: bool = False
+    #: Has its own reduce-scatter and all-gather (not the fallback through its allreduce).
+    shards: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.runtime.name
+
+    @property
+    def reads_settings(self) -> tuple[str, ...]:
+        """The names of the settings it reads (its section's fields)."""
+        if self.section is None:
+            return ()
+        return tuple(f.name for f in dataclasses.fields(self.section))
+
+    def settings(self, values: Mapping[str, Any]) -> Any:
+        """Its section from ``values`` (its settings by name; the rest: their defaults),
+        validated; None when it has none."""
+        if self.section is None:
+            return None
+        own = {k: v for k, v in values.items() if k in self.reads_settings}
+        section = self.section(**own)
+        section.validate()
+        return section
+
+    def build(self, values: Mapping[str, Any] | None = None) -> AllReduceAlgorithm:
+        """Its runtime, configured by ``values`` (see :meth:`settings`)."""
+        if self.section is None:
+            return self.runtime()
+        runtime: Callable[..., AllReduceAlgorithm] = self.runtime  # takes its section
+        return runtime(self.settings(values or {}))
+
+    @cached_property
+    def default(self) -> AllReduceAlgorithm:
+        """Its runtime with default settings (what :func:`get` returns)."""
+        return self.build()
 
 
 #: The registered algorithms by name, in registration order (filled on import).
-ALGORITHMS: Registry[AllReduceAlgorithm] = Registry("allreduce algorithm", flag="--algorithm")
+ALGORITHMS: Registry[AlgorithmKind] = Registry("allreduce algorithm", flag="--algorithm")
 
 
-def register(cls: type[AllReduceAlgorithm]) -> type[AllReduceAlgorithm]:
-    """Class decorator: make an algorithm available by its ``name``."""
-    ALGORITHMS.add(cls.name, cls())
+def register(kind: AlgorithmKind) -> AlgorithmKind:
+    """Make an algorithm available by its runtime's ``name``; return its kind."""
+    ALGORITHMS.add(kind.name, kind)
     for op in ("allreduce", "reduce_scatter", "all_gather"):  # so a mismatch can name it
-        checks.add_operation(f"{op}/{cls.name}")
-    return cls
+        checks.add_operation(f"{op}/{kind.name}")
+    return kind
 
 
 def get(name: str) -> AllReduceAlgorithm:
-    """The algorithm registered as ``name``; unknown: the usage error listing the choices."""
-    return ALGORITHMS.get(name)
+    """The algorithm registered as ``name``, with default settings; unknown: the usage error
+    listing the choices."""
+    return ALGORITHMS.get(name).default
+
+
+def build(name: str, config: Any) -> AllReduceAlgorithm:
+    """The algorithm ``name`` configured by a run's ``config`` (a ``RunConfig``: its
+    section's settings)."""
+    kind = ALGORITHMS.get(name)
+    return kind.build({s: config.get(s) for s in kind.reads_settings})
+
+
+#: An algorithm by name (its default settings) or a configured one (:func:`build`).
+Algorithm: TypeAlias = str | AllReduceAlgorithm
+
+
+def resolve(algorithm: Algorithm) -> AllReduceAlgorithm:
+    """The runtime ``algorithm`` names, or ``algorithm`` itself when already built."""
+    return get(algorithm) if isinstance(algorithm, str) else algorithm
 
 
 def all_reduce(
-    tensor: torch.Tensor, algorithm: str = "native", group: ProcessGroup | None = None
+    tensor: torch.Tensor, algorithm: Algorithm = "native", group: ProcessGroup | None = None
 ) -> torch.Tensor:
     """Sum ``tensor`` in place over ``group`` with the named algorithm, and return it."""
-    return get(algorithm).all_reduce(tensor, group)
+    return resolve(algorithm).all_reduce(tensor, group)
 
 
 def reduce_scatter(
-    flat: torch.Tensor, algorithm: str = "native", group: ProcessGroup | None = None
+    flat: torch.Tensor, algorithm: Algorithm = "native", group: ProcessGroup | None = None
 ) -> torch.Tensor:
     """Sum the 1-D ``flat`` into this rank's chunk with the named algorithm; return the chunk."""
-    return get(algorithm).reduce_scatter(flat, group)
+    return resolve(algorithm).reduce_scatter(flat, group)
 
 
 def all_gather(
-    flat: torch.Tensor, algorithm: str = "native", group: ProcessGroup | None = None
+    flat: torch.Tensor, algorithm: Algorithm = "native", group: ProcessGroup | None = None
 ) -> torch.Tensor:
     """Fill the 1-D ``flat`` with every rank's chunk with the named algorithm; return it."""
-    return get(algorithm).all_gather(flat, group)
+    return resolve(algorithm).all_gather(flat, group)

@@ -13,7 +13,14 @@ import math
 import torch
 from torch.distributed import ProcessGroup
 
-from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
+from disttrain.collectives.base import (
+    AlgorithmKind,
+    AllReduceAlgorithm,
+    Cost,
+    CostTerms,
+    Op,
+    register,
+)
 from disttrain.collectives.costs import Path, max_rank_cost
 from disttrain.collectives.folding import Fold, folded_chain
 from disttrain.collectives.scratch import buffer
@@ -22,7 +29,6 @@ from disttrain.comm.p2p import exchange, group_rank, group_size
 __all__ = ["Butterfly"]
 
 
-@register
 class Butterfly(AllReduceAlgorithm):
     """Recursive doubling over whole arrays.
 
@@ -32,7 +38,6 @@ class Butterfly(AllReduceAlgorithm):
     """
 
     name = "butterfly"
-    table_position = 3
 
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         fold = Fold(group_rank(group), group_size(group))
@@ -53,7 +58,14 @@ class Butterfly(AllReduceAlgorithm):
         if fold.absorbs is not None:
             exchange(flat, fold.absorbs, None, None, group)
 
-    def cost(self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1) -> Cost:
+    def cost(
+        self,
+        nbytes: int,
+        world_size: int,
+        rank: int = 0,
+        itemsize: int = 1,
+        op: Op = "all_reduce",
+    ) -> Cost:
         # log2(p) whole arrays, plus one more at each end of a folded pair.
         if world_size == 1 or nbytes == 0:
             return Cost(0, 0)
@@ -63,23 +75,28 @@ class Butterfly(AllReduceAlgorithm):
         messages = fold.p.bit_length() - 1 + (fold.absorbs is not None)
         return Cost(messages * nbytes, messages)
 
-    def chain(self, nbytes: int, n: int, itemsize: int) -> Path:
-        # Every array received is added, except the sum handed back to a folded rank.
-        fold = Fold(0, n)
-        sends = folded_chain(self, nbytes, n, itemsize)
-        added = sends.bytes_sent - (nbytes if fold.extra else 0)
-        most = max_rank_cost(self, nbytes, n, itemsize)
-        fold_note, fold_bytes = (" + 2 fold steps", " + 2S") if fold.extra else ("", "")
-        return Path(
-            sends.messages,
-            sends.bytes_sent,
-            added,
-            most.bytes_sent,
-            most.messages,
-            f"log2(n){fold_note} = {sends.messages} steps",
-            f"log2(n)·S{fold_bytes}",
-        )
 
-    def steps_formula(self, n: int) -> str:
-        # log2 n exchanges; a folded n has no single closed form
-        return str(int(math.log2(n))) if n & (n - 1) == 0 else "-"
+def _chain(algo: Butterfly, nbytes: int, n: int, itemsize: int) -> Path:
+    # Every array received is added, except the sum handed back to a folded rank.
+    fold = Fold(0, n)
+    sends = folded_chain(algo, nbytes, n, itemsize)
+    added = sends.bytes_sent - (nbytes if fold.extra else 0)
+    most = max_rank_cost(algo, nbytes, n, itemsize)
+    fold_note, fold_bytes = (" + 2 fold steps", " + 2S") if fold.extra else ("", "")
+    return Path(
+        sends.messages,
+        sends.bytes_sent,
+        added,
+        most.bytes_sent,
+        most.messages,
+        f"log2(n){fold_note} = {sends.messages} steps",
+        f"log2(n)·S{fold_bytes}",
+    )
+
+
+def _steps(algo: Butterfly, n: int) -> str:
+    # log2 n exchanges; a folded n has no single closed form
+    return str(int(math.log2(n))) if n & (n - 1) == 0 else "-"
+
+
+register(AlgorithmKind(Butterfly, CostTerms(_chain, _steps), table_position=3))

@@ -4,8 +4,8 @@ Each algorithm states what ONE rank sends (:meth:`AllReduceAlgorithm.cost`: byte
 messages). Time is set by the longest chain of dependent transfers, which is not always
 one rank's own sends: a folded butterfly waits for the rank that sits out, a tree node
 waits for its children level after level, the star's root first receives everything
-and then sends everything. Each algorithm turns its stated costs into that chain
-(:meth:`AllReduceAlgorithm.chain`), for the cost model (:mod:`disttrain.lab.costmodel`):
+and then sends everything. Each algorithm turns its stated costs into that chain (its
+:class:`CostTerms`, registered with it), for the cost model (:mod:`disttrain.lab.costmodel`):
 
     time = steps·α + critical_bytes·β + reduced_bytes·γ
 
@@ -19,21 +19,24 @@ receives at the same time, as the emulated cluster's shaping does).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = [
     "NOTHING",
     "Cost",
+    "CostTerms",
     "Costed",
     "Path",
     "max_rank_cost",
+    "no_formula",
     "priced_ranks_per_host",
     "pricing_layout",
     "representative_ranks",
+    "serial_path",
     "two_phase_path",
 ]
 
@@ -61,7 +64,9 @@ class Cost:
 class Costed(Protocol):
     """Anything with an algorithm's ``cost()`` (the helpers here need no more)."""
 
-    def cost(self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1) -> Cost: ...
+    def cost(
+        self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1, op: Any = ...
+    ) -> Cost: ...
 
 
 @dataclass(frozen=True)
@@ -136,6 +141,46 @@ def max_rank_cost(algo: Costed, nbytes: int, n: int, itemsize: int = 4) -> Cost:
     """The most bytes (and messages) any rank sends, over the representative ranks."""
     costs = [algo.cost(nbytes, n, r, itemsize) for r in representative_ranks(n)]
     return Cost(max(c.bytes_sent for c in costs), max(c.messages for c in costs))
+
+
+def serial_path(algo: Costed, nbytes: int, n: int, itemsize: int) -> Path:
+    """The busiest rank's sends one after another, every byte of them added on arrival.
+
+    The default chain: an upper bound (an algorithm that overlaps sends, or adds only
+    part of what arrives, states its own chain).
+    """
+    most = max_rank_cost(algo, nbytes, n, itemsize)
+    return Path(
+        most.messages,
+        most.bytes_sent,
+        most.bytes_sent,
+        most.bytes_sent,
+        most.messages,
+        f"{most.messages} messages one after another",
+        "the busiest rank's bytes",
+    )
+
+
+def no_formula(algo: Any, n: int) -> str:
+    """The step formula of an algorithm that states none."""
+    del algo, n
+    return "-"
+
+
+@dataclass(frozen=True)
+class CostTerms:
+    """What the cost model reads of one algorithm besides its ``cost()`` (registered with
+    it in its :class:`~disttrain.collectives.base.AlgorithmKind`; the lab reads it through
+    :mod:`disttrain.collectives.paths`).
+
+    ``chain(algo, nbytes, n, itemsize)``: the critical path of one allreduce when there is
+    something to send (n >= 2, nbytes > 0), built from ``algo.cost()``; ``algo`` is the
+    runtime, configured. ``steps(algo, n)``: dependent communication rounds on ``n`` ranks
+    by the algorithm's formula, for ``compare --algorithms-table``; "-" where none is stated.
+    """
+
+    chain: Callable[[Any, int, int, int], Path] = serial_path
+    steps: Callable[[Any, int], str] = no_formula
 
 
 def two_phase_path(algo: Costed, nbytes: int, n: int, itemsize: int) -> Path:

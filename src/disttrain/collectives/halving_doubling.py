@@ -15,7 +15,14 @@ import math
 import torch
 from torch.distributed import ProcessGroup
 
-from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
+from disttrain.collectives.base import (
+    AlgorithmKind,
+    AllReduceAlgorithm,
+    Cost,
+    CostTerms,
+    Op,
+    register,
+)
 from disttrain.collectives.chunks import chunk_bounds, chunk_sizes
 from disttrain.collectives.costs import Path, max_rank_cost
 from disttrain.collectives.folding import Fold, folded_chain
@@ -42,7 +49,6 @@ def _schedule(v: int, p: int) -> list[tuple[int, tuple[int, int], tuple[int, int
     return steps
 
 
-@register
 class HalvingDoubling(AllReduceAlgorithm):
     """Recursive halving then doubling over p balanced chunks.
 
@@ -83,7 +89,14 @@ class HalvingDoubling(AllReduceAlgorithm):
         if fold.absorbs is not None:
             exchange(flat, fold.absorbs, None, None, group)
 
-    def cost(self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1) -> Cost:
+    def cost(
+        self,
+        nbytes: int,
+        world_size: int,
+        rank: int = 0,
+        itemsize: int = 1,
+        op: Op = "all_reduce",
+    ) -> Cost:
         # Sum over steps of the half given away plus the segment held at each
         # doubling step: 2(p-1)/p·S when p divides the length; S more to a folded partner.
         if world_size == 1 or nbytes == 0:
@@ -99,25 +112,30 @@ class HalvingDoubling(AllReduceAlgorithm):
             sent.append(nbytes)
         return Cost(sum(sent), sum(1 for b in sent if b))
 
-    def chain(self, nbytes: int, n: int, itemsize: int) -> Path:
-        # Only the recursive-halving half is added (the doubling half is copies), plus
-        # the folded rank's array, added once; its hand-over and hand-back are S each.
-        fold = Fold(0, n)
-        sends = folded_chain(self, nbytes, n, itemsize)
-        fold_bytes = nbytes if fold.extra else 0
-        added = (sends.bytes_sent - 2 * fold_bytes) // 2 + fold_bytes
-        most = max_rank_cost(self, nbytes, n, itemsize)
-        fold_note, fold_text = (" + 2 fold steps", " + 2S") if fold.extra else ("", "")
-        return Path(
-            sends.messages,
-            sends.bytes_sent,
-            added,
-            most.bytes_sent,
-            most.messages,
-            f"2·log2(n){fold_note} = {sends.messages} steps",
-            f"2(n−1)/n·S{fold_text}",
-        )
 
-    def steps_formula(self, n: int) -> str:
-        # log2 n halving steps, then as many doubling steps; no closed form when folded
-        return str(2 * int(math.log2(n))) if n & (n - 1) == 0 else "-"
+def _chain(algo: HalvingDoubling, nbytes: int, n: int, itemsize: int) -> Path:
+    # Only the recursive-halving half is added (the doubling half is copies), plus
+    # the folded rank's array, added once; its hand-over and hand-back are S each.
+    fold = Fold(0, n)
+    sends = folded_chain(algo, nbytes, n, itemsize)
+    fold_bytes = nbytes if fold.extra else 0
+    added = (sends.bytes_sent - 2 * fold_bytes) // 2 + fold_bytes
+    most = max_rank_cost(algo, nbytes, n, itemsize)
+    fold_note, fold_text = (" + 2 fold steps", " + 2S") if fold.extra else ("", "")
+    return Path(
+        sends.messages,
+        sends.bytes_sent,
+        added,
+        most.bytes_sent,
+        most.messages,
+        f"2·log2(n){fold_note} = {sends.messages} steps",
+        f"2(n−1)/n·S{fold_text}",
+    )
+
+
+def _steps(algo: HalvingDoubling, n: int) -> str:
+    # log2 n halving steps, then as many doubling steps; no closed form when folded
+    return str(2 * int(math.log2(n))) if n & (n - 1) == 0 else "-"
+
+
+register(AlgorithmKind(HalvingDoubling, CostTerms(_chain, _steps)))

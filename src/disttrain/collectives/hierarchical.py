@@ -2,9 +2,9 @@
 
 Horovod's hierarchical allreduce (and NCCL's tree/ring across nodes): the ranks of a
 host sum through shared memory (:mod:`shm`); one leader per host (its first rank)
-allreduces those sums with a network algorithm (:func:`inter_algorithm`, ``ring`` by
-default, ``--inter-algorithm``); each leader broadcasts the result to its host through
-shared memory. Only one rank per host crosses the network, with the whole tensor.
+allreduces those sums with a network algorithm (its own setting ``--inter-algorithm``,
+``ring`` by default: :class:`HierarchicalConfig`); each leader broadcasts the result to
+its host through shared memory. Only one rank per host crosses the network, with the whole tensor.
 On one host it is ``shm``; with one rank per host it is the inter-host algorithm.
 
 Pipelined: a tensor above :data:`PIECE_BYTES` goes in pieces of that size. While the
@@ -37,27 +37,41 @@ import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from disttrain.collectives.base import (
+    ALGORITHMS,
+    AlgorithmKind,
     AllReduceAlgorithm,
     Cost,
+    CostTerms,
+    Op,
     get,
-    inter_algorithm,
     register,
 )
 from disttrain.collectives.costs import Path, priced_ranks_per_host
+from disttrain.collectives.paths import path_of, steps_formula
 from disttrain.comm import world
 from disttrain.comm.commthread import CommThread
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
 from disttrain.comm.p2p import global_rank
 from disttrain.comm.world import group_timeout
+from disttrain.config import opt, register_section
 
-__all__ = ["HOST_ENV", "PIECE_BYTES", "Hierarchical", "host_key", "host_sizes", "pieces"]
+__all__ = [
+    "HOST_ENV",
+    "PIECE_BYTES",
+    "Hierarchical",
+    "HierarchicalConfig",
+    "host_key",
+    "host_sizes",
+    "pieces",
+]
 
 #: Overrides the host a rank counts as on (tests; containers that share /dev/shm).
 HOST_ENV = "DISTTRAIN_HOST_ID"
@@ -67,6 +81,30 @@ HOST_ENV = "DISTTRAIN_HOST_ID"
 #: tensor of one piece or less runs the three phases one after the other; smaller pieces
 #: fill the pipeline sooner but pay a round trip each.
 PIECE_BYTES = 2 << 20
+
+
+@register_section
+@dataclass(frozen=True)
+class HierarchicalConfig:
+    """Settings of ``--algorithm hierarchical``."""
+
+    TITLE: ClassVar[str] = "hierarchical allreduce (--algorithm hierarchical)"
+
+    inter_algorithm: str = opt(
+        "ring", "network algorithm among one leader per host (--algorithm hierarchical)"
+    )
+
+    def validate(self) -> None:
+        """It must cross a network: a registered algorithm neither one_host nor composite."""
+        name = self.inter_algorithm
+        if name not in ALGORITHMS:
+            raise UsageError(
+                f"--inter-algorithm {name!r}: unknown allreduce algorithm; choose one of "
+                f"{', '.join(ALGORITHMS)}"
+            )
+        kind = ALGORITHMS.get(name)
+        if kind.one_host or kind.composite:
+            raise UsageError(f"--inter-algorithm {name}: choose an algorithm that crosses hosts")
 
 
 def pieces(numel: int, itemsize: int) -> list[tuple[int, int]]:
@@ -192,14 +230,14 @@ def _sum(
     return meter.on_behalf(run)
 
 
-@register
 class Hierarchical(AllReduceAlgorithm):
     """shm inside each host, the inter-host algorithm among leaders, shm broadcast back."""
 
     name = "hierarchical"
-    composite = True
-    reads_settings = ("inter_algorithm",)
-    table_position = 6
+
+    def __init__(self, settings: HierarchicalConfig | None = None) -> None:
+        #: the network algorithm among the leaders (``--inter-algorithm``)
+        self.inter = get((settings or HierarchicalConfig()).inter_algorithm)
 
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         layout = _layout(group)
@@ -208,9 +246,9 @@ class Hierarchical(AllReduceAlgorithm):
             get("shm").reduce_flat(flat, group)
             return
         if layout.local_size == 1 and layout.hosts == n:  # one rank per host: the network
-            get(inter_algorithm()).reduce_flat(flat, group)
+            self.inter.reduce_flat(flat, group)
             return
-        shm, inter = get("shm"), get(inter_algorithm())
+        shm, inter = get("shm"), self.inter
         # every rank of a host runs the same shm calls in the same order: sum piece i,
         # then broadcast piece i-LANES+1 (its leader first waits for that piece's network
         # sum), so LANES pieces are on the link at once
@@ -229,12 +267,19 @@ class Hierarchical(AllReduceAlgorithm):
         while flight:
             _finish(*flight.popleft(), layout.local)
 
-    def cost(self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1) -> Cost:
+    def cost(
+        self,
+        nbytes: int,
+        world_size: int,
+        rank: int = 0,
+        itemsize: int = 1,
+        op: Op = "all_reduce",
+    ) -> Cost:
         n = world_size
         if n == 1 or nbytes == 0:
             return Cost(0, 0)
         sizes = host_sizes(n)
-        inter = get(inter_algorithm())
+        inter = self.inter
         if len(sizes) == 1:
             return get("shm").cost(nbytes, n, rank, itemsize)
         if len(sizes) == n:
@@ -253,38 +298,45 @@ class Hierarchical(AllReduceAlgorithm):
                 total += inter.cost(m, len(sizes), host, itemsize)
         return total
 
-    def chain(self, nbytes: int, n: int, itemsize: int) -> Path:
-        # pipelined: the first piece's shm sum, every piece's network allreduce one after
-        # the other, the last piece's broadcast (S copied in all); the other pieces' shm
-        # phases run while the link is busy
-        sizes = host_sizes(n)
-        if len(sizes) in (1, n):  # one host: shm alone; one rank per host: the network alone
-            return get("shm" if len(sizes) == 1 else inter_algorithm()).critical_path(
-                nbytes, n, itemsize
-            )
-        bounds = pieces(nbytes // itemsize, itemsize)
-        first = (bounds[0][1] - bounds[0][0]) * itemsize
-        last = (bounds[-1][1] - bounds[-1][0]) * itemsize
-        inner = get("shm").critical_path(first, max(sizes), itemsize)
-        outers = [
-            get(inter_algorithm()).critical_path((b - a) * itemsize, len(sizes), itemsize)
-            for a, b in bounds
-        ]
-        outer = outers[0]
-        return Path(  # several hosts, one of them with several ranks: both phases run
-            inner.steps + sum(o.steps for o in outers) + 1,
-            sum(o.critical_bytes for o in outers),
-            inner.reduced_bytes + sum(o.reduced_bytes for o in outers),
-            sum(o.bytes_per_rank for o in outers),
-            sum(o.messages_per_rank for o in outers),
-            f"shm inside hosts, then {inter_algorithm()} in {len(bounds)} pieces: "
-            f"{outer.latency_formula} each",
-            f"{inter_algorithm()} among {len(sizes)} hosts: {outer.bandwidth_formula}",
-            copied_bytes=inner.copied_bytes + last,
-        )
 
-    def steps_formula(self, n: int) -> str:
-        hosts = len(host_sizes(n))
-        if hosts in (1, n):
-            return get("shm" if hosts == 1 else inter_algorithm()).steps_formula(n)
-        return f"shm + {get(inter_algorithm()).steps_formula(hosts)}"
+def _chain(algo: Hierarchical, nbytes: int, n: int, itemsize: int) -> Path:
+    # pipelined: the first piece's shm sum, every piece's network allreduce one after
+    # the other, the last piece's broadcast (S copied in all); the other pieces' shm
+    # phases run while the link is busy
+    sizes = host_sizes(n)
+    if len(sizes) in (1, n):  # one host: shm alone; one rank per host: the network alone
+        return path_of(get("shm") if len(sizes) == 1 else algo.inter, nbytes, n, itemsize)
+    bounds = pieces(nbytes // itemsize, itemsize)
+    first = (bounds[0][1] - bounds[0][0]) * itemsize
+    last = (bounds[-1][1] - bounds[-1][0]) * itemsize
+    inner = path_of(get("shm"), first, max(sizes), itemsize)
+    outers = [path_of(algo.inter, (b - a) * itemsize, len(sizes), itemsize) for a, b in bounds]
+    outer, name = outers[0], algo.inter.name
+    return Path(  # several hosts, one of them with several ranks: both phases run
+        inner.steps + sum(o.steps for o in outers) + 1,
+        sum(o.critical_bytes for o in outers),
+        inner.reduced_bytes + sum(o.reduced_bytes for o in outers),
+        sum(o.bytes_per_rank for o in outers),
+        sum(o.messages_per_rank for o in outers),
+        f"shm inside hosts, then {name} in {len(bounds)} pieces: {outer.latency_formula} each",
+        f"{name} among {len(sizes)} hosts: {outer.bandwidth_formula}",
+        copied_bytes=inner.copied_bytes + last,
+    )
+
+
+def _steps(algo: Hierarchical, n: int) -> str:
+    hosts = len(host_sizes(n))
+    if hosts in (1, n):
+        return steps_formula(get("shm") if hosts == 1 else algo.inter, n)
+    return f"shm + {steps_formula(algo.inter, hosts)}"
+
+
+register(
+    AlgorithmKind(
+        Hierarchical,
+        CostTerms(_chain, _steps),
+        section=HierarchicalConfig,
+        composite=True,
+        table_position=6,
+    )
+)

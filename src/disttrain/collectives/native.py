@@ -24,7 +24,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
+from disttrain.collectives.base import (
+    AlgorithmKind,
+    AllReduceAlgorithm,
+    Cost,
+    CostTerms,
+    Op,
+    register,
+)
 from disttrain.collectives.chunks import chunk_bounds, chunk_sizes
 from disttrain.collectives.costs import Path, two_phase_path
 from disttrain.comm.meter import record_send
@@ -33,7 +40,6 @@ from disttrain.comm.p2p import global_rank
 __all__ = ["Native"]
 
 
-@register
 class Native(AllReduceAlgorithm):
     """``torch.distributed.all_reduce``; its traffic is not observable, so it is estimated.
 
@@ -42,8 +48,6 @@ class Native(AllReduceAlgorithm):
     """
 
     name = "native"
-    estimated = True  # the meter records the documented cost
-    shards = True
 
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         dist.all_reduce(flat, group=group)
@@ -51,65 +55,63 @@ class Native(AllReduceAlgorithm):
         cost = self.cost(flat.numel() * flat.element_size(), n, rank)
         record_send(global_rank(group, (rank + 1) % n), cost.bytes_sent, cost.messages, True)
 
-    def cost(self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1) -> Cost:
-        if world_size == 1 or nbytes == 0:
+    def cost(
+        self,
+        nbytes: int,
+        world_size: int,
+        rank: int = 0,
+        itemsize: int = 1,
+        op: Op = "all_reduce",
+    ) -> Cost:
+        n = world_size
+        if n == 1 or nbytes == 0:
             return Cost(0, 0)
-        return Cost(2 * (world_size - 1) * nbytes // world_size, 2 * (world_size - 1))
-
-    def chain(self, nbytes: int, n: int, itemsize: int) -> Path:
-        return two_phase_path(self, nbytes, n, itemsize)  # gloo's ring at these sizes
+        if op == "all_gather":  # its chunk to each other rank (one broadcast)
+            own = chunk_sizes(nbytes // itemsize, n)[rank]
+            return Cost((n - 1) * own * itemsize, n - 1 if own else 0)
+        # the allreduce, and the reduce-scatter, which is the allreduce (module docstring)
+        return Cost(2 * (n - 1) * nbytes // n, 2 * (n - 1))
 
     # --- the halves: the allreduce, and a broadcast of each rank's chunk -------------
-    def _meter(self, flat: torch.Tensor, group: ProcessGroup | None, cost: Cost) -> None:
-        n, rank = dist.get_world_size(group), dist.get_rank(group)
-        record_send(global_rank(group, (rank + 1) % n), cost.bytes_sent, cost.messages, True)
-
     def reduce_scatter_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         # gloo's reduce_scatter_single is slower than its allreduce (module docstring)
         self.reduce_flat(flat, group)
 
-    # gloo runs these on its own threads: no communication thread, no GIL while they run
-    def start_all_reduce(self, flat: torch.Tensor, group: ProcessGroup | None) -> Any:
-        n = dist.get_world_size(group)
-        if n == 1 or flat.numel() == 0:
-            return None
-        work = dist.all_reduce(flat, group=group, async_op=True)
-        self._meter(flat, group, self.cost(flat.numel() * flat.element_size(), n))
-        return work
-
-    def start_reduce_scatter(self, flat: torch.Tensor, group: ProcessGroup | None) -> Any:
-        return self.start_all_reduce(flat, group)  # the allreduce is the reduce-scatter
-
-    def start_all_gather(self, flat: torch.Tensor, group: ProcessGroup | None) -> Any:
-        n, rank = dist.get_world_size(group), dist.get_rank(group)
-        if n == 1 or flat.numel() == 0:
-            return None
-        futures = [
-            dist.broadcast(
-                flat[a:b], src=global_rank(group, r), group=group, async_op=True
-            ).get_future()
-            for r, (a, b) in enumerate(chunk_bounds(flat.numel(), n))
-            if b > a  # an empty chunk (fewer elements than ranks): nothing from that rank
-        ]
-        nbytes = flat.numel() * flat.element_size()
-        self._meter(flat, group, self.all_gather_cost(nbytes, n, rank, flat.element_size()))
-        return torch.futures.collect_all(futures)
-
     def all_gather_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
-        work = self.start_all_gather(flat, group)
+        work = self.start("all_gather", flat, group)
         assert work is not None  # two or more ranks, non-empty (the base's template)
         work.wait()
 
-    def reduce_scatter_cost(
-        self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1
-    ) -> Cost:
-        return self.cost(nbytes, world_size, rank, itemsize)  # it is the allreduce
+    # gloo runs these on its own threads: no communication thread, no GIL while they run
+    def start(self, op: Op, flat: torch.Tensor, group: ProcessGroup | None) -> Any:
+        n, rank = dist.get_world_size(group), dist.get_rank(group)
+        if n == 1 or flat.numel() == 0:
+            return None
+        if op == "all_gather":
+            work: Any = _broadcast_chunks(flat, group)
+        else:  # the allreduce is the reduce-scatter
+            work = dist.all_reduce(flat, group=group, async_op=True)
+        cost = self.cost(flat.numel() * flat.element_size(), n, rank, flat.element_size(), op)
+        record_send(global_rank(group, (rank + 1) % n), cost.bytes_sent, cost.messages, True)
+        return work
 
-    def all_gather_cost(
-        self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1
-    ) -> Cost:
-        n = world_size
-        own = chunk_sizes(nbytes // itemsize, n)[rank] if n > 1 else 0
-        if own == 0:
-            return Cost(0, 0)
-        return Cost((n - 1) * own * itemsize, n - 1)  # its chunk to each other rank
+
+def _broadcast_chunks(flat: torch.Tensor, group: ProcessGroup | None) -> Any:
+    """Every rank's chunk broadcast from it straight into place, all started at once."""
+    n = dist.get_world_size(group)
+    futures = [
+        dist.broadcast(
+            flat[a:b], src=global_rank(group, r), group=group, async_op=True
+        ).get_future()
+        for r, (a, b) in enumerate(chunk_bounds(flat.numel(), n))
+        if b > a  # an empty chunk (fewer elements than ranks): nothing from that rank
+    ]
+    return torch.futures.collect_all(futures)
+
+
+def _chain(algo: Native, nbytes: int, n: int, itemsize: int) -> Path:
+    return two_phase_path(algo, nbytes, n, itemsize)  # gloo's ring at these sizes
+
+
+# estimated: the meter records the documented cost
+register(AlgorithmKind(Native, CostTerms(_chain), estimated=True, shards=True))

@@ -34,7 +34,14 @@ from typing import Any
 import torch
 from torch.distributed import ProcessGroup
 
-from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
+from disttrain.collectives.base import (
+    AlgorithmKind,
+    AllReduceAlgorithm,
+    Cost,
+    CostTerms,
+    Op,
+    register,
+)
 from disttrain.collectives.chunks import chunk_bounds, chunk_sizes, segment_bounds, segment_count
 from disttrain.collectives.costs import Path, two_phase_path
 from disttrain.collectives.scratch import buffer
@@ -43,7 +50,6 @@ from disttrain.comm.p2p import exchange, group_rank, group_size, irecv, isend
 __all__ = ["Ring"]
 
 
-@register
 class Ring(AllReduceAlgorithm):
     """Segment-pipelined ring reduce-scatter + all-gather.
 
@@ -53,9 +59,6 @@ class Ring(AllReduceAlgorithm):
     """
 
     name = "ring"
-    table_position = 4
-    calibrates = True
-    shards = True
 
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         n, r = group_size(group), group_rank(group)
@@ -107,23 +110,30 @@ class Ring(AllReduceAlgorithm):
             for work in step_sends:
                 work.wait()
 
-    def cost(self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1) -> Cost:
-        # Rank r sends every chunk but (r+1) in the reduce-scatter and every
-        # chunk but (r+2) in the all-gather: 2S - c[r+1] - c[r+2] = 2(n-1)/n·S,
-        # one message per segment of each chunk sent.
+    def cost(
+        self,
+        nbytes: int,
+        world_size: int,
+        rank: int = 0,
+        itemsize: int = 1,
+        op: Op = "all_reduce",
+    ) -> Cost:
+        # Allreduce: rank r sends every chunk but (r+1) in the reduce-scatter and every
+        # chunk but (r+2) in the all-gather: 2S - c[r+1] - c[r+2] = 2(n-1)/n·S, one message
+        # per segment of each chunk sent. The halves on their own (rank r owns chunk r):
+        # every chunk but r (reduce-scatter) or but r+1 (all-gather), one message per
+        # non-empty chunk (no segmenting).
         n = world_size
         if n == 1 or nbytes == 0:
             return Cost(0, 0)
         sizes = chunk_sizes(nbytes // itemsize, n)
+        if op != "all_reduce":
+            first = 1 if op == "reduce_scatter" else 0
+            half = [sizes[(rank - s - first) % n] for s in range(n - 1)]
+            return Cost(sum(half) * itemsize, sum(1 for size in half if size))
         sent = [sizes[(rank - s) % n] for s in range(n - 1)]
         sent += [sizes[(rank + 1 - s) % n] for s in range(n - 1)]
         return Cost(sum(sent) * itemsize, sum(segment_count(size, itemsize) for size in sent))
-
-    def chain(self, nbytes: int, n: int, itemsize: int) -> Path:
-        return two_phase_path(self, nbytes, n, itemsize)
-
-    def steps_formula(self, n: int) -> str:
-        return str(2 * (n - 1))  # n-1 reduce-scatter steps, n-1 all-gather steps
 
     # --- the halves on their own (rank r owns chunk r) --------------------------------
     def reduce_scatter_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
@@ -145,22 +155,15 @@ class Ring(AllReduceAlgorithm):
         for s in range(n - 1):
             exchange(chunks[(r - s) % n], (r + 1) % n, chunks[(r - s - 1) % n], (r - 1) % n, group)
 
-    def reduce_scatter_cost(
-        self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1
-    ) -> Cost:
-        n = world_size
-        if n == 1 or nbytes == 0:
-            return Cost(0, 0)
-        sizes = chunk_sizes(nbytes // itemsize, n)
-        sent = [sizes[(rank - s - 1) % n] for s in range(n - 1)]  # every chunk but r
-        return Cost(sum(sent) * itemsize, sum(1 for size in sent if size))
 
-    def all_gather_cost(
-        self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1
-    ) -> Cost:
-        n = world_size
-        if n == 1 or nbytes == 0:
-            return Cost(0, 0)
-        sizes = chunk_sizes(nbytes // itemsize, n)
-        sent = [sizes[(rank - s) % n] for s in range(n - 1)]  # every chunk but r+1
-        return Cost(sum(sent) * itemsize, sum(1 for size in sent if size))
+def _chain(algo: Ring, nbytes: int, n: int, itemsize: int) -> Path:
+    return two_phase_path(algo, nbytes, n, itemsize)
+
+
+def _steps(algo: Ring, n: int) -> str:
+    return str(2 * (n - 1))  # n-1 reduce-scatter steps, n-1 all-gather steps
+
+
+register(
+    AlgorithmKind(Ring, CostTerms(_chain, _steps), table_position=4, calibrates=True, shards=True)
+)

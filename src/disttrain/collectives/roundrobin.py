@@ -22,7 +22,14 @@ from typing import Any
 import torch
 from torch.distributed import ProcessGroup
 
-from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
+from disttrain.collectives.base import (
+    AlgorithmKind,
+    AllReduceAlgorithm,
+    Cost,
+    CostTerms,
+    Op,
+    register,
+)
 from disttrain.collectives.chunks import chunk_bounds, chunk_sizes
 from disttrain.collectives.costs import Path, two_phase_path
 from disttrain.collectives.scratch import buffer
@@ -31,7 +38,6 @@ from disttrain.comm.p2p import group_rank, group_size, irecv, isend
 __all__ = ["RoundRobin"]
 
 
-@register
 class RoundRobin(AllReduceAlgorithm):
     """Pairwise-exchange reduce-scatter + all-gather, two rounds in flight.
 
@@ -91,7 +97,14 @@ class RoundRobin(AllReduceAlgorithm):
             if work is not None:
                 work.wait()
 
-    def cost(self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1) -> Cost:
+    def cost(
+        self,
+        nbytes: int,
+        world_size: int,
+        rank: int = 0,
+        itemsize: int = 1,
+        op: Op = "all_reduce",
+    ) -> Cost:
         # Every chunk but its own once (S - c_r), then its own to the n-1 others.
         n = world_size
         if n == 1 or nbytes == 0:
@@ -100,8 +113,13 @@ class RoundRobin(AllReduceAlgorithm):
         sent = [sizes[(rank + k) % n] for k in range(1, n)] + [sizes[rank]] * (n - 1)
         return Cost(sum(sent), sum(1 for b in sent if b))
 
-    def chain(self, nbytes: int, n: int, itemsize: int) -> Path:
-        return two_phase_path(self, nbytes, n, itemsize)
 
-    def steps_formula(self, n: int) -> str:
-        return str(2 * (n - 1))  # n-1 reduce-scatter rounds, n-1 all-gather rounds
+def _chain(algo: RoundRobin, nbytes: int, n: int, itemsize: int) -> Path:
+    return two_phase_path(algo, nbytes, n, itemsize)
+
+
+def _steps(algo: RoundRobin, n: int) -> str:
+    return str(2 * (n - 1))  # n-1 reduce-scatter rounds, n-1 all-gather rounds
+
+
+register(AlgorithmKind(RoundRobin, CostTerms(_chain, _steps)))

@@ -30,7 +30,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
+from disttrain.collectives.base import (
+    AlgorithmKind,
+    AllReduceAlgorithm,
+    Cost,
+    CostTerms,
+    Op,
+    register,
+)
 from disttrain.collectives.chunks import chunk_bounds, chunk_sizes
 from disttrain.collectives.costs import Path
 from disttrain.collectives.shmseg import Segment
@@ -111,13 +118,10 @@ def _reduce(seg: Segment, flat: torch.Tensor) -> int:
     return copied
 
 
-@register
 class Shm(AllReduceAlgorithm):
     """Through a shared-memory segment: ranks of one host only, any world size and dtype."""
 
     name = "shm"
-    one_host = True
-    table_position = 5  # after the seed lectures' four: compare --algorithms-table
 
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         seg = _segment(group, flat.numel(), flat.element_size())
@@ -127,7 +131,14 @@ class Shm(AllReduceAlgorithm):
         if work is not flat:
             flat.copy_(work)
 
-    def cost(self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1) -> Cost:
+    def cost(
+        self,
+        nbytes: int,
+        world_size: int,
+        rank: int = 0,
+        itemsize: int = 1,
+        op: Op = "all_reduce",
+    ) -> Cost:
         n = world_size
         if n == 1 or nbytes == 0:
             return Cost(0, 0)
@@ -137,29 +148,35 @@ class Shm(AllReduceAlgorithm):
             copied += (2 * m + (n - 2) * chunk_sizes(m, n)[rank]) * itemsize
         return Cost(0, 0, copied)
 
-    def chain(self, nbytes: int, n: int, itemsize: int) -> Path:
-        # Two barriers per piece (α): the first piece's are where ranks arrive from their
-        # own work at different times and a waiter may have gone to sleep; the later ones
-        # find every rank in this loop (inner steps, which the calibration prices apart:
-        # RESULTS "advise"). The busiest rank's copies (μ); the sum adds (n-1) chunks into
-        # its result chunk (γ); no link is crossed (β).
-        c = self.cost(nbytes, n, 0, itemsize)  # rank 0: the largest chunks (chunk_sizes)
-        bounds = piece_bounds(nbytes // itemsize, itemsize)
-        chunk = sum(chunk_sizes(b - a, n)[0] for a, b in bounds)
-        return Path(
-            2 * len(bounds),
-            0,
-            (n - 1) * chunk * itemsize,
-            0,
-            0,
-            f"2 barriers per {PIECE_BYTES >> 20} MiB piece = {2 * len(bounds)}",
-            "2S + (n-2)/n·S copied through memory",
-            copied_bytes=c.bytes_copied,
-            inner_steps=2 * (len(bounds) - 1),
-        )
 
-    def steps_formula(self, n: int) -> str:
-        return "2 per piece"
+def _chain(algo: Shm, nbytes: int, n: int, itemsize: int) -> Path:
+    # Two barriers per piece (α): the first piece's are where ranks arrive from their
+    # own work at different times and a waiter may have gone to sleep; the later ones
+    # find every rank in this loop (inner steps, which the calibration prices apart:
+    # RESULTS "advise"). The busiest rank's copies (μ); the sum adds (n-1) chunks into
+    # its result chunk (γ); no link is crossed (β).
+    c = algo.cost(nbytes, n, 0, itemsize)  # rank 0: the largest chunks (chunk_sizes)
+    bounds = piece_bounds(nbytes // itemsize, itemsize)
+    chunk = sum(chunk_sizes(b - a, n)[0] for a, b in bounds)
+    return Path(
+        2 * len(bounds),
+        0,
+        (n - 1) * chunk * itemsize,
+        0,
+        0,
+        f"2 barriers per {PIECE_BYTES >> 20} MiB piece = {2 * len(bounds)}",
+        "2S + (n-2)/n·S copied through memory",
+        copied_bytes=c.bytes_copied,
+        inner_steps=2 * (len(bounds) - 1),
+    )
+
+
+def _steps(algo: Shm, n: int) -> str:
+    return "2 per piece"
+
+
+# table_position 5: after the seed lectures' four (compare --algorithms-table)
+register(AlgorithmKind(Shm, CostTerms(_chain, _steps), one_host=True, table_position=5))
 
 
 def broadcast(tensor: torch.Tensor, src: int, group: ProcessGroup | None = None) -> torch.Tensor:

@@ -13,7 +13,14 @@ import math
 import torch
 from torch.distributed import ProcessGroup
 
-from disttrain.collectives.base import AllReduceAlgorithm, Cost, register
+from disttrain.collectives.base import (
+    AlgorithmKind,
+    AllReduceAlgorithm,
+    Cost,
+    CostTerms,
+    Op,
+    register,
+)
 from disttrain.collectives.costs import Path, max_rank_cost
 from disttrain.collectives.scratch import buffer
 from disttrain.comm.p2p import exchange, group_rank, group_size, post
@@ -25,7 +32,6 @@ def _children(rank: int, n: int) -> list[int]:
     return [c for c in (2 * rank + 1, 2 * rank + 2) if c < n]
 
 
-@register
 class Tree(AllReduceAlgorithm):
     """Binary-tree reduce then broadcast.
 
@@ -35,8 +41,6 @@ class Tree(AllReduceAlgorithm):
     """
 
     name = "tree"
-    table_position = 2
-    calibrates = True
 
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         n, r = group_size(group), group_rank(group)
@@ -55,28 +59,40 @@ class Tree(AllReduceAlgorithm):
             exchange(None, None, flat, parent, group)
         post([(flat, c) for c in kids], [], group)
 
-    def cost(self, nbytes: int, world_size: int, rank: int = 0, itemsize: int = 1) -> Cost:
+    def cost(
+        self,
+        nbytes: int,
+        world_size: int,
+        rank: int = 0,
+        itemsize: int = 1,
+        op: Op = "all_reduce",
+    ) -> Cost:
         # S up to the parent (not at the root) and S down to each child.
         if world_size == 1 or nbytes == 0:
             return Cost(0, 0)
         messages = (rank != 0) + len(_children(rank, world_size))
         return Cost(messages * nbytes, messages)
 
-    def chain(self, nbytes: int, n: int, itemsize: int) -> Path:
-        # Level by level: up the tree a parent receives its children's arrays (the
-        # root's cost: S per child) and adds them; down it sends them the sum.
-        depth = n.bit_length() - 1
-        root = self.cost(nbytes, n, 0, itemsize)
-        most = max_rank_cost(self, nbytes, n, itemsize)
-        return Path(
-            2 * depth,
-            2 * depth * root.bytes_sent,
-            depth * root.bytes_sent,
-            most.bytes_sent,
-            most.messages,
-            f"2·log2(n) = {2 * depth} steps",
-            "2·log2(n)·2S",
-        )
 
-    def steps_formula(self, n: int) -> str:
-        return str(2 * math.ceil(math.log2(n + 1) - 1))  # up the heap, then down
+def _chain(algo: Tree, nbytes: int, n: int, itemsize: int) -> Path:
+    # Level by level: up the tree a parent receives its children's arrays (the
+    # root's cost: S per child) and adds them; down it sends them the sum.
+    depth = n.bit_length() - 1
+    root = algo.cost(nbytes, n, 0, itemsize)
+    most = max_rank_cost(algo, nbytes, n, itemsize)
+    return Path(
+        2 * depth,
+        2 * depth * root.bytes_sent,
+        depth * root.bytes_sent,
+        most.bytes_sent,
+        most.messages,
+        f"2·log2(n) = {2 * depth} steps",
+        "2·log2(n)·2S",
+    )
+
+
+def _steps(algo: Tree, n: int) -> str:
+    return str(2 * math.ceil(math.log2(n + 1) - 1))  # up the heap, then down
+
+
+register(AlgorithmKind(Tree, CostTerms(_chain, _steps), table_position=2, calibrates=True))

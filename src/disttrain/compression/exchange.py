@@ -86,9 +86,11 @@ def compression_figures(stats: CompressionStats) -> dict[str, float]:
     }
 
 
-def dense_allreduce_bytes(numel: int, size: int, rank: int, algorithm: str) -> int:
+def dense_allreduce_bytes(
+    numel: int, size: int, rank: int, algorithm: collectives.Algorithm
+) -> int:
     """Bytes ``rank`` sends in a dense fp32 allreduce of ``numel`` entries with ``algorithm``."""
-    return collectives.get(algorithm).cost(4 * numel, size, rank, itemsize=4).bytes_sent
+    return collectives.resolve(algorithm).cost(4 * numel, size, rank, itemsize=4).bytes_sent
 
 
 def all_peers(rank: int, size: int) -> tuple[list[int], list[int]]:
@@ -122,7 +124,7 @@ def exchange_payloads(
 def compressed_all_reduce(
     flat: torch.Tensor,
     compressor: Compressor,
-    algorithm: str = "native",
+    algorithm: collectives.Algorithm = "native",
     group: ProcessGroup | None = None,
     feedback: ErrorFeedback | None = None,
     stats: CompressionStats | None = None,
@@ -176,7 +178,7 @@ def compressed_all_reduce(
 def _collective_rounds(
     flat: torch.Tensor,
     compressor: CollectiveCompressor,
-    algorithm: str,
+    algorithm: collectives.Algorithm,
     group: ProcessGroup | None,
     feedback: ErrorFeedback | None,
     size: int,
@@ -193,7 +195,7 @@ def _collective_rounds(
     rounds = tuple(compressor.round_numels(flat.numel()))
     agreed = _AGREED.setdefault(compressor, set())
     checked = rounds not in agreed
-    algo = collectives.get(algorithm)
+    algo = collectives.resolve(algorithm)
 
     def sum_(t: torch.Tensor) -> None:
         if size > 1:

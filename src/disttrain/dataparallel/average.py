@@ -26,7 +26,7 @@ __all__ = ["average"]
 
 def average(
     tensors: Sequence[torch.Tensor],
-    algorithm: str = "native",
+    algorithm: collectives.Algorithm = "native",
     group: ProcessGroup | None = None,
     world_size: int | None = None,
     mean_: Callable[[torch.Tensor], object] | None = None,

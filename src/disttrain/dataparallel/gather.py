@@ -62,10 +62,14 @@ class LayerGatherer:
     """Gathers each layer of ``model`` around its forward and backward; frees it after."""
 
     def __init__(
-        self, model: nn.Module, layout: ShardLayout, algorithm: str, group: ProcessGroup | None
+        self,
+        model: nn.Module,
+        layout: ShardLayout,
+        algorithm: collectives.Algorithm,
+        group: ProcessGroup | None,
     ) -> None:
         self.model = model
-        self.algo = collectives.get(algorithm)
+        self.algo = collectives.resolve(algorithm)
         by_first = {id(g.params[0]): g for g in layout.groups}
         units = layer_units(model)
         self.modules = [m for m, _ in units]
@@ -114,7 +118,7 @@ class LayerGatherer:
             self._gathered.add(i)
             return
         # native: started on gloo's own thread; otherwise a blocking loop on the gather thread
-        work = None if checked else algo.start_all_gather(flat, comm)
+        work = None if checked else collectives.start(algo, "all_gather", flat, comm)
         in_order = work is None
         if work is None:
             work = self._thread.submit(lambda: algo.all_gather(flat, comm, checked))

@@ -72,18 +72,19 @@ class Reducer:
     def __init__(
         self,
         params: Sequence[nn.Parameter],
-        algorithm: str = "native",
+        algorithm: collectives.Algorithm = "native",
         fusion_mb: float = 25.0,
         overlap: bool = True,
         group: ProcessGroup | None = None,
         compression: str | Compressor | None = None,
         world_size: int | None = None,
     ) -> None:
-        collectives.get(algorithm)  # an unknown name: the registry's usage error
+        #: a name (unknown: the registry's usage error) or a configured algorithm
+        self.algo = collectives.resolve(algorithm)
         self.wire_dtype = wire_dtype(compression)
         if fusion_mb < 0:
             raise UsageError(f"fusion_mb must be >= 0, got {fusion_mb}")
-        self.algorithm = algorithm
+        self.algorithm = self.algo.name
         self.overlap = overlap
         self.group = group
         self.world_size = dist.get_world_size(group) if world_size is None else world_size
@@ -104,7 +105,7 @@ class Reducer:
         self._hooks: list[Any] = []
         self._thread: CommThread | None = None
         self._comm_group: ProcessGroup | None = group
-        if self.active and algorithm != "native":
+        if self.active and self.algorithm != "native":
             # Collective: every rank creates the reducer, so every rank makes this group.
             ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
             self._comm_group = dist.new_group(ranks, timeout=group_timeout())
@@ -185,8 +186,7 @@ class Reducer:
             work = dist.all_reduce(send, group=self.group, async_op=True)
             self._meter_native(send)
         else:
-            algo = collectives.get(self.algorithm)
-            group = self._comm_group
+            algo, group = self.algo, self._comm_group
             work = self._thread.submit(lambda: algo.all_reduce(send, group))
         nbytes = send.numel() * send.element_size()
         timeline.track(

@@ -176,14 +176,14 @@ class ShardedReducer:
     def __init__(
         self,
         layout: ShardLayout,
-        algorithm: str,
+        algorithm: collectives.Algorithm,
         overlap: bool,
         group: ProcessGroup | None,
         keep_full: bool,
     ) -> None:
         self.layout = layout
-        self.algo = collectives.get(algorithm)
-        self.algorithm = algorithm
+        self.algo = collectives.resolve(algorithm)
+        self.algorithm = self.algo.name
         self.keep_full = keep_full
         self.n = layout.n
         groups = layout.groups
@@ -288,7 +288,7 @@ class ShardedReducer:
         keep: Callable[[], torch.Tensor] | None = None  # the copy-out of an async job
         if self.keep_full:
             # native: started on gloo's own thread, as the allreduce strategy's buckets
-            work = None if checked else algo.start_all_reduce(buf, comm)
+            work = None if checked else collectives.start(algo, "all_reduce", buf, comm)
             if work is None:
                 work = self._thread.submit(lambda: algo.all_reduce(buf, comm, checked))
         else:
@@ -297,7 +297,7 @@ class ShardedReducer:
             at, (start, stop) = self._own_at[index], (group.start, group.stop)
             own = self.own[at : at + stop - start]
             self._bound_inflight()
-            work = None if checked else algo.start_reduce_scatter(buf, comm)
+            work = None if checked else collectives.start(algo, "reduce_scatter", buf, comm)
             if work is None:
 
                 def job() -> torch.Tensor:

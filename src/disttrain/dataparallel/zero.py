@@ -61,23 +61,24 @@ class ZeroEngine:
         self,
         groups: Sequence[Sequence[nn.Parameter]],
         stage: int,
-        algorithm: str,
+        algorithm: collectives.Algorithm,
         overlap: bool,
         group: ProcessGroup | None,
         model: nn.Module | None = None,
     ) -> None:
         if stage not in (1, 2, 3):
             raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage}")
-        collectives.get(algorithm)  # an unknown name: the registry's usage error
-        self.stage, self.algorithm, self.group = stage, algorithm, group
+        #: a name (unknown: the registry's usage error) or a configured algorithm
+        self.algo = collectives.resolve(algorithm)
+        self.stage, self.algorithm, self.group = stage, self.algo.name, group
         n, rank = dist.get_world_size(group), dist.get_rank(group)
         self.layout = ShardLayout(groups, n, rank, own_shards=stage == 3)
         check_layout(self.layout, group)  # once: the steps' calls are not checked each
-        self.reducer = ShardedReducer(self.layout, algorithm, overlap, group, keep_full=stage == 1)
+        self.reducer = ShardedReducer(self.layout, self.algo, overlap, group, keep_full=stage == 1)
         self.gatherer: LayerGatherer | None = None
         if stage == 3:
             assert model is not None, "stage 3 gathers per layer: it needs the model"
-            self.gatherer = LayerGatherer(model, self.layout, algorithm, group)
+            self.gatherer = LayerGatherer(model, self.layout, self.algo, group)
 
     @classmethod
     def build(
@@ -85,7 +86,7 @@ class ZeroEngine:
         model: nn.Module | None,
         params: Sequence[nn.Parameter],
         stage: int,
-        algorithm: str,
+        algorithm: collectives.Algorithm,
         overlap: bool,
         group: ProcessGroup | None,
         fusion_bytes: int,
@@ -134,10 +135,14 @@ class ZeroEngine:
             self.gatherer.release()
             return
         with timeline.span("all-gather parameters"):
-            algo, checked = collectives.get(self.algorithm), checks_everywhere()
+            algo, checked = self.algo, checks_everywhere()
             started = []  # native: every group's started at once, then waited for
             for group in self.layout.groups:
-                work = None if checked else algo.start_all_gather(group.flat, self.group)
+                work = (
+                    None
+                    if checked
+                    else collectives.start(algo, "all_gather", group.flat, self.group)
+                )
                 if work is None:
                     algo.all_gather(group.flat, self.group, checked)
                 else:

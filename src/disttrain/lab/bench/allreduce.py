@@ -123,7 +123,8 @@ def validate(args: argparse.Namespace) -> tuple[list[int], list[str]]:
                 f"choose from all, {', '.join(collectives.ALGORITHMS)}"
             )
     names = [ANCHOR] + [a for a in dict.fromkeys(names) if a != ANCHOR]
-    collectives.set_inter_algorithm(args.inter_algorithm)  # checked here: one line, exit 2
+    for name in names:  # their settings (--inter-algorithm) checked here: one line, exit 2
+        collectives.ALGORITHMS.get(name).settings(vars(args))
     folder = os.path.dirname(os.path.abspath(args.json_path)) if args.json_path else ""
     if folder and not os.path.isdir(folder):
         raise UsageError(f"--json: folder {folder} does not exist")
@@ -143,7 +144,6 @@ def measure_in_world(
     n, rank = dist.get_world_size(), dist.get_rank()
     itemsize = torch.empty(0, dtype=getattr(torch, args.dtype)).element_size()
     collectives.set_length_check(args.length_check)
-    collectives.set_inter_algorithm(args.inter_algorithm)
     progress: Any = None
     if rank == 0 and not args.no_progress:
         from rich.progress import Progress
@@ -203,7 +203,8 @@ def _measure_size(
     n, rank = dist.get_world_size(), dist.get_rank()
     dtype = getattr(torch, args.dtype)
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    algos = [collectives.get(name) for name in names]
+    # each configured by the bench's flags of its settings (hierarchical: --inter-algorithm)
+    algos = [collectives.ALGORITHMS.get(name).build(vars(args)) for name in names]
     x = torch.ones(numel, dtype=dtype)
     for algo in algos:
         for _ in range(args.warmup):
@@ -280,6 +281,8 @@ def _row(
     itemsize: int,
     check: tuple[int, int],
 ) -> dict[str, Any]:
+    from disttrain.collectives import ALGORITHMS
+
     median = statistics.median(times)
     qs = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else [median] * 9
     theory = [algo.cost(nbytes, n, r, itemsize) for r in range(n)]
@@ -300,7 +303,7 @@ def _row(
         "messages_theory": max(c.messages for c in theory) + check[1],
         "bytes_copied_measured": sent[2],
         "bytes_copied_theory": max(c.bytes_copied for c in theory),
-        "estimated": algo.estimated,
+        "estimated": ALGORITHMS.get(algo.name).estimated,
     }
 
 

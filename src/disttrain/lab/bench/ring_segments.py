@@ -54,11 +54,13 @@ def variant_names(segments: str) -> list[str]:
 
 
 def _register(segments: str) -> None:
+    from dataclasses import replace
+
     import torch
     from torch.distributed import ProcessGroup
 
     from disttrain.collectives import chunks
-    from disttrain.collectives.base import Cost, register
+    from disttrain.collectives.base import ALGORITHMS, Cost, Op, register
     from disttrain.collectives.ring import Ring
 
     def variant(label: str, nbytes: int) -> type[Ring]:
@@ -72,17 +74,24 @@ def _register(segments: str) -> None:
                 finally:
                     chunks.set_segment_bytes(old)
 
-            def cost(self, nbytes_: int, world_size: int, rank: int = 0, itemsize: int = 1) -> Cost:
+            def cost(
+                self,
+                nbytes_: int,
+                world_size: int,
+                rank: int = 0,
+                itemsize: int = 1,
+                op: Op = "all_reduce",
+            ) -> Cost:
                 old = chunks.set_segment_bytes(nbytes)
                 try:
-                    return super().cost(nbytes_, world_size, rank, itemsize)
+                    return super().cost(nbytes_, world_size, rank, itemsize, op)
                 finally:
                     chunks.set_segment_bytes(old)
 
         return Segmented
 
     for label, nbytes in _parse(segments):
-        register(variant(label, nbytes))
+        register(replace(ALGORITHMS.get("ring"), runtime=variant(label, nbytes)))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -23,7 +23,9 @@ VARIANTS = "native,roundrobin_depth1,roundrobin,roundrobin_all"
 
 
 def _register() -> None:
-    from disttrain.collectives.base import register
+    from dataclasses import replace
+
+    from disttrain.collectives.base import ALGORITHMS, register
     from disttrain.collectives.roundrobin import RoundRobin
 
     class OneRound(RoundRobin):
@@ -34,8 +36,8 @@ def _register() -> None:
         name = "roundrobin_all"
         depth = 1 << 16
 
-    register(OneRound)
-    register(AllRounds)
+    for variant in (OneRound, AllRounds):  # roundrobin's facts and terms, another depth
+        register(replace(ALGORITHMS.get("roundrobin"), runtime=variant))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
