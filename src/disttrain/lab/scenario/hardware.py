@@ -19,9 +19,10 @@ class IntraLink:
     source: str
 
 
-#: NCCL's achieved ring bandwidth inside a node is about 80 % of the per-GPU link rate:
-#: nccl-tests' all_reduce_perf "busbw" on DGX-1V (~130 GB/s of 150), DGX A100 (~230-240 of
-#: 300) and DGX H100 (~360-480 of 450) as NVIDIA's NCCL talks (GTC 2019-2023) report it.
+#: NCCL's achieved ring bandwidth inside a node, as a share of the per-GPU link rate:
+#: nccl-tests' all_reduce_perf "busbw" on 8 NVLink/NVSwitch A100 is reported at ~200-208
+#: GB/s of 300 (~70 %; NVIDIA/nccl-tests issues #149 and #178); on V100 NVLink systems
+#: NCCL's ring comes closer to the link rate. 0.8 is taken between the two (assumed).
 NCCL_INTRA_EFFICIENCY = 0.8
 
 INTRA_PRESETS: dict[str, IntraLink] = {
@@ -58,10 +59,10 @@ class Fabric:
 
 
 FABRICS: dict[str, Fabric] = {
-    # RDMA with GPUDirect: nccl-tests across DGX A100 nodes reach ~180-190 GB/s busbw of
-    # 8 x 200 Gbit/s = 200 GB/s (NVIDIA DGX SuperPOD reference architecture); NCCL's tuner
-    # takes a few microseconds per network hop.
-    "infiniband": Fabric(0.9, 5e-6, "GPUDirect RDMA: ~90 % of line rate (DGX SuperPOD RA)"),
+    # RDMA with GPUDirect: nccl-tests across three 8-A100 nodes with 4 HDR NICs each report
+    # 85-96 GB/s busbw of the 100 GB/s line rate (NVIDIA/nccl-tests issue #119); a few
+    # microseconds per network hop.
+    "infiniband": Fabric(0.9, 5e-6, "GPUDirect RDMA: ~90 % of line rate (nccl-tests #119)"),
     # RoCE: RDMA over Ethernet; no credit-based flow control, so congestion costs a little
     # more than on InfiniBand.
     "roce": Fabric(0.8, 10e-6, "RDMA over Converged Ethernet: ~80 % of line rate"),
