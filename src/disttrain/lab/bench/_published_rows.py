@@ -124,8 +124,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "family": "a100-megatron",
         "model": {"vocab": 51200},
     },
-    # Narayanan et al. 2021, Table 1: (t, p) = (1, 1), (8, 1), (8, 8), (8, 64); micro-batch 1,
-    # recomputation on, heads = hidden / 128 (the heads do not change the FLOPs).
+    # The README gives only the model-parallel size (1, 8, 64, 512): tensor 8 inside a node
+    # and the rest pipeline, (t, p) = (1, 1), (8, 1), (8, 8), (8, 64), as we recall Table 1
+    # of Narayanan et al. 2021 (not checked against a stored copy); micro-batch 1 where the
+    # global batch allows; recomputation on; heads = hidden / 128 (no effect on FLOPs).
     "megatron-2021-1.7b-32gpu": {
         "hw": _DGXA100,
         "family": "a100-megatron",
