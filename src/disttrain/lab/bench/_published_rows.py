@@ -126,8 +126,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     },
     # The README gives only the model-parallel size (1, 8, 64, 512): tensor 8 inside a node
     # and the rest pipeline, (t, p) = (1, 1), (8, 1), (8, 8), (8, 64), as we recall Table 1
-    # of Narayanan et al. 2021 (not checked against a stored copy); micro-batch 1 where the
-    # global batch allows; recomputation on; heads = hidden / 128 (no effect on FLOPs).
+    # of Narayanan et al. 2021 (not checked against a stored copy); micro-batch 1 (1.7B: its
+    # 16 sequences per GPU in one); recomputation on; heads = hidden / 128 (no FLOPs effect).
     "megatron-2021-1.7b-32gpu": {
         "hw": _DGXA100,
         "family": "a100-megatron",
