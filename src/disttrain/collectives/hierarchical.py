@@ -54,7 +54,6 @@ from disttrain.collectives.base import (
     register,
 )
 from disttrain.collectives.costs import Path, priced_ranks_per_host
-from disttrain.collectives.paths import path_of, steps_formula
 from disttrain.comm import world
 from disttrain.comm.commthread import CommThread
 from disttrain.comm.errors import UsageError
@@ -300,6 +299,8 @@ class Hierarchical(AllReduceAlgorithm):
 
 
 def _chain(algo: Hierarchical, nbytes: int, n: int, itemsize: int) -> Path:
+    from disttrain.collectives.paths import path_of  # the lab's reading: not in a run
+
     # pipelined: the first piece's shm sum, every piece's network allreduce one after
     # the other, the last piece's broadcast (S copied in all); the other pieces' shm
     # phases run while the link is busy
@@ -325,6 +326,8 @@ def _chain(algo: Hierarchical, nbytes: int, n: int, itemsize: int) -> Path:
 
 
 def _steps(algo: Hierarchical, n: int) -> str:
+    from disttrain.collectives.paths import steps_formula  # the lab's reading: not in a run
+
     hosts = len(host_sizes(n))
     if hosts in (1, n):
         return steps_formula(get("shm") if hosts == 1 else algo.inter, n)
