@@ -76,6 +76,7 @@ from disttrain.horovod.process_sets import (
     remove_process_set,
 )
 from disttrain.horovod.sync_batch_norm import SyncBatchNorm
+from disttrain.horovod.timeline import start_timeline, stop_timeline
 
 __version__ = "0.28.1"  # the Horovod API this follows
 
@@ -144,5 +145,7 @@ __all__ = [
     "rocm_built",
     "shutdown",
     "size",
+    "start_timeline",
+    "stop_timeline",
     "synchronize",
 ]  # fmt: skip

@@ -20,6 +20,7 @@ from disttrain.comm import world
 from disttrain.horovod import engine
 from disttrain.horovod import process_sets as sets
 from disttrain.horovod.process_sets import ProcessSet
+from disttrain.horovod.timeline import start_timeline, stop_timeline
 
 __all__ = [
     "ccl_built",
@@ -79,6 +80,9 @@ def init(comm: object = None, process_sets: object = None) -> None:
     sets.start(joined.world_size)
     if isinstance(process_sets, list):
         _register_static(process_sets)
+    path = os.environ.get("HOROVOD_TIMELINE")
+    if path and path != "DYNAMIC":  # Horovod's: record from init to shutdown
+        start_timeline(path)
     atexit.register(shutdown)
 
 
@@ -97,6 +101,7 @@ def shutdown() -> None:
     if engine._engine is None:
         return
     engine._engine.leave()  # after the queued calls: the peers learn it (engine.py)
+    stop_timeline()  # writes HOROVOD_TIMELINE's file (or an unstopped one's) on rank 0
     engine.stop()
     sets.stop()
     if _owns_world:

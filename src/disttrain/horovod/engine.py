@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from disttrain import timeline
 from disttrain.comm.commthread import CommThread
 from disttrain.horovod.exceptions import HorovodInternalError
 
@@ -116,6 +117,8 @@ class Engine:
         self.lock = threading.Lock()
         # why no call can run any more (a peer shut down, the transport failed), or None
         self.gone: str | None = None
+        # hvd.start_timeline's: each call's agreement and data as spans, on its name's lane
+        self.timeline: timeline.Recorder | None = None
 
     # --- submission (the caller's thread) ------------------------------------------------
     def submit(
@@ -183,12 +186,18 @@ class Engine:
         try:
             results: list[Any] = []
             failed: Failed | None = None
-            for call, name in zip(calls, agreed, strict=True):
+            for call, name, shown in zip(calls, agreed, names, strict=True):
+                recorder, start = self.timeline, timeline.CLOCK()
                 refused = self.gone or self._agree(call, name, group)
                 if refused is not None:  # every rank saw it: all go on to the next call
                     failed = failed or Failed(refused)
                     continue
+                agreed_at = timeline.CLOCK()
                 results.append(call.body())
+                if recorder is not None:  # Horovod's activity names: NEGOTIATE_X, then X
+                    kind = shown.split(".")[0].removeprefix("grouped_").upper()
+                    recorder.complete(f"NEGOTIATE_{kind}", shown, start, agreed_at)
+                    recorder.complete(kind, shown, agreed_at, timeline.CLOCK())
             return failed if failed is not None else finish(results)
         except Exception as exc:  # the transport failed: this group carries nothing more
             self.gone = f"{SHUT_DOWN} (the transport failed: {exc})"
