@@ -40,7 +40,9 @@ ALLOWED: dict[tuple[str, str], str] = {
         "Horovod's broadcast_object and allgather_object, whose API promises to pickle "
         "arbitrary objects (docs/horovod.md says so, and that the ranks must trust each "
         "other, as under Horovod); nothing else in disttrain.horovod pickles (hvd.elastic's "
-        "TorchState syncs its plain values through these two calls, as Horovod's does)"
+        "TorchState syncs its plain values through these two calls, as Horovod's does, and "
+        "under torchrun --max-restarts keeps them, pickled the same way by object_bytes, in "
+        "torchrun's store for a restarted round of the same job)"
     ),
     ("checkpoint/dcp.py", "import pickle"): (
         "torch.distributed.checkpoint writes its .metadata index with pickle; we read it from "

@@ -3,7 +3,9 @@
 ``broadcast_object`` and ``allgather_object`` pickle, as Horovod's API promises (it uses
 cloudpickle; plain pickle here, so lambdas and closures do not travel). Unpickling
 runs code chosen by the sender: use them only among trusted ranks, over a trusted
-network. Nothing else in this package pickles: parameters and optimizer state travel
+network. ``hvd.elastic.TorchState`` keeps its plain values (those it syncs with
+``broadcast_object``) in torchrun's store with :func:`object_bytes` for a restarted round.
+Nothing else in this package pickles: parameters and optimizer state travel
 as tensors, and the state's layout as JSON (:mod:`disttrain.dataparallel.broadcast`).
 """
 
@@ -64,8 +66,18 @@ def broadcast_optimizer_state(
     dt_broadcast.broadcast_optimizer_state(optimizer, root_rank)
 
 
+def object_bytes(obj: Any) -> bytes:
+    """``obj`` as ``broadcast_object`` sends it (pickled: for trusted ranks only)."""
+    return pickle.dumps(obj)
+
+
+def object_from_bytes(data: bytes) -> Any:
+    """The object :func:`object_bytes` made (unpickling runs the sender's choice of code)."""
+    return pickle.loads(data)
+
+
 def _to_bytes_tensor(obj: Any) -> torch.Tensor:
-    return torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+    return torch.frombuffer(bytearray(object_bytes(obj)), dtype=torch.uint8)
 
 
 def broadcast_object(
@@ -83,7 +95,7 @@ def broadcast_object(
     if not mine:
         payload = torch.empty(int(length), dtype=torch.uint8)
     broadcast_(payload, root_rank, name=f"{name}.t", process_set=process_set)
-    return obj if mine else pickle.loads(payload.numpy().tobytes())
+    return obj if mine else object_from_bytes(payload.numpy().tobytes())
 
 
 def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
@@ -94,6 +106,6 @@ def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
     data = allgather(payload, name=f"{name}.t")
     out, at = [], 0
     for n in sizes.tolist():
-        out.append(pickle.loads(data[at : at + n].numpy().tobytes()))
+        out.append(object_from_bytes(data[at : at + n].numpy().tobytes()))
         at += n
     return out

@@ -23,6 +23,7 @@ import copy
 import io
 import itertools
 import os
+import struct
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -36,6 +37,8 @@ from disttrain.horovod.functions import (
     broadcast_object,
     broadcast_optimizer_state,
     broadcast_parameters,
+    object_bytes,
+    object_from_bytes,
 )
 
 __all__ = ["TorchState"]
@@ -165,11 +168,17 @@ class TorchState:
         store = _restart_store()
         if store is not None and basics.rank() == 0:
             # rank 0's commit holds what every rank needs (the sampler's indices are joined)
-            payload = {"handlers": {k: h.saved for k, h in self._handlers.items()}}
-            buffer = io.BytesIO()
-            torch.save({**payload, "plain": self._saved}, buffer)
-            # bytes, which the C++ store takes (torch's stub says str)
-            store.set(self._key, buffer.getvalue())  # type: ignore[arg-type]
+            store.set(self._key, self._commit_bytes())  # type: ignore[arg-type]  # bytes too
+
+    def _commit_bytes(self) -> bytes:
+        """The last commit as one value (one write: a crash leaves the previous one whole):
+        the handled objects' state dicts by ``torch.save`` (read back with
+        ``weights_only=True``: tensors and plain containers only), then the plain values
+        as ``broadcast_object`` sends them (pickled, as Horovod's API promises)."""
+        buffer = io.BytesIO()
+        torch.save({k: h.saved for k, h in self._handlers.items()}, buffer)
+        handled = buffer.getvalue()
+        return struct.pack("<Q", len(handled)) + handled + object_bytes(self._saved)
 
     def resume(self) -> bool:
         """In a round torchrun restarted, whether the job has a commit (kept by :meth:`save`
@@ -181,11 +190,13 @@ class TorchState:
             return False
         if basics.rank() != 0:
             return True
-        # pickle, as broadcast_object: the job's own store, trusted as its peers are
-        commit = torch.load(io.BytesIO(store.get(self._key)), weights_only=False)
-        for name, saved in commit["handlers"].items():
+        data = store.get(self._key)
+        (n,) = struct.unpack_from("<Q", data)
+        handled = torch.load(io.BytesIO(data[8 : 8 + n]), weights_only=True)
+        for name, saved in handled.items():
             self._handlers[name].saved = saved
-        object.__setattr__(self, "_saved", commit["plain"])
+        # pickled, as broadcast_object's: the job's own store, trusted as its peers are
+        object.__setattr__(self, "_saved", object_from_bytes(data[8 + n :]))
         self.restore()
         return True
 
