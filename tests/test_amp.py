@@ -68,7 +68,7 @@ def _overflow_on_one_rank(compression: str) -> list[tuple[float, bool, list[floa
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    strategy = strategies.get("allreduce")(cfg, world.current(), loss_fn)
+    strategy = strategies.get("allreduce").build(cfg, world.current(), loss_fn)
     strategy.setup(model, optimizer)
     runner = StepRunner(strategy, optimizer, cfg.train, Timers(), None, dist.get_rank())
     assert runner.scaler is not None

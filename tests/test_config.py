@@ -97,7 +97,7 @@ def test_where_two_components_default_one_setting_the_strategy_wins() -> None:
     from disttrain.config import choice_defaults, section_fields
     from disttrain.strategies import STRATEGIES
 
-    diloco = STRATEGIES.get("diloco").setting_defaults  # adam at 0.003; topk: sgd at 0.5
+    diloco = STRATEGIES.get("diloco").settings.setting_defaults  # adam at 0.003; topk: sgd at 0.5
     got = choice_defaults({"strategy": "diloco", "compression": "topk:0.1"}, section_fields())
     assert (got["optimizer"], got["lr"]) == (diloco["optimizer"], diloco["lr"]) != ("sgd", 0.5)
     # a given optimizer settles it: a component's lr stays only if tuned with that one

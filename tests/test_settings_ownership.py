@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import disttrain.strategies  # noqa: F401  (every strategy registers its settings section)
-from disttrain import config
+from disttrain import collectives, config
 from disttrain.comm.errors import UsageError
 from disttrain.launch.preflight import check_settings_read, unread_settings
 from disttrain.strategies import STRATEGIES
@@ -28,10 +28,7 @@ from disttrain.strategies import STRATEGIES
 PIPELINES = {"pipeline", "hybrid"}
 #: Who reads each setting that not every run reads (with its COMPANIONS set).
 _OWNED_BY: list[tuple[str, set[str]]] = [
-    (
-        "algorithm inter_algorithm",
-        {"allreduce", "decentralized", "diloco", "hybrid", "localsgd", "tensor", "zero"},
-    ),
+    ("algorithm", {"allreduce", "decentralized", "diloco", "hybrid", "localsgd", "tensor", "zero"}),
     ("fusion_mb overlap accumulate", {"allreduce", "zero"}),
     ("zero_stage", {"zero"}),
     ("compression error_feedback", {"allreduce", "decentralized"}),
@@ -53,7 +50,13 @@ _OWNED_BY: list[tuple[str, set[str]]] = [
     ("tensor_mode", {"tensor", "hybrid"}),
     ("dp pp tp", {"hybrid"}),
 ]
+#: Each algorithm's own settings (its kind's section), from the registry: read with that
+#: algorithm chosen, by the strategies that read --algorithm.
+ALGORITHM_SETTINGS = {
+    s: a for a, kind in collectives.ALGORITHMS.items() for s in kind.reads_settings
+}
 OWNERS: dict[str, set[str]] = {n: owners for names, owners in _OWNED_BY for n in names.split()}
+OWNERS.update({s: OWNERS["algorithm"] for s in ALGORITHM_SETTINGS})
 
 #: Values the type alone cannot give (free-form strings, files).
 VALUES: dict[str, Any] = {
@@ -96,13 +99,14 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "tensor_mode": {"tp": 2},
     **{n: {"pp": 2} for n in ("microbatches", "schedule", "balance", "recompute")},
     "virtual_stages": {"pp": 2, "schedule": "interleaved"},
-    "inter_algorithm": {"algorithm": "hierarchical"},  # the algorithm's own setting
     # a data set's own shape (DataConfig.not_read: refused with another data set)
     **{
         n: {"dataset": "synthetic"}
         for n in ("synthetic_size", "synthetic_dim", "synthetic_classes")
     },
     "pycode_chars": {"dataset": "pycode"},
+    # an algorithm's own setting (hierarchical's inter_algorithm): with that algorithm
+    **{s: {"algorithm": a} for s, a in ALGORITHM_SETTINGS.items()},
 }
 
 
@@ -153,7 +157,7 @@ def test_every_setting_is_always_read_or_owned_by_a_strategy() -> None:
 def test_a_changed_setting_is_refused_exactly_when_the_strategy_does_not_read_it(
     strategy: str, tmp_path: Path
 ) -> None:
-    cls = STRATEGIES[strategy]
+    cls = STRATEGIES[strategy].settings
     wrong: list[str] = []
     checked = 0
     for name in config.section_fields():

@@ -46,7 +46,7 @@ def _strategy_step(compression: str) -> dict[str, Any]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 3))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    strategy = strategies.get("allreduce")(cfg, world.current(), loss_fn)
+    strategy = strategies.get("allreduce").build(cfg, world.current(), loss_fn)
     strategy.setup(model, optimizer)
     meter.reset()
     torch.manual_seed(1 + world.current().rank)

@@ -1,4 +1,4 @@
-"""Memory per worker in the cost model (``Strategy.predict_memory``) against what real runs
+"""Memory per worker in the cost model (``StrategyCost.predict_memory``) against what real runs
 count (``memory_per_rank`` in summary.json), its terms against torch, and advise's fit filter.
 
 Tolerance 5 % (issue #17): the counted bytes differ from the formulas only by the padding

@@ -89,7 +89,7 @@ def _compare_all() -> list[dict[str, Any]]:
         )
         model = copy.deepcopy(base)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        strategy = strategies.get("allreduce")(cfg, world, F.cross_entropy)
+        strategy = strategies.get("allreduce").build(cfg, world, F.cross_entropy)
         strategy.setup(model, opt)
         worst_ref = worst_ddp = 0.0
         for step in range(2):

@@ -21,7 +21,7 @@ def _train(compression: str) -> tuple[list[torch.Tensor], dict[str, float]]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    strategy = strategies.get("allreduce")(cfg, world.current(), loss_fn)
+    strategy = strategies.get("allreduce").build(cfg, world.current(), loss_fn)
     strategy.setup(model, optimizer)
     meter.reset()
     torch.manual_seed(1 + dist.get_rank())  # each rank its own data

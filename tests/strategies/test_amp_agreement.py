@@ -31,6 +31,7 @@ def _trace(flags: dict[str, Any], steps: int, inject: str) -> Trace | None:
 
     from disttrain import config, strategies
     from disttrain.comm import world
+    from disttrain.strategies.capabilities import data_shard
     from disttrain.train.faults import parse_fault
     from disttrain.train.metrics import Timers
     from disttrain.train.step import StepRunner
@@ -39,7 +40,7 @@ def _trace(flags: dict[str, Any], steps: int, inject: str) -> Trace | None:
     cfg = config.load({"scale_growth_interval": 2, "seed": 0, **flags})
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
-    strategy = strategies.get(cfg.train.strategy)(cfg, world.current(), loss_fn)
+    strategy = strategies.get(cfg.train.strategy).build(cfg, world.current(), loss_fn)
     model = strategy.prepare_model(model, torch.randn(cfg.train.batch_size, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     strategy.setup(model, optimizer)
@@ -51,7 +52,7 @@ def _trace(flags: dict[str, Any], steps: int, inject: str) -> Trace | None:
         strategy, optimizer, cfg.train, Timers(), parse_fault(inject), dist.get_rank()
     )
     # data-parallel ranks get their own shard; pipeline stages and tensor slices share one
-    gen = torch.Generator().manual_seed(100 + strategy.data_rank)
+    gen = torch.Generator().manual_seed(100 + data_shard(strategy)[0])
     x, y = torch.randn(8, 4, generator=gen), torch.randint(0, 4, (8,), generator=gen)
     start = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
     trace: Trace = [(runner.scaler.scale if runner.scaler else 1.0, False, start)]

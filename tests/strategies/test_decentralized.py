@@ -26,7 +26,7 @@ def _steps(flags: dict[str, Any], steps: int) -> tuple[list[float], int, dict[st
     torch.manual_seed(0)
     model = tiny_mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    strategy = strategies.get("decentralized")(cfg, world.current(), loss_fn)
+    strategy = strategies.get("decentralized").build(cfg, world.current(), loss_fn)
     strategy.setup(model, optimizer)
     meter.reset()
     gen = torch.Generator().manual_seed(dist.get_rank())

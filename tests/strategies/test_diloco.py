@@ -87,7 +87,7 @@ def _two_outer_steps(lr: float, m: float) -> float:
     )
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
-    strategy = strategies.get("diloco")(cfg, world.current(), loss_fn)
+    strategy = strategies.get("diloco").build(cfg, world.current(), loss_fn)
     strategy.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     theta = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).double()
     buf = torch.zeros_like(theta)
@@ -157,7 +157,7 @@ def _int4_outer_step() -> dict[str, float]:
     )
     torch.manual_seed(0)
     model = torch.nn.Linear(100, 3)  # 303 entries: 5 blocks, the last one partial
-    strategy = strategies.get("diloco")(cfg, world.current(), loss_fn)
+    strategy = strategies.get("diloco").build(cfg, world.current(), loss_fn)
     strategy.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     theta = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
     local = theta + torch.randn(theta.numel(), generator=torch.Generator().manual_seed(rank))

@@ -69,9 +69,9 @@ def test_mesh_equals_the_unsplit_model(inner: str) -> None:
     ],
 )
 def test_bad_mesh_names_the_number_to_change(flags: dict[str, Any], match: str) -> None:
-    from disttrain.strategies.hybrid import Hybrid
+    from disttrain.strategies.hybrid import HybridSettings
 
     flags = {"workers": 4, **flags}
     cfg = ref.config(strategy="hybrid", batch_size=36 if flags["workers"] == 9 else 16, **flags)
     with pytest.raises(UsageError, match=match):
-        Hybrid.validate_config(cfg, ref.model())
+        HybridSettings.validate_config(cfg, ref.model())

@@ -269,17 +269,17 @@ def test_1f1b_holds_fewer_activations_than_gpipe() -> None:
     ],
 )
 def test_bad_input_names_the_number_to_change(flags: dict[str, Any], match: str) -> None:
-    from disttrain.strategies.pipeline import Pipeline
+    from disttrain.strategies.pipeline import PipelineSettings
 
     batch = 36 if flags["workers"] == 9 else 24
     cfg = ref.config(strategy="pipeline", batch_size=batch, **flags)
     with pytest.raises(UsageError, match=match):
-        Pipeline.validate_config(cfg, ref.model())
+        PipelineSettings.validate_config(cfg, ref.model())
 
 
 def test_a_model_that_is_not_a_sequence_is_refused() -> None:
-    from disttrain.strategies.pipeline import Pipeline
+    from disttrain.strategies.pipeline import PipelineSettings
 
     cfg = ref.config(strategy="pipeline", workers=2, batch_size=8)
     with pytest.raises(UsageError, match=r"nn\.Sequential"):
-        Pipeline.validate_config(cfg, torch.nn.Linear(2, 2))
+        PipelineSettings.validate_config(cfg, torch.nn.Linear(2, 2))

@@ -5,7 +5,7 @@ record every field read from them (its checks, setup, steps, finish, evaluation
 and state, and everything they call: the reducer, the compressors, the inner
 pipeline or tensor strategy of a mesh; not ``summary()``, which only echoes
 settings into summary.json). A setting read that is neither always read nor in
-``Strategy.reads(cfg)`` would be one pre-flight refuses although it matters: the
+``StrategySettings.reads(cfg)`` would be one pre-flight refuses although it matters: the
 test fails naming it. Also run with settings that switch parts off
 (a sparse compressor on allreduce must not read ``--fusion-mb``).
 """
@@ -40,6 +40,7 @@ def _read_by_a_run(flags: dict[str, Any], steps: int) -> tuple[list[str], list[s
 
     from disttrain import config, strategies
     from disttrain.comm import world
+    from disttrain.strategies.capabilities import data_shard
     from disttrain.train.metrics import Timers
     from disttrain.train.step import StepRunner
     from disttrain.train.trainer import loss_fn
@@ -52,7 +53,8 @@ def _read_by_a_run(flags: dict[str, Any], steps: int) -> tuple[list[str], list[s
             for cls, s in real.sections.items()
         }
     )
-    cls = strategies.get(real.train.strategy)
+    kind = strategies.get(real.train.strategy)
+    cls = kind.settings
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(4, 8),
@@ -62,7 +64,7 @@ def _read_by_a_run(flags: dict[str, Any], steps: int) -> tuple[list[str], list[s
         torch.nn.Linear(8, 4),
     )
     cls.validate_config(cfg, model)
-    strategy = cls(cfg, world.current(), loss_fn)
+    strategy = kind.build(cfg, world.current(), loss_fn)
     model = strategy.prepare_model(model, torch.randn(cfg.train.batch_size, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     strategy.setup(model, optimizer)
@@ -71,7 +73,7 @@ def _read_by_a_run(flags: dict[str, Any], steps: int) -> tuple[list[str], list[s
         return None
     strategy.roles.limits(1, steps)
     runner = StepRunner(strategy, optimizer, real.train, Timers(), None, dist.get_rank())
-    gen = torch.Generator().manual_seed(100 + strategy.data_rank)
+    gen = torch.Generator().manual_seed(100 + data_shard(strategy)[0])
     for step in range(1, steps + 1):
         x, y = torch.randn(8, 4, generator=gen), torch.randint(0, 4, (8,), generator=gen)
         runner.run(step, x, y)

@@ -122,7 +122,7 @@ def test_plugin_strategy_in_advise(tmp_path: Path) -> None:
     # the plug-in inherits the allreduce formula: the same prediction under its own name
     assert rows["allreduce2:ring"]["step_seconds"] == rows["allreduce:ring"]["step_seconds"] > 0
     assert rows["allreduce2:ring"]["reason"] == rows["allreduce:ring"]["reason"]
-    # and its memory per worker (a whole replica: Strategy.predict_memory's default)
+    # and its memory per worker (a whole replica: StrategyCost.predict_memory's default)
     assert rows["allreduce2:ring"]["memory"] == rows["allreduce:ring"]["memory"]
     assert rows["allreduce2:ring"]["memory"]["total"] == 12 * 10**6  # momentum: 12 bytes each
     # and its own default rows (one per algorithm) join advise's table

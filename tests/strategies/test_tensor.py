@@ -86,10 +86,10 @@ def test_tensor_slicing_equals_the_unsplit_model(mode: str) -> None:
 
 
 def test_bad_widths_are_refused_before_start() -> None:
-    from disttrain.strategies.tensor import TensorParallel
+    from disttrain.strategies.tensor import TensorSettings
 
     cfg = ref.config(strategy="tensor", workers=7, batch_size=14)
     with pytest.raises(UsageError, match="--workers 7: no Linear layer's width"):
-        TensorParallel.validate_config(cfg, ref.model())
+        TensorSettings.validate_config(cfg, ref.model())
     with pytest.raises(UsageError, match=r"nn\.Sequential"):
-        TensorParallel.validate_config(cfg, torch.nn.Linear(4, 4))
+        TensorSettings.validate_config(cfg, torch.nn.Linear(4, 4))

@@ -11,7 +11,8 @@ import torch
 from disttrain import checkpoint
 from disttrain.collectives.chunks import chunk_bounds
 from disttrain.strategies import STRATEGIES
-from disttrain.strategies.base import average_states
+from disttrain.strategies.capabilities import Reshards
+from disttrain.strategies.state import average_states
 from tests.test_cli import run_cli
 
 #: 20 steps of the small MLP at global batch 48 (divisible by 4, 3, 2 and 1 workers)
@@ -118,8 +119,8 @@ def test_each_data_parallel_strategy_reshards_by_averaging_its_workers(name: str
     """What a resume on another count keeps: the mean of the old workers' float state
     (equal replicas stay bit for bit), counters and RNG from old worker 0; the ring's
     public copies of old neighbours are dropped (the strategy rebuilds them)."""
-    cls = STRATEGIES[name]
-    assert cls.reshards
+    cls = STRATEGIES[name].runtime
+    assert issubclass(cls, Reshards)
     ring = name == "decentralized"
     olds = [
         _worker(1.0 + j, 2.0 * j, {j: 5.0, (j + 1) % 3: 6.0} if ring else None) for j in range(3)
@@ -146,7 +147,7 @@ def test_equal_replicas_are_kept_without_rounding() -> None:
 
 @pytest.mark.parametrize("name", ["pipeline", "tensor", "hybrid"])
 def test_model_parallel_strategies_refuse_another_layout(name: str) -> None:
-    assert not STRATEGIES[name].reshards
+    assert not issubclass(STRATEGIES[name].runtime, Reshards)
 
 
 @pytest.mark.timeout(300)
@@ -228,7 +229,7 @@ def test_zero_reshard_recuts_the_shards_and_the_optimizer_state(old: int, new: i
     full, momentum = torch.arange(7.0), torch.arange(7.0) * -2
     olds = [_zero_worker(j, full, momentum, old) for j in range(old)]
     for rank in range(new):
-        state = STRATEGIES["zero"].reshard(lambda j: olds[j], old, rank, new)
+        state = STRATEGIES["zero"].runtime.reshard(lambda j: olds[j], old, rank, new)
         start, stop = chunk_bounds(7, new)[rank]
         assert torch.equal(state["strategy"]["shards"][0], full[start:stop])
         assert state["strategy"]["world_size"] == new

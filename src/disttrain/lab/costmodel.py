@@ -27,7 +27,7 @@ the step of tensor parallelism and hybrids is not modelled (their errors say why
 their memory is.
 
 Memory per worker (``predict_memory``) is each strategy's own formula too
-(``Strategy.predict_memory``: a whole replica by default), on the model's layers: the
+(``StrategyCost.predict_memory``: a whole replica by default), on the model's layers: the
 real model, or :func:`equal_layers` built from a parameter count (on the meta device,
 so no memory is allocated)::
 
@@ -85,12 +85,16 @@ __all__ = [
 
 def default_strategies() -> tuple[str, ...]:
     """The specs ``disttrain advise`` ranks when none are named: each strategy's own rows."""
-    return tuple(spec for _, cls in STRATEGIES.items() for spec in cls.advise_specs())
+    return tuple(
+        spec for _, kind in STRATEGIES.items() for spec in kind.cost_model().advise_specs()
+    )
 
 
 def memory_strategies() -> tuple[str, ...]:
     """The specs ``disttrain advise`` lists for their memory alone (no step-time formula)."""
-    return tuple(spec for _, cls in STRATEGIES.items() for spec in cls.memory_specs())
+    return tuple(
+        spec for _, kind in STRATEGIES.items() for spec in kind.cost_model().memory_specs()
+    )
 
 
 def __getattr__(name: str) -> Any:
@@ -112,7 +116,8 @@ def predict(
     try:
         spec = strategy if isinstance(strategy, RunSpec) else parse_one(strategy, model=True)
         with pricing_layout(work.ranks_per_host):  # the workload's hosts, not this shell's
-            return STRATEGIES.get(spec.strategy).predict(spec, work, nodes, network, calibration)
+            cost = STRATEGIES.get(spec.strategy).cost_model()
+            return cost.predict(spec, work, nodes, network, calibration)
     except (UsageError, ValueError) as exc:
         raise _named(exc, label) from None
 
@@ -135,7 +140,7 @@ def predict_memory(strategy: str | RunSpec, work: Workload, nodes: int, model: n
     label = strategy.label if isinstance(strategy, RunSpec) else strategy
     try:
         spec = strategy if isinstance(strategy, RunSpec) else parse_one(strategy, model=True)
-        return STRATEGIES.get(spec.strategy).predict_memory(spec, work, nodes, model)
+        return STRATEGIES.get(spec.strategy).cost_model().predict_memory(spec, work, nodes, model)
     except (UsageError, ValueError) as exc:
         raise _named(exc, label) from None
 

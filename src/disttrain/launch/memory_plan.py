@@ -90,7 +90,7 @@ def estimate(cfg: Any, model: nn.Module, data: Any, forked: bool) -> Plan:
     strategy = strategies.get(tc.strategy)
     spec = RunSpec(tc.strategy, tc.strategy, changed_settings(cfg))
     try:
-        state = int(strategy.predict_memory(spec, work, tc.world_size, model).total)
+        state = int(strategy.cost_model().predict_memory(spec, work, tc.world_size, model).total)
     except ValueError:  # a layout the formulas do not model: a whole replica's
         state = int(costing.worker_memory(work, params).total)
     per_worker_batch = -(-tc.batch_size // tc.world_size)

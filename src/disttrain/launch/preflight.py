@@ -16,14 +16,14 @@ def unread_settings(cfg: Any) -> dict[str, str]:
     """Each setting ``cfg`` changes from its default that the run will not read, with why.
 
     Always-read settings are read by the trainer and launcher; any other one must
-    be declared by the chosen strategy (``Strategy.reads_settings``) and not be
-    switched off by the run's other settings (``Strategy.settings_not_read``).
+    be declared by the chosen strategy's settings part (``StrategySettings.reads_settings``)
+    and not be switched off by the run's other settings (``settings_not_read``).
     """
     from disttrain import collectives, strategies
     from disttrain.config import always_read, changed_settings, field_names, flag
 
     strategy = strategies.get(cfg.train.strategy)
-    reads, off = strategy.reads(cfg), strategy.settings_not_read(cfg)
+    reads, off = strategy.settings.reads(cfg), strategy.settings.settings_not_read(cfg)
     out: dict[str, str] = {}
     other_data = cfg.data.not_read()  # another data set's shape (the section is always read)
     for name, value in changed_settings(cfg).items():
@@ -48,7 +48,9 @@ def unread_settings(cfg: Any) -> dict[str, str]:
             out[name] = f"{where} {off[name]}"
             continue
         users = sorted(
-            s for s, cls in strategies.STRATEGIES.items() if name in field_names(cls.reads_settings)
+            s
+            for s, kind in strategies.STRATEGIES.items()
+            if name in field_names(kind.settings.reads_settings)
         )
         out[name] = f"{where} (used by: {', '.join(users) or 'no strategy'})"
     return out
@@ -74,8 +76,9 @@ def preflight(cfg: Any) -> tuple[Any, Any]:
     check_paths(tc)
     check_endpoint(tc.rdzv_endpoint)
     strategy = strategies.get(tc.strategy)  # an unknown name: the registry's usage error
-    collectives.get(tc.algorithm)  # an unknown name: the registry's usage error
-    collectives.set_inter_algorithm(tc.inter_algorithm)  # one that crosses hosts, or exit 2
+    # an unknown name: the registry's usage error (its settings, such as hierarchical's
+    # --inter-algorithm, were validated with their section when the config was loaded)
+    collectives.get(tc.algorithm)
     fault = parse_fault(tc.inject_fault)
     if fault and fault.rank >= tc.world_size:
         raise UsageError(
@@ -107,7 +110,7 @@ def preflight(cfg: Any) -> tuple[Any, Any]:
     model = build_model(tc.model, data)
     _forward_one_batch(tc, model, data)
     # Strategies check what needs the whole config (pipeline stages, mesh, ps modes) here.
-    strategy.validate_config(cfg, model)
+    strategy.settings.validate_config(cfg, model)
     shrink.check(cfg)  # --min-workers: a strategy that goes on, one host, the batch splits
     grow.check(cfg)  # --max-workers: the same for a job that admits joiners
     # After the strategy's own checks, which name impossible values more precisely.
@@ -122,12 +125,13 @@ def _check_resume(cfg: Any, strategy: Any, model: Any, train_samples: int) -> No
     already done, and of a layout the strategy can resume (its own check); another number
     of workers only where the strategy reshards."""
     from disttrain import checkpoint
+    from disttrain.strategies.capabilities import Reshards
 
     tc = cfg.train
     check_resume_matches(cfg, train_samples)
-    strategy.check_resume(cfg, model, checkpoint.load(tc.resume, 0, None))
+    strategy.settings.check_resume(cfg, model, checkpoint.load(tc.resume, 0, None))
     old = checkpoint.saved_world(tc.resume)
-    if old != tc.world_size and not strategy.reshards:
+    if old != tc.world_size and not issubclass(strategy.runtime, Reshards):
         checkpoint.restore(tc.resume, 0, tc.world_size, None, f"--strategy {strategy.name}")
 
 

@@ -9,7 +9,7 @@ from disttrain.registry import import_submodules
 from disttrain.strategies.base import STRATEGIES, Strategy, get, register
 
 #: Modules of this package that hold no strategy (the interface and its helpers).
-HELPERS = ("base", "layout", "runspec", "spec")
+HELPERS = ("base", "capabilities", "cost", "layout", "runspec", "settings", "spec", "state")
 
 import_submodules(__name__, skip=HELPERS)
 

@@ -20,16 +20,16 @@ summable), and pre-flight refuses them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from disttrain import collectives, costing, timeline
+from disttrain import collectives, timeline
 from disttrain.comm.errors import UsageError
 from disttrain.comm.world import World
-from disttrain.compression.base import CollectiveCompressor, Configurable, LayerAware, Stateful
+from disttrain.compression.base import Configurable, LayerAware, Stateful
 from disttrain.compression.casts import cast_dtype
 from disttrain.compression.config import CompressionConfig
 from disttrain.compression.error_feedback import ErrorFeedback
@@ -47,11 +47,10 @@ from disttrain.dataparallel.broadcast import broadcast_tensors
 from disttrain.dataparallel.fusion import FlatBucket
 from disttrain.dataparallel.reducer import Reducer
 from disttrain.strategies.base import Strategy, register
+from disttrain.strategies.capabilities import Grows, Reshards, SendsDuringBackward, ShapesCheckpoint
+from disttrain.strategies.settings import StrategySettings
 
-if TYPE_CHECKING:
-    from disttrain.strategies.runspec import RunSpec
-
-__all__ = ["AllReduce", "DataParallelConfig", "broadcast_tensors"]
+__all__ = ["AllReduce", "AllReduceSettings", "DataParallelConfig", "broadcast_tensors"]
 
 #: The --fusion-mb default, chosen by `disttrain bench dp --sweep` (docs/data-parallel.md).
 DEFAULT_FUSION_MB = 4.0
@@ -75,21 +74,17 @@ class DataParallelConfig:
             raise UsageError(f"--accumulate must be >= 1, got {self.accumulate}")
 
 
-@register
-class AllReduce(Strategy):
-    """Average gradients with ``--algorithm``, fused into buckets, overlapped with backward."""
+class AllReduceSettings(StrategySettings):
+    """What the allreduce strategy reads: the engine's section, the compressors', --algorithm."""
 
-    name = "allreduce"
     # the compressors' own sections too (--powersgd-start-step), each read with its compressor
     reads_settings = (DataParallelConfig, CompressionConfig, "algorithm", *sections())
-    # Replicas are equal: a resume on M workers takes them as they are; per-worker error
-    # feedback residuals are averaged (their mean is what the next average adds back).
-    reshards = True
-    # Buckets may be summed during backward: under fp16 the trainer unscales after the
-    # sum (a sum carries any rank's Inf/NaN to all). Also right with --no-overlap.
-    communicates_during_backward = True
     main_setting: ClassVar[str | None] = "algorithm"
-    cost_settings: ClassVar[tuple[str, ...]] = ("algorithm", "fusion_mb", "overlap", "compression")
+    # a sparse compressor takes the other path (one payload per peer after backward)
+    modes: ClassVar[dict[str, tuple[str, ...]]] = {
+        "": (),
+        "topk": ("--compression", "topk:0.01"),
+    }
 
     @classmethod
     def settings_not_read(cls, config: RunConfig) -> dict[str, str]:
@@ -107,11 +102,6 @@ class AllReduce(Strategy):
             unread["algorithm"] = why
         return unread
 
-    # Live shrink (--min-workers): the survivors regroup and redo the step (``regroup``)
-    shrinks = True
-    # Live grow (--max-workers): a joiner gets rank 0's replica over the new group
-    grows = True
-
     @classmethod
     def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
         super().validate_config(config, model)
@@ -127,10 +117,23 @@ class AllReduce(Strategy):
                 "of its own to go on from; use --compression none, fp16 or bf16"
             )
 
+
+# Grows: live shrink (--min-workers) regroups the survivors and redoes the step, live grow
+# (--max-workers) gives a joiner rank 0's replica over the new group (``regroup``).
+# Reshards: replicas are equal, so a resume on M workers takes them as they are; per-worker
+# error feedback residuals are averaged (their mean is what the next average adds back).
+# SendsDuringBackward: buckets may be summed during backward, so under fp16 the trainer
+# unscales after the sum (a sum carries any rank's Inf/NaN to all); also with --no-overlap.
+@register(settings=AllReduceSettings, cost="disttrain.strategies.cost.allreduce:AllReduceCost")
+class AllReduce(Strategy, Grows, Reshards, ShapesCheckpoint, SendsDuringBackward):
+    """Average gradients with ``--algorithm``, fused into buckets, overlapped with backward."""
+
+    name = "allreduce"
+
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         super().setup(model, optimizer)
         if self.world.world_size > 1:
-            broadcast_tensors(list(model.state_dict().values()), 0, self.worker_group)
+            broadcast_tensors(list(model.state_dict().values()), 0, self.roles.worker_group)
         cc = self.config.section(CompressionConfig)
         compressor = parse(cc.compression)
         self.accumulate = 1
@@ -144,7 +147,11 @@ class AllReduce(Strategy):
             self.feedback = ErrorFeedback(self.compressor, enabled=cc.error_feedback)
             self.stats = CompressionStats(starved=StarvedCheck(self.compressor))
             # only summable payloads ride an allreduce; the others go to every peer
-            self.algorithm = self.config.train.algorithm if self.compressor.summable else ""
+            self.algorithm: collectives.Algorithm = (
+                collectives.build(self.config.train.algorithm, self.config)
+                if self.compressor.summable
+                else "native"
+            )
             return
         self.accumulate = self.config.section(DataParallelConfig).accumulate
         self.reducer = self._reducer()
@@ -153,10 +160,11 @@ class AllReduce(Strategy):
         dp: DataParallelConfig = self.config.section(DataParallelConfig)
         return Reducer(
             list(self.model.parameters()),
-            algorithm=self.config.train.algorithm,
+            # configured by its own settings section (hierarchical's --inter-algorithm)
+            algorithm=collectives.build(self.config.train.algorithm, self.config),
             fusion_mb=dp.fusion_mb,
             overlap=dp.overlap,
-            group=self.worker_group,
+            group=self.roles.worker_group,
             world_size=self.world.world_size,
             # a cast: the buckets travel in its type
             compression=self.config.section(CompressionConfig).compression,
@@ -211,15 +219,18 @@ class AllReduce(Strategy):
             compressed_all_reduce(
                 flat,
                 compressor,
-                self.algorithm or "native",
-                self.worker_group,
+                self.algorithm,
+                self.roles.worker_group,
                 self.feedback,
                 self.stats,
                 mean=True,
             )
 
         average(
-            grads, group=self.worker_group, world_size=self.world.world_size, mean_=compressed_mean
+            grads,
+            group=self.roles.worker_group,
+            world_size=self.world.world_size,
+            mean_=compressed_mean,
         )
 
     def finish(self) -> None:
@@ -258,135 +269,3 @@ class AllReduce(Strategy):
             self.feedback.load_state_dict(state.get("feedback", {}))
             if isinstance(self.compressor, Stateful):
                 self.compressor.load_state_dict(state.get("compressor", {}))
-
-    # --- the cost model ---------------------------------------------------------------
-    @classmethod
-    def advise_specs(cls) -> list[str]:
-        # one row per algorithm; an estimated one (native: gloo's ring) is modelled as another;
-        # a one-host one (shm) is asked for by name (its ranks must share a host)
-        return [
-            f"{cls.name}:{a}"
-            for a, algo in collectives.ALGORITHMS.items()
-            if not algo.estimated and not algo.one_host
-        ]
-
-    @classmethod
-    def predict(
-        cls,
-        spec: RunSpec,
-        work: costing.Workload,
-        nodes: int,
-        network: costing.Network,
-        calibration: costing.Rates,
-    ) -> costing.Prediction:
-        """Gradients in fusion buckets, one allreduce each; with overlap the buckets but the
-        last hide behind backward (≈ 2/3 of compute). ``compression=`` a cast sends the same
-        buckets in its type; a collective compressor (PowerSGD) is its own rounds."""
-        cfg = spec.config()
-        dp: DataParallelConfig = cfg.section(DataParallelConfig)
-        alg, net, cal = cfg.train.algorithm, network, calibration
-        if "compression" in spec.settings:
-            compressor = parse(cfg.section(CompressionConfig).compression)
-            dtype = cast_dtype(compressor)
-            if isinstance(compressor, CollectiveCompressor):
-                return cls._predict_collective(spec, compressor, work, nodes, net, cal)
-            if dtype is None:
-                raise costing.NotModelled(
-                    f"allreduce with --compression {compressor.spec} is not modelled here: its "
-                    f"payloads go to every peer point to point, as decentralized:"
-                    f"{compressor.spec} models them"
-                )
-            work = replace(work, bytes_per_param=dtype.itemsize)
-        if "fusion_mb" in spec.settings:
-            work = replace(work, bucket_bytes=int(dp.fusion_mb * (1 << 20)), buckets=None)
-        if "overlap" in spec.settings:
-            work = replace(work, overlap=dp.overlap)
-        n = nodes
-        compute = costing.compute_seconds(work, n, cal)
-        sizes = (
-            list(work.buckets)
-            if work.buckets
-            else costing.bucket_sizes(work.gradient_bytes, work.bucket_bytes)
-        )
-        total, last, terms, sent, msgs, biggest = _allreduces(
-            alg, sizes, n, net, cal, work.bytes_per_param
-        )
-        exposed = total
-        if work.overlap:  # every bucket but the last can run during backward (2/3 of compute)
-            exposed = max(last, total - compute * 2 / 3)
-        exposed += cal.sync_seconds(n)  # the step waits for the slowest rank
-        bound = costing.bound_of(terms)
-        reason = "one rank: nothing to send"
-        if biggest is not None and n > 1:
-            reason = costing.describe_allreduce(bound, biggest, max(sizes), len(sizes), net)
-        return costing.finish(spec.label, n, compute, exposed, sent, msgs, bound, reason, work, cal)
-
-    @classmethod
-    def _predict_collective(
-        cls,
-        spec: RunSpec,
-        compressor: CollectiveCompressor,
-        work: costing.Workload,
-        n: int,
-        net: costing.Network,
-        cal: costing.Rates,
-    ) -> costing.Prediction:
-        """The compressor's own rounds (PowerSGD: the small tensors, P, Q), each one fp32
-        allreduce after backward, unfused and not overlapped, plus its codec's flops at the
-        calibrated matmul rate (the steady state, after --powersgd-start-step)."""
-        if work.shapes is None:
-            raise ValueError(
-                f"--compression {compressor.spec} sends what the layer shapes give: the "
-                "workload needs them (advise: --model, or --params with --layers)"
-            )
-        if isinstance(compressor, LayerAware):
-            compressor.bind_shapes([torch.Size(s) for s in work.shapes])
-        rounds = [4 * k for k in compressor.round_numels(work.params)]  # fp32 sums
-        alg = spec.config().train.algorithm
-        compute = costing.compute_seconds(work, n, cal)
-        total, _, terms, sent, msgs, biggest = _allreduces(alg, rounds, n, net, cal, 4)
-        flops = compressor.codec_flops(work.params)
-        # on the cores the step computes on: slowed as compute is by ranks sharing a host
-        codec = flops * cal.seconds_per_flop * cal.colocation_factor(work.ranks_per_host)
-        terms["encode"] = codec
-        bound = costing.bound_of(terms)
-        dense = 4 * work.params
-        what = (
-            f"{compressor.spec}: {len(rounds)} {alg} allreduces of "
-            f"{costing.mb(sum(rounds))} ({dense / max(1, sum(rounds)):.3g}x fewer entries)"
-        )
-        reason = f"{bound}-bound: {what}"
-        if bound == "encode":
-            reason = f"codec-bound: {flops / 1e6:.3g} MFLOP of low-rank matmuls; {what}"
-        if biggest is None or n == 1:
-            reason = f"one rank: nothing to send; {compressor.spec} codec"
-        comm = total + codec + cal.sync_seconds(n)  # its rounds end the step, as dense ones do
-        return costing.finish(spec.label, n, compute, comm, sent, msgs, bound, reason, work, cal)
-
-
-def _allreduces(
-    alg: str, sizes: list[int], n: int, net: costing.Network, cal: costing.Rates, itemsize: int
-) -> tuple[float, float, dict[str, float], int, float, costing.CriticalPath | None]:
-    """One allreduce of each size in turn: (seconds, the last one's seconds, the latency,
-    bandwidth and reduction terms, bytes and messages per rank, the biggest critical path)."""
-    gamma = costing.gamma_of(net, cal)
-    total = last = 0.0
-    terms = {"latency": 0.0, "bandwidth": 0.0, "reduction": 0.0}
-    sent, msgs = 0, 0.0
-    biggest: costing.CriticalPath | None = None
-    for size in sizes:
-        t, path = costing.allreduce_seconds(alg, size, n, net, cal, itemsize)
-        total += t
-        last = t
-        sent += path.bytes_per_rank
-        msgs += path.messages_per_rank
-        if net.shared_host:
-            terms["latency"] += path.steps * net.alpha + path.total_messages * net.delta
-            terms["bandwidth"] += path.total_bytes * net.beta
-        else:
-            terms["latency"] += path.steps * net.alpha
-            terms["bandwidth"] += path.critical_bytes * net.beta
-            terms["reduction"] += path.reduced_bytes * gamma
-        if biggest is None or biggest.critical_bytes < path.critical_bytes:
-            biggest = path
-    return total, last, terms, sent, msgs, biggest

@@ -24,15 +24,15 @@ with a blocking outer step of every fragment (α = 0): equal replicas.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from disttrain import collectives, costing, timeline
+from disttrain import collectives, timeline
 from disttrain.comm.commthread import CommThread
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
@@ -41,11 +41,9 @@ from disttrain.compression import blockquant
 from disttrain.config import RunConfig, opt, register_section
 from disttrain.strategies.base import register
 from disttrain.strategies.localsgd import LocalSGD, LocalSGDConfig
+from disttrain.strategies.settings import StrategySettings
 
-if TYPE_CHECKING:
-    from disttrain.strategies.runspec import RunSpec
-
-__all__ = ["DiLoCo", "DiLoCoConfig", "fragments"]
+__all__ = ["DiLoCo", "DiLoCoConfig", "DiLoCoSettings", "fragments"]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: the casts are summed by the allreduce; int4 codes are gathered (compression/blockquant.py)
@@ -96,17 +94,16 @@ def fragments(sizes: list[int], count: int) -> list[list[int]]:
     return out
 
 
-@register
-class DiLoCo(LocalSGD):
-    """Local inner steps; every H steps an outer Nesterov step on the averaged outer gradient."""
+class DiLoCoSettings(StrategySettings):
+    """What DiLoCo reads: local SGD's period and warm-up, its outer step's section, and
+    --algorithm; its inner optimizer's defaults."""
 
-    name = "diloco"
+    main_setting: ClassVar[str | None] = "period"
     reads_settings = ("period", "warmup_sync_steps", DiLoCoConfig, "algorithm")
     # the paper's inner optimizer (AdamW); a given flag wins. lr: the default workload (mlp,
     # digits, 5 epochs, allreduce 0.958) reached 0.928 at 0.001, 0.919 at 0.002, 0.947 at
     # 0.003, 0.925 at 0.005 (2026-11-24): 0.003 is inside the defaults test's 3-point band
     setting_defaults: ClassVar[dict[str, Any]] = {"optimizer": "adam", "lr": 0.003}
-    cost_settings: ClassVar[tuple[str, ...]] = ("period", "algorithm", "outer_dtype", "fragments")
 
     @classmethod
     def settings_not_read(cls, config: RunConfig) -> dict[str, str]:
@@ -124,6 +121,13 @@ class DiLoCo(LocalSGD):
             )
         if f > len([p for p in model.parameters() if p.requires_grad]):
             raise UsageError(f"--fragments {f}: the model has fewer parameter tensors than that")
+
+
+@register(settings=DiLoCoSettings, cost="disttrain.strategies.cost.diloco:DiLoCoCost")
+class DiLoCo(LocalSGD):
+    """Local inner steps; every H steps an outer Nesterov step on the averaged outer gradient."""
+
+    name = "diloco"
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         super().setup(model, optimizer)  # replicas made equal
@@ -331,49 +335,3 @@ class DiLoCo(LocalSGD):
         self.peak_step_bytes = int(state.get("peak_step_bytes", 0))
         p = state.get("pending")
         self._pending = None if p is None else (int(p["fragment"]), None, p["flat"], int(p["due"]))
-
-    # --- the cost model -----------------------------------------------------------------------
-    @classmethod
-    def advise_specs(cls) -> list[str]:
-        return [f"{cls.name}:50", f"{cls.name}:200"]
-
-    @classmethod
-    def predict(
-        cls,
-        spec: RunSpec,
-        work: costing.Workload,
-        nodes: int,
-        network: costing.Network,
-        calibration: costing.Rates,
-    ) -> costing.Prediction:
-        """Local SGD's term (one model-sized allreduce every H steps) with the outer gradients
-        in ``--outer-dtype``; streaming sends 1/F of it F times per period, overlapped with an
-        inner step, so its exposed part is what exceeds one step's compute."""
-        cfg = spec.config()
-        dc: DiLoCoConfig = cfg.section(DiLoCoConfig)
-        h, f = cfg.section(LocalSGDConfig).period, dc.fragments
-        if dc.outer_dtype not in DTYPES:
-            raise costing.NotModelled(
-                f"--outer-dtype {dc.outer_dtype} is gathered, not summed: an all-gather of "
-                "every worker's codes, not modelled (compression/blockquant.py gives its bytes)"
-            )
-        sent = replace(work, bytes_per_param=DTYPES[dc.outer_dtype].itemsize)
-        pred = super().predict(spec, sent, nodes, network, calibration)
-        reason = f"outer gradients in {dc.outer_dtype}; {pred.reason}"
-        comm = pred.comm_seconds
-        if f > 1:  # one fragment (1/F of a sync) per sync step, hidden behind one inner step
-            comm = max(0.0, comm * h / f - pred.compute_seconds) * f / h
-            reason += f"; {f} fragments, each overlapped with an inner step"
-        return costing.finish(
-            spec.label,
-            nodes,
-            pred.compute_seconds,
-            comm,
-            pred.bytes_per_rank,
-            pred.messages_per_rank,
-            pred.bound,
-            reason,
-            sent,
-            calibration,
-            note="changes convergence per step",
-        )

@@ -9,12 +9,12 @@ whole stage fused into one message). D·P (or D·T) must equal the worker count.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from disttrain import collectives, costing, timeline
+from disttrain import collectives, timeline
 from disttrain.comm import phases
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
@@ -24,13 +24,12 @@ from disttrain.dataparallel.average import average
 from disttrain.parallel.mesh import Mesh
 from disttrain.parallel.settings import ParallelConfig
 from disttrain.strategies.base import LossFn, Strategy, register
+from disttrain.strategies.capabilities import ShardsData
 from disttrain.strategies.pipeline import Pipeline, check_pipeline, pipeline_settings_not_read
+from disttrain.strategies.settings import StrategySettings
 from disttrain.strategies.tensor import TensorParallel, check_tensor
 
-if TYPE_CHECKING:
-    from disttrain.strategies.runspec import RunSpec
-
-__all__ = ["Hybrid", "mesh_shape"]
+__all__ = ["Hybrid", "HybridSettings", "mesh_shape"]
 
 
 def mesh_shape(pc: ParallelConfig, workers: int) -> tuple[int, int, str]:
@@ -47,16 +46,13 @@ def mesh_shape(pc: ParallelConfig, workers: int) -> tuple[int, int, str]:
     return dp, inner, kind
 
 
-@register
-class Hybrid(Strategy):
-    """Data parallel across the rows of the mesh, pipeline or tensor parallel along them."""
+class HybridSettings(StrategySettings):
+    """What the mesh reads: the parallel section (its pipeline's or slices' settings as its
+    inner kind reads them) and --algorithm (the replicas' gradient average)."""
 
-    name = "hybrid"
-    shares_activations: ClassVar[bool] = True  # stages or slices exchange activations
-    not_modelled: ClassVar[str] = (
-        "its replicas are pipelines or tensor-parallel groups, which are not modelled"
-    )
     reads_settings = (ParallelConfig, "algorithm")
+    # it requires --pp or --tp (ranks inside each replica)
+    modes: ClassVar[dict[str, tuple[str, ...]]] = {"tp": ("--tp", "2")}
 
     @classmethod
     def settings_not_read(cls, config: RunConfig) -> dict[str, str]:
@@ -70,6 +66,33 @@ class Hybrid(Strategy):
             why = f"with --tp {pc.tp} (tensor slices inside each replica)"
             unread.update(dict.fromkeys(pipeline, why))
         return unread
+
+    @classmethod
+    def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
+        pc: ParallelConfig = config.section(ParallelConfig)
+        dp, inner, kind = mesh_shape(pc, config.train.world_size)
+        per_group = config.train.batch_size // dp
+        if config.train.batch_size % dp:
+            raise UsageError(
+                f"--batch-size {config.train.batch_size} does not split into --dp {dp} "
+                f"replicas: use a multiple of {dp}"
+            )
+        if kind == "pp":
+            check_pipeline(model, inner, per_group, pc, "--pp")
+        else:
+            check_tensor(model, inner, pc.tensor_mode, "--tp")
+
+
+# ShardsData: the replicas (rows of the mesh) split each global batch, not every rank.
+@register(
+    settings=HybridSettings,
+    cost="disttrain.strategies.cost.hybrid:HybridCost",
+    shares_activations=True,  # stages or slices exchange activations
+)
+class Hybrid(Strategy, ShardsData):
+    """Data parallel across the rows of the mesh, pipeline or tensor parallel along them."""
+
+    name = "hybrid"
 
     def __init__(self, config: RunConfig, world: World, loss_fn: LossFn) -> None:
         super().__init__(config, world, loss_fn)
@@ -91,21 +114,6 @@ class Hybrid(Strategy):
             self.inner = TensorParallel(config, world, loss_fn)
             self.inner.bind(self.mesh.inner_group, self.mesh.inner_ranks)
         self.algorithm = config.train.algorithm
-
-    @classmethod
-    def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
-        pc: ParallelConfig = config.section(ParallelConfig)
-        dp, inner, kind = mesh_shape(pc, config.train.world_size)
-        per_group = config.train.batch_size // dp
-        if config.train.batch_size % dp:
-            raise UsageError(
-                f"--batch-size {config.train.batch_size} does not split into --dp {dp} "
-                f"replicas: use a multiple of {dp}"
-            )
-        if kind == "pp":
-            check_pipeline(model, inner, per_group, pc, "--pp")
-        else:
-            check_tensor(model, inner, pc.tensor_mode, "--tp")
 
     @property
     def data_rank(self) -> int:
@@ -152,25 +160,3 @@ class Hybrid(Strategy):
 
     def summary(self) -> dict[str, Any]:
         return {"mesh": {"dp": self.dp, self.kind: self.mesh.inner}, **self.inner.summary()}
-
-    # --- memory (``disttrain advise``: name the mesh, e.g. hybrid:pp=4) ---------------------
-    cost_settings: ClassVar[tuple[str, ...]] = (
-        "dp",
-        "pp",
-        "tp",
-        "schedule",
-        "virtual_stages",
-        "balance",
-        "tensor_mode",
-    )
-
-    @classmethod
-    def predict_memory(
-        cls, spec: RunSpec, work: costing.Workload, nodes: int, model: nn.Module
-    ) -> costing.Memory:
-        """A replica's stage or slice: the pipeline's or tensor slicing's formula on the
-        mesh's inner ranks (every replica holds the same)."""
-        pc: ParallelConfig = spec.config().section(ParallelConfig)
-        _, inner, kind = mesh_shape(pc, nodes)
-        within = Pipeline if kind == "pp" else TensorParallel
-        return within.predict_memory(spec, work, inner, model)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from torch.distributed import ProcessGroup
+
 from disttrain.config import RunConfig
 
 __all__ = ["Layout"]
@@ -48,6 +50,11 @@ class Layout:
     def is_worker(self) -> bool:
         """False for processes that do not train (parameter servers): they ``serve()``."""
         return True
+
+    @property
+    def worker_group(self) -> ProcessGroup | None:
+        """The group of all worker processes (None: the whole world, every process trains)."""
+        return None
 
     def serve(self) -> dict[str, Any]:
         """Run a non-worker process's role until the job ends; return its figures."""

@@ -18,22 +18,21 @@ buffer) one synchronous step gives. Adam is not linear: H = 1 then differs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from disttrain import costing, timeline
+from disttrain import timeline
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
 from disttrain.config import opt, register_section
 from disttrain.dataparallel.average import average
 from disttrain.strategies.base import Strategy, register
+from disttrain.strategies.capabilities import Reshards
+from disttrain.strategies.settings import StrategySettings
 
-if TYPE_CHECKING:
-    from disttrain.strategies.runspec import RunSpec
-
-__all__ = ["LocalSGD", "LocalSGDConfig"]
+__all__ = ["LocalSGD", "LocalSGDConfig", "LocalSGDSettings"]
 
 
 @register_section
@@ -67,17 +66,20 @@ def _optimizer_state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return out
 
 
-@register
-class LocalSGD(Strategy):
+class LocalSGDSettings(StrategySettings):
+    """What local SGD reads: its period, warm-up and state averaging, and --algorithm."""
+
+    main_setting: ClassVar[str | None] = "period"
+    reads_settings: ClassVar[tuple[type[Any] | str, ...]] = (LocalSGDConfig, "algorithm")
+
+
+# Reshards: replicas differ between averages, so a resume on M workers starts every worker
+# from the average of the N saved replicas and optimizer states (an early average).
+@register(settings=LocalSGDSettings, cost="disttrain.strategies.cost.localsgd:LocalSGDCost")
+class LocalSGD(Strategy, Reshards):
     """Average parameters every ``--period`` steps; synchronous SGD for ``--warmup-sync-steps``."""
 
     name = "localsgd"
-    # Replicas differ between averages: a resume on M workers starts every worker from
-    # the average of the N saved replicas and optimizer states (an early average).
-    reshards = True
-    main_setting: ClassVar[str | None] = "period"
-    cost_settings: ClassVar[tuple[str, ...]] = ("period", "algorithm")
-    reads_settings: ClassVar[tuple[type[Any] | str, ...]] = (LocalSGDConfig, "algorithm")
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         super().setup(model, optimizer)
@@ -158,52 +160,3 @@ class LocalSGD(Strategy):
         self.averaging_rounds = int(state.get("averaging_rounds", 0))
         self._last_average = int(state.get("last_average", 0))
         self.sync_steps = int(state.get("sync_steps", 0))
-
-    # --- the cost model ---------------------------------------------------------------
-    @classmethod
-    def advise_specs(cls) -> list[str]:
-        return [f"{cls.name}:8", f"{cls.name}:32"]
-
-    @classmethod
-    def predict(
-        cls,
-        spec: RunSpec,
-        work: costing.Workload,
-        nodes: int,
-        network: costing.Network,
-        calibration: costing.Rates,
-    ) -> costing.Prediction:
-        """One parameter allreduce every H steps (the algorithm named, else the fastest by
-        this model). Convergence per step differs: not modelled (the row's note says so)."""
-        cfg = spec.config()
-        period = cfg.section(LocalSGDConfig).period
-        net, cal, n = network, calibration, nodes
-        alg = (
-            cfg.train.algorithm
-            if "algorithm" in spec.settings
-            else costing.fastest_allreduce(work, n, net, cal)
-        )
-        compute = costing.compute_seconds(work, n, cal)
-        t, path = costing.allreduce_seconds(
-            alg, work.gradient_bytes, n, net, cal, work.bytes_per_param
-        )
-        comm = t / period
-        latency = path.steps * net.alpha > path.critical_bytes * net.beta
-        bound = "latency" if latency else "bandwidth"  # or compute-bound: costing.finish
-        reason = (
-            f"one {alg} allreduce of the parameters every {period} steps: "
-            f"{costing.mb(path.bytes_per_rank / period)}/step"
-        )
-        return costing.finish(
-            spec.label,
-            n,
-            compute,
-            comm,
-            path.bytes_per_rank / period,
-            path.messages_per_rank / period,
-            bound,
-            reason,
-            work,
-            cal,
-            note="changes convergence per step",
-        )

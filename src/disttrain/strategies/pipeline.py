@@ -13,16 +13,13 @@ batch: stage 0 feeds the input, the last computes the loss against the labels.
 from __future__ import annotations
 
 import copy
-import math
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed import ProcessGroup
 
-from disttrain import costing
 from disttrain.comm import p2p, phases
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
@@ -33,11 +30,10 @@ from disttrain.parallel.pipeline import schedule
 from disttrain.parallel.pipeline.runner import PipelineRunner, recv_ahead_default
 from disttrain.parallel.settings import ParallelConfig
 from disttrain.strategies.base import LossFn, Strategy, register
+from disttrain.strategies.capabilities import ShardsData
+from disttrain.strategies.settings import StrategySettings
 
-if TYPE_CHECKING:
-    from disttrain.strategies.runspec import RunSpec
-
-__all__ = ["Pipeline", "check_pipeline", "pipeline_settings_not_read"]
+__all__ = ["Pipeline", "PipelineSettings", "check_pipeline", "pipeline_settings_not_read"]
 
 
 def pipeline_settings_not_read(pc: ParallelConfig) -> dict[str, str]:
@@ -91,127 +87,10 @@ def check_pipeline(
         )
 
 
-def _stage_shares(
-    pc: ParallelConfig, ranks: int, chunks: int, layer_params: tuple[int, ...] | None
-) -> list[float] | None:
-    """Each model stage's share of the work under a ``--balance`` list: its layers' share of
-    the parameters where the model is known (``layer_params``: dense layers compute in
-    proportion), else its share of the layers; None for the equal cut (``params``, and
-    ``time``, which only training measures)."""
-    spec = pc.balance_spec()
-    if not isinstance(spec, list):
-        return None
-    if len(spec) != ranks * chunks:
-        raise ValueError(f"--balance {pc.balance} lists {len(spec)} stages, not {ranks * chunks}")
-    if layer_params is None or len(layer_params) != sum(spec) or not sum(layer_params):
-        return [n / sum(spec) for n in spec]  # unknown model (or not this cut: no memory row)
-    return [sum(layer_params[a:b]) / sum(layer_params) for a, b in placement.stage_bounds(spec)]
+class PipelineSettings(StrategySettings):
+    """What the pipeline reads (its stages, schedule, micro-batches, balance, recompute)."""
 
-
-def _rank_share(shares: list[float] | None, ranks: int) -> float:
-    """The largest share of the parameters one rank holds (its stages r, r+P, ...)."""
-    return 1 / ranks if shares is None else max(sum(shares[r::ranks]) for r in range(ranks))
-
-
-def _replayed_step(
-    name: str, m: int, ranks: int, chunks: int, shares: list[float], seconds: float
-) -> float:
-    """The schedule's step when stage s takes ``shares[s]`` of ``seconds`` (the whole batch's
-    compute on one rank), F:B:W = 1:1:1 (a fused B is B + W), hand-offs instant."""
-    grid = schedule.build(name, m, ranks, chunks)
-    micro = 1 + max(a.microbatch for row in grid for a in row if a is not None)
-    split = any(a is not None and a.kind == "W" for row in grid for a in row)
-    part = {"F": 1 / 3, "B": 1 / 3 if split else 2 / 3, "W": 1 / 3}
-    orders = [
-        [
-            (
-                schedule.replay_kind(a, ranks),
-                a.microbatch,
-                seconds / micro * shares[a.stage] * part[a.kind],
-            )
-            for _, a in schedule.stage_actions(grid, r)
-        ]
-        for r in range(ranks)
-    ]
-    return schedule.replay(orders, virtual=chunks)[0]
-
-
-def _runnable_microbatches(
-    spec: RunSpec, pc: ParallelConfig, kind: schedule.ScheduleKind, p: int, v: int
-) -> int:
-    """The M a run would use: the spec's (train's default 4 unless stated); unstated, raised
-    to the least count the schedule accepts (e.g. a multiple of P for interleaved).
-
-    A refusal that no count within 4PV more lifts is the spec's to fix: ValueError.
-    """
-    m = pc.microbatches
-    why = kind.check(m, p, v) if p > 1 else ""  # one stage: no pipeline to refuse
-    if why and "microbatches" not in spec.settings:
-        # unstated: the least count from train's default up that the schedule runs (a
-        # refusal that no count within 4PV more lifts is the spec's to fix)
-        m = next((n for n in range(m, m + 4 * p * v + 1) if not kind.check(n, p, v)), m)
-        why = kind.check(m, p, v)
-    if why:
-        raise ValueError(why)
-    return m
-
-
-def _pipelined_seconds(
-    name: str,
-    kind: schedule.ScheduleKind,
-    m: int,
-    p: int,
-    v: int,
-    shares: list[float] | None,
-    busy: float,
-) -> tuple[float, float]:
-    """(the pipelined compute of a step, its bubble) for ``busy`` seconds of work a rank.
-
-    Equal stages (or one): busy / (1 - bubble), the schedule's closed form. Unequal
-    stages (each stage's share its layers' share of the parameters, ``work.layer_params``
-    where advise knows the model; else of the layers): the schedule's grid replayed with
-    each stage's F, B, W at its share (``schedule.replay``: the slowest stage sets the
-    pace), and the bubble 1 - busy / step.
-    """
-    bubble = kind.bubble(m, p, v)
-    if shares is None or p == 1:  # equal stages (or one): the schedule's closed form
-        return busy / (1 - bubble), bubble
-    pipelined = _replayed_step(name, m, p, v, shares, busy * p)
-    return pipelined, 1 - busy / pipelined
-
-
-def _hand_off_seconds(
-    net: costing.Network, message: float, sends: int, p: int, v: int, compute: float
-) -> float:
-    """Seconds of a step spent waiting for hand-offs between stages.
-
-    The fill and drain cross 2(PV-1) stage boundaries on the critical path, each an α and
-    a micro-batch's activations at β; the steady state's ``sends`` hand-offs are hidden
-    behind the compute unless the link needs longer.
-    """
-    hand_off = net.alpha + message * net.beta
-    # the fill and drain wait for their hand-offs; the steady state's overlap the compute
-    # unless the link needs longer than the compute for all of them
-    fill_drain = 2 * (p * v - 1) if p > 1 else 0  # stage boundaries between ranks
-    return fill_drain * hand_off + max(0.0, sends * hand_off - compute)
-
-
-@register
-class Pipeline(Strategy):
-    """Stage ``s`` of ``P`` on rank ``s``; micro-batches flow through by ``--schedule``."""
-
-    name = "pipeline"
-    shares_activations: ClassVar[bool] = True  # stages or slices exchange activations
     main_setting: ClassVar[str | None] = "schedule"
-    cost_settings: ClassVar[tuple[str, ...]] = (
-        "schedule",
-        "microbatches",
-        "virtual_stages",
-        "balance",
-    )
-    assumptions: ClassVar[dict[str, str]] = {
-        "activation_bytes": "bytes per sample crossing a stage boundary (else not counted)"
-    }
     reads_settings = (
         "stages",
         "microbatches",
@@ -225,6 +104,29 @@ class Pipeline(Strategy):
     def settings_not_read(cls, config: RunConfig) -> dict[str, str]:
         return pipeline_settings_not_read(config.section(ParallelConfig))
 
+    @classmethod
+    def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
+        pc: ParallelConfig = config.section(ParallelConfig)
+        world = config.train.world_size
+        if pc.stages and pc.stages != world:
+            raise UsageError(
+                f"--stages {pc.stages} needs one worker per stage: "
+                f"set --workers {pc.stages} (or --stages {world})"
+            )
+        check_pipeline(model, world, config.train.batch_size, pc, "--workers")
+
+
+# ShardsData: every stage sees the whole batch (one data shard).
+@register(
+    settings=PipelineSettings,
+    cost="disttrain.strategies.cost.pipeline:PipelineCost",
+    shares_activations=True,  # stages exchange activations
+)
+class Pipeline(Strategy, ShardsData):
+    """Stage ``s`` of ``P`` on rank ``s``; micro-batches flow through by ``--schedule``."""
+
+    name = "pipeline"
+
     def __init__(self, config: RunConfig, world: World, loss_fn: LossFn) -> None:
         super().__init__(config, world, loss_fn)
         self.pc: ParallelConfig = config.section(ParallelConfig)
@@ -237,17 +139,6 @@ class Pipeline(Strategy):
         self.stage = ranks.index(self.world.rank)
         self.batch = batch
         self.chunks = self.pc.chunks
-
-    @classmethod
-    def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
-        pc: ParallelConfig = config.section(ParallelConfig)
-        world = config.train.world_size
-        if pc.stages and pc.stages != world:
-            raise UsageError(
-                f"--stages {pc.stages} needs one worker per stage: "
-                f"set --workers {pc.stages} (or --stages {world})"
-            )
-        check_pipeline(model, world, config.train.batch_size, pc, "--workers")
 
     @property
     def data_rank(self) -> int:
@@ -358,78 +249,6 @@ class Pipeline(Strategy):
             }
         }
 
-    # --- the cost model (``disttrain advise``) ------------------------------------------
-    @classmethod
-    def advise_specs(cls) -> list[str]:
-        """One row per schedule family: 1F1B, interleaved (V = 2), ZB-H1, ZB-H2."""
-        return [
-            f"{cls.name}:1f1b",
-            f"{cls.name}:interleaved:virtual_stages=2",
-            f"{cls.name}:zb1",
-            f"{cls.name}:zb2",
-        ]
-
-    @classmethod
-    def predict(
-        cls,
-        spec: RunSpec,
-        work: costing.Workload,
-        nodes: int,
-        network: costing.Network,
-        calibration: costing.Rates,
-    ) -> costing.Prediction:
-        """P = ``nodes`` equal stages, one per rank, each computing 1/P of the model.
-
-        The schedule's own terms (``ScheduleKind.bubble``, ``.held``) give the step: busy /
-        (1 - bubble), exact for equal stages with F:B:W = 1:1:1 (6·params flops: forward 2,
-        input gradient 2, weight gradient 2), and for the fused schedules at any F:B (their
-        idle time is (P-1)(F+B) per chunk). M is the spec's (:func:`_runnable_microbatches`),
-        as ``disttrain train``/``compare`` would run it. The hand-offs:
-        :func:`_hand_off_seconds`. Activations: ``activation_bytes`` a sample,
-        else 4·sqrt(params) (fp32 values as wide as a one-layer square model: an upper bound
-        on a deeper dense model's width). ``balance`` as a list of layer counts (``3/2/3``)
-        cuts the work unequally (:func:`_pipelined_seconds`), its rank's parameters at its
-        share. ``balance=params`` is the equal cut; ``balance=time`` is measured in
-        training and modelled as equal (said in the note). Not modelled: the split backward's
-        own overhead, a micro-batch too small to compute efficiently.
-        """
-        pc = spec.config().section(ParallelConfig)
-        kind = schedule.SCHEDULES.get(pc.schedule)
-        p, v = nodes, pc.chunks
-        m = _runnable_microbatches(spec, pc, kind, p, v)
-        net, cal = network, calibration
-        busy = work.batch_size * work.flops * cal.seconds_per_flop / p
-        shares = _stage_shares(pc, p, v, work.layer_params)
-        own = work.params * _rank_share(shares, p) * cal.seconds_per_param + cal.seconds_per_step
-        pipelined, bubble = _pipelined_seconds(pc.schedule, kind, m, p, v, shares, busy)
-        compute = (pipelined + own) * cal.colocation_factor(work.ranks_per_host)
-        # unstated: the width of a model that is one square layer, sqrt(params) values, which
-        # bounds the width of any deeper dense model of as many parameters from above
-        stated = spec.assumptions.get("activation_bytes")
-        per_sample = stated if stated is not None else 4 * math.sqrt(work.params)
-        message = work.batch_size / m * per_sample  # one micro-batch's activations
-        sends = 2 * m * v if p > 1 else 0  # an activation on, a gradient back, per chunk action
-        comm = _hand_off_seconds(net, message, sends, p, v, compute)
-        held = kind.held(m, p, v, 0)
-        reason = (
-            f"{pc.schedule}: bubble {bubble:.1%} of the step at M={m}, V={v}; "
-            f"stage 0 holds {held:g} micro-batches' activations (1F1B: {min(m, p)})"
-        )
-        note = "equal stages" if shares is None else f"stages of {pc.balance} layers"
-        note += ", F:B:W = 1:1:1"
-        if pc.balance == "time":
-            note += "; balance=time is measured in training: equal stages assumed"
-        if stated is None:
-            note += f"; assumes {per_sample:.3g} B of activations a sample (activation_bytes=)"
-        bound = "bandwidth" if message * net.beta > net.alpha else "latency"  # or compute
-        pred = costing.finish(
-            spec.label, p, compute, comm, sends * message, sends, bound, reason, work, cal, note
-        )
-        # the step without the bubble and the hand-offs: each rank's share of the work (an
-        # equal one: what an uneven cut loses counts against the efficiency)
-        ideal = (busy + own) * cal.colocation_factor(work.ranks_per_host)
-        return replace(pred, efficiency=ideal / pred.step_seconds)
-
     # --- checkpoints: the layout of stages is part of the state ----------------------
     def stage_layout(self) -> dict[str, Any]:
         """Which layers this rank holds: the schedule's chunks and the layers per stage."""
@@ -447,38 +266,3 @@ class Pipeline(Strategy):
                 f"{self.sizes} on {self.stages} x {self.chunks}: resume with the same "
                 "--schedule, --virtual-stages and --balance"
             )
-
-    # --- memory (``disttrain advise``: the rows of advise_specs above) ---------------------
-    @classmethod
-    def predict_memory(
-        cls, spec: RunSpec, work: costing.Workload, nodes: int, model: nn.Module
-    ) -> costing.Memory:
-        """One worker per stage (P = nodes; V chunks each where the schedule interleaves),
-        cut as training cuts them (``--balance``): the rank with the most parameters holds
-        them, their gradients and optimizer state (Adam: 16 bytes each). Activations, the
-        schedule's part, are not counted (``summary.json`` ``stage0_peak_activation_bytes``)."""
-        pc: ParallelConfig = spec.config().section(ParallelConfig)
-        layers = placement.check_sequential(model, cls.name)
-        cuts = nodes * pc.chunks
-        if cuts > len(layers):
-            raise ValueError(
-                f"{cuts} stages need as many layers; the model has {len(layers)} "
-                "(its modules in order, activations included)"
-            )
-        balance = pc.balance_spec()
-        note = "--balance time: split as params (training measures the layers)"
-        if isinstance(balance, list):
-            if len(balance) != cuts or sum(balance) != len(layers):
-                raise ValueError(
-                    f"--balance {pc.balance} does not cut {len(layers)} layers into {cuts} stages"
-                )
-            sizes, note = balance, ""
-        else:
-            sizes = placement.param_sizes(layers, cuts)
-            note = note if balance == "time" else ""
-        counts = [
-            sum(p.numel() for layer in layers[a:b] for p in layer.parameters())
-            for a, b in placement.stage_bounds(sizes)
-        ]
-        held = max(sum(counts[r::nodes]) for r in range(nodes))
-        return costing.worker_memory(work, work.params * held / max(sum(counts), 1), note=note)

@@ -27,29 +27,28 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed import ProcessGroup
 
-from disttrain import checkpoint, costing, timeline
+from disttrain import checkpoint, timeline
 from disttrain.comm.errors import UsageError
 from disttrain.comm.world import group_timeout
 from disttrain.config import RunConfig
 from disttrain.ps.client import PSClient
 from disttrain.ps.config import ASYNCHRONOUS, PSConfig, parse_straggler, push_lr_share
-from disttrain.ps.consistency import Consistency
+from disttrain.ps.consistency import MODES, Consistency
 from disttrain.ps.server import ShardServer, bind_router
 from disttrain.ps.sharding import flatten, shard_bounds, unflatten_into
 from disttrain.strategies.base import Strategy, register
+from disttrain.strategies.capabilities import Reshards, ShardsData, StepEvents
 from disttrain.strategies.layout import Layout
+from disttrain.strategies.settings import StrategySettings
 
-if TYPE_CHECKING:
-    from disttrain.strategies.runspec import RunSpec
-
-__all__ = ["ParameterServer", "ServerLayout"]
+__all__ = ["PSSettings", "ParameterServer", "ServerLayout"]
 
 _KEY = "disttrain/ps/endpoint/{}"
 _SERVER_KEYS = (
@@ -67,6 +66,45 @@ _SERVER_KEYS = (
 def _publish_host(address: str) -> str:
     """The host workers should dial for a server bound to ``address``."""
     return socket.gethostname() if address in ("0.0.0.0", "::", "*") else address
+
+
+class PSSettings(StrategySettings):
+    """What the parameter servers read (their section), and softsync's own lr default."""
+
+    main_setting: ClassVar[str | None] = "ps_mode"
+    modes: ClassVar[dict[str, tuple[str, ...]]] = {m: ("--ps-mode", m) for m in MODES}
+    reads_settings = (PSConfig,)
+
+    @classmethod
+    def settings_not_read(cls, config: RunConfig) -> dict[str, str]:
+        mode = config.section(PSConfig).ps_mode
+        unread: dict[str, str] = {}
+        if mode != "ssp":
+            unread["staleness_bound"] = f"with --ps-mode {mode} (only ssp bounds staleness)"
+        if mode != "softsync":
+            unread["softsync"] = f"with --ps-mode {mode}"
+        if mode == "sync":
+            unread["staleness_lr"] = "with --ps-mode sync (no update is stale)"
+        if mode not in ASYNCHRONOUS:
+            unread["push_lr_share"] = f"with --ps-mode {mode} (only async and ssp)"
+        return unread
+
+    @classmethod
+    def defaults_for(cls, settings: Mapping[str, Any]) -> dict[str, Any]:
+        # softsync as Zhang et al. 2016 run it: each update's lr divided by the mean
+        # staleness of the gradients it averages (ps/consistency.py staleness_lr_scale).
+        # On the default workload it keeps quiet runs in the defaults band where the full
+        # lr did not, but not runs on a busy machine, so the defaults test runs softsync's
+        # row without enforcing it (benchmarks/RESULTS.md, "Defaults that train")
+        defaults = super().defaults_for(settings)
+        if settings.get("ps_mode") == "softsync":
+            defaults["staleness_lr"] = True
+        return defaults
+
+    @classmethod
+    def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
+        super().validate_config(config, model)
+        config.section(PSConfig).validate_with(config.train)
 
 
 class ServerLayout(Layout):
@@ -89,6 +127,10 @@ class ServerLayout(Layout):
     def is_worker(self) -> bool:
         return self.strategy.world.rank < self.strategy.n_workers
 
+    @property
+    def worker_group(self) -> ProcessGroup | None:
+        return self.strategy.workers_group
+
     def serve(self) -> dict[str, Any]:
         assert self.strategy.server is not None
         return self.strategy.server.run()
@@ -106,32 +148,15 @@ class ServerLayout(Layout):
         return self.strategy.client is not None and self.strategy.client.stop
 
 
-@register
-class ParameterServer(Strategy):
+# ShardsData: only the workers (ranks below --workers) split each global batch.
+# StepEvents: the step's number travels with the push; a skipped step is said to the servers.
+# Reshards: workers hold pulled replicas (equal), so another worker count resumes them as
+# they are; each server keeps its shard (saved by shard index, not rank) and adapts its clocks.
+@register(settings=PSSettings, cost="disttrain.strategies.cost.ps:PSCost", layout=ServerLayout)
+class ParameterServer(Strategy, ShardsData, StepEvents, Reshards):
     """Sharded parameter servers in sync, async, ssp or softsync mode."""
 
     name = "ps"
-    layout = ServerLayout
-    main_setting: ClassVar[str | None] = "ps_mode"
-    cost_settings: ClassVar[tuple[str, ...]] = ("ps_mode", "servers")
-    reads_settings = (PSConfig,)
-    # Workers hold pulled replicas (equal): another worker count resumes them as they are;
-    # each server keeps its shard (saved by shard index, not rank) and adapts its clocks.
-    reshards = True
-
-    @classmethod
-    def settings_not_read(cls, config: RunConfig) -> dict[str, str]:
-        mode = config.section(PSConfig).ps_mode
-        unread: dict[str, str] = {}
-        if mode != "ssp":
-            unread["staleness_bound"] = f"with --ps-mode {mode} (only ssp bounds staleness)"
-        if mode != "softsync":
-            unread["softsync"] = f"with --ps-mode {mode}"
-        if mode == "sync":
-            unread["staleness_lr"] = "with --ps-mode sync (no update is stale)"
-        if mode not in ASYNCHRONOUS:
-            unread["push_lr_share"] = f"with --ps-mode {mode} (only async and ssp)"
-        return unread
 
     def __init__(self, config: RunConfig, world: Any, loss_fn: Any) -> None:
         super().__init__(config, world, loss_fn)
@@ -139,7 +164,7 @@ class ParameterServer(Strategy):
         self.n_workers = config.train.world_size
         self.n_servers = self.ps.servers * config.train.nnodes
         self.straggler = parse_straggler(self.ps.straggler)
-        self._group: ProcessGroup | None = None
+        self.workers_group: ProcessGroup | None = None
         self.client: PSClient | None = None
         self.server: ShardServer | None = None
         self.stats: list[dict[str, Any]] = []
@@ -147,29 +172,12 @@ class ParameterServer(Strategy):
         self._last_delay = 0.0
         self._step = 0  # this worker's step (before_step); 0: the client counts pushes
 
-    @classmethod
-    def defaults_for(cls, settings: Mapping[str, Any]) -> dict[str, Any]:
-        # softsync as Zhang et al. 2016 run it: each update's lr divided by the mean
-        # staleness of the gradients it averages (ps/consistency.py staleness_lr_scale).
-        # On the default workload it keeps quiet runs in the defaults band where the full
-        # lr did not, but not runs on a busy machine, so the defaults test runs softsync's
-        # row without enforcing it (benchmarks/RESULTS.md, "Defaults that train")
-        defaults = super().defaults_for(settings)
-        if settings.get("ps_mode") == "softsync":
-            defaults["staleness_lr"] = True
-        return defaults
-
     @property
     def lr_share(self) -> float:
         """The factor on the lr of each update the servers apply (async, ssp: 1/workers)."""
         return push_lr_share(self.ps.ps_mode, self.n_workers, self.ps.push_lr_share)
 
-    # --- config and data sharding ---------------------------------------------------
-    @classmethod
-    def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
-        super().validate_config(config, model)
-        config.section(PSConfig).validate_with(config.train)
-
+    # --- data sharding ------------------------------------------------------------------
     @property
     def data_rank(self) -> int:
         return self.world.rank
@@ -177,10 +185,6 @@ class ParameterServer(Strategy):
     @property
     def data_world_size(self) -> int:
         return self.n_workers
-
-    @property
-    def worker_group(self) -> ProcessGroup | None:
-        return self._group
 
     # --- setup ------------------------------------------------------------------------
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -196,7 +200,7 @@ class ParameterServer(Strategy):
             raise UsageError(f"--servers {self.n_servers} exceeds the {total} parameters")
         self.bounds = shard_bounds(total, self.n_servers)
         # every rank joins the workers' group (new_group is collective on the whole world)
-        self._group = dist.new_group(list(range(self.n_workers)), timeout=group_timeout())
+        self.workers_group = dist.new_group(list(range(self.n_workers)), timeout=group_timeout())
         store = dist.distributed_c10d._get_default_store()
         if self.roles.is_worker:
             keys = [_KEY.format(k) for k in range(self.n_servers)]
@@ -314,7 +318,7 @@ class ParameterServer(Strategy):
         lost = {entry["worker"] for s in self.stats for entry in s["lost_workers"]}
         if lost:
             survivors = [w for w in range(self.n_workers) if w not in lost]
-            self._group = dist.new_group(
+            self.workers_group = dist.new_group(
                 survivors, use_local_synchronization=True, timeout=group_timeout()
             )
 
@@ -364,56 +368,3 @@ class ParameterServer(Strategy):
             "lost_workers": [lost[w] for w in sorted(lost)],
             "per_server": [{key: s[key] for key in _SERVER_KEYS} for s in self.stats],
         }
-
-    # --- the cost model ---------------------------------------------------------------
-    @classmethod
-    def advise_specs(cls) -> list[str]:
-        return [f"{cls.name}:sync", f"{cls.name}:async"]
-
-    @classmethod
-    def predict(
-        cls,
-        spec: RunSpec,
-        work: costing.Workload,
-        nodes: int,
-        network: costing.Network,
-        calibration: costing.Rates,
-    ) -> costing.Prediction:
-        """A worker pushes S and pulls S; a server moves n·S/K each way per round. Sync waits
-        for the round; async is bound by the slower of the worker's own loop and the servers."""
-        ps: PSConfig = spec.config().section(PSConfig)
-        if ps.ps_mode not in ("sync", "async"):
-            raise ValueError(f"ps mode {ps.ps_mode!r} is not modelled: use ps:sync or ps:async")
-        net, cal, n = network, calibration, nodes
-        k = max(1, ps.servers if "servers" in spec.settings else work.servers)
-        s = work.gradient_bytes
-        compute = costing.compute_seconds(work, n, cal)
-        # worker side: K messages of S/K out (push) and in (pull)
-        worker = 2 * (k * net.alpha + s * net.beta)
-        # server side per round: n messages of S/K in, sum them, n out; optimizer on P/K params
-        server = (
-            2 * (n * net.alpha + n * s / k * net.beta)
-            + n * s / k * costing.gamma_of(net, cal)
-            + work.params / k * cal.seconds_per_param
-        )
-        # async: no barrier, a worker's own loop unless the servers cannot keep up with n of them
-        comm = max(worker, server) if ps.ps_mode == "sync" else max(worker, server - compute)
-        bound = "server" if server >= worker else "bandwidth"
-        reason = (
-            f"server link: n·S/K = {costing.mb(n * s / k)} each way per round (K={k})"
-            if bound == "server"
-            else f"worker link: 2S = {costing.mb(2 * s)} per step"
-        )
-        note = "stale gradients" if ps.ps_mode == "async" else ""
-        return costing.finish(
-            spec.label, n, compute, max(comm, 0.0), 2 * s, 2 * k, bound, reason, work, cal, note
-        )
-
-    @classmethod
-    def predict_memory(
-        cls, spec: RunSpec, work: costing.Workload, nodes: int, model: nn.Module
-    ) -> costing.Memory:
-        """A worker holds the parameters and, from its backward to its push, their
-        gradients; the optimizer state lives on the servers (each 1/K of it)."""
-        del spec, nodes, model
-        return costing.worker_memory(work, work.params, state=0)

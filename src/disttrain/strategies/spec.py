@@ -2,7 +2,7 @@
 ``strategy[:value][:key=value...]``.
 
 A list is comma-separated; each item names a registered strategy, then
-optionally its main setting (the strategy class's ``main_setting``), then any
+optionally its main setting (its settings part's ``main_setting``), then any
 ``disttrain train`` setting as ``key=value`` (dashes or underscores)::
 
     allreduce:ring                 --strategy allreduce --algorithm ring
@@ -102,18 +102,19 @@ def parse_one(text: str, model: bool = False) -> RunSpec:
 
     label = text.strip()
     parts = label.split(":")
-    cls = STRATEGIES.get(parts[0].strip())  # an unknown name: the registry's usage error
+    kind = STRATEGIES.get(parts[0].strip())  # an unknown name: the registry's usage error
+    main, cost = kind.settings.main_setting, kind.cost_model()  # the lab's: cost imported
     settings: dict[str, Any] = {}
     assumptions: dict[str, float] = {}
     for key, value in _parts(label, parts[1:]):
         if not key:
-            if cls.main_setting is None:
+            if main is None:
                 raise UsageError(
-                    f"--strategies {label!r}: {cls.name} has no main setting; "
+                    f"--strategies {label!r}: {kind.name} has no main setting; "
                     "write key=value (e.g. workers=4)"
                 )
-            name = cls.main_setting
-        elif key.strip() in cls.assumptions:
+            name = main
+        elif key.strip() in cost.assumptions:
             name = key.strip()
             if not model:
                 raise UsageError(
@@ -127,19 +128,19 @@ def parse_one(text: str, model: bool = False) -> RunSpec:
             raise UsageError(f"--strategies {label!r}: empty value for {flag}")
         if name in settings or name in assumptions:
             raise UsageError(f"--strategies {label!r}: {flag} given twice")
-        if model and name not in cls.cost_settings and name not in cls.assumptions:
+        if model and name not in cost.cost_settings and name not in cost.assumptions:
             raise UsageError(
-                f"--strategies {label!r}: the cost model of {cls.name} does not read {flag}"
-                + (f" (it reads {', '.join(cls.cost_settings)})" if cls.cost_settings else "")
+                f"--strategies {label!r}: the cost model of {kind.name} does not read {flag}"
+                + (f" (it reads {', '.join(cost.cost_settings)})" if cost.cost_settings else "")
             )
         value = value.strip()
-        if name in cls.assumptions:
+        if name in cost.assumptions:
             assumptions[name] = _assumption(value, name, label)
             continue
         if name == "compression":
             value = with_default(value)
         settings[name] = _typed(name, value, label)
-    return RunSpec(label, cls.name, settings, assumptions)
+    return RunSpec(label, kind.name, settings, assumptions)
 
 
 def parse_specs(text: str, model: bool = False) -> list[RunSpec]:

@@ -8,24 +8,22 @@ loss and the replicated layers get the same gradients without any exchange.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 from torch.distributed import ProcessGroup
 
-from disttrain import costing
 from disttrain.comm.errors import UsageError
 from disttrain.comm.world import World
 from disttrain.config import RunConfig
 from disttrain.parallel import placement, tensor
 from disttrain.parallel.settings import ParallelConfig
 from disttrain.strategies.base import LossFn, Strategy, register
+from disttrain.strategies.capabilities import ShardsData
+from disttrain.strategies.settings import StrategySettings
 
-if TYPE_CHECKING:
-    from disttrain.strategies.runspec import RunSpec
-
-__all__ = ["TensorParallel", "check_tensor"]
+__all__ = ["TensorParallel", "TensorSettings", "check_tensor"]
 
 
 def check_tensor(model: nn.Module, size: int, mode: str, size_flag: str) -> None:
@@ -45,19 +43,28 @@ def check_tensor(model: nn.Module, size: int, mode: str, size_flag: str) -> None
         )
 
 
-@register
-class TensorParallel(Strategy):
+class TensorSettings(StrategySettings):
+    """What tensor slicing reads: its mode, and --algorithm (each Megatron pair's allreduce)."""
+
+    main_setting: ClassVar[str | None] = "tensor_mode"
+    reads_settings = ("tensor_mode", "algorithm")
+
+    @classmethod
+    def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
+        pc: ParallelConfig = config.section(ParallelConfig)
+        check_tensor(model, config.train.world_size, pc.tensor_mode, "--workers")
+
+
+# ShardsData: every rank sees the whole batch (one data shard).
+@register(
+    settings=TensorSettings,
+    cost="disttrain.strategies.cost.tensor:TensorCost",
+    shares_activations=True,  # slices exchange activations
+)
+class TensorParallel(Strategy, ShardsData):
     """Rank r of T holds slice r of every splittable Linear layer."""
 
     name = "tensor"
-    shares_activations: ClassVar[bool] = True  # stages or slices exchange activations
-    main_setting: ClassVar[str | None] = "tensor_mode"
-    not_modelled: ClassVar[str] = (
-        "its step depends on the activations exchanged inside every layer, which a "
-        "parameter count does not give"
-    )
-    # --algorithm: the allreduce of each Megatron pair's partial sums
-    reads_settings = ("tensor_mode", "algorithm")
 
     def __init__(self, config: RunConfig, world: World, loss_fn: LossFn) -> None:
         super().__init__(config, world, loss_fn)
@@ -69,11 +76,6 @@ class TensorParallel(Strategy):
         self.group = group
         self.size = len(ranks)
         self.shard = ranks.index(self.world.rank)
-
-    @classmethod
-    def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
-        pc: ParallelConfig = config.section(ParallelConfig)
-        check_tensor(model, config.train.world_size, pc.tensor_mode, "--workers")
 
     @property
     def data_rank(self) -> int:
@@ -106,30 +108,3 @@ class TensorParallel(Strategy):
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return super().forward_backward(x, y)
-
-    # --- memory (``disttrain advise``) -----------------------------------------------------
-    cost_settings: ClassVar[tuple[str, ...]] = ("tensor_mode",)
-
-    @classmethod
-    def memory_specs(cls) -> list[str]:
-        return [cls.name]
-
-    @classmethod
-    def predict_memory(
-        cls, spec: RunSpec, work: costing.Workload, nodes: int, model: nn.Module
-    ) -> costing.Memory:
-        """Each of the T = nodes workers holds 1/T of every Linear layer ``tensor.plan``
-        splits (a row-parallel layer's bias whole) and all of every other layer, with their
-        gradients and optimizer state. Activations are not counted."""
-        pc: ParallelConfig = spec.config().section(ParallelConfig)
-        layers = placement.check_sequential(model, cls.name)
-        kinds = tensor.plan(layers, nodes, pc.tensor_mode)
-        if nodes > 1 and all(k == "rep" for k in kinds):
-            raise ValueError(f"no Linear layer of the model splits into {nodes} slices")
-        held = 0.0
-        for layer, kind in zip(layers, kinds, strict=True):
-            for name, p in layer.named_parameters():
-                whole = kind == "rep" or (kind == "row" and name == "bias")
-                held += p.numel() if whole else p.numel() / nodes
-        total = sum(p.numel() for layer in layers for p in layer.parameters())
-        return costing.worker_memory(work, work.params * held / max(total, 1))

@@ -47,6 +47,7 @@ from disttrain.dataparallel.broadcast import (
     broadcast_parameters,
     broadcast_tensors,
 )
+from disttrain.strategies.capabilities import Grows
 from disttrain.train.shrink import check_batch_splits, check_membership_flag
 
 __all__ = ["DUMP_ENV", "JOIN_POINT", "Grow", "JoinFailed", "Joiner", "check", "share_state"]
@@ -75,7 +76,7 @@ def check(cfg: RunConfig) -> None:
         return
     given = f"--max-workers {tc.max_workers}"
     check_membership_flag(
-        tc, given, "grows", "admits a joining worker", "joiners meet the job in its file store"
+        tc, given, Grows, "admits a joining worker", "joiners meet the job in its file store"
     )
     low = tc.min_workers if tc.live_shrink else tc.world_size
     check_batch_splits(tc.batch_size, (low, str(low)), (tc.max_workers, given))
@@ -185,6 +186,7 @@ class Grow:
             if not is_peer_error(exc):
                 raise
             world = self._without_joiners(before, done, gist(exc))
+        assert isinstance(strategy, Grows)  # pre-flight refused --max-workers otherwise
         strategy.regroup(world)
         share_state(strategy, scaler, done, m.me)
         joined = [r for r in m.members if r not in before]
@@ -273,6 +275,7 @@ class Joiner:
                 f"--join {self.out}: the job did not form the group of generation "
                 f"{generation} within --timeout {self.timeout:g} s ({exc})"
             ) from exc
+        assert isinstance(strategy, Grows)  # pre-flight refused --max-workers otherwise
         strategy.regroup(world)
         done = share_state(strategy, scaler, at, m.me)
         before = [r for r in members if r != m.me]

@@ -20,6 +20,7 @@ from disttrain.config import RunConfig
 from disttrain.data import GlobalBatchSampler, load_dataset
 from disttrain.data.sampler import run_steps
 from disttrain.models import build_model
+from disttrain.strategies.capabilities import data_shard
 from disttrain.train.evaluation import loss_fn
 from disttrain.train.faults import parse_fault
 from disttrain.train.grow import Grow, Joiner, read_point
@@ -67,14 +68,13 @@ class RunParts:
         first = joiner.launch_rank if joiner else self.world.rank
         self.recorder = timeline.start(first) if tc.timeline else None
         collectives.set_length_check(tc.check_collectives)
-        collectives.set_inter_algorithm(tc.inter_algorithm)
         checks.set_checks_everywhere(tc.check_collectives)
         if tc.pin_cpus:
             pin_to_cpu(self.world.local_rank)
         self.fault = None if joiner else parse_fault(tc.inject_fault)  # the job's ranks'
         self.data = load_dataset(self.cfg.data)
         torch.manual_seed(tc.seed)  # every rank builds the same initial model
-        self.strategy = strategies.get(tc.strategy)(self.cfg, self.world, loss_fn)
+        self.strategy = strategies.get(tc.strategy).build(self.cfg, self.world, loss_fn)
         sample = self.data.x_train[: tc.batch_size]  # what --balance time measures layers on
         model = build_model(tc.model, self.data)
         self.model = self.strategy.prepare_model(model, sample).to(self.world.device)
@@ -121,4 +121,5 @@ class RunParts:
     def _sampler(self) -> GlobalBatchSampler:
         """This worker's share of each global batch (again after a membership change)."""
         tc, n, s = self.tc, len(self.data.x_train), self.strategy
-        return GlobalBatchSampler(n, tc.batch_size, s.data_rank, s.data_world_size, tc.seed)
+        rank, shards = data_shard(s)
+        return GlobalBatchSampler(n, tc.batch_size, rank, shards, tc.seed)

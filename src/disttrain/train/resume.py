@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from disttrain import checkpoint, strategies
 from disttrain.comm import world as world_mod
+from disttrain.strategies.capabilities import Reshards, load_model_state_dict
 from disttrain.train.step import StepRunner
 
 __all__ = ["agree_run", "goes_on", "resume", "say_where_it_goes_on"]
@@ -75,20 +76,20 @@ def resume(
     source = checkpoint.resume_source(tc.resume, tc.out)
     if not source:
         return 0
-    n = dist.get_world_size(strategy.worker_group)
+    n = dist.get_world_size(strategy.roles.worker_group)
     cls = type(strategy)
     # another worker count: the strategy's reshard reads the old workers' parts it needs
     state = checkpoint.restore(
         source,
         strategy.world.rank,
         n,
-        cls.reshard if cls.reshards else None,
+        cls.reshard if issubclass(cls, Reshards) else None,
         f"--strategy {cls.name}",
     )
     # the strategy first: it may refuse a checkpoint of another layout (pipeline stages)
     # with one line, before the model's load_state_dict fails on the mismatched keys
     strategy.load_state_dict(state["strategy"])
-    strategy.load_model_state_dict(state["model"])
+    load_model_state_dict(strategy, state["model"])
     optimizer.load_state_dict(state["optimizer"])
     if runner.scaler and state["scaler"]:
         runner.scaler.load_state_dict(state["scaler"])

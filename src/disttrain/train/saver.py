@@ -8,13 +8,14 @@ import torch
 import torch.distributed as dist
 
 from disttrain import checkpoint, strategies
+from disttrain.strategies.capabilities import model_state_dict, replicated_state
 from disttrain.train.step import StepRunner
 
 __all__ = ["RECORDED", "Checkpoints", "rank_state", "recorded_settings"]
 
 #: The settings a checkpoint records and a ``--resume`` must match (pre-flight compares
 #: them): another model, data set or strategy cannot load the state. Each strategy checks
-#: its own layout settings itself (``Strategy.check_resume``: ZeRO's stage).
+#: its own layout settings itself (``StrategySettings.check_resume``: ZeRO's stage).
 RECORDED = ("model", "dataset", "strategy")
 
 
@@ -28,7 +29,7 @@ def rank_state(
 ) -> dict[str, Any]:
     """This worker's part of a checkpoint (the trainer's per-worker dict, ``step`` aside)."""
     return {
-        "model": strategy.model_state_dict(),
+        "model": model_state_dict(strategy),
         "optimizer": optimizer.state_dict(),
         "strategy": strategy.state_dict(),
         "scaler": runner.scaler.state_dict() if runner.scaler else {},
@@ -62,7 +63,7 @@ class Checkpoints:
     def save(self, step: int, optimizer: torch.optim.Optimizer, runner: StepRunner) -> None:
         self.finish()
         s = self.strategy
-        n = dist.get_world_size(s.worker_group)
+        n = dist.get_world_size(s.roles.worker_group)
         state = rank_state(s, optimizer, runner)
         wait = checkpoint.save(
             self.out_dir,
@@ -71,7 +72,7 @@ class Checkpoints:
             n,
             state,
             background=self.background,
-            replicated=s.replicated_state(),
+            replicated=replicated_state(s),
         )
         self.pending = (step, wait)
         if not self.background:
@@ -90,9 +91,9 @@ class Checkpoints:
             return
         (step, wait), self.pending = self.pending, None
         wait()
-        n = dist.get_world_size(self.strategy.worker_group)
+        n = dist.get_world_size(self.strategy.roles.worker_group)
         if n > 1:
-            dist.barrier(group=self.strategy.worker_group)
+            dist.barrier(group=self.strategy.roles.worker_group)
         if self.strategy.world.rank == 0:
             self.committing = checkpoint.commit(
                 self.out_dir,

@@ -47,6 +47,7 @@ from disttrain.dataparallel.broadcast import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
+from disttrain.strategies.capabilities import Regroups
 
 __all__ = [
     "Shrink",
@@ -58,12 +59,13 @@ __all__ = [
 ]
 
 
-def check_membership_flag(tc: TrainConfig, given: str, trait: str, does: str, host: str) -> None:
-    """What live shrink and live grow both refuse (exit 2): a strategy without the class
-    ``trait`` (``shrinks``, ``grows``), ``--max-restarts``, more than one host (``host``:
-    why one host is needed). ``given`` is the flag as the user gave it."""
-    if not getattr(strategies.get(tc.strategy), trait):
-        able = sorted(name for name, cls in strategies.STRATEGIES.items() if getattr(cls, trait))
+def check_membership_flag(tc: TrainConfig, given: str, trait: type, does: str, host: str) -> None:
+    """What live shrink and live grow both refuse (exit 2): a strategy without the capability
+    ``trait`` (:class:`Regroups`, :class:`Grows`), ``--max-restarts``, more than one host
+    (``host``: why one host is needed). ``given`` is the flag as the user gave it."""
+    if not issubclass(strategies.get(tc.strategy).runtime, trait):
+        kinds = strategies.STRATEGIES.items()
+        able = sorted(name for name, kind in kinds if issubclass(kind.runtime, trait))
         raise UsageError(
             f"{given}: only --strategy {' or '.join(able)} {does} "
             f"(this run: --strategy {tc.strategy})"
@@ -83,7 +85,7 @@ def check(cfg: RunConfig) -> None:
     check_membership_flag(
         tc,
         given,
-        "shrinks",
+        Regroups,
         "goes on without a lost worker",
         "the survivors end a hung worker by its process id",
     )
@@ -177,6 +179,7 @@ class Shrink:
             return None
         why = gist(exc)
         before = self.membership.members
+        assert isinstance(strategy, Regroups)  # pre-flight refused --min-workers otherwise
         strategy.abandon_step()  # nothing of the step may still use the group it drops
         world, change, why = self._form_group(step, before, why)
         lost = [r for r in before if r not in change.members]

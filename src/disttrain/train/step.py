@@ -1,14 +1,14 @@
 """One training step of one process: compute, communication and the optimizer, in order.
 
-    strategy.before_step(step)
+    before_step(strategy, step)                              (ps: the step's number)
     autocast: loss = strategy.forward_backward(x, y)        (loss x scale under fp16)
     fp16: unscale the gradients, agree on overflow across workers
     strategy.after_backward()   -> optimizer.step() -> strategy.after_step(step)
-    (an agreed skip instead:       strategy.skipped_step(step))
+    (an agreed skip instead:       skipped_step(strategy, step))
 
 Under fp16 an overflow on any rank makes every rank skip the same step and
 back off the same scale (:class:`disttrain.amp.LossScaler`). Strategies that
-communicate during backward (``communicates_during_backward``) reduce scaled
+communicate during backward (``SendsDuringBackward``) reduce scaled
 gradients; since the reduction is a sum, they are unscaled afterwards, and the
 reduced values already carry any rank's Inf/NaN to every rank.
 
@@ -27,7 +27,13 @@ import torch
 from disttrain import amp, timeline
 from disttrain.config import TrainConfig
 from disttrain.dataparallel.fusion import FlatBucket
-from disttrain.strategies import Strategy
+from disttrain.strategies import Strategy, get
+from disttrain.strategies.capabilities import (
+    SendsDuringBackward,
+    before_step,
+    communicates_during_backward,
+    skipped_step,
+)
 from disttrain.train.faults import ActivationGuard, Fault, check_bucket, check_gradients
 from disttrain.train.metrics import Timers
 
@@ -71,13 +77,15 @@ class StepRunner:
             fault.install(strategy.model)  # before the guard: its hook must see the NaN
         check_finite = tc.check_finite and self.scaler is None
         self.guard: ActivationGuard | None = None
-        if check_finite and strategy.shares_activations:
+        if check_finite and get(strategy.name).shares_activations:
             self.guard = ActivationGuard(strategy.model, rank)
         self._names = {id(p): n for n, p in strategy.model.named_parameters()}
         # gradients sent during backward are checked bucket by bucket before they leave;
         # after backward they are sums of every rank's (views of the buckets), not ours
         self.check_after_backward = check_finite and not (
-            strategy.communicates_during_backward and strategy.check_before_send(self._check)
+            isinstance(strategy, SendsDuringBackward)
+            and strategy.communicates_during_backward
+            and strategy.check_before_send(self._check)
         )
 
     def _check(self, bucket: FlatBucket) -> None:
@@ -86,7 +94,7 @@ class StepRunner:
     def _overflow(self) -> bool:
         assert self.scaler is not None
         params = (p for g in self.optimizer.param_groups for p in g["params"])
-        return self.scaler.agree(self.scaler.unscale_(params), self.strategy.worker_group)
+        return self.scaler.agree(self.scaler.unscale_(params), self.strategy.roles.worker_group)
 
     def run(self, step: int, x: torch.Tensor, y: torch.Tensor) -> tuple[float, bool]:
         """Train on (x, y) as step ``step``; return the loss and whether the step was skipped."""
@@ -94,7 +102,7 @@ class StepRunner:
         if fault:
             fault.before_step(self.rank, step)
         self.step = step
-        strategy.before_step(step)
+        before_step(strategy, step)
         if fault:
             fault.before_forward(self.rank, step)
         if self.guard:
@@ -117,7 +125,7 @@ class StepRunner:
             check_gradients(strategy.model, self.rank, step)
         scale = self.scaler.scale if self.scaler else 1.0
         skip = False
-        during = strategy.communicates_during_backward
+        during = communicates_during_backward(strategy)
         with self.timers.time("communication"), timeline.span("sync"):
             if self.scaler and not during:
                 skip = self._overflow()
@@ -132,7 +140,7 @@ class StepRunner:
                 strategy.after_step(step)
         else:
             with self.timers.time("communication"):
-                strategy.skipped_step(step)
+                skipped_step(strategy, step)
         if self.scaler:
             self.scaler.update(skip)
         self.skipped_steps += skip

@@ -24,6 +24,7 @@ from disttrain import timeline
 from disttrain.comm.meter import meter
 from disttrain.config import RunConfig
 from disttrain.data.loader import BatchLoader
+from disttrain.strategies.capabilities import memory
 from disttrain.train.evaluation import epoch_end, evaluate, gather_floats, loss_fn
 from disttrain.train.oom import as_out_of_memory
 from disttrain.train.parts import Change, RunParts
@@ -176,7 +177,7 @@ class Run(RunParts):
         self.epochs_done = epoch + 1
         stop = self.roles.should_stop()
         last = self.step >= self.step_limit or epoch == self.epoch_limit - 1 or stop
-        self.memory = self.strategy.memory()
+        self.memory = memory(self.strategy)
         if last:
             with self.timers.time("checkpoint"), timeline.span("checkpoint"):
                 self.saver.close()  # a background write's commit
@@ -207,7 +208,7 @@ class Run(RunParts):
         tc = self.tc
         wall = time.perf_counter() - self.start
         with meter.paused():
-            group, device = self.strategy.worker_group, self.world.device
+            group, device = self.strategy.roles.worker_group, self.world.device
             traffic = [float(meter.bytes_sent), float(meter.messages_sent)]
             per_rank = gather_floats(traffic, device, group)
             names = sorted(self.memory)

@@ -141,7 +141,7 @@ def _build(cfg: dict[str, Any], args: argparse.Namespace, data: Any) -> tuple[St
         "overlap": cfg.get("overlap", True),
     }
     w = world_mod.World(0, 1, 0, world.backend, world.device, world.timeout) if single else world
-    strategy = strategies.get("allreduce")(config.load(flags), w, loss_fn)
+    strategy = strategies.get("allreduce").build(config.load(flags), w, loss_fn)
     assert isinstance(strategy, AllReduce)
     strategy.setup(model, opt)
 

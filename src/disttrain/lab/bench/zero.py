@@ -16,7 +16,7 @@ rotates every step (as ``bench dp``), so background load hits all alike:
 
 Reported: the median step time with p25/p75, the median of paired ratios to
 each stage's anchor (step i against the anchor's step i), the bytes each
-disttrain configuration holds (``Strategy.memory``), and the largest
+disttrain configuration holds (``capabilities.memory``), and the largest
 difference of each configuration's parameters from the allreduce strategy's
 after the last step (all took the same steps on the same batches). Then where
 each step's time went (medians, ms; :data:`PHASES`): ``fwd+bwd`` (forward and
@@ -143,7 +143,7 @@ def _disttrain_step(
     }
     if name.startswith("zero"):
         flags.update(strategy="zero", zero_stage=int(name[-1]))
-    strategy = strategies.get(flags.get("strategy", "allreduce"))(
+    strategy = strategies.get(flags.get("strategy", "allreduce")).build(
         config.load(flags), world, loss_fn
     )
     strategy.setup(model, opt)
@@ -151,7 +151,6 @@ def _disttrain_step(
     def dt_step(i: int) -> dict[str, float]:
         t = [time.perf_counter()]
         opt.zero_grad(set_to_none=True)
-        strategy.before_step(i + 1)
         strategy.forward_backward(xs[i % 8], ys[i % 8])
         t.append(time.perf_counter())
         strategy.after_backward()
@@ -180,6 +179,7 @@ def _rank_main(args: argparse.Namespace) -> dict[str, Any] | None:
     import torch.distributed as dist
 
     from disttrain.data import load_dataset
+    from disttrain.strategies.capabilities import memory as counted_memory
 
     data = load_dataset("pycode" if args.model == "gpt" else "digits")
     built: dict[str, tuple[Step, Any, Any]] = {}
@@ -203,7 +203,9 @@ def _rank_main(args: argparse.Namespace) -> dict[str, Any] | None:
                 for part, seconds in parts.items():
                     phases[name].setdefault(part, []).append(seconds)
     dist.barrier()
-    held = {n: built[n][1].memory() for n in names if built[n][1] is not None}  # end of a step
+    held = {
+        n: counted_memory(built[n][1]) for n in names if built[n][1] is not None
+    }  # end of a step
     reference = _full_params("allreduce", *built["allreduce"][1:])
     raw: dict[str, Any] = {"errors": errors, "rows": {}}
     for name in names:

@@ -139,13 +139,12 @@ def _train(
     torch.manual_seed(0)
     model = _model(model_name, data)
     opt = make_optimizer(model.parameters(), cfg.train)
-    strategy = strategies.get(cfg.train.strategy)(cfg, world, loss_fn)
+    strategy = strategies.get(cfg.train.strategy).build(cfg, world, loss_fn)
     strategy.setup(model, opt)
     part = args.batch_size // n
     for i, index in enumerate(batches):
         mine = index[rank * part : (rank + 1) * part]
         opt.zero_grad(set_to_none=True)
-        strategy.before_step(i + 1)
         strategy.forward_backward(data.x_train[mine], data.y_train[mine])
         strategy.after_backward()
         opt.step()

@@ -1,0 +1,57 @@
+"""The interface of a strategy's cost part, and the plain defaults (a whole replica each)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from torch import nn
+
+from disttrain.costing import Memory, Network, NotModelled, Prediction, Rates, Workload
+from disttrain.costing import worker_memory as replica_bytes
+
+if TYPE_CHECKING:
+    from disttrain.strategies.runspec import RunSpec
+
+__all__ = ["StrategyCost"]
+
+
+class StrategyCost:
+    """A strategy's step time and memory, for ``disttrain advise`` and the memory plan.
+
+    Built with the name the strategy is registered under (a plug-in that reuses another's
+    cost part gets rows of its own name).
+    """
+
+    #: The spec settings ``predict`` and ``predict_memory`` read; any other in an
+    #: ``advise`` spec is refused.
+    cost_settings: ClassVar[tuple[str, ...]] = ()
+    #: Cost-model-only spec keys (``advise``): name -> what it states.
+    assumptions: ClassVar[dict[str, str]] = {}
+    #: Why ``predict`` cannot model this strategy (the default ``predict`` says it).
+    not_modelled: ClassVar[str] = "it has no cost formula (no predict method)"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def advise_specs(self) -> list[str]:
+        """The specs ``disttrain advise`` ranks when none are named (none: not modelled)."""
+        return []
+
+    def memory_specs(self) -> list[str]:
+        """Specs ``advise`` lists for their memory alone (no step-time formula)."""
+        return []
+
+    def predict(
+        self, spec: RunSpec, work: Workload, nodes: int, network: Network, calibration: Rates
+    ) -> Prediction:
+        """The predicted step of ``spec`` on ``nodes`` ranks; NotModelled if not modelled."""
+        del spec, work, nodes, network, calibration
+        raise NotModelled(f"{self.name} is not modelled: {self.not_modelled}")
+
+    def predict_memory(self, spec: RunSpec, work: Workload, nodes: int, model: nn.Module) -> Memory:
+        """The bytes the fullest of ``nodes`` workers holds training ``model`` (its layers;
+        ``work.params`` parameters in all), the figures the trainer's memory count gives;
+        ValueError if ``spec`` cannot run so. The default: every worker a whole replica,
+        4Ψ parameters + 4Ψ gradients + the optimizer's state (Adam 8Ψ: 16Ψ in all)."""
+        del spec, nodes, model
+        return replica_bytes(work, work.params)
