@@ -52,7 +52,9 @@ def _socket() -> str:
     with _lock:
         if _zygote is None or _zygote[0].poll() is not None:
             path = os.path.join(tempfile.mkdtemp(prefix="dt-zygote-"), "sock")
-            env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+            # src first; a caller's own path (an out-of-tree plug-in's folder) kept after it
+            search = os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])
+            env = {**os.environ, "PYTHONPATH": search}
             proc = subprocess.Popen(
                 [sys.executable, "-m", "tests.zygote", path],
                 cwd=REPO,

@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from disttrain import strategies as registered
 from disttrain.collectives.shmseg import PREFIX
+from disttrain.registry import load_plugins
 from disttrain.train.faults import parse_fault
 from tests import zygote
 from tests.netcheck import alive, descendants, kill
@@ -30,21 +32,19 @@ REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 5  # --timeout: a few seconds (startup skew on a loaded 2-core host stays below it)
 TINY = ("--model", "mlp", "--max-steps", "6", "--no-progress", "--timeout", str(TIMEOUT))
 
-#: name -> flags; every strategy the registry holds (ps twice: sync and async)
-STRATEGIES: dict[str, tuple[str, ...]] = {
-    "allreduce": ("--strategy", "allreduce"),
-    "zero": ("--strategy", "zero", "--zero-stage", "2"),
-    "localsgd": ("--strategy", "localsgd", "--period", "2"),
-    "diloco": ("--strategy", "diloco", "--period", "2", "--fragments", "2"),
-    "decentralized": ("--strategy", "decentralized"),
-    "pipeline": ("--strategy", "pipeline"),
-    "pipeline-zb1": ("--strategy", "pipeline", "--schedule", "zb1"),  # B and W apart
-    "tensor": ("--strategy", "tensor"),
-    "hybrid": ("--strategy", "hybrid", "--workers", "4", "--dp", "2", "--tp", "2"),
-    "ps-sync": ("--strategy", "ps", "--ps-mode", "sync"),
+load_plugins()  # $DISTTRAIN_PLUGINS: an out-of-tree strategy joins the matrix by itself
+#: Flags that make a strategy's run here exercise more of it in 6 steps (optional: a
+#: strategy without an entry runs as its first declared mode gives it).
+TUNING: dict[str, tuple[str, ...]] = {
+    "zero": ("--zero-stage", "2"),
+    "localsgd": ("--period", "2"),
+    "diloco": ("--period", "2", "--fragments", "2"),
+    "hybrid": ("--workers", "4", "--dp", "2"),
+}
+#: Rows beyond each strategy's first mode: a path of its own (the key: strategy-label).
+EXTRA: dict[str, tuple[str, ...]] = {
+    "pipeline-zb1": ("--schedule", "zb1"),  # B and W apart
     "ps-async": (
-        "--strategy",
-        "ps",
         "--ps-mode",
         "async",
         "--workers",
@@ -56,6 +56,21 @@ STRATEGIES: dict[str, tuple[str, ...]] = {
         "--ps-worker-timeout",
         "2",
     ),
+}
+
+
+def _first_mode(name: str) -> tuple[str, ...]:
+    return next(iter(registered.get(name).settings.modes.values()))
+
+
+#: row -> flags: every strategy the registry holds, in its first declared mode (ps: sync),
+#: and the EXTRA rows
+STRATEGIES: dict[str, tuple[str, ...]] = {
+    **{
+        name: ("--strategy", name, *_first_mode(name), *TUNING.get(name, ()))
+        for name in registered.STRATEGIES
+    },
+    **{row: ("--strategy", row.split("-")[0], *flags) for row, flags in EXTRA.items()},
 }
 
 #: kind -> what rank 1's failure must say on stderr (exit code 1)
@@ -70,9 +85,7 @@ NAMED = {
 #: what rank 1 made non-finite for ``nan`` (its first layer's output is poisoned in forward):
 #: model parallelism stops it in forward, before its activations reach the others
 def _nan_words(strategy: str) -> str:
-    from disttrain import strategies
-
-    what = "activation" if strategies.get(strategy.split("-")[0]).shares_activations else "gradient"
+    what = "activation" if registered.get(strategy.split("-")[0]).shares_activations else "gradient"
     return f"rank 1 computed a non-finite {what}"
 
 
@@ -81,9 +94,7 @@ DROPPED = {"kill", "raise", "nan"}
 
 
 def test_every_registered_strategy_is_in_the_matrix() -> None:
-    from disttrain import strategies
-
-    assert {s.split("-")[0] for s in STRATEGIES} == set(strategies.STRATEGIES)
+    assert {s.split("-")[0] for s in STRATEGIES} == set(registered.STRATEGIES)
     assert {parse_fault(f"{k}:rank=1") is not None for k in NAMED} == {True}
 
 
@@ -121,7 +132,9 @@ class _Job:
     """``disttrain train`` in a subprocess; stderr read live, every pid of its tree recorded."""
 
     def __init__(self, args: list[str]) -> None:
-        env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+        # src first; a caller's own path (an out-of-tree plug-in's folder) kept after it
+        path = os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])
+        env = {**os.environ, "PYTHONPATH": path}
         self.proc = zygote.popen(
             [sys.executable, "-m", "disttrain", "train", *args],
             env=env,
