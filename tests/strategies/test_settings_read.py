@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from disttrain import config, strategies
 from tests.harness import SharedWorlds
 
 
@@ -126,6 +127,37 @@ CASES: dict[str, tuple[dict[str, Any], int, str]] = {
     "tensor": ({"strategy": "tensor"}, 2, "tensor_mode"),
     "hybrid pp": ({"strategy": "hybrid", "pp": 2, "workers": 2, "microbatches": 2}, 2, "pp"),
 }
+
+
+def _settings(flags: tuple[str, ...]) -> dict[str, Any]:
+    """A mode's command-line flags (``("--tp", "2")``) as settings, typed as their defaults."""
+    fields = config.section_fields()
+    out: dict[str, Any] = {}
+    for given, text in zip(flags[::2], flags[1::2], strict=True):
+        name = given[2:].replace("-", "_")
+        out[name] = type(fields[name][1].default)(text)
+    return out
+
+
+#: Every strategy that reads --algorithm, in its first mode, with an algorithm that has a
+#: setting of its own: the run must read it (a strategy that looked its algorithm up by
+#: name alone would run hierarchical with its default --inter-algorithm, silently)
+CASES.update(
+    {
+        f"{name} hierarchical": (
+            {
+                "strategy": name,
+                **_settings(next(iter(kind.settings.modes.values()))),
+                "algorithm": "hierarchical",
+                "inter_algorithm": "tree",
+            },
+            2,
+            "inter_algorithm",
+        )
+        for name, kind in strategies.STRATEGIES.items()
+        if "algorithm" in config.field_names(kind.settings.reads_settings)
+    }
+)
 
 
 #: the cases run one after another in one world per size (2 spawns instead of 12: a

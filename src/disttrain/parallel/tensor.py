@@ -63,7 +63,9 @@ class _Copy(torch.autograd.Function):
     """Megatron's ``f``: identity forward; the input gradient is summed over the group."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any, algorithm: str) -> torch.Tensor:
+    def forward(
+        ctx: Any, x: torch.Tensor, group: Any, algorithm: collectives.Algorithm
+    ) -> torch.Tensor:
         ctx.group, ctx.algorithm = group, algorithm
         return x.view_as(x)
 
@@ -78,7 +80,9 @@ class _Reduce(torch.autograd.Function):
     """Megatron's ``g``: partial sums summed over the group forward; identity backward."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any, algorithm: str) -> torch.Tensor:
+    def forward(
+        ctx: Any, x: torch.Tensor, group: Any, algorithm: collectives.Algorithm
+    ) -> torch.Tensor:
         with phases.book(phases.COMMUNICATION):  # inside the trainer's forward (compute)
             return collectives.all_reduce(x.contiguous().clone(), algorithm, group)
 
@@ -106,7 +110,13 @@ class ColumnParallelLinear(nn.Module):
     """This rank's slice of a Linear's output neurons (rows of its weight)."""
 
     def __init__(
-        self, full: nn.Linear, rank: int, size: int, group: Any, algorithm: str, gather: bool
+        self,
+        full: nn.Linear,
+        rank: int,
+        size: int,
+        group: Any,
+        algorithm: collectives.Algorithm,
+        gather: bool,
     ) -> None:
         super().__init__()
         n = full.out_features // size
@@ -125,7 +135,9 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """This rank's slice of a Linear's input neurons (columns of its weight); bias added once."""
 
-    def __init__(self, full: nn.Linear, rank: int, size: int, group: Any, algorithm: str) -> None:
+    def __init__(
+        self, full: nn.Linear, rank: int, size: int, group: Any, algorithm: collectives.Algorithm
+    ) -> None:
         super().__init__()
         n = full.in_features // size
         self.weight = nn.Parameter(full.weight.detach()[:, rank * n : (rank + 1) * n].clone())
@@ -160,7 +172,12 @@ def plan(layers: list[nn.Module], size: int, mode: str) -> list[str]:
 
 
 def shard_model(
-    model: nn.Sequential, rank: int, size: int, group: Any, mode: str, algorithm: str = "native"
+    model: nn.Sequential,
+    rank: int,
+    size: int,
+    group: Any,
+    mode: str,
+    algorithm: collectives.Algorithm = "native",
 ) -> tuple[nn.Sequential, list[str]]:
     """This rank's tensor-parallel model (same layer names) and the plan it follows."""
     if mode not in ("megatron", "naive"):

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from disttrain import timeline
+from disttrain import collectives, timeline
 from disttrain.comm import phases
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
@@ -192,7 +192,7 @@ class Decentralized(Strategy, Reshards):
                 group["momentum"] = 0.0  # applied here, before compression, instead
         params = list(model.parameters())
         # Replicas start equal (outside the measured traffic: the trainer resets the meter).
-        self.algorithm = self.config.train.algorithm
+        self.algorithm = collectives.build(self.config.train.algorithm, self.config)
         average(list(model.state_dict().values()), self.algorithm, world_size=self.size)
         if self.ring:
             x = _host_flat([p.detach() for p in params])

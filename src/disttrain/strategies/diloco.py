@@ -191,7 +191,9 @@ class DiLoCo(LocalSGD):
             return None, flat
         return self._thread.submit(send), flat
 
-    def _gathered_int4_sum(self, flat: torch.Tensor, alg: str, group: Any) -> torch.Tensor:
+    def _gathered_int4_sum(
+        self, flat: torch.Tensor, alg: collectives.Algorithm, group: Any
+    ) -> torch.Tensor:
         """Every rank's 4-bit payload gathered, decoded and added in rank order: the same
         sum on every rank (its own decode included, not its exact values)."""
         mine = blockquant.encode(flat)

@@ -113,7 +113,7 @@ class Hybrid(Strategy, ShardsData):
         else:
             self.inner = TensorParallel(config, world, loss_fn)
             self.inner.bind(self.mesh.inner_group, self.mesh.inner_ranks)
-        self.algorithm = config.train.algorithm
+        self.algorithm = collectives.build(config.train.algorithm, config)
 
     @property
     def data_rank(self) -> int:

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from disttrain import timeline
+from disttrain import collectives, timeline
 from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
 from disttrain.config import opt, register_section
@@ -84,7 +84,7 @@ class LocalSGD(Strategy, Reshards):
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         super().setup(model, optimizer)
         self.settings: LocalSGDConfig = self.config.section(LocalSGDConfig)
-        self.algorithm = self.config.train.algorithm
+        self.algorithm = collectives.build(self.config.train.algorithm, self.config)
         self.size = self.world.world_size
         self.steps_done = 0
         self.averaging_rounds = 0

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.distributed import ProcessGroup
 
+from disttrain import collectives
 from disttrain.comm.errors import UsageError
 from disttrain.comm.world import World
 from disttrain.config import RunConfig
@@ -95,7 +96,7 @@ class TensorParallel(Strategy, ShardsData):
             self.size,
             self.group,
             self.pc.tensor_mode,
-            self.config.train.algorithm,
+            collectives.build(self.config.train.algorithm, self.config),
         )
         return sharded
 
