@@ -45,7 +45,8 @@ def _plugins(base: type, registry: tuple[str, str] | None) -> list[type]:
         return found
     module, name = registry
     entries = getattr(importlib.import_module(module), name)
-    return [entries.get(n) for n in entries]
+    # a registry holds each plugin's descriptor (its kind): the runtime class is its part
+    return [getattr(entries.get(n), "runtime", entries.get(n)) for n in entries]
 
 
 def base_rows() -> Iterator[str]:

@@ -16,6 +16,10 @@ from disttrain.collectives.base import Op
 from disttrain.collectives.costs import NOTHING, Cost
 from disttrain.collectives.paths import path_of, steps_formula
 from disttrain.comm.errors import UsageError
+from disttrain.registry import load_plugins
+from tests.harness import SharedWorlds
+
+load_plugins()  # $DISTTRAIN_PLUGINS: an out-of-tree algorithm is checked as every other
 
 
 def test_files_register_in_name_order() -> None:
@@ -146,3 +150,38 @@ def test_checks_does_not_import_the_registry() -> None:
 def _learned_names() -> set[str]:
     checks._learn_names()
     return set(checks._NAMES.values())
+
+
+def _sums_and_sends_what_it_states(name: str) -> tuple[bool, tuple[int, int], tuple[int, int]]:
+    """On this rank: (the sum equals torch's, bytes and messages metered, what cost() says)
+    for a 1001-element float32 allreduce (odd: uneven chunks)."""
+    import torch.distributed as dist
+
+    from disttrain.comm import meter
+
+    me, n = dist.get_rank(), dist.get_world_size()
+    x = torch.randn(1001, generator=torch.Generator().manual_seed(me))
+    expected = x.clone()
+    dist.all_reduce(expected)
+    algo = collectives.get(name)
+    meter.reset()
+    algo.all_reduce(x, checked=False)
+    sent = (meter.bytes_sent, meter.messages_sent)
+    cost = algo.cost(x.numel() * 4, n, me, 4)
+    return torch.allclose(x, expected, atol=1e-5), sent, (cost.bytes_sent, cost.messages)
+
+
+#: every registered algorithm (a plug-in's too: $DISTTRAIN_PLUGINS) in one 3-rank world
+EACH = SharedWorlds(
+    {name: (3, _sums_and_sends_what_it_states, (name,)) for name in collectives.ALGORITHMS},
+    timeout=120,
+)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("name", list(collectives.ALGORITHMS))
+def test_each_algorithm_sums_as_torch_and_sends_what_its_cost_says(name: str) -> None:
+    for rank, (equal, sent, stated) in enumerate(EACH.get(name)):
+        assert equal, f"{name}: rank {rank}'s sum differs from torch's"
+        if not collectives.ALGORITHMS.get(name).estimated:  # native: gloo's own sends
+            assert sent == stated, f"{name}: rank {rank} sent {sent}, cost() says {stated}"
