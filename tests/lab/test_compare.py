@@ -217,7 +217,7 @@ def _fake_summary(flags: dict[str, object]) -> dict[str, object]:
 def test_failed_run_is_reported_and_the_others_still_run(
     tmp_path: object, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from disttrain.lab import runs
+    from disttrain.launch import commands as runs
 
     calls: list[tuple[dict[str, object], list[str]]] = []
 
@@ -247,7 +247,7 @@ def test_an_out_holding_an_earlier_comparison_is_refused_unless_overwrite(
     tmp_path: object, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As train refuses an --out with an earlier run's results: the report is kept."""
-    from disttrain.lab import runs
+    from disttrain.launch import commands as runs
 
     monkeypatch.setattr(runs, "train_run", lambda flags, **_: _fake_summary(flags))
     out = os.path.join(str(tmp_path), "cmp")
@@ -274,7 +274,7 @@ def test_cluster_runs_go_through_cluster_run(
     """--cluster: each run is `disttrain cluster run --name N -- ...`, --workers split by host."""
     from disttrain.cluster import hosts as cluster
     from disttrain.cluster import netns
-    from disttrain.lab import runs
+    from disttrain.launch import commands as runs
 
     layout = cluster.plan("cmpt", 2, "100mbit")
     monkeypatch.setattr(netns, "check_tools", lambda: None)

@@ -19,7 +19,22 @@ from disttrain.cluster.hosts import (
 )
 from disttrain.comm.errors import UsageError
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "run", "run_args"]
+
+
+def run_args(name: str, timeout: float, port: int | None = None) -> list[str]:
+    """The arguments of ``disttrain cluster run`` on cluster ``name``, up to the ``--`` the
+    command follows (benchmarks start it through :mod:`disttrain.launch.commands`)."""
+    return [
+        "cluster",
+        "run",
+        "--name",
+        name,
+        *(["--port", str(port)] if port is not None else []),
+        "--timeout",
+        f"{timeout:g}",
+        "--",
+    ]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -3,7 +3,7 @@
     disttrain compare --strategies "allreduce:ring, ps:async, localsgd:period=16, \\
         decentralized:onebit" --workers 4 --dataset digits --model mlp --epochs 10 --out DIR
 
-Every run is a ``disttrain train`` subprocess (:func:`disttrain.lab.runs.train_run`)
+Every run is a ``disttrain train`` subprocess (:func:`disttrain.launch.commands.train_run`)
 with the same flags (so the same seed, data and batch), changed only by its
 spec (grammar in :mod:`disttrain.strategies.spec`); any other train flag given
 here (``--straggler``, ``--batch-size``, ``--lr``, ...) goes to every run.
@@ -234,7 +234,7 @@ def _run_one(
 ) -> tuple[RunResult, str]:
     """Train spec number ``i`` into its own folder under the report's; with its status, done
     or FAILED (its exit, an OSError, the timeout: the error instead of a summary)."""
-    from disttrain.lab.runs import RunFailed, train_run
+    from disttrain.launch import commands
 
     flags = spec.flags(common)
     if board:  # one TensorBoard folder, one run (sub-folder) per spec
@@ -244,9 +244,9 @@ def _run_one(
         limit = run_timeout + (60 if launcher else 0)
         # each run's own folder stays, under the report's: runs.json points to it
         folder = os.path.join(out, "runs", f"run-{i:02d}")
-        summary = train_run(flags, timeout=limit, launcher=launcher, out=folder)
+        summary = commands.train_run(flags, timeout=limit, launcher=launcher, out=folder)
         return RunResult(spec.label, flags, summary, folder=folder), "done"
-    except (RunFailed, OSError, subprocess.TimeoutExpired) as exc:
+    except (commands.RunFailed, OSError, subprocess.TimeoutExpired) as exc:
         return RunResult(spec.label, flags, None, str(exc), folder=folder), "FAILED"
 
 

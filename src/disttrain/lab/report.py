@@ -1,7 +1,7 @@
 """The ``compare`` report: a results table, time-to-target ratios and plots, as Markdown and HTML.
 
 Every figure comes from a run's own ``summary.json`` and ``metrics.jsonl``
-(as :func:`disttrain.lab.runs.train_run` returns them): final test accuracy
+(as :func:`disttrain.launch.commands.train_run` returns them): final test accuracy
 and loss, ``wall_seconds``, ``samples_per_second``, ``bytes_sent_per_rank``,
 ``memory_per_rank`` (the fullest worker's parameters + gradients + optimizer state,
 and the largest peak RSS).

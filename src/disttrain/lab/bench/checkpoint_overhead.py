@@ -79,7 +79,7 @@ def _flags(variant: str, a: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from disttrain.comm.errors import UsageError
-    from disttrain.lab.runs import train_run
+    from disttrain.launch.commands import train_run
 
     rate: dict[str, list[float]] = {v: [] for v in VARIANTS}
     steady: dict[str, list[float]] = {v: [] for v in VARIANTS}

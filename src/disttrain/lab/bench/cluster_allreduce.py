@@ -157,24 +157,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_on_hosts(script: str) -> subprocess.CompletedProcess[bytes]:
     """``disttrain cluster run`` of the node script on every host (30 min, then stopped)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "disttrain",
-        "cluster",
-        "run",
-        "--name",
-        NAME,
-        "--port",
-        str(PORT),
-        "--timeout",
-        "1800",
-        "--",
-        "sh",
-        "-c",
-        script,
-    ]
-    return subprocess.run(cmd, timeout=1900)
+    from disttrain.cluster.command import run_args
+    from disttrain.launch import commands
+
+    return commands.run([*run_args(NAME, 1800, PORT), "sh", "-c", script], timeout=1900)
 
 
 def _write_record(

@@ -39,7 +39,7 @@ def _train_args(args: argparse.Namespace) -> list[str]:
 
 
 def _samples_per_s(argv: list[str], out: str, timeout: float, launcher: list[str]) -> float:
-    from disttrain.lab.runs import train_argv
+    from disttrain.launch.commands import train_argv
 
     return float(train_argv(argv, out, timeout, launcher)["samples_per_second"])
 

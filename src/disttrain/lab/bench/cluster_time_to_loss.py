@@ -129,7 +129,7 @@ def _one_rate(args: argparse.Namespace, rate: str, specs: list[Any]) -> list[dic
     """Train every spec on a fresh emulated cluster at ``rate``; their rows, timed to the
     anchor's (the first spec's) final mean loss (:func:`_time_to_anchor`)."""
     from disttrain.cluster import hosts as cluster
-    from disttrain.lab.runs import train_run
+    from disttrain.launch.commands import train_run
 
     common = _workload(args)
     launcher = _launcher(args)

@@ -25,12 +25,13 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from disttrain.launch import commands
 
 __all__ = ["Event", "add_arguments", "run", "schedule", "step_errors"]
 
@@ -173,17 +174,15 @@ class _Soak:
         return True
 
     def join(self) -> None:
-        cmd = [sys.executable, "-m", "disttrain", "train", "--join", self.out]
+        args = ["train", "--join", self.out]
         self.joiners.append(
-            subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            commands.start(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         )
 
 
 def _train(a: argparse.Namespace, out: str, steps: int) -> list[str]:
+    """The soaked job's ``disttrain`` arguments."""
     return [
-        sys.executable,
-        "-m",
-        "disttrain",
         "train",
         "--workers",
         "3",
@@ -254,7 +253,7 @@ def _soak(a: argparse.Namespace, out: str) -> int:
     shm_before = set(os.listdir("/dev/shm"))
     soak = _Soak(a, out)
     start = time.monotonic()
-    job = subprocess.Popen(_train(a, out, steps), stdout=subprocess.DEVNULL)
+    job = commands.start(_train(a, out, steps), stdout=subprocess.DEVNULL)
     fired: list[dict[str, Any]] = []
     for event in plan:
         fire_at = soak.done() + event.after
@@ -278,7 +277,7 @@ def _soak(a: argparse.Namespace, out: str) -> int:
 def _reference_run(a: argparse.Namespace, steps: int) -> None:
     """Print the final accuracy of the same job run undisturbed (3 workers, the same seed
     and steps): what the soak's accuracy is read against."""
-    from disttrain.lab.runs import train_run
+    from disttrain.launch.commands import train_run
 
     ref = train_run(
         {

@@ -10,7 +10,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from disttrain.comm.errors import UsageError
-from disttrain.lab.runs import train_run
+from disttrain.launch.commands import train_run
 
 __all__ = ["add_arguments", "run"]
 

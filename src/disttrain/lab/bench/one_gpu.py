@@ -101,7 +101,7 @@ def _plain(args: argparse.Namespace, data: Any) -> list[float]:
 
 def _trainer(args: argparse.Namespace, chars: int, check_finite: bool) -> list[float]:
     """``disttrain train``'s step end times (metrics.jsonl's wall_seconds, one line a step)."""
-    from disttrain.lab.runs import train_run
+    from disttrain.launch.commands import train_run
 
     summary = train_run(
         {

@@ -13,10 +13,8 @@ calls recv, then waits on the send.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -43,13 +41,12 @@ def _swap(mode: str, out: Any, into: Any, peer: int) -> None:
         send.wait()
 
 
-def _rank(rank: int, store: str, iters: int) -> None:
+def _rank(iters: int) -> None:
+    """One rank of the 2-rank world :func:`disttrain.launch.spawn.run_world` formed."""
     import torch
     import torch.distributed as dist
 
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
+    rank = dist.get_rank()
     peer = 1 - rank
     for nbytes in SIZES:
         medians: dict[str, list[float]] = {}
@@ -71,7 +68,6 @@ def _rank(rank: int, store: str, iters: int) -> None:
                 f"blocking {blocking * 1e6:8.0f} us  blocking/posted {blocking / posted:5.2f}"
             )
             sys.stdout.flush()
-    dist.destroy_process_group()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,10 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch.multiprocessing as mp
+    from disttrain.launch.spawn import run_world
 
     if args.iters < 1:
         raise UsageError(f"--iters {args.iters}: use at least 1")
-    folder = tempfile.mkdtemp(prefix="disttrain-bench-")
-    mp.spawn(_rank, args=(os.path.join(folder, "store"), args.iters), nprocs=2)
+    run_world(_rank, 2, args=(args.iters,), timeout=None)  # gloo over loopback, 1 thread
     return 0

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from typing import Any
 
-from disttrain.lab.runs import train_argv
+from disttrain.launch.commands import train_argv
 
 __all__ = ["add_arguments", "run"]
 

@@ -299,7 +299,7 @@ def base_flags(workload: str, pycode_chars: int | None) -> list[str]:
 
 def run_one(flags: list[str], out: str, timeout: float) -> dict[str, Any]:
     """One run's summary, with rank 0's (step, training loss) curve under ``"curve"``."""
-    from disttrain.lab.runs import train_argv
+    from disttrain.launch.commands import train_argv
 
     summary = train_argv(["--workers", "4", *flags], out, timeout)
     summary["curve"] = [(m["step"], m["loss"]) for m in summary["metrics"] if "loss" in m]

@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from disttrain.lab.runs import train_run
+    from disttrain.launch.commands import train_run
 
     flags = {**BASE, "max_steps": args.steps}
     runs: dict[str, list[float]] = {"off": [], "on": []}

@@ -36,7 +36,7 @@ def _median(runs: list[dict[str, Any]], key: str) -> float:
 
 
 def precision(repeats: int, fp16: bool) -> None:
-    from disttrain.lab.runs import train_run
+    from disttrain.launch.commands import train_run
 
     variants = ["fp32", "bf16"] + (["fp16"] if fp16 else [])
     for name, base in (("digits/mlp", DIGITS), ("pycode/gpt", GPT)):
@@ -57,7 +57,7 @@ def precision(repeats: int, fp16: bool) -> None:
 
 
 def prefetch(delay_ms: float, repeats: int) -> None:
-    from disttrain.lab.runs import train_run
+    from disttrain.launch.commands import train_run
 
     runs: dict[int, list[dict[str, Any]]] = {0: [], 2: []}
     for _ in range(repeats):

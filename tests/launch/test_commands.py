@@ -1,4 +1,4 @@
-"""lab/runs.py, the one way benchmarks start a training run: its summary with the metrics
+"""launch/commands.py, the one way benchmarks start a training run: its summary with the metrics
 lines, from any working directory; a failed run names its command and last line."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from disttrain.lab.runs import RunFailed, train_argv, train_run
+from disttrain.launch.commands import RunFailed, train_argv, train_run
 
 
 @pytest.mark.timeout(120)
