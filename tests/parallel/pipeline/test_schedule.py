@@ -280,3 +280,19 @@ def test_render_names_chunks_and_weight_passes() -> None:
     assert inter[1].split()[2:6] == ["F1a", "F2a", "F1b", "F2b"]
     zb = render(build("zb1", 2, 2)).splitlines()
     assert "W1" in zb[1].split() and "W2" in zb[2].split()
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_each_torch_anchor_is_a_torch_pipelining_schedule(name: str) -> None:
+    """The one map from our schedules to torch's (the benchmarks' anchors): each named class
+    exists in torch.distributed.pipelining and is one of its schedules."""
+    from torch.distributed.pipelining.schedules import _PipelineSchedule
+
+    from disttrain.parallel.pipeline.schedule import torch_schedule_class
+
+    kind = SCHEDULES.get(name)
+    if not kind.torch_anchor:
+        with pytest.raises(ValueError, match="no torch counterpart"):
+            torch_schedule_class(name)
+        return
+    assert issubclass(torch_schedule_class(name), _PipelineSchedule)

@@ -254,15 +254,17 @@ def _torch_schedule(
     a: argparse.Namespace, sched: str, m: int, rank: int, p: int
 ) -> PipelineScheduleSingle:
     """The anchor: torch's GPipe or 1F1B schedule on a fresh copy of the same stage."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import PipelineStage
     from torch.nn import functional as F
 
     from disttrain.parallel import placement
+    from disttrain.parallel.pipeline.schedule import torch_schedule_class
 
     parts = placement.split(_model(p, a.layers_per_stage, a.width), [2 * a.layers_per_stage] * p)
     stage = PipelineStage(parts[rank], rank, p, torch.device("cpu"))
-    cls = ScheduleGPipe if sched == "gpipe" else Schedule1F1B
-    return cls(stage, m, loss_fn=F.mse_loss)
+    cls = torch_schedule_class(sched)
+    sched_obj: PipelineScheduleSingle = cls(stage, m, loss_fn=F.mse_loss)
+    return sched_obj
 
 
 def _alternate_rounds(

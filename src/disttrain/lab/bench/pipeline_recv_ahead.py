@@ -27,7 +27,7 @@ __all__ = ["add_arguments", "run", "work"]
 def work(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import PipelineStage
     from torch.nn import functional as F
 
     from disttrain.lab.bench import _tensor as bench_tensor
@@ -48,7 +48,7 @@ def work(a: argparse.Namespace, sched: str, m: int) -> dict[str, Any]:
         steps[name] = functools.partial(runner.run, x, y)
     parts = placement.split(bp._model(p, a.layers_per_stage, a.width), sizes)
     stage = PipelineStage(parts[rank], rank, p, torch.device("cpu"))
-    sch = (ScheduleGPipe if sched == "gpipe" else Schedule1F1B)(stage, m, loss_fn=F.mse_loss)
+    sch = schedule.torch_schedule_class(sched)(stage, m, loss_fn=F.mse_loss)
     steps["torch"] = (lambda: sch.step(x)) if rank == 0 else (lambda: sch.step(target=y, losses=[]))
     names = tuple(steps)
     times: dict[str, list[float]] = {n: [] for n in names}

@@ -45,11 +45,6 @@ from disttrain.parallel.pipeline import SCHEDULES, schedule
 
 __all__ = ["add_arguments", "run"]
 
-ANCHORS = {
-    "interleaved": "torch ScheduleInterleaved1F1B",
-    "zero-bubble": "torch ScheduleInterleavedZeroBubble",
-}
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stages", type=int, default=2, help="pipeline ranks P (processes)")
@@ -233,19 +228,15 @@ def _kind_means(orders: Orders) -> dict[str, float]:
 def _torch_schedule(a: argparse.Namespace, which: str, m: int) -> tuple[Callable[[], None], int]:
     """A step of torch's ``which`` schedule on P·V stages, rank r holding r, r+P, ..."""
     import torch.distributed as dist
-    from torch.distributed.pipelining import (
-        PipelineStage,
-        ScheduleInterleaved1F1B,
-        ScheduleInterleavedZeroBubble,
-    )
+    from torch.distributed.pipelining import PipelineStage
     from torch.nn import functional as F
 
     rank, p = dist.get_rank(), dist.get_world_size()
     v = a.virtual_stages
     parts = _parts(a, p * v)
     stages = [PipelineStage(parts[s], s, p * v, torch.device("cpu")) for s in range(rank, p * v, p)]
-    cls = ScheduleInterleaved1F1B if which == "interleaved" else ScheduleInterleavedZeroBubble
-    sch = cls(stages, m, loss_fn=F.mse_loss)  # type: ignore[arg-type]
+    cls = schedule.torch_schedule_class(which)  # the torch class our schedule is measured against
+    sch = cls(stages, m, loss_fn=F.mse_loss)
     x, y = torch.randn(a.batch, a.width), torch.randn(a.batch, a.width)
 
     def step() -> None:
@@ -260,7 +251,8 @@ def _torch_schedule(a: argparse.Namespace, which: str, m: int) -> tuple[Callable
 
 
 def _paired(a: argparse.Namespace, ours: str, theirs: str, m: int) -> dict[str, Any]:
-    """Paired rounds of our ``ours`` against ``theirs`` (a torch schedule or ``our:NAME``)."""
+    """Paired rounds of our ``ours`` against ``theirs`` (``torch:NAME``, torch's counterpart of
+    our NAME, or ``our:NAME``)."""
     x, y = torch.randn(a.batch, a.width), torch.randn(a.batch, a.width)
     runner = _runner(a, ours, m)
     try:
@@ -268,7 +260,7 @@ def _paired(a: argparse.Namespace, ours: str, theirs: str, m: int) -> dict[str, 
             anchor = _runner(a, theirs[4:], m)
             other: Callable[[], object] = lambda: anchor.run(x, y)  # noqa: E731
         else:
-            other, _ = _torch_schedule(a, theirs, m)
+            other, _ = _torch_schedule(a, theirs.removeprefix("torch:"), m)
             other()  # one step outside the timing: it raises here if it cannot run on gloo
     except Exception as exc:  # the anchor's own failure is the result to record
         return {"error": f"{type(exc).__name__}: {exc}"}
@@ -306,8 +298,8 @@ def _spawn(fn: Callable[..., Any], size: int, args: tuple[Any, ...]) -> list[Any
 
 
 def _pairs(text: str, skip_torch: bool) -> list[tuple[str, str]]:
-    """``zb1/1f1b,interleaved/torch`` -> [(ours, anchor)]; an anchor is ``our:NAME`` or a key
-    of ``ANCHORS`` (torch's schedule for ours: interleaved or zero-bubble)."""
+    """``zb1/1f1b,interleaved/torch`` -> [(ours, anchor)]; an anchor is ``our:NAME`` or
+    ``torch:NAME`` (the torch class our schedule's kind names as its counterpart)."""
     if text.strip() == "none":
         return []
     out = []
@@ -317,13 +309,12 @@ def _pairs(text: str, skip_torch: bool) -> list[tuple[str, str]]:
             raise UsageError(f"--pairs {item!r}: write OURS/ANCHOR, e.g. zb1/1f1b or zb1/torch")
         kind = SCHEDULES.get(ours)
         if theirs == "torch":
-            # torch's counterpart by what the schedule is: virtual stages, or a split backward
-            split = "zero-bubble" if kind.splits_backward else ""
-            anchor = "interleaved" if kind.virtual else split
-            if not anchor:
+            # here: torch's multi-stage classes (rank r holds stages r, r+P, ...), the
+            # counterparts of schedules with virtual stages or a split backward
+            if not (kind.torch_anchor and (kind.virtual or kind.splits_backward)):
                 raise UsageError(f"--pairs {item!r}: torch has no counterpart of {ours} here")
             if not skip_torch:
-                out.append((ours, anchor))
+                out.append((ours, "torch:" + ours))
         else:
             SCHEDULES.get(theirs)
             out.append((ours, "our:" + theirs))
@@ -389,7 +380,9 @@ def _compare_pairs(a: argparse.Namespace, pairs: list[tuple[str, str]], m: int, 
     for ours, theirs in pairs:
         per_rank = _spawn(_paired, p, (a, ours, theirs, m))
         r = per_rank[0]
-        label = ANCHORS.get(theirs, theirs)
+        label = theirs
+        if theirs.startswith("torch:"):
+            label = "torch " + SCHEDULES.get(theirs.removeprefix("torch:")).torch_anchor
         if "error" in r:
             print(f"  {ours:<12} vs {label}: anchor failed: {r['error']}")
             continue

@@ -92,5 +92,6 @@ SCHEDULES.add(
         summary="V chunks per rank: (P-1)/(MV+P-1) idle, i.e. (P-1)/(VM) of the ideal time",
         virtual=True,
         check=check,
+        torch_anchor="ScheduleInterleaved1F1B",
     ),
 )

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from disttrain.registry import Registry
 
@@ -173,7 +173,9 @@ class ScheduleKind:
     interleaved chunk is 1/V of one). ``splits_backward``: B and W are separate
     actions; ``virtual``: reads ``--virtual-stages``; ``check(M, P, V)`` returns
     why the sizes are refused ('' when accepted); ``recv_ahead``: the runner posts
-    each receive one action early (measured: ``runner.recv_ahead_default``).
+    each receive one action early (measured: ``runner.recv_ahead_default``);
+    ``torch_anchor``: the ``torch.distributed.pipelining`` schedule class the benchmarks
+    measure it against ('' none; :func:`torch_schedule_class`).
     """
 
     grid: Callable[[int, int, int], Grid]
@@ -184,6 +186,7 @@ class ScheduleKind:
     virtual: bool = False
     check: Callable[[int, int, int], str] = lambda m, p, v: ""
     recv_ahead: bool = False
+    torch_anchor: str = ""
 
 
 #: ``--schedule NAME`` -> its :class:`ScheduleKind`; a new schedule is one ``SCHEDULES.add``.
@@ -196,6 +199,7 @@ SCHEDULES.add(
         held=lambda m, p, v, r: m,
         summary="fill then drain: (P-1)/(M+P-1) idle, every stage holds all M micro-batches",
         recv_ahead=True,
+        torch_anchor="ScheduleGPipe",
     ),
 )
 SCHEDULES.add(
@@ -205,6 +209,7 @@ SCHEDULES.add(
         bubble=lambda m, p, v: (p - 1) / (m + p - 1),
         held=lambda m, p, v, r: min(m, p - r),
         summary="one forward, one backward: (P-1)/(M+P-1) idle, stage s holds P-s",
+        torch_anchor="Schedule1F1B",
     ),
 )
 SCHEDULES.add(
@@ -333,3 +338,14 @@ def render(grid: Grid, by: Literal["stage", "microbatch"] = "stage") -> str:
             cells.append(f"{here[0].kind}{here[0].stage + 1}" if here else ".")
         lines.append(f"mb {m + 1:<5}" + "".join(f"{c:>{width}}" for c in cells))
     return "\n".join(lines)
+
+
+def torch_schedule_class(name: str) -> Any:
+    """The ``torch.distributed.pipelining`` class schedule ``name`` is measured against (its
+    kind's ``torch_anchor``); ValueError if it has none."""
+    import torch.distributed.pipelining as pipelining
+
+    anchor = SCHEDULES.get(name).torch_anchor
+    if not anchor:
+        raise ValueError(f"--schedule {name} has no torch counterpart")
+    return getattr(pipelining, anchor)

@@ -108,6 +108,7 @@ SCHEDULES.add(
             "B and W apart, 1F1B's peak (P on stage 0): (P-1)/(3M+P-1) idle (F = B = W, M >= P)"
         ),
         splits_backward=True,
+        torch_anchor="ScheduleInterleavedZeroBubble",  # torch's ZB-H1 over interleaved stages
     ),
 )
 
@@ -128,5 +129,6 @@ SCHEDULES.add(
         "(P-1)(F + max(0, B-2W)) otherwise (M >= P)",
         splits_backward=True,
         check=_check_zb2,
+        torch_anchor="ScheduleInterleavedZeroBubble",
     ),
 )
