@@ -43,6 +43,8 @@ def test_each_kind_has_its_four_parts(name: str) -> None:
     assert issubclass(kind.settings, StrategySettings)
     cost = kind.cost_model()
     assert isinstance(cost, StrategyCost) and cost.name == name
+    # a module of its own: in the runtime's, every worker would import the cost model
+    assert kind.cost.partition(":")[0] != kind.runtime.__module__, kind.cost
     # a cost part states only settings its strategy reads (or its assumptions)
     assert set(cost.cost_settings) <= field_names(kind.settings.reads_settings)
 
