@@ -49,7 +49,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "disttrain.models",
     ),
     # L2: the machinery strategies are built from
-    ("disttrain.dataparallel", "disttrain.ps", "disttrain.parallel", "disttrain.costing"),
+    (
+        "disttrain.dataparallel",
+        "disttrain.ps",
+        "disttrain.parallel",
+        "disttrain.costing",
+        "disttrain.calibration",
+    ),
     # L3: how replicas agree, one file per strategy
     ("disttrain.strategies",),
     # L4: the trainer loop

@@ -35,6 +35,8 @@ __all__ = [
     "Workload",
     "allreduce_path",
     "allreduce_seconds",
+    "allreduce_table",
+    "auto_candidates",
     "bound_of",
     "bucket_sizes",
     "compressed_bytes",
@@ -49,7 +51,7 @@ __all__ = [
 
 
 class Rates(Protocol):
-    """The calibrated constants a prediction reads (``disttrain.lab.calibration.Calibration``)."""
+    """The calibrated constants a prediction reads (``disttrain.calibration.Calibration``)."""
 
     @property
     def gamma(self) -> float: ...  # seconds per byte added in memory
@@ -75,6 +77,12 @@ class Rates(Protocol):
     # the strategies that synchronise every step (allreduce, zero)
     def sync_seconds(self, ranks: int) -> float: ...
     def shm_link(self, ranks: int) -> tuple[float, float, float] | None: ...  # (α, inner α, μ)
+    # the link between hosts (α per message, β per byte) and over loopback (α, δ, β)
+    @property
+    def alpha(self) -> float: ...
+    @property
+    def beta(self) -> float: ...
+    def loopback_link(self, ranks: int) -> tuple[float, float, float]: ...
 
 
 #: One allreduce's critical path, as each algorithm states it.
@@ -242,7 +250,12 @@ def allreduce_path(algorithm: str, nbytes: int, n: int, itemsize: int = 4) -> Cr
 def allreduce_seconds(
     algorithm: str, nbytes: int, nodes: int, net: Network, cal: Rates, itemsize: int = 4
 ) -> tuple[float, CriticalPath]:
-    """One allreduce of ``nbytes`` on ``nodes`` ranks: seconds and its critical path."""
+    """One allreduce of ``nbytes`` on ``nodes`` ranks: seconds and its critical path. An
+    algorithm that chooses per size (``auto``) is priced as what it would choose here: the
+    fastest candidate (:func:`auto_candidates`)."""
+    if isinstance(collectives.get(algorithm), collectives.Chooses):
+        names = auto_candidates(net.shared_host)
+        algorithm = _fastest(names, nbytes, nodes, net, cal, itemsize)
     path = allreduce_path(algorithm, nbytes, nodes, itemsize)
     if net.shared_host:
         # through shared memory, a step is a barrier and a copy shares the cores: their own
@@ -265,6 +278,56 @@ def fastest_allreduce(work: Workload, n: int, net: Network, cal: Rates) -> str:
         if not algo.estimated and not algo.composite and (net.shared_host or not algo.one_host)
     ]
     return min(names, key=lambda a: allreduce_seconds(a, work.gradient_bytes, n, net, cal)[0])
+
+
+def auto_candidates(shared_host: bool) -> list[str]:
+    """What ``--algorithm auto`` chooses from: ``native`` first (it wins a tie: gloo's ring
+    in C++, priced as the path it documents), then every registered algorithm that is not
+    built of others (nor a chooser), the one-host ones only for ranks sharing a host."""
+    return ["native"] + [
+        name
+        for name, kind in collectives.ALGORITHMS.items()
+        if name != "native" and not kind.composite and (shared_host or not kind.one_host)
+    ]
+
+
+def _fastest(names: list[str], nbytes: int, n: int, net: Network, cal: Rates, itemsize: int) -> str:
+    return min(names, key=lambda x: allreduce_seconds(x, nbytes, n, net, cal, itemsize)[0])
+
+
+#: The message sizes ``--algorithm auto``'s table is chosen at: 1 KB to 256 MB, doubling (a
+#: size between two is run by the algorithm of the larger: the table's bound is inclusive).
+TABLE_SIZES = tuple(1 << k for k in range(10, 29))
+
+
+def allreduce_table(n: int, hosts: int, cal: Rates, itemsize: int = 4) -> str:
+    """``--algorithm auto``'s table for ``n`` ranks on ``hosts`` hosts, ``SIZE:NAME,...,*:NAME``
+    (:mod:`disttrain.collectives.auto`): at each of :data:`TABLE_SIZES`, the registered
+    algorithm this model predicts fastest, as NCCL's tuner picks ring or tree by size.
+
+    - one host: every algorithm that runs between ranks of one host (``shm`` too), priced on
+      the loopback link and the shared-memory constants ``cal`` fitted;
+    - several hosts with several ranks each: ``hierarchical`` (shared memory inside each host,
+      one leader a host across), whose path follows the hosts, which this flat model does not
+      price (:func:`fastest_allreduce` leaves it out for that reason);
+    - one rank a host: the network algorithms on the calibration's α and β.
+    ``native`` (gloo's ring in C++, priced as the path it documents) wins a tie.
+    """
+    if n <= 1:
+        return "*:native"
+    if 1 < hosts < n:
+        return "*:hierarchical"
+    shared = hosts <= 1
+    a, d, b = cal.loopback_link(n) if shared else (cal.alpha, 0.0, cal.beta)
+    net = Network(alpha=a, beta=b, delta=d, shared_host=shared, name="auto")
+    names = auto_candidates(shared)
+    picks = [_fastest(names, size, n, net, cal, itemsize) for size in TABLE_SIZES]
+    rows = [
+        f"{size}:{name}"
+        for size, name, after in zip(TABLE_SIZES, picks, [*picks[1:], None], strict=True)
+        if name != after and after is not None
+    ]
+    return ",".join([*rows, f"*:{picks[-1]}"])
 
 
 def bound_of(terms: dict[str, float]) -> str:
