@@ -419,6 +419,16 @@ CASES: list[tuple[str, Argv, str]] = [
         _flags("--algorithm", "gossip"),
         "--algorithm 'gossip': unknown allreduce algorithm",
     ),
+    (
+        "allreduce-table",
+        _flags("--algorithm", "auto", "--allreduce-table", "4096:ring"),
+        "--allreduce-table '4096:ring': end with *:ALGORITHM (any larger size)",
+    ),
+    (
+        "allreduce-table-unread",
+        _flags("--allreduce-table", "4096:ring,*:shm"),
+        "--allreduce-table is read only by --algorithm auto",
+    ),
     ("localsgd-period", _flags("--strategy", "localsgd", "--period", "0"), "--period must be"),
     ("zero-stage", _flags("--strategy", "zero", "--zero-stage", "4"), "--zero-stage must be 1"),
     (

@@ -69,6 +69,7 @@ VALUES: dict[str, Any] = {
     "resume": "an-earlier-run",
     "algorithm": "ring",
     "inter_algorithm": "tree",
+    "allreduce_table": "65536:tree,*:ring",
     "compression": "topk:0.1",
     "balance": "time",
     "schedule": "1f1b",

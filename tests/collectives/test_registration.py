@@ -25,6 +25,7 @@ load_plugins()  # $DISTTRAIN_PLUGINS: an out-of-tree algorithm is checked as eve
 def test_files_register_in_name_order() -> None:
     assert list(collectives.ALGORITHMS) == [
         "alltoall",
+        "auto",
         "butterfly",
         "halving_doubling",
         "hierarchical",
@@ -35,7 +36,7 @@ def test_files_register_in_name_order() -> None:
         "star",
         "tree",
     ]
-    assert ", ".join(collectives.ALGORITHMS).startswith("alltoall, butterfly")
+    assert ", ".join(collectives.ALGORITHMS).startswith("alltoall, auto, butterfly")
 
 
 def test_unknown_name_is_the_usage_error_listing_the_choices() -> None:
@@ -59,6 +60,7 @@ def test_what_each_kind_states_for_the_lab() -> None:
     steps = {n: steps_formula(n, 6) for n in collectives.ALGORITHMS}
     assert steps == {
         "alltoall": "1",
+        "auto": "by size: native",  # no table: the backend's own for every size
         "butterfly": "-",
         "halving_doubling": "-",
         "native": "-",
@@ -73,7 +75,10 @@ def test_what_each_kind_states_for_the_lab() -> None:
     assert [n for n, a in collectives.ALGORITHMS.items() if a.shards] == ["native", "ring"]
     assert steps_formula("butterfly", 8) == "3"
     assert steps_formula("halving_doubling", 8) == "6"
-    assert [n for n, a in collectives.ALGORITHMS.items() if a.reads_settings] == ["hierarchical"]
+    assert [n for n, a in collectives.ALGORITHMS.items() if a.reads_settings] == [
+        "auto",
+        "hierarchical",
+    ]
     assert collectives.ALGORITHMS.get("hierarchical").reads_settings == ("inter_algorithm",)
 
 

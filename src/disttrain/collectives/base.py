@@ -44,6 +44,7 @@ __all__ = [
     "Algorithm",
     "AlgorithmKind",
     "AllReduceAlgorithm",
+    "Chooses",
     "Cost",
     "CostTerms",
     "Op",
@@ -216,6 +217,14 @@ class Starts(Protocol):
     def start(self, op: Op, flat: torch.Tensor, group: ProcessGroup | None) -> Any:
         """Start ``op`` of the non-empty 1-D ``flat`` (unchecked) and return its
         ``dist.Work`` (or Future) to ``wait()`` on; None where there is nothing to send."""
+
+
+@runtime_checkable
+class Chooses(Protocol):
+    """Runs each call by another registered algorithm, chosen by its size (``auto``)."""
+
+    #: bytes -> the algorithm that ran a call of that size, so far (summary.json)
+    chosen: dict[int, str]
 
 
 def start(

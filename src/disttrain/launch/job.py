@@ -153,6 +153,7 @@ def _say(cfg: Any, line: str) -> None:
 
 def run_job(cfg: Any, argv: list[str]) -> int:
     from disttrain import config, strategies
+    from disttrain.launch import autotable
     from disttrain.launch.local import JobFailed, Stopped, forks_workers, launch, multi_node
     from disttrain.train.progress import print_summary
 
@@ -176,6 +177,7 @@ def run_job(cfg: Any, argv: list[str]) -> int:
         plan = memory_plan.estimate(cfg, model, data, forks_workers(cfg.train))
         memory_plan.check(plan, nproc, memory_plan.available_bytes(), cfg.train.world_size)
     del model, data
+    cfg, argv = autotable.choose(cfg, argv)  # --algorithm auto: the table, before any start
     _say(cfg, f"starting {nproc} worker process(es) and their rendezvous")
     if cfg.train.launcher == "ray":
         from disttrain.launch.ray_train import check_layout

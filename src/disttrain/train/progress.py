@@ -105,5 +105,9 @@ def print_summary(summary: dict[str, Any], out_dir: str) -> None:
         table.add_row(key, shown)
     for phase, seconds in summary["time_breakdown"].items():
         table.add_row(f"time: {phase} (s)", _fmt(seconds))
+    chosen = summary.get("data_parallel", {}).get("allreduce_by_size")
+    if chosen:  # --algorithm auto: what ran each bucket size
+        shown = ", ".join(f"{human_bytes(int(size))} {name}" for size, name in chosen.items())
+        table.add_row("allreduce by size", shown)
     table.add_row("outputs", out_dir)
     Console().print(table)

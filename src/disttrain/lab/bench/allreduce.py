@@ -86,6 +86,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--inter-algorithm", default="ring", help="hierarchical's algorithm between hosts"
     )
+    parser.add_argument(
+        "--allreduce-table",
+        default="",
+        help="auto's table, SIZE:NAME,...,*:NAME (default: the cost model's for these ranks)",
+    )
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls (default: 5)")
     parser.add_argument("--iters", type=int, default=20, help="timed calls (default: 20)")
     parser.add_argument(
@@ -123,6 +128,12 @@ def validate(args: argparse.Namespace) -> tuple[list[int], list[str]]:
                 f"choose from all, {', '.join(collectives.ALGORITHMS)}"
             )
     names = [ANCHOR] + [a for a in dict.fromkeys(names) if a != ANCHOR]
+    if "auto" in names and not args.allreduce_table:  # as the launcher chooses it
+        from disttrain import calibration, costing
+
+        cal = calibration.mine() or calibration.reference()  # as the launcher does
+        args.allreduce_table = costing.allreduce_table(args.workers, 1, cal)
+        print(f"auto: {args.allreduce_table} (the cost model, {cal.source})")
     for name in names:  # their settings (--inter-algorithm) checked here: one line, exit 2
         collectives.ALGORITHMS.get(name).settings(vars(args))
     folder = os.path.dirname(os.path.abspath(args.json_path)) if args.json_path else ""

@@ -28,11 +28,14 @@ class AllReduceCost(StrategyCost):
 
     def advise_specs(self) -> list[str]:
         # one row per algorithm; an estimated one (native: gloo's ring) is modelled as another;
-        # a one-host one (shm) is asked for by name (its ranks must share a host)
+        # a one-host one (shm) is asked for by name (its ranks must share a host), and so is
+        # one that chooses per size (auto: the fastest of the rows, by construction)
         return [
             f"{self.name}:{a}"
             for a, algo in collectives.ALGORITHMS.items()
-            if not algo.estimated and not algo.one_host
+            if not algo.estimated
+            and not algo.one_host
+            and not isinstance(collectives.get(a), collectives.Chooses)
         ]
 
     def predict(

@@ -1,0 +1,39 @@
+"""``--algorithm auto``: the launcher chooses the per-size table before any worker starts.
+
+The calibrated cost model (:func:`disttrain.costing.allreduce_table`, on this machine's
+cached calibration, :func:`disttrain.calibration.current`) picks an algorithm for each
+message size; the table reaches every worker as ``--allreduce-table`` (a worker only looks
+sizes up: it never imports the cost model). Without a calibration file of this machine
+the reference machine's shipped constants choose (:func:`disttrain.calibration.reference`),
+and the line says so. The launchers of a multi-node job each choose, with
+the shipped reference constants, so that every node picks the same table. A table given
+by hand (``--allreduce-table``) is kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any
+
+__all__ = ["choose"]
+
+
+def choose(cfg: Any, argv: list[str]) -> tuple[Any, list[str]]:
+    """``cfg`` and the workers' ``argv`` with auto's table if this run reads one, else as given."""
+    from disttrain import calibration, config, costing, strategies
+    from disttrain.collectives.auto import AutoConfig
+
+    tc = cfg.train
+    if tc.algorithm != "auto" or cfg.get("allreduce_table"):
+        return cfg, argv
+    if "algorithm" not in strategies.get(tc.strategy).settings.reads(cfg):
+        return cfg, argv
+    hosts = max(1, tc.nnodes)
+    cal = (calibration.mine() if hosts == 1 else None) or calibration.reference()
+    table = costing.allreduce_table(tc.world_size, hosts, cal)
+    if tc.progress:
+        sys.stderr.write(f"disttrain: --algorithm auto: {table} (the cost model, {cal.source})\n")
+    auto = dataclasses.replace(cfg.section(AutoConfig), allreduce_table=table)
+    chosen = config.RunConfig({**cfg.sections, AutoConfig: auto}, cfg.given)
+    return chosen, [*argv, "--allreduce-table", table]
