@@ -11,7 +11,7 @@ reads (``ALWAYS_READ = True``: :class:`TrainConfig`, what and how to train, and
 :class:`DataConfig`) are read by the trainer and launcher whatever the strategy;
 a field of theirs marked ``opt(..., always_read=False)`` (``--algorithm``) and the
 fields of every other section are read only by the components that declare them
-(``Strategy.reads_settings``). Pre-flight refuses a setting changed from its
+(``StrategySettings.reads_settings``). Pre-flight refuses a setting changed from its
 default that no chosen component reads (:mod:`disttrain.launch.preflight`).
 """
 
@@ -262,7 +262,7 @@ class TrainConfig:
         if self.lr <= 0:
             raise UsageError(f"--lr must be positive, got {self.lr}")
         # Whether --batch-size splits into the data shards depends on the strategy
-        # (tensor and pipeline stages all see the whole batch): Strategy.validate_config.
+        # (tensor and pipeline stages all see the whole batch): StrategySettings.validate_config.
         if not 0 <= self.node_rank < self.nnodes:
             raise UsageError(f"--node-rank {self.node_rank} is outside 0..{self.nnodes - 1}")
         if self.nnodes > 1 and not self.rdzv_endpoint:

@@ -7,7 +7,7 @@ a message costs α (latency and per-message overhead), a byte β on a link, and 
 added into a sum γ in memory. For an allreduce the bytes and messages come from each
 algorithm's own ``cost()``, ordered into a critical path.
 
-Each strategy file holds its own formula (``Strategy.predict``); this module holds
+Each strategy's cost part holds its own formula (``StrategyCost.predict``); this module holds
 what they share: the inputs (:class:`Network`, :class:`Workload`), the output
 (:class:`Prediction`) and the common terms. ``disttrain.lab.costmodel`` is the
 public entry point (it looks the strategy up by name).

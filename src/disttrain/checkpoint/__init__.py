@@ -132,7 +132,7 @@ def save(
     ``background`` once the writer thread (:mod:`~disttrain.checkpoint.background`) has
     written the copy taken here (call it before the barrier that precedes the commit).
     ``world_size``: the number of workers of the run. ``replicated``: paths of ``state``
-    equal on every worker (``Strategy.replicated_state``): worker ``rank`` writes only its
+    equal on every worker (``ShapesCheckpoint.replicated_state``): worker ``rank`` writes only its
     1/``world_size`` of them, and a load reads the rest from the other workers' parts.
     """
     run = _own(run)

@@ -13,7 +13,7 @@ trainer's, an optimizer's or a strategy's ``state_dict``) is split in two:
   ``{"t": key}``, a DCP entry of its own, still read).
 
 Tensors that are equal on every worker (a data-parallel replica's parameters and
-optimizer state: ``Strategy.replicated_state``) go to packs of their own
+optimizer state: ``ShapesCheckpoint.replicated_state``) go to packs of their own
 (``"shared:<dtype>"``), of which worker j of N writes only its slice j (elements
 [L·j/N, L·(j+1)/N)), as DCP's planner writes a replicated tensor once; ``state.json``
 says how they are cut (``"shared"``), and a read puts them together from the other

@@ -2,7 +2,7 @@
 
 Why it is built so: a step is compute plus the communication that is not hidden
 behind it (:mod:`disttrain.costing`: the shared terms). Each strategy's formula
-lives in its own file (``Strategy.predict``); this module looks the strategy up
+lives in its own cost part (``StrategyCost.predict``); this module looks the strategy up
 by name, so a new strategy with a ``predict`` is modelled here without an edit.
 
 The API (the compare report and scripts call it)::

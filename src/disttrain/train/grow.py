@@ -16,7 +16,7 @@ The running workers (:class:`Grow`) look at the store at every step boundary (ra
 boundary only after rank 0's contribution to step s + 1, so after the decision, and sees
 it there. At that boundary every member commits a pending checkpoint, drops its group, and
 all (members and joiners) form the new group, ranks in launch order (joiners last); the
-strategy rebuilds what depends on the group (``Strategy.regroup``, as after a shrink), and
+strategy rebuilds what depends on the group (``Regroups.regroup``, as after a shrink), and
 group rank 0 broadcasts the model (parameters and buffers), the optimizer state, the fp16
 loss scaler, the steps done and its RNG state (:func:`share_state`: tensors and JSON, no
 pickle). The trainer re-cuts the sampler for the new count (``--batch-size`` stays the

@@ -9,7 +9,7 @@ closed) or hung (no answer within ``--timeout``), every survivor, in :meth:`Shri
 3. with fewer than K left, raises :class:`~disttrain.comm.errors.TooFewWorkers` naming the
    lost ranks: the job ends, exit code 1, as it would without ``--min-workers``;
 4. otherwise forms the new group (ranks renumbered in launch order), lets the strategy
-   rebuild what depends on the group (``Strategy.regroup``: the reducer's buckets), ends a
+   rebuild what depends on the group (``Regroups.regroup``: the reducer's buckets), ends a
    lost worker still running on this host (one that hung), and the trainer re-cuts the
    sampler for the new count and runs the interrupted step again.
 
