@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, NamedTuple, Protocol
 
 from disttrain import collectives
 from disttrain.collectives.costs import Path
@@ -31,6 +31,7 @@ __all__ = [
     "Network",
     "NotModelled",
     "Prediction",
+    "Question",
     "Rates",
     "Workload",
     "allreduce_path",
@@ -103,6 +104,18 @@ class Network:
     name: str = ""
     shared_host: bool = False
     delta: float = 0.0
+
+
+class Question(NamedTuple):
+    """What a strategy's cost part is asked, the one ``predict`` header: the run (``spec``, a
+    ``RunSpec``) doing ``work`` on ``nodes`` ranks of ``network``, at ``calibration``'s rates.
+    It unpacks: ``spec, work, nodes, network, calibration = q``."""
+
+    spec: Any
+    work: Workload
+    nodes: int
+    network: Network
+    calibration: Rates
 
 
 @dataclass(frozen=True)

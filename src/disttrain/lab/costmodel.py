@@ -50,6 +50,7 @@ from disttrain.costing import (
     Network,
     NotModelled,
     Prediction,
+    Question,
     Rates,
     Workload,
     allreduce_seconds,
@@ -117,7 +118,7 @@ def predict(
         spec = strategy if isinstance(strategy, RunSpec) else parse_one(strategy, model=True)
         with pricing_layout(work.ranks_per_host):  # the workload's hosts, not this shell's
             cost = STRATEGIES.get(spec.strategy).cost_model()
-            return cost.predict(spec, work, nodes, network, calibration)
+            return cost.predict(Question(spec, work, nodes, network, calibration))
     except (UsageError, ValueError) as exc:
         raise _named(exc, label) from None
 

@@ -38,17 +38,11 @@ class AllReduceCost(StrategyCost):
             and not isinstance(collectives.get(a), collectives.Chooses)
         ]
 
-    def predict(
-        self,
-        spec: RunSpec,
-        work: costing.Workload,
-        nodes: int,
-        network: costing.Network,
-        calibration: costing.Rates,
-    ) -> costing.Prediction:
+    def predict(self, q: costing.Question) -> costing.Prediction:
         """Gradients in fusion buckets, one allreduce each; with overlap the buckets but the
         last hide behind backward (≈ 2/3 of compute). ``compression=`` a cast sends the same
         buckets in its type; a collective compressor (PowerSGD) is its own rounds."""
+        spec, work, nodes, network, calibration = q
         cfg = spec.config()
         dp: DataParallelConfig = cfg.section(DataParallelConfig)
         alg, net, cal = cfg.train.algorithm, network, calibration

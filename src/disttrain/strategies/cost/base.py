@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from torch import nn
 
-from disttrain.costing import Memory, Network, NotModelled, Prediction, Rates, Workload
+from disttrain.costing import Memory, NotModelled, Prediction, Question, Workload
 from disttrain.costing import worker_memory as replica_bytes
 
 if TYPE_CHECKING:
@@ -41,11 +41,9 @@ class StrategyCost:
         """Specs ``advise`` lists for their memory alone (no step-time formula)."""
         return []
 
-    def predict(
-        self, spec: RunSpec, work: Workload, nodes: int, network: Network, calibration: Rates
-    ) -> Prediction:
-        """The predicted step of ``spec`` on ``nodes`` ranks; NotModelled if not modelled."""
-        del spec, work, nodes, network, calibration
+    def predict(self, q: Question) -> Prediction:
+        """The predicted step of ``q.spec`` on ``q.nodes`` ranks; NotModelled if not modelled."""
+        del q
         raise NotModelled(f"{self.name} is not modelled: {self.not_modelled}")
 
     def predict_memory(self, spec: RunSpec, work: Workload, nodes: int, model: nn.Module) -> Memory:

@@ -57,16 +57,10 @@ class DecentralizedCost(StrategyCost):
             raise ValueError(f"density must be in (0, 1], got {density:g}")
         return density, costing.compressed_bytes(params, density, kind.value_bits), True
 
-    def predict(
-        self,
-        spec: RunSpec,
-        work: costing.Workload,
-        nodes: int,
-        network: costing.Network,
-        calibration: costing.Rates,
-    ) -> costing.Prediction:
+    def predict(self, q: costing.Question) -> costing.Prediction:
         """Compressed payloads to every peer in n−1 sequential rounds (Strom), or to 2 ring
         neighbours; plus encode/decode time per element and per sent element."""
+        spec, work, nodes, network, calibration = q
         density, payload, sparse = self._payload(spec, work.params)
         ring = spec.config().section(DecentralizedConfig).topology == "ring"
         net, cal, n = network, calibration, nodes

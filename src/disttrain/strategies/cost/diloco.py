@@ -11,7 +11,7 @@ from disttrain.strategies.diloco import DTYPES, DiLoCoConfig
 from disttrain.strategies.localsgd import LocalSGDConfig
 
 if TYPE_CHECKING:
-    from disttrain.strategies.runspec import RunSpec
+    pass
 
 __all__ = ["DiLoCoCost"]
 
@@ -24,17 +24,11 @@ class DiLoCoCost(LocalSGDCost):
     def advise_specs(self) -> list[str]:
         return [f"{self.name}:50", f"{self.name}:200"]
 
-    def predict(
-        self,
-        spec: RunSpec,
-        work: costing.Workload,
-        nodes: int,
-        network: costing.Network,
-        calibration: costing.Rates,
-    ) -> costing.Prediction:
+    def predict(self, q: costing.Question) -> costing.Prediction:
         """Local SGD's term (one model-sized allreduce every H steps) with the outer gradients
         in ``--outer-dtype``; streaming sends 1/F of it F times per period, overlapped with an
         inner step, so its exposed part is what exceeds one step's compute."""
+        spec, work, nodes, _, calibration = q
         cfg = spec.config()
         dc: DiLoCoConfig = cfg.section(DiLoCoConfig)
         h, f = cfg.section(LocalSGDConfig).period, dc.fragments
@@ -44,7 +38,7 @@ class DiLoCoCost(LocalSGDCost):
                 "every worker's codes, not modelled (compression/blockquant.py gives its bytes)"
             )
         sent = replace(work, bytes_per_param=DTYPES[dc.outer_dtype].itemsize)
-        pred = super().predict(spec, sent, nodes, network, calibration)
+        pred = super().predict(q._replace(work=sent))
         reason = f"outer gradients in {dc.outer_dtype}; {pred.reason}"
         comm = pred.comm_seconds
         if f > 1:  # one fragment (1/F of a sync) per sync step, hidden behind one inner step

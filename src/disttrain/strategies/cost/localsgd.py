@@ -9,7 +9,7 @@ from disttrain.strategies.cost.base import StrategyCost
 from disttrain.strategies.localsgd import LocalSGDConfig
 
 if TYPE_CHECKING:
-    from disttrain.strategies.runspec import RunSpec
+    pass
 
 __all__ = ["LocalSGDCost"]
 
@@ -22,16 +22,10 @@ class LocalSGDCost(StrategyCost):
     def advise_specs(self) -> list[str]:
         return [f"{self.name}:8", f"{self.name}:32"]
 
-    def predict(
-        self,
-        spec: RunSpec,
-        work: costing.Workload,
-        nodes: int,
-        network: costing.Network,
-        calibration: costing.Rates,
-    ) -> costing.Prediction:
+    def predict(self, q: costing.Question) -> costing.Prediction:
         """One parameter allreduce every H steps (the algorithm named, else the fastest by
         this model). Convergence per step differs: not modelled (the row's note says so)."""
+        spec, work, nodes, network, calibration = q
         cfg = spec.config()
         period = cfg.section(LocalSGDConfig).period
         net, cal, n = network, calibration, nodes

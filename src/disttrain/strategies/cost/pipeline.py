@@ -147,14 +147,7 @@ class PipelineCost(StrategyCost):
             f"{self.name}:zb2",
         ]
 
-    def predict(
-        self,
-        spec: RunSpec,
-        work: costing.Workload,
-        nodes: int,
-        network: costing.Network,
-        calibration: costing.Rates,
-    ) -> costing.Prediction:
+    def predict(self, q: costing.Question) -> costing.Prediction:
         """P = ``nodes`` equal stages, one per rank, each computing 1/P of the model.
 
         The schedule's own terms (``ScheduleKind.bubble``, ``.held``) give the step: busy /
@@ -170,6 +163,7 @@ class PipelineCost(StrategyCost):
         training and modelled as equal (said in the note). Not modelled: the split backward's
         own overhead, a micro-batch too small to compute efficiently.
         """
+        spec, work, nodes, network, calibration = q
         pc = spec.config().section(ParallelConfig)
         kind = schedule.SCHEDULES.get(pc.schedule)
         p, v = nodes, pc.chunks

@@ -24,16 +24,10 @@ class PSCost(StrategyCost):
     def advise_specs(self) -> list[str]:
         return [f"{self.name}:sync", f"{self.name}:async"]
 
-    def predict(
-        self,
-        spec: RunSpec,
-        work: costing.Workload,
-        nodes: int,
-        network: costing.Network,
-        calibration: costing.Rates,
-    ) -> costing.Prediction:
+    def predict(self, q: costing.Question) -> costing.Prediction:
         """A worker pushes S and pulls S; a server moves n·S/K each way per round. Sync waits
         for the round; async is bound by the slower of the worker's own loop and the servers."""
+        spec, work, nodes, network, calibration = q
         ps: PSConfig = spec.config().section(PSConfig)
         if ps.ps_mode not in ("sync", "async"):
             raise ValueError(f"ps mode {ps.ps_mode!r} is not modelled: use ps:sync or ps:async")

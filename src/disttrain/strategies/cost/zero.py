@@ -60,14 +60,7 @@ class ZeroCost(StrategyCost):
     def advise_specs(self) -> list[str]:
         return [f"{self.name}:{stage}" for stage in (1, 2, 3)]
 
-    def predict(
-        self,
-        spec: RunSpec,
-        work: costing.Workload,
-        nodes: int,
-        network: costing.Network,
-        calibration: costing.Rates,
-    ) -> costing.Prediction:
+    def predict(self, q: costing.Question) -> costing.Prediction:
         """The allreduce strategy's buckets, each allreduce cut in its halves, each half
         charged its share of the allreduce by the algorithm's own costs (``ring``: half
         each; ``native``: the reduce-scatter is the whole allreduce, the all-gather half;
@@ -78,8 +71,9 @@ class ZeroCost(StrategyCost):
         reduce-scatters behind backward (two thirds of compute). Forward's gathers are
         counted exposed: measured, stage 3 is no faster than stage 2 (benchmarks/RESULTS.md,
         ``bench zero``), the prefetch of one layer hiding little on shared cores."""
+        spec, work, nodes, network, calibration = q
         stage = spec.config().section(ZeroConfig).zero_stage
-        ar = AllReduceCost(self.name).predict(spec, work, nodes, network, calibration)
+        ar = AllReduceCost(self.name).predict(q)
         cfg = spec.config()
         overlap = (
             cfg.section(DataParallelConfig).overlap
