@@ -253,7 +253,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for p, o, ctx in zip(unit, outs, contexts, strict=True):
                 value = self.compression.decompress(o, ctx)
                 assert p.grad is not None
-                if value is not p.grad:
+                if shapes is not None and value.dtype == p.grad.dtype:
+                    # the gradient becomes its slice of the summed buffer, no copy (as
+                    # DDP's gradient_as_bucket_view; Horovod's set_ does the same)
+                    offset, shape = value.storage_offset(), value.shape
+                    p.grad.set_(value.untyped_storage(), offset, shape, value.stride())
+                elif value is not p.grad:
                     p.grad.copy_(value)
         self._reset()
         self._synchronized = True
