@@ -1,4 +1,4 @@
-"""L6: Horovod's PyTorch API on disttrain: ``import disttrain.horovod as hvd`` runs Horovod
+"""L5: Horovod's PyTorch API on disttrain: ``import disttrain.horovod as hvd`` runs Horovod
 scripts unchanged on CPU over gloo (docs/horovod.md: the migration page, what differs).
 
 Launch with ``disttrain run -np 2 python train.py`` or with ``torchrun``.
