@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import time
 from typing import TYPE_CHECKING, Any
@@ -201,7 +202,7 @@ def _measure_size(
 ) -> list[dict[str, Any]]:
     """Time every algorithm on ``numel`` elements, interleaved; rank 0 returns the rows.
 
-    Interleaved: round i runs each algorithm once (in an order rotated by i),
+    Interleaved: round i runs each algorithm once (in an order shuffled by i),
     so every algorithm sees the same load as its native anchor, instead of
     each taking its ``--iters`` calls in a block while the load drifts.
     """
@@ -249,9 +250,11 @@ def _measure_size(
 def _interleaved_rounds(
     algos: list[Any], names: list[str], x: torch.Tensor, iters: int, progress: Any, task: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``iters`` rounds, each calling every algorithm once on ``x`` in an order rotated by the
-    round; returns this rank's seconds (algorithm × round) and the meter's (bytes sent,
-    messages sent, bytes copied) of each algorithm's last call.
+    """``iters`` rounds, each calling every algorithm once on ``x`` in an order shuffled by the
+    round (the same on every rank: seeded by the round's number; a rotation kept the cyclic
+    order, so one algorithm always ran right after native and paid for it); returns this
+    rank's seconds (algorithm × round) and the meter's (bytes sent, messages sent, bytes
+    copied) of each algorithm's last call.
 
     Each call starts after a barrier on a tensor of ones, and its sum must be n ones exactly.
     """
@@ -267,7 +270,7 @@ def _interleaved_rounds(
     for i in range(iters):
         if progress is not None:
             progress.update(task, description=f"{_label(nbytes)} round {i + 1}")
-        for k in [(i + j) % len(names) for j in range(len(names))]:
+        for k in random.Random(i).sample(range(len(names)), len(names)):
             x.fill_(1)
             dist.barrier()
             meter.reset()
