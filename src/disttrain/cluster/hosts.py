@@ -222,7 +222,11 @@ def down(name: str) -> list[str]:
     if cluster is not None:  # also clears /etc/netns folders of namespaces already gone
         found |= {h.ns for h in cluster.hosts} | {cluster.bridge_ns}
     for ns in sorted(found):
-        netns.delete_namespace(ns)
+        if ns in existing:
+            netns.delete_namespace(ns)
+        else:  # never created, or gone: only a hosts folder may be left (no `ip` to run:
+            # an `up` interrupted early names 41 namespaces; 82 `ip` calls took > 60 s loaded)
+            netns.remove_etc_folder(ns)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(state_path(name))
     return sorted(found & existing)

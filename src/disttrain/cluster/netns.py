@@ -222,6 +222,11 @@ def delete_namespace(ns: str) -> None:
     """Delete ``ns`` (with its links) and its ``/etc/netns`` folder; no error if absent."""
     kill_namespace_pids(ns)
     _run(["ip", "netns", "del", ns], check=False)
+    remove_etc_folder(ns)
+
+
+def remove_etc_folder(ns: str) -> None:
+    """Remove ``ns``'s ``/etc/netns`` folder (its hosts file), if left; no error if absent."""
     folder = os.path.join(NETNS_ETC, ns)
     shutil.rmtree(folder, ignore_errors=True)
     with contextlib.suppress(OSError):
