@@ -17,7 +17,15 @@ from typing import Any
 
 from disttrain.config import cache_dir
 
-__all__ = ["DEFAULT_PATH", "REFERENCE_PATH", "Calibration", "current", "mine", "reference"]
+__all__ = [
+    "DEFAULT_PATH",
+    "REFERENCE_PATH",
+    "Calibration",
+    "current",
+    "for_choosing",
+    "mine",
+    "reference",
+]
 
 #: Where ``disttrain advise --calibrate`` writes, and ``advise`` reads, by default.
 DEFAULT_PATH = os.path.join(cache_dir(), "calibration.json")
@@ -158,6 +166,13 @@ def mine() -> Calibration | None:
         return Calibration.load(DEFAULT_PATH)
     except ValueError:
         return None
+
+
+def for_choosing(hosts: int = 1) -> Calibration:
+    """The constants ``--algorithm auto``'s table is chosen with: this machine's on one host,
+    else (or without a file) the reference's, so that a multi-node job's launchers, each on
+    its own machine, all choose the same table."""
+    return (mine() if hosts <= 1 else None) or reference()
 
 
 def current() -> Calibration:

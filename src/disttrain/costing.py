@@ -294,14 +294,16 @@ def fastest_allreduce(work: Workload, n: int, net: Network, cal: Rates) -> str:
 
 
 def auto_candidates(shared_host: bool) -> list[str]:
-    """What ``--algorithm auto`` chooses from: ``native`` first (it wins a tie: gloo's ring
-    in C++, priced as the path it documents), then every registered algorithm that is not
-    built of others (nor a chooser), the one-host ones only for ranks sharing a host."""
-    return ["native"] + [
+    """What ``--algorithm auto`` chooses from: every registered algorithm that is not built
+    of others (nor a chooser), the one-host ones only for ranks sharing a host; the backend's
+    own (its kind ``estimated``: native, gloo's ring in C++, priced as the path it documents)
+    first, so that it wins a tie (``min`` keeps the first)."""
+    names = [
         name
         for name, kind in collectives.ALGORITHMS.items()
-        if name != "native" and not kind.composite and (shared_host or not kind.one_host)
+        if not kind.composite and (shared_host or not kind.one_host)
     ]
+    return sorted(names, key=lambda name: not collectives.ALGORITHMS.get(name).estimated)
 
 
 def _fastest(names: list[str], nbytes: int, n: int, net: Network, cal: Rates, itemsize: int) -> str:
@@ -326,8 +328,8 @@ def allreduce_table(n: int, hosts: int, cal: Rates, itemsize: int = 4) -> str:
     - one rank a host: the network algorithms on the calibration's α and β.
     ``native`` (gloo's ring in C++, priced as the path it documents) wins a tie.
     """
-    if n <= 1:
-        return "*:native"
+    if n <= 1:  # nothing to send: any will do, the backend's own
+        return f"*:{auto_candidates(False)[0]}"
     if 1 < hosts < n:
         return "*:hierarchical"
     shared = hosts <= 1

@@ -30,7 +30,7 @@ def choose(cfg: Any, argv: list[str]) -> tuple[Any, list[str]]:
     if "algorithm" not in strategies.get(tc.strategy).settings.reads(cfg):
         return cfg, argv
     hosts = max(1, tc.nnodes)
-    cal = (calibration.mine() if hosts == 1 else None) or calibration.reference()
+    cal = calibration.for_choosing(hosts)
     table = costing.allreduce_table(tc.world_size, hosts, cal)
     if tc.progress:
         sys.stderr.write(f"disttrain: --algorithm auto: {table} (the cost model, {cal.source})\n")

@@ -132,7 +132,7 @@ def validate(args: argparse.Namespace) -> tuple[list[int], list[str]]:
     if "auto" in names and not args.allreduce_table:  # as the launcher chooses it
         from disttrain import calibration, costing
 
-        cal = calibration.mine() or calibration.reference()  # as the launcher does
+        cal = calibration.for_choosing()  # as the launcher does
         args.allreduce_table = costing.allreduce_table(args.workers, 1, cal)
         print(f"auto: {args.allreduce_table} (the cost model, {cal.source})")
     for name in names:  # their settings (--inter-algorithm) checked here: one line, exit 2
