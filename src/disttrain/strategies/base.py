@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar, overload
 
 import torch
@@ -194,18 +194,12 @@ def register(runtime: type[Strategy] | None = None, /, **parts: Any) -> Any:
 
     def add(cls: type[Strategy]) -> type[Strategy]:
         base = next((_KINDS[b] for b in cls.__mro__[1:] if b in _KINDS), None)
-        inherited = (
-            {}
-            if base is None
-            else {
-                "settings": base.settings,
-                "cost": base.cost,
-                "layout": base.layout,
-                "shares_activations": base.shares_activations,
-            }
-        )
         given = {k: v for k, v in parts.items() if v is not None}
-        kind = StrategyKind(cls.name, cls, **{**inherited, **given})
+        kind = StrategyKind(cls.name, cls, **given)
+        if base is not None:  # every part not given is the base's (a field added later too)
+            own = {"name", "runtime", *given}
+            kept = {f.name: getattr(base, f.name) for f in fields(base) if f.name not in own}
+            kind = replace(kind, **kept)
         STRATEGIES.add(cls.name, kind)
         _KINDS[cls] = kind
         return cls
