@@ -63,6 +63,18 @@ MEMORY_BANDWIDTH = {
     "a100-deepspeed-offload": 2.0e12,
 }
 
+#: The independent check's llm-foundry rows publish no one-GPU rate: the Megatron family of
+#: the same GPU kind, fitted on its calibration row in measurements.toml and moved to the
+#: row's hidden size by the same roofline (A100 40GB takes the A100 80GB family, whose
+#: memory bandwidth constant is 2.0 TB/s). H100 rows run Composer's mixed_precision DEFAULT:
+#: bf16 parameters gathered, fp32 gradients reduce-scattered, which no scenario precision
+#: is; bf16 is taken (2+2+2 bytes per parameter a step, nearer the true 2+2+4 than amp's
+#: 4+4+4). A100 rows run PURE, all bf16, which the row's precision already says.
+_MPT_H100 = {"family": "h100-megatron", "run.precision": "bf16"}
+_MPT_A100 = {"family": "a100-megatron"}
+#: Horovod's fusion buffer (64 MB, its default), as for the Horovod rows
+_HOROVOD_DLPERF = {"bucket_mb": 64}
+
 #: (section, key) -> value per row; "rate_from" borrows another row's one-GPU figure,
 #: "family" takes a fitted gpu_tflops. Keys not given come from the row itself.
 OVERRIDES: dict[str, dict[str, Any]] = {
@@ -247,6 +259,45 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "family": "h100-nemo-fp8",
         "run.strategy": "hybrid:dp=16,tp=4,pp=8,vp=6",
     },
+    # --- the independent check (benchmarks/published/independent.toml), written and
+    # committed before any of its rows was predicted (README, "Independent check").
+    # DLPerf: each column's own one-GPU rate is in its row; InfiniBand 100 Gbit, one HCA
+    # per node, V100 NVLink, from the rows' suggested_* keys. Horovod columns fuse 64 MB.
+    "dlperf-rn50-fp32-b128-ngc-mxnet-32gpu": _HOROVOD_DLPERF,
+    "dlperf-rn50-fp32-b128-ngc-tf1-32gpu": _HOROVOD_DLPERF,
+    "dlperf-rn50-fp32-b128-mxnet-32gpu": _HOROVOD_DLPERF,
+    "dlperf-rn50-amp-b256-ngc-mxnet-32gpu": _HOROVOD_DLPERF,
+    "dlperf-rn50-amp-b224-ngc-tf1-xla-32gpu": _HOROVOD_DLPERF,
+    "dlperf-rn50-amp-b224-ngc-tf1-32gpu": _HOROVOD_DLPERF,
+    "dlperf-rn50-amp-b256-mxnet-32gpu": _HOROVOD_DLPERF,
+    "dlperf-bert-base-fp32-b32-ngc-tf1-32gpu": _HOROVOD_DLPERF,
+    "dlperf-bert-base-fp32-b32-mxnet-noclip-32gpu": _HOROVOD_DLPERF,
+    "dlperf-bert-base-amp-b64-ngc-tf1-32gpu": _HOROVOD_DLPERF,
+    "dlperf-bert-base-amp-b64-ngc-tf1-xla-32gpu": _HOROVOD_DLPERF,
+    "dlperf-bert-base-amp-b64-mxnet-noclip-32gpu": _HOROVOD_DLPERF,
+    # llm-foundry (MPT, PyTorch FSDP via Composer): see _MPT_H100 and _MPT_A100.
+    "llmfoundry-h100-large-mpt-70b-512gpu": _MPT_H100,
+    "llmfoundry-h100-large-mpt-30b-512gpu": _MPT_H100,
+    "llmfoundry-h100-large-mpt-13b-512gpu": _MPT_H100,
+    "llmfoundry-h100-large-mpt-7b-512gpu": _MPT_H100,
+    "llmfoundry-h100-large-mpt-3b-512gpu": _MPT_H100,
+    "llmfoundry-h100-large-mpt-1b-512gpu": _MPT_H100,
+    "llmfoundry-h100-mpt-70b-64gpu": _MPT_H100,
+    "llmfoundry-h100-mpt-30b-32gpu": _MPT_H100,
+    "llmfoundry-h100-mpt-13b-64gpu": _MPT_H100,
+    "llmfoundry-h100-mpt-3b-64gpu": _MPT_H100,
+    "llmfoundry-h100-mpt-1b-64gpu": _MPT_H100,
+    "llmfoundry-h100-mpt-760m-32gpu": _MPT_H100,
+    "llmfoundry-a100-80gb-mpt-70b-64gpu": _MPT_A100,
+    "llmfoundry-a100-40gb-mpt-70b-128gpu": _MPT_A100,
+    "llmfoundry-a100-40gb-mpt-30b-128gpu": _MPT_A100,
+    "llmfoundry-a100-40gb-mpt-13b-128gpu": _MPT_A100,
+    "llmfoundry-a100-40gb-mpt-7b-128gpu": _MPT_A100,
+    "llmfoundry-a100-40gb-mpt-3b-128gpu": _MPT_A100,
+    "llmfoundry-a100-40gb-mpt-1b-128gpu": _MPT_A100,
+    "llmfoundry-a100-40gb-mpt-760m-128gpu": _MPT_A100,
+    "llmfoundry-a100-40gb-mpt-350m-128gpu": _MPT_A100,
+    "llmfoundry-a100-40gb-mpt-125m-128gpu": _MPT_A100,
 }
 
 #: rows whose baseline keeps the global batch (strong scaling); the others keep the batch

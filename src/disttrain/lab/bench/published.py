@@ -2,6 +2,7 @@
 
     disttrain bench published
     disttrain bench published --calibration-only     # the rows constants may be fitted on
+    disttrain bench published --table benchmarks/published/independent.toml  # the check
 
 Reads benchmarks/published/measurements.toml at run time. Each row becomes a scenario
 (what the row states, plus the assumptions in ``_published_rows``, each with its
@@ -9,7 +10,8 @@ reason), is predicted by :mod:`disttrain.lab.scenario`, and is compared in the r
 unit. Calibration rows are reported apart from the held-out rows; the held-out median
 and worst error are the issue's measure (issue 38: median <= 12 %, no row > 35 %). The
 GPU rates no source publishes are fitted here, each on its one calibration row, and
-printed.
+printed. A table with no calibration row (independent.toml, the independent check) is
+predicted with the rates fitted on measurements.toml's calibration rows, unchanged.
 """
 
 from __future__ import annotations
@@ -168,6 +170,8 @@ def predicted(row: dict[str, Any], sc: dict[str, Any]) -> float:
     unit = row["unit"]
     if unit in ("images_per_second", "sequences_per_second"):
         return p.samples_per_second
+    if unit == "tokens_per_second":
+        return p.samples_per_second * sc["model"]["seq_len"]
     if unit == "tflops_per_gpu":
         return float(p.breakdown["model_tflops_per_gpu"])
     if row.get("baseline_gpus", 1) in (None, 1) and unit == "scaling_efficiency":
@@ -207,17 +211,29 @@ def fit_families(by_id: dict[str, Any]) -> dict[str, float]:
     return fitted
 
 
+def _rows(path: str | Path) -> list[dict[str, Any]]:
+    with open(path, "rb") as fh:
+        return list(tomllib.load(fh)["row"])
+
+
 def evaluate(path: str | Path = DEFAULT) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Every row: id, calibration, unit, published, predicted (None: not modelled), error,
-    status (scored, apart, not modelled) and the explanation."""
-    with open(path, "rb") as fh:
-        table = tomllib.load(fh)["row"]
+    status (scored, apart, not modelled) and the explanation. A table without calibration
+    rows (the independent check) takes its fitted rates from measurements.toml's."""
+    table = _rows(path)
     by_id = {r["id"]: r for r in table}
-    fitted = fit_families(by_id)
+    if any(r["calibration"] for r in table):
+        fitted = fit_families(by_id)
+    else:
+        reference = {r["id"]: r for r in _rows(DEFAULT)}
+        assert not set(reference) & set(by_id), "independent rows reuse a measurements.toml id"
+        fitted = fit_families(reference)
+        by_id = {**reference, **by_id}
     out = []
     for row in table:
         rec: dict[str, Any] = {
             "id": row["id"],
+            "source": row["source"],
             "calibration": bool(row["calibration"]),
             "unit": row["unit"],
             "published": float(row["figure"]),
@@ -262,8 +278,25 @@ def _block(title: str, recs: list[dict[str, Any]]) -> None:
         )
 
 
+def _by_source(recs: list[dict[str, Any]]) -> None:
+    for source in dict.fromkeys(r["source"] for r in recs):
+        errs = [abs(r["error"]) for r in recs if r["source"] == source and r["status"] == "scored"]
+        if errs:
+            print(
+                f"  {source}: {len(errs)} rows, median |error| {statistics.median(errs):.1%}, "
+                f"worst {max(errs):.1%}"
+            )
+
+
 def run(args: argparse.Namespace) -> int:
     recs, fitted = evaluate(args.table)
+    independent = not any(r["calibration"] for r in recs)
+    if independent:
+        print(
+            f"independent check: {args.table}, {len(recs)} rows, none of them used to choose "
+            "any constant or assumption; the rates below are fitted on measurements.toml's "
+            "calibration rows\n"
+        )
     print("fitted one-GPU rates (each on its calibration row):")
     for family, tflops in fitted.items():
         if family in rows_.INTRA_FAMILIES:
@@ -271,6 +304,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {family}: {tflops / 1e9:.2f} GB/s intra-node (on {on})")
         else:
             print(f"  {family}: {tflops:.1f} TFLOP/s (on {rows_.FAMILIES[family]})")
+    if independent:
+        _block("independent rows", recs)
+        _by_source(recs)
+        return 0
     _block("calibration rows", [r for r in recs if r["calibration"]])
     if not args.calibration_only:
         _block("held-out rows", [r for r in recs if not r["calibration"]])
