@@ -71,3 +71,32 @@ def test_it_runs_as_a_command(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "calibration rows: 11 rows scored" in done.stdout
     assert "held-out" not in done.stdout
+
+
+INDEPENDENT = TABLE.parent / "independent.toml"
+
+
+def test_the_independent_table_has_every_row_predicted() -> None:
+    with open(INDEPENDENT, "rb") as fh:
+        rows = tomllib.load(fh)["row"]
+    assert rows and not any(r["calibration"] for r in rows)
+    recs, fitted = published.evaluate(INDEPENDENT)
+    assert [r["id"] for r in recs] == [r["id"] for r in rows]  # none silently dropped
+    for r in recs:
+        assert r["why"], f"{r['id']}: no one-line explanation"
+        if r["predicted"] is None:
+            assert r["status"].startswith("not modelled: ")
+        else:
+            assert r["predicted"] > 0 and r["status"] == "scored"
+    # the rates are the ones fitted on measurements.toml's calibration rows, unchanged
+    with open(TABLE, "rb") as fh:
+        reference = {r["id"]: r for r in tomllib.load(fh)["row"]}
+    assert fitted == published.fit_families(reference)
+
+
+def test_the_independent_check_prints_its_own_block(capsys: pytest.CaptureFixture[str]) -> None:
+    published.run(argparse.Namespace(table=str(INDEPENDENT), calibration_only=False))
+    out = capsys.readouterr().out
+    assert out.startswith("independent check: ")
+    assert "## independent rows" in out and "independent rows: " in out
+    assert "## calibration rows" not in out and "## held-out rows" not in out
