@@ -426,7 +426,7 @@ CASES: list[tuple[str, Argv, str]] = [
     ),
     (
         "allreduce-table-unread",
-        _flags("--allreduce-table", "4096:ring,*:shm"),
+        _flags("--algorithm", "native", "--allreduce-table", "4096:ring,*:shm"),
         "--allreduce-table is read only by --algorithm auto",
     ),
     ("localsgd-period", _flags("--strategy", "localsgd", "--period", "0"), "--period must be"),

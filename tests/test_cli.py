@@ -114,7 +114,9 @@ def test_a_short_run_writes_summary_metrics_and_model(tmp_path: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 3 and summary["global_batch_size"] == 48  # flag beats file
     assert summary["steps"] == 2 * (1437 // 48) and summary["epochs"] == 2
-    assert summary["bytes_sent_per_rank"] > 0 and summary["final_accuracy"] > 0.5
+    assert summary["final_accuracy"] > 0.5
+    # the default --algorithm auto ran shm here (one host): copied through shared memory
+    assert summary["bytes_copied_per_rank"] > 0 and summary["bytes_sent_per_rank"] == 0
     assert set(summary["time_breakdown"]) >= {"compute", "communication"}
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines if "loss" in r] == list(range(1, summary["steps"] + 1))

@@ -111,8 +111,12 @@ class TrainConfig:
     workers: int = opt(2, "worker processes on this node")
     strategy: str = opt("allreduce", "how replicas agree (each one's settings: a group below)")
     # read only by the strategies that average with a collective (they declare it)
+    # (the data-parallel strategies default it to ``auto``: their ``setting_defaults``)
     algorithm: str = opt(
-        "native", "allreduce algorithm for data-parallel strategies", always_read=False
+        "native",
+        "allreduce algorithm (allreduce, zero, localsgd and diloco default to auto: the cost "
+        "model's pick per message size; the others to native, the backend's own)",
+        always_read=False,
     )
     model: str = opt(
         "mlp",

@@ -198,7 +198,8 @@ def _gloo_combo(flags: tuple[str, ...], precision: str = "fp32") -> gpu_support.
 
     return gpu_support.Combination(
         value("--strategy", "allreduce"),
-        value("--algorithm", "native"),
+        # auto's table on cuda is the backend's own (launch.autotable.CUDA_TABLE)
+        value("--algorithm", "native").replace("auto", "native"),
         value("--compression", "none").split(":", 1)[0],
         precision,
         "--check-collectives" in flags,
@@ -231,8 +232,8 @@ def _algorithm_runs() -> list[tuple[str, ...]]:
     return [
         ("--workers", "4", "--algorithm", a)
         for a in collectives.ALGORITHMS.names()
-        if a != "native"
-    ]  # fmt: skip  (native: the strategies' runs)
+        if a not in ("native", "auto")
+    ]  # fmt: skip  (native, and auto, native on cuda: the strategies' runs)
 
 
 def _codec_runs() -> list[tuple[str, ...]]:

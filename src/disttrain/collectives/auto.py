@@ -102,7 +102,8 @@ class Auto(AllReduceAlgorithm):
             if not self.chosen and not self.given and _is_rank_zero():
                 sys.stderr.write(
                     "disttrain: --algorithm auto: no table from the launcher (torchrun or an "
-                    f"engine started this worker): {FALLBACK} for every size\n"
+                    f"engine started this worker): {FALLBACK} for every size (`disttrain train` "
+                    "chooses by the cost model; --allreduce-table fixes a table)\n"
                 )
             self.chosen[nbytes] = name
         return get(name)

@@ -7,7 +7,9 @@ sizes up: it never imports the cost model). Without a calibration file of this m
 the reference machine's shipped constants choose (:func:`disttrain.calibration.reference`),
 and the line says so. The launchers of a multi-node job each choose, with
 the shipped reference constants, so that every node picks the same table. A table given
-by hand (``--allreduce-table``) is kept.
+by hand (``--allreduce-table``) is kept. On ``--device cuda`` every size goes to ``native``
+(NCCL's own tuner picks ring or tree; the model is calibrated for CPU ranks, and only
+``native`` is proven with NCCL: docs/gpu.md), and the line says so.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ import dataclasses
 import sys
 from typing import Any
 
-__all__ = ["choose"]
+__all__ = ["CUDA_TABLE", "choose"]
+
+#: auto's table on ``--device cuda``: the backend's own for every size
+CUDA_TABLE = "*:native"
 
 
 def choose(cfg: Any, argv: list[str]) -> tuple[Any, list[str]]:
@@ -29,11 +34,15 @@ def choose(cfg: Any, argv: list[str]) -> tuple[Any, list[str]]:
         return cfg, argv
     if "algorithm" not in strategies.get(tc.strategy).settings.reads(cfg):
         return cfg, argv
-    hosts = max(1, tc.nnodes)
-    cal = calibration.for_choosing(hosts)
-    table = costing.allreduce_table(tc.world_size, hosts, cal)
+    if tc.device == "cuda":
+        table, why = CUDA_TABLE, "on cuda: the backend's own (the model is fitted to CPU ranks)"
+    else:
+        hosts = max(1, tc.nnodes)
+        cal = calibration.for_choosing(hosts)
+        table = costing.allreduce_table(tc.world_size, hosts, cal)
+        why = f"the cost model, {cal.source}"
     if tc.progress:
-        sys.stderr.write(f"disttrain: --algorithm auto: {table} (the cost model, {cal.source})\n")
+        sys.stderr.write(f"disttrain: --algorithm auto: {table} ({why})\n")
     auto = dataclasses.replace(cfg.section(AutoConfig), allreduce_table=table)
     chosen = config.RunConfig({**cfg.sections, AutoConfig: auto}, cfg.given)
     return chosen, [*argv, "--allreduce-table", table]

@@ -95,7 +95,7 @@ def combination(cfg: RunConfig) -> Combination:
     tc = cfg.train
     return Combination(
         strategy=tc.strategy,
-        algorithm=tc.algorithm,
+        algorithm=_algorithm(cfg),
         # the codec, not its ratio or rank: those change no device handling
         compression=cfg.section(CompressionConfig).compression.split(":", 1)[0],
         precision=tc.precision,
@@ -103,6 +103,18 @@ def combination(cfg: RunConfig) -> Combination:
         several=tc.world_size > 1 or tc.live_grow,
         backend="gloo" if tc.backend == "gloo" else "nccl",
     )
+
+
+def _algorithm(cfg: RunConfig) -> str:
+    """The algorithm that runs: ``auto``'s one, where its table (the launcher's on cuda,
+    :data:`~disttrain.launch.autotable.CUDA_TABLE`, or one given) names a single one."""
+    from disttrain.collectives.auto import AutoConfig, parse_table
+    from disttrain.launch.autotable import CUDA_TABLE
+
+    if cfg.train.algorithm != "auto":
+        return cfg.train.algorithm
+    names = {name for _, name in parse_table(cfg.section(AutoConfig).allreduce_table or CUDA_TABLE)}
+    return names.pop() if len(names) == 1 else "auto"
 
 
 #: Set on a GPU machine by ``make gpu-proof`` (``benchmarks/gpu_proof.sh``): pre-flight lets

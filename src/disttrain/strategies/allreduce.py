@@ -19,7 +19,7 @@ summable), and pre-flight refuses them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -85,6 +85,17 @@ class AllReduceSettings(StrategySettings):
         "": (),
         "topk": ("--compression", "topk:0.01"),
     }
+
+    @classmethod
+    def defaults_for(cls, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """``--algorithm auto`` (the cost model's table, docs/collectives.md) wherever the
+        run allreduces: not with a compressor whose payloads go to each peer instead."""
+        spec = str(settings.get("compression", "none"))
+        try:
+            summable = parse(spec).summable
+        except UsageError:  # the compression setting's own check names it
+            return {}
+        return {"algorithm": "auto"} if summable else {}
 
     @classmethod
     def settings_not_read(cls, config: RunConfig) -> dict[str, str]:

@@ -103,7 +103,12 @@ class DiLoCoSettings(StrategySettings):
     # the paper's inner optimizer (AdamW); a given flag wins. lr: the default workload (mlp,
     # digits, 5 epochs, allreduce 0.958) reached 0.928 at 0.001, 0.919 at 0.002, 0.947 at
     # 0.003, 0.925 at 0.005 (2026-11-24): 0.003 is inside the defaults test's 3-point band
-    setting_defaults: ClassVar[dict[str, Any]] = {"optimizer": "adam", "lr": 0.003}
+    # (--algorithm auto: the outer average by the cost model's table, docs/collectives.md)
+    setting_defaults: ClassVar[dict[str, Any]] = {
+        "optimizer": "adam",
+        "lr": 0.003,
+        "algorithm": "auto",
+    }
 
     @classmethod
     def settings_not_read(cls, config: RunConfig) -> dict[str, str]:

@@ -71,6 +71,8 @@ class LocalSGDSettings(StrategySettings):
 
     main_setting: ClassVar[str | None] = "period"
     reads_settings: ClassVar[tuple[type[Any] | str, ...]] = (LocalSGDConfig, "algorithm")
+    # the average by the cost model's table (docs/collectives.md, "--algorithm auto")
+    setting_defaults: ClassVar[dict[str, Any]] = {"algorithm": "auto"}
 
 
 # Reshards: replicas differ between averages, so a resume on M workers starts every worker

@@ -85,7 +85,8 @@ class ZeroSettings(StrategySettings):
     # Stages 1 and 2 reduce and gather per fusion group: fewer, larger groups (DDP's
     # default bucket is 25 MB too) measured faster than the allreduce strategy's 4 MB
     # on the default model (benchmarks/RESULTS.md, "Sharded data parallelism")
-    setting_defaults: ClassVar[dict[str, Any]] = {"fusion_mb": 25.0}
+    # --algorithm auto: the cost model's table picks each bucket's halves (docs/collectives.md)
+    setting_defaults: ClassVar[dict[str, Any]] = {"fusion_mb": 25.0, "algorithm": "auto"}
 
     @classmethod
     def check_resume(cls, config: RunConfig, model: nn.Module, state: dict[str, Any]) -> None:

@@ -98,6 +98,7 @@ def print_summary(summary: dict[str, Any], out_dir: str) -> None:
         "wall_seconds",
         "samples_per_second",
         "bytes_sent_per_rank",
+        "bytes_copied_per_rank",
     )
     for key in keys:
         value = summary.get(key)

@@ -209,7 +209,7 @@ class Run(RunParts):
         wall = time.perf_counter() - self.start
         with meter.paused():
             group, device = self.strategy.roles.worker_group, self.world.device
-            traffic = [float(meter.bytes_sent), float(meter.messages_sent)]
+            traffic = [float(meter.bytes_sent), float(meter.messages_sent), meter.bytes_copied]
             per_rank = gather_floats(traffic, device, group)
             names = sorted(self.memory)
             held = gather_floats([float(self.memory[k]) for k in names], device, group)
@@ -242,9 +242,9 @@ class Run(RunParts):
             "bytes_sent_per_rank": sum(r[0] for r in per_rank) / len(per_rank),
             "bytes_sent_by_rank": [int(r[0]) for r in per_rank],
             "messages_sent_by_rank": [int(r[1]) for r in per_rank],
+            "bytes_copied_per_rank": sum(r[2] for r in per_rank) / len(per_rank),
             "time_breakdown": self.timers.as_dict(), "memory_per_rank": memory,
-            "precision": tc.precision,
-            "skipped_steps": self.runner.skipped_steps,
+            "precision": tc.precision, "skipped_steps": self.runner.skipped_steps,
             "final_lr": self.schedule(max(step - 1, 0)), "run_id": self.run_id,
             "config": self.cfg.to_dict(),
         }  # fmt: skip
