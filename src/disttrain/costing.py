@@ -322,16 +322,18 @@ def allreduce_table(n: int, hosts: int, cal: Rates, itemsize: int = 4) -> str:
 
     - one host: every algorithm that runs between ranks of one host (``shm`` too), priced on
       the loopback link and the shared-memory constants ``cal`` fitted;
-    - several hosts with several ranks each: ``hierarchical`` (shared memory inside each host,
-      one leader a host across), whose path follows the hosts, which this flat model does not
-      price (:func:`fastest_allreduce` leaves it out for that reason);
+    - several hosts with several ranks each: the algorithm whose path follows the hosts
+      (its kind's ``follows_hosts``: ``hierarchical``, shared memory inside each host, one
+      leader a host across), which this flat model does not price (:func:`fastest_allreduce`
+      leaves it out for that reason); the backend's own where none is registered;
     - one rank a host: the network algorithms on the calibration's α and β.
     ``native`` (gloo's ring in C++, priced as the path it documents) wins a tie.
     """
     if n <= 1:  # nothing to send: any will do, the backend's own
         return f"*:{auto_candidates(False)[0]}"
     if 1 < hosts < n:
-        return "*:hierarchical"
+        spans = [k.name for _, k in collectives.ALGORITHMS.items() if k.follows_hosts]
+        return f"*:{(spans or auto_candidates(False))[0]}"
     shared = hosts <= 1
     a, d, b = cal.loopback_link(n) if shared else (cal.alpha, 0.0, cal.beta)
     net = Network(alpha=a, beta=b, delta=d, shared_host=shared, name="auto")

@@ -267,6 +267,9 @@ class AlgorithmKind:
     composite: bool = False
     #: Has its own reduce-scatter and all-gather (not the fallback through its allreduce).
     shards: bool = False
+    #: Its path follows the hosts (inside each, then across): what ``--algorithm auto``
+    #: runs for several hosts of several ranks each, which the flat cost model cannot price.
+    follows_hosts: bool = False
 
     @property
     def name(self) -> str:

@@ -341,5 +341,6 @@ register(
         section=HierarchicalConfig,
         composite=True,
         table_position=6,
+        follows_hosts=True,
     )
 )
