@@ -107,6 +107,18 @@ def _partial_timeline(path: str, out: str) -> None:
         sys.stderr.write(f"disttrain: partial timeline of ranks {ranks} written to {path}\n")
 
 
+def _check_engine(cfg: Any) -> None:
+    """UsageError if ``--launcher ray|slurm`` cannot start this run here."""
+    if cfg.train.launcher == "ray":
+        from disttrain.launch.ray_train import check_layout
+
+        check_layout(cfg)
+    elif cfg.train.launcher == "slurm":
+        from disttrain.launch.slurm import check_allocation
+
+        check_allocation(os.environ)
+
+
 def _run_engine(cfg: Any, argv: list[str], out: str, run_id: str) -> int:
     """``--launcher ray|slurm``: the engine starts the processes (docs/launching.md)."""
     from disttrain.train.progress import print_summary
@@ -177,12 +189,9 @@ def run_job(cfg: Any, argv: list[str]) -> int:
         plan = memory_plan.estimate(cfg, model, data, forks_workers(cfg.train))
         memory_plan.check(plan, nproc, memory_plan.available_bytes(), cfg.train.world_size)
     del model, data
+    _check_engine(cfg)  # refused before --out is touched, and before anything is said
     cfg, argv = autotable.choose(cfg, argv)  # --algorithm auto: the table, before any start
     _say(cfg, f"starting {nproc} worker process(es) and their rendezvous")
-    if cfg.train.launcher == "ray":
-        from disttrain.launch.ray_train import check_layout
-
-        check_layout(cfg)  # refused before --out is touched
     out = cfg.train.out or default_out(cfg.train.strategy)
     # every worker and restart writes under this run; a Slurm step's agents got theirs
     run_id = os.environ.get(CLAIMED_RUN_ENV) or claim_run(cfg.train, out)

@@ -27,7 +27,7 @@ from typing import Any
 
 from disttrain.comm.errors import UsageError
 
-__all__ = ["expand_nodelist", "run_slurm", "srun_command"]
+__all__ = ["check_allocation", "expand_nodelist", "run_slurm", "srun_command"]
 
 #: c10d port on the head node: a fixed base plus the job id, so two jobs sharing a
 #: head node do not collide
@@ -91,11 +91,21 @@ def srun_command(env: Mapping[str, str], argv: list[str], out: str) -> list[str]
     return step
 
 
+def check_allocation(env: Mapping[str, str]) -> None:
+    """UsageError unless this is a Slurm allocation with ``srun`` (before anything is said)."""
+    if shutil.which("srun") is None:
+        raise UsageError("--launcher slurm: srun is not on PATH (run inside a Slurm allocation)")
+    if not env.get("SLURM_JOB_ID"):
+        raise UsageError(
+            "--launcher slurm runs inside a Slurm allocation (sbatch or salloc): "
+            "SLURM_JOB_ID is not set"
+        )
+
+
 def run_slurm(cfg: Any, argv: list[str], out: str, run_id: str) -> int:
     """Run the job step; its exit code (node 0's agent prints the summary)."""
     del cfg
-    if shutil.which("srun") is None:
-        raise UsageError("--launcher slurm: srun is not on PATH (run inside a Slurm allocation)")
+    check_allocation(os.environ)
     cmd = srun_command(os.environ, argv, os.path.abspath(out))
     from disttrain.launch.worker import CLAIMED_RUN_ENV
 
