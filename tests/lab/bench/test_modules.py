@@ -65,6 +65,7 @@ def test_in_ranks_calls_its_function_here_and_again_where_unpickled() -> None:
         ("pipeline-recv-ahead", "zigzag", "4", "1"),
         ("talking-less", "--only", "no such row"),
         ("allreduce-ceiling", "--repeats", "0"),
+        ("training", "algorithm", "--workers", "1,x"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...]) -> None:
