@@ -73,6 +73,7 @@ DENSE.summary["memory_per_rank"] = {
 ONEBIT = _run("decentralized:onebit", [0.4, 0.7, 0.88, 0.91], 10.0, 9_000, sps=200.0)
 NEVER = _run("localsgd:period=16", [0.3, 0.5, 0.6, 0.7], 20.0, 2_000_000)
 FAILED = RunResult("ps:async", {"strategy": "ps"}, None, "ps: rank 1 died")
+DENSE.summary["bytes_copied_per_rank"] = 1234.0  # through shared memory (shm)
 
 
 def test_time_to_target() -> None:
@@ -90,6 +91,7 @@ def test_rows_and_ratios() -> None:
     assert rows[1]["time to 0.9 (s)"] == "40.0 (epoch 4)"
     assert rows[1]["speed-up to target vs first"] == "7.50x"  # 300 / 40
     assert rows[1]["bytes/rank"] == "36,000" and rows[1]["samples/s"] == "200.0"
+    assert rows[0]["copied/rank"] == "1,234" and rows[1]["copied/rank"] == "-"  # none given
     assert rows[1]["final test accuracy"] == "0.9100" and rows[1]["wall s"] == "40.5"
     assert rows[2]["time to 0.9 (s)"] == "not reached"
     assert rows[2]["speed-up to target vs first"] == "-"

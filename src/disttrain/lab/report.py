@@ -85,6 +85,7 @@ def result_rows(runs: list[RunResult], target: float) -> list[dict[str, str]]:
                 "wall s": _num(s.get("wall_seconds"), ".1f"),
                 "samples/s": _num(s.get("samples_per_second"), ".1f"),
                 "bytes/rank": _num(s.get("bytes_sent_per_rank"), ",.0f"),
+                "copied/rank": _num(s.get("bytes_copied_per_rank"), ",.0f"),
                 f"time to {target:g} (s)": (
                     f"{reached[0]:.1f} (epoch {reached[1]})" if reached else "not reached"
                 ),
