@@ -160,8 +160,9 @@ def test_compare_two_strategies_end_to_end(
             f"{s['wall_seconds']:.1f}",
             f"{s['samples_per_second']:.1f}",
             f"{s['bytes_sent_per_rank']:,.0f}",
+            f"{s['bytes_copied_per_rank']:,.0f}",  # localsgd's and zero's shm (auto)
             f"{evaluation['wall_seconds']:.1f} (epoch 1)",  # any accuracy reaches 0.01
-            cells[8],  # the ratio: checked below
+            cells[9],  # the ratio: checked below
             "4",
             f"{held_bytes(s) / 1e6:,.1f}",  # parameters + gradients + optimizer state
             f"{max(s['memory_per_rank']['peak_rss']) / 1e6:,.1f}",
