@@ -17,7 +17,7 @@ import sys
 from typing import Any, NoReturn
 
 from disttrain.comm.errors import UsageError
-from disttrain.launch import startup
+from disttrain.launch import startup, tether
 from disttrain.registry import load_plugins
 
 __all__ = ["COMMANDS", "Parser", "build_parser", "main"]
@@ -110,6 +110,7 @@ def _interactive(argv: list[str]) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    tether.tie_to_starter()  # started by compare or a benchmark: end when it does
     chosen = next((a for a in argv if not a.startswith("-")), None)
     if chosen == "train" and _interactive(argv):  # torch loads next: seconds of silence
         sys.stderr.write("disttrain: pre-flight: settings, data set, one batch of the model\n")

@@ -1,13 +1,58 @@
 """launch/commands.py, the one way benchmarks start a training run: its summary with the metrics
-lines, from any working directory; a failed run names its command and last line."""
+lines, from any working directory; a failed run names its command and last line; a command
+ends with the process that started it, however that dies."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from disttrain.launch.commands import RunFailed, train_argv, train_run
+from tests.launch.test_tether import REPO, _training
+from tests.netcheck import Proc, alive, descendants, kill
+
+#: a benchmark's or compare's part: one training started through launch/commands, waited for
+STARTER = (
+    "import sys; from disttrain.launch import commands; "
+    "commands.start(['train', '--max-steps', '100000', '--no-progress', '--out', sys.argv[1]])"
+    ".wait()"
+)
+
+
+@pytest.mark.timeout(180)
+def test_a_started_command_and_its_workers_end_when_the_starter_is_killed(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    starter = subprocess.Popen(
+        [sys.executable, "-c", STARTER, str(out)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    tree: list[Proc] = []
+    try:
+        _training(out, starter)
+        tree = [p for p in descendants(starter.pid) if p != starter.pid]
+        assert len(tree) >= 3, tree  # the train command and its two workers
+        os.kill(starter.pid, signal.SIGKILL)  # the starter alone: nothing it could forward
+        starter.wait(timeout=10)
+        deadline = time.monotonic() + 20  # SIGTERM: the command stops its workers first
+        while [p for p in tree if alive(p)] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [p for p in tree if alive(p)]
+        assert not left, f"alive 20 s after their starter's SIGKILL: {left}"
+    finally:  # nothing outlives the test, whatever failed
+        for p in [*descendants(starter.pid)[::-1], *tree]:
+            kill(p)
+        starter.wait()
 
 
 @pytest.mark.timeout(120)

@@ -17,6 +17,8 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
+from disttrain.launch import tether
+
 __all__ = ["RunFailed", "argv", "environment", "run", "start", "train_argv", "train_run"]
 
 #: the folder holding the ``disttrain`` package that runs this module: its commands use it too
@@ -33,12 +35,16 @@ def argv(args: Sequence[str]) -> list[str]:
 
 
 def environment() -> dict[str, str]:
-    """This process's environment with this package's folder first on PYTHONPATH."""
+    """This process's environment with this package's folder first on PYTHONPATH, and this
+    process named as the command's starter: the command ends when this process dies,
+    however (:func:`disttrain.launch.tether.tie_to_starter`; start commands from the thread
+    that lives as long as they should: the kernel's signal follows the starting thread)."""
     path = os.environ.get("PYTHONPATH", "")
     return {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": f"{SRC}{os.pathsep}{path}" if path else SRC,
+        tether.STARTER_ENV: str(os.getpid()),
     }
 
 

@@ -17,10 +17,13 @@ import os
 import signal
 import sys
 
-__all__ = ["LAUNCHER_ENV", "name", "tie", "tie_from_env"]
+__all__ = ["LAUNCHER_ENV", "STARTER_ENV", "name", "tie", "tie_from_env", "tie_to_starter"]
 
 #: Set by our launcher for its workers: its pid (their parent, when it started them).
 LAUNCHER_ENV = "DISTTRAIN_LAUNCHER_PID"
+#: Set by :mod:`disttrain.launch.commands` for the commands it starts (``compare``'s and the
+#: benchmarks' trainings): its pid.
+STARTER_ENV = "DISTTRAIN_STARTER_PID"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _PR_SET_NAME = 15  # at most 15 bytes and a NUL
 
@@ -51,3 +54,19 @@ def tie_from_env() -> bool:
     pid there (an exec'd worker; under ``torchrun`` the variable is not set)."""
     value = os.environ.get(LAUNCHER_ENV, "")
     return value.isdigit() and tie(int(value))
+
+
+def tie_to_starter() -> bool:
+    """A command that ``compare`` or a benchmark started (:data:`STARTER_ENV`): SIGTERM when
+    that process dies, however, so that the command stops its own workers as on Ctrl-C
+    (a launcher, unlike a worker, has a job to end). Only when the starter is this
+    process's parent: started through a wrapper (``cluster run --``), the wrapper is, and
+    it is tied itself. The variable is not passed on to this command's own children."""
+    value = os.environ.pop(STARTER_ENV, "")
+    if not value.isdigit() or os.getppid() != int(value):
+        return False
+    if not _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM):
+        return False
+    if os.getppid() != int(value):  # the starter died before the request took effect
+        os._exit(143)
+    return True
