@@ -72,6 +72,8 @@ def test_ranked_table_and_json(
     assert len(unranked) == 5  # tensor and the 4 schedules' rows
     assert all(r["reason"] for r in rows)
     assert all(r["memory"]["total"] > 0 for r in rows[: len(steps)])
+    # the cost part's own reason (strategies/cost/tensor.py), not a pointer to the docs
+    assert unranked["tensor"]["reason"].startswith("tensor is not modelled: its step depends")
     for label, row in unranked.items():
         if label != "tensor":
             assert row["memory"] is None and row["step_seconds"] is None

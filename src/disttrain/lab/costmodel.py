@@ -201,8 +201,9 @@ def assess(
         why = ""
         try:
             step: Prediction | None = predict(spec, work, nodes, network, calibration)
-        except NotModelled:
-            step, why = None, "step not modelled (docs/lab.md)"
+        except NotModelled as exc:  # the cost part's own reason, without the spec's name
+            reason = str(exc).removeprefix(f"{spec.label!r}: ")
+            step, why = None, reason
         try:
             mem: Memory | None = predict_memory(spec, work, nodes, model)
         except ValueError as exc:  # it cannot run so: more stages than layers, ...
