@@ -27,6 +27,16 @@ def test_the_killed_rank_is_the_root_cause_not_those_that_stopped_for_it() -> No
     assert root_cause(failures)[0] == 1
 
 
+def test_in_one_second_a_rank_killed_by_a_signal_comes_before_an_error_exit() -> None:
+    # a parameter server SIGKILLed, a worker that exited 1 on the dead server in the same
+    # agent pass (stamped to the second): the server is named, whatever the rank order
+    failures = {1: _failure(1, 1), 2: _failure(2, -signal.SIGKILL)}
+    failures[1].timestamp = failures[2].timestamp
+    assert root_cause(failures)[0] == 2
+    failures[2].timestamp += 1  # a second later: not the cause
+    assert root_cause(failures)[0] == 1
+
+
 def test_when_only_collateral_failures_remain_one_of_them_is_named() -> None:
     failures = {2: _failure(2, PEER_EXIT_CODE), 3: _failure(3, PEER_EXIT_CODE)}
     assert root_cause(failures)[0] in (2, 3)

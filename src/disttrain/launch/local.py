@@ -133,7 +133,15 @@ def root_cause(
         for r in silent or named:
             return r, failures[r], True
     pool = own or failures
-    rank, failure = min(pool.items(), key=lambda item: (item[1].timestamp, item[0]))
+
+    def first(item: tuple[int, ProcessFailure]) -> tuple[int, bool, int]:
+        # a failure without an error file is stamped when the agent saw it, to the second:
+        # in one second, a rank killed by a signal (from outside: the kernel, a user) came
+        # before one that exited on an error of its own, likely the dead peer's (a CI run
+        # named worker 1, exit 1, for the SIGKILLed server 2 seen in the same pass)
+        return item[1].timestamp, item[1].exitcode >= 0, item[0]
+
+    rank, failure = min(pool.items(), key=first)
     return rank, failure, False
 
 
