@@ -15,8 +15,11 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
+from collections.abc import Iterator
+from typing import Any
 
-__all__ = ["Proc", "alive", "descendants", "kill", "listening_addresses"]
+__all__ = ["Proc", "alive", "descendants", "kill", "listening_addresses", "started"]
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -138,3 +141,21 @@ def listening_addresses(pids: list[int], proc_net: str = "/proc/net") -> list[tu
                 addr, port = fields[1].split(":")
                 found.append((_decode(addr, family), int(port, 16)))
     return found
+
+
+@contextlib.contextmanager
+def started(cmd: list[str], **popen: Any) -> Iterator[tuple[subprocess.Popen[str], list[Proc]]]:
+    """``cmd`` started (stdout dropped, stderr kept as text; ``popen``: Popen's other
+    keywords) and a list for the processes the test records of its tree: at the end, those
+    and whatever still descends from it are SIGKILLed, whatever failed (a process the test
+    recorded was re-parented once its parent died, so the tree alone would miss it)."""
+    proc = subprocess.Popen(
+        cmd, **{"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True, **popen}
+    )
+    tree: list[Proc] = []
+    try:
+        yield proc, tree
+    finally:
+        for p in [*descendants(proc.pid)[::-1], *tree]:
+            kill(p)
+        proc.wait()

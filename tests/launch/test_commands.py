@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 
 from disttrain.launch.commands import RunFailed, train_argv, train_run
 from tests.launch.test_tether import REPO, _training
-from tests.netcheck import Proc, alive, descendants, kill
+from tests.netcheck import alive, descendants, started
 
 #: a benchmark's or compare's part: one training started through launch/commands, waited for
 STARTER = (
@@ -29,18 +28,10 @@ STARTER = (
 def test_a_started_command_and_its_workers_end_when_the_starter_is_killed(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    starter = subprocess.Popen(
-        [sys.executable, "-c", STARTER, str(out)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    tree: list[Proc] = []
-    try:
+    cmd = [sys.executable, "-c", STARTER, str(out)]
+    with started(cmd, env=env, start_new_session=True) as (starter, tree):
         _training(out, starter)
-        tree = [p for p in descendants(starter.pid) if p != starter.pid]
+        tree[:] = [p for p in descendants(starter.pid) if p != starter.pid]
         assert len(tree) >= 3, tree  # the train command and its two workers
         os.kill(starter.pid, signal.SIGKILL)  # the starter alone: nothing it could forward
         starter.wait(timeout=10)
@@ -49,10 +40,6 @@ def test_a_started_command_and_its_workers_end_when_the_starter_is_killed(tmp_pa
             time.sleep(0.1)
         left = [p for p in tree if alive(p)]
         assert not left, f"alive 20 s after their starter's SIGKILL: {left}"
-    finally:  # nothing outlives the test, whatever failed
-        for p in [*descendants(starter.pid)[::-1], *tree]:
-            kill(p)
-        starter.wait()
 
 
 @pytest.mark.timeout(120)

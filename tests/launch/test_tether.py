@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from disttrain.launch import jobdir
-from tests.netcheck import Proc, alive, descendants, kill
+from tests.netcheck import Proc, alive, descendants, started
 
 REPO = Path(__file__).resolve().parents[2]
 RUNS = {
@@ -80,25 +80,11 @@ def test_workers_end_within_5_s_of_a_killed_launcher(run: str, how: str, tmp_pat
         "--out",
         str(out),
     ]
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    tree: list[Proc] = []
-    try:
+    with started(cmd, env=env, cwd=REPO, start_new_session=True) as (proc, tree):
         _training(out, proc)
-        tree = [p for p in descendants(proc.pid) if p != proc.pid]
+        tree[:] = [p for p in descendants(proc.pid) if p != proc.pid]
         assert len(tree) >= 2, tree
         _kill_and_check(proc, tree, how)
-    finally:  # nothing outlives the test, whatever failed
-        for p in [*descendants(proc.pid)[::-1], *tree]:
-            kill(p)
-        proc.wait()
 
 
 @pytest.mark.timeout(120)
@@ -107,28 +93,15 @@ def test_disttrain_run_s_processes_end_within_5_s_of_its_killed_launcher(how: st
     """Horovod's launcher (``disttrain run -np 2 COMMAND``) ties its processes alike."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     sleeper = [sys.executable, "-c", "import time; time.sleep(300)"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "disttrain", "run", "-np", "2", *sleeper],
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    tree: list[Proc] = []
-    try:
+    cmd = [sys.executable, "-m", "disttrain", "run", "-np", "2", *sleeper]
+    with started(cmd, env=env, cwd=REPO, start_new_session=True) as (proc, tree):
         deadline = time.monotonic() + 60
         while len(tree) < 2 and time.monotonic() < deadline:
             assert proc.poll() is None, proc.communicate()[1]
-            tree = [p for p in descendants(proc.pid) if p != proc.pid]
+            tree[:] = [p for p in descendants(proc.pid) if p != proc.pid]
             time.sleep(0.1)
         assert len(tree) == 2, tree
         _kill_and_check(proc, tree, how)
-    finally:
-        for p in [*descendants(proc.pid)[::-1], *tree]:
-            kill(p)
-        proc.wait()
 
 
 def _starting(out: Path, proc: subprocess.Popen[str]) -> bool:
@@ -159,22 +132,14 @@ def test_a_launcher_killed_at_start_up_or_mid_checkpoint_leaves_nothing(
     flags = ["--max-steps", "100000", "--checkpoint-every", "1", "--algorithm", "shm"]
     cmd = [sys.executable, "-m", "disttrain", "train", *flags, "--no-progress", "--out", str(out)]
     shm_before = _shm()
-    proc = subprocess.Popen(
-        cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
-    tree: list[Proc] = []
-    try:
+    with started(cmd, env=env, cwd=REPO) as (proc, tree):
         deadline = time.monotonic() + 120
         assert callable(ready)
         while not ready(out, proc):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
             time.sleep(0.02)
-        tree = [p for p in descendants(proc.pid) if p != proc.pid]
+        tree[:] = [p for p in descendants(proc.pid) if p != proc.pid]
         assert tree, f"no process of the job found at {when}"
         _kill_and_check(proc, tree, "pid")
         tag = f"disttrain-shm-j{proc.pid}x"
         assert not [n for n in _shm() - shm_before if n.startswith(tag)]
-    finally:
-        for p in [*descendants(proc.pid)[::-1], *tree]:
-            kill(p)
-        proc.wait()
