@@ -113,8 +113,8 @@ def test_the_launcher_chooses_the_table_and_the_summary_says_what_ran(tmp_path: 
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "XDG_CACHE_HOME": str(tmp_path)}
     flags = ["--workers", "2", "--max-steps", "3", "--epochs", "1", "--out", str(out)]
-    done = subprocess.run(
-        [sys.executable, "-m", "disttrain", "train", "--algorithm", "auto", *flags],
+    done = subprocess.run(  # the allreduce strategy's default: --algorithm auto
+        [sys.executable, "-m", "disttrain", "train", *flags],
         env=env,
         capture_output=True,
         text=True,
@@ -122,6 +122,7 @@ def test_the_launcher_chooses_the_table_and_the_summary_says_what_ran(tmp_path: 
     )
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["algorithm"] == "auto"
     table = summary["config"]["allreduce_table"]
     # no calibration of this machine (a fresh cache folder): the reference's, said so
     assert table == costing.allreduce_table(2, 1, calibration.reference())
@@ -131,3 +132,23 @@ def test_the_launcher_chooses_the_table_and_the_summary_says_what_ran(tmp_path: 
     assert ran and all(auto.name_for(int(size)) == name for size, name in ran.items())
     assert {int(s) for s in ran} == set(summary["data_parallel"]["bucket_bytes"])
     assert "allreduce by size" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [{"workers": 3, "min_workers": 2}, {"workers": 2, "max_workers": 3}, {"device": "cuda"}],
+    ids=["shrink", "grow", "cuda"],
+)
+def test_the_backends_own_where_the_model_does_not_choose(
+    flags: dict[str, object], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # live membership (one table for one world; the backend's group is re-formed) and cuda
+    from disttrain import config, strategies  # noqa: F401  (the strategies' defaults)
+    from disttrain.launch import autotable
+
+    cfg = config.load(flags)
+    assert cfg.train.algorithm == "auto"  # the allreduce strategy's default
+    chosen, argv = autotable.choose(cfg, ["train"])
+    assert argv == ["train", "--allreduce-table", "*:native"]
+    assert chosen.section(AutoConfig).allreduce_table == "*:native"
+    assert "--algorithm auto: *:native (" in capsys.readouterr().err

@@ -198,7 +198,7 @@ def _gloo_combo(flags: tuple[str, ...], precision: str = "fp32") -> gpu_support.
 
     return gpu_support.Combination(
         value("--strategy", "allreduce"),
-        # auto's table on cuda is the backend's own (launch.autotable.CUDA_TABLE)
+        # auto's table on cuda is the backend's own (launch.autotable.OWN_TABLE)
         value("--algorithm", "native").replace("auto", "native"),
         value("--compression", "none").split(":", 1)[0],
         precision,

@@ -9,7 +9,9 @@ and the line says so. The launchers of a multi-node job each choose, with
 the shipped reference constants, so that every node picks the same table. A table given
 by hand (``--allreduce-table``) is kept. On ``--device cuda`` every size goes to ``native``
 (NCCL's own tuner picks ring or tree; the model is calibrated for CPU ranks, and only
-``native`` is proven with NCCL: docs/gpu.md), and the line says so.
+``native`` is proven with NCCL: docs/gpu.md), and so they do in a job whose workers may
+leave or join (``--min-workers``, ``--max-workers``: the table is chosen for one world, and
+the backend's group is the one re-formed with its members); the line says so.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ import dataclasses
 import sys
 from typing import Any
 
-__all__ = ["CUDA_TABLE", "choose"]
+__all__ = ["OWN_TABLE", "choose"]
 
-#: auto's table on ``--device cuda``: the backend's own for every size
-CUDA_TABLE = "*:native"
+#: auto's table on ``--device cuda`` and with live membership: the backend's own, every size
+OWN_TABLE = "*:native"
 
 
 def choose(cfg: Any, argv: list[str]) -> tuple[Any, list[str]]:
@@ -35,7 +37,9 @@ def choose(cfg: Any, argv: list[str]) -> tuple[Any, list[str]]:
     if "algorithm" not in strategies.get(tc.strategy).settings.reads(cfg):
         return cfg, argv
     if tc.device == "cuda":
-        table, why = CUDA_TABLE, "on cuda: the backend's own (the model is fitted to CPU ranks)"
+        table, why = OWN_TABLE, "on cuda: the backend's own (the model is fitted to CPU ranks)"
+    elif tc.live_shrink or tc.live_grow:
+        table, why = OWN_TABLE, "workers may leave or join: the backend's own, re-formed with them"
     else:
         hosts = max(1, tc.nnodes)
         cal = calibration.for_choosing(hosts)

@@ -107,13 +107,13 @@ def combination(cfg: RunConfig) -> Combination:
 
 def _algorithm(cfg: RunConfig) -> str:
     """The algorithm that runs: ``auto``'s one, where its table (the launcher's on cuda,
-    :data:`~disttrain.launch.autotable.CUDA_TABLE`, or one given) names a single one."""
+    :data:`~disttrain.launch.autotable.OWN_TABLE`, or one given) names a single one."""
     from disttrain.collectives.auto import AutoConfig, parse_table
-    from disttrain.launch.autotable import CUDA_TABLE
+    from disttrain.launch.autotable import OWN_TABLE
 
     if cfg.train.algorithm != "auto":
         return cfg.train.algorithm
-    names = {name for _, name in parse_table(cfg.section(AutoConfig).allreduce_table or CUDA_TABLE)}
+    names = {name for _, name in parse_table(cfg.section(AutoConfig).allreduce_table or OWN_TABLE)}
     return names.pop() if len(names) == 1 else "auto"
 
 

@@ -143,7 +143,8 @@ def run_joiner(cfg: Any) -> int:
     from disttrain.train.trainer import train
 
     out = cfg.train.join
-    given = [name for name in config.changed_settings(cfg) if name != "join"]
+    # settings given (a strategy's own defaults are not: the job's come from its file)
+    given = [name for name in config.changed_settings(cfg) if name in cfg.given - {"join"}]
     if given:
         raise UsageError(
             f"--join {out} takes the job's settings from its {JOIN_POINT}: drop "
