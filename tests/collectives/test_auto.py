@@ -136,13 +136,19 @@ def test_the_launcher_chooses_the_table_and_the_summary_says_what_ran(tmp_path: 
 
 @pytest.mark.parametrize(
     "flags",
-    [{"workers": 3, "min_workers": 2}, {"workers": 2, "max_workers": 3}, {"device": "cuda"}],
-    ids=["shrink", "grow", "cuda"],
+    [
+        {"workers": 3, "min_workers": 2},
+        {"workers": 2, "max_workers": 3},
+        {"device": "cuda"},
+        {"workers": 1, "nnodes": 4, "rdzv_endpoint": "10.0.0.1:29400"},
+    ],
+    ids=["shrink", "grow", "cuda", "one rank a host"],
 )
 def test_the_backends_own_where_the_model_does_not_choose(
     flags: dict[str, object], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # live membership (one table for one world; the backend's group is re-formed) and cuda
+    # live membership (one table for one world; the backend's group is re-formed), cuda, and
+    # one rank a host (no constants of the network: the reference's are a loopback)
     from disttrain import config, strategies  # noqa: F401  (the strategies' defaults)
     from disttrain.launch import autotable
 
