@@ -43,8 +43,8 @@ def choose(cfg: Any, argv: list[str]) -> tuple[Any, list[str]]:
         table, why = OWN_TABLE, "workers may leave or join: the backend's own, re-formed with them"
     elif tc.nnodes > 1 and tc.workers == 1:
         # every link a network link, which no constants here describe (the reference's are
-        # a loopback): on 4 emulated hosts at 1 Gbit their pick ran 1.42x native's time at
-        # 1 MB (butterfly) and 1.08x at 16 MB (RESULTS, "--algorithm auto")
+        # a loopback): on 4 emulated hosts at 1 Gbit their pick ran 1.37x native's time at
+        # 1 MB (butterfly) and 1.09x at 16 MB (paired; RESULTS A10)
         table, why = OWN_TABLE, "one rank a host: the backend's own (no network calibration)"
     else:
         hosts = max(1, tc.nnodes)
