@@ -26,6 +26,8 @@ HAVE_NETNS = os.geteuid() == 0 and all(shutil.which(t) for t in ("ip", "tc", "un
         (["--ranks-per-host", "0"], "--ranks-per-host"),
         (["--ranks-per-host", "two"], "--ranks-per-host"),
         (["--workers", "4"], "--workers"),
+        # bench allreduce's own table for auto is one host's: across hosts, give one
+        (["--algorithms", "auto,ring"], "--allreduce-table"),
     ],  # --hosts x --ranks-per-host: not read, refused
 )
 def test_a_layout_that_does_not_fit_the_hosts_is_one_line_and_exit_2(

@@ -86,6 +86,7 @@ def _rank_flags(args: argparse.Namespace) -> list[str]:
         str(args.timeout),
         "--no-progress",
         "--length-check" if args.length_check else "--no-length-check",
+        *(["--allreduce-table", args.allreduce_table] if args.allreduce_table else []),
     ]
 
 
@@ -127,6 +128,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--workers: the ranks here are --hosts x --ranks-per-host")
     per = _layout(args)
     args.workers = sum(per)
+    if "auto" in args.algorithms.split(",") and not args.allreduce_table:
+        # bench allreduce's table is one host's; across hosts the launcher chooses otherwise
+        raise UsageError(
+            "--algorithms auto across hosts: give its table, --allreduce-table SIZE:NAME,...,"
+            "*:NAME (what the launcher takes: docs/collectives.md, '--algorithm auto')"
+        )
     netns.check_tools()  # root and iproute2, else one line (exit 2)
     bench_allreduce.validate(args)
     out = os.path.join(tempfile.mkdtemp(prefix="dt-car-"), "rows.json")
