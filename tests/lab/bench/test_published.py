@@ -100,3 +100,14 @@ def test_the_independent_check_prints_its_own_block(capsys: pytest.CaptureFixtur
     assert out.startswith("independent check: ")
     assert "## independent rows" in out and "independent rows: " in out
     assert "## calibration rows" not in out and "## held-out rows" not in out
+
+
+def test_an_independent_table_reusing_a_calibrated_rows_id_is_refused(tmp_path: Path) -> None:
+    # its rows would be predicted with measurements.toml's assumptions for that id
+    from disttrain.comm.errors import UsageError
+
+    copy = tmp_path / "independent.toml"
+    text = TABLE.read_text().replace("calibration = true", "calibration = false")
+    copy.write_text(text)
+    with pytest.raises(UsageError, match=r"is a measurements\.toml row.s id"):
+        published.evaluate(copy)

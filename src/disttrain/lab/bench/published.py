@@ -25,6 +25,7 @@ from typing import Any
 
 import tomllib
 
+from disttrain.comm.errors import UsageError
 from disttrain.lab.bench import _published_rows as rows_
 from disttrain.lab.scenario import parse, predict
 from disttrain.lab.scenario.hardware import INTRA_PRESETS
@@ -226,7 +227,9 @@ def evaluate(path: str | Path = DEFAULT) -> tuple[list[dict[str, Any]], dict[str
         fitted = fit_families(by_id)
     else:
         reference = {r["id"]: r for r in _rows(DEFAULT)}
-        assert not set(reference) & set(by_id), "independent rows reuse a measurements.toml id"
+        reused = sorted(set(reference) & set(by_id))
+        if reused:  # their assumptions would be the measurements.toml row's
+            raise UsageError(f"--table {path}: {reused[0]} is a measurements.toml row's id")
         fitted = fit_families(reference)
         by_id = {**reference, **by_id}
     out = []
