@@ -108,6 +108,38 @@ def test_each_call_runs_the_tables_algorithm_for_its_size_and_sums_as_torch() ->
         assert chosen == {40: "tree", 20000: "ring"}
 
 
+def _reducer(algorithm: str) -> tuple[bool, int, dict[int, str]]:
+    from disttrain.comm.meter import meter
+    from disttrain.dataparallel.reducer import Reducer
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    algo = (
+        collectives.build("auto", _Config(algorithm[5:])) if algorithm[:5] == "auto:" else algorithm
+    )
+    reducer = Reducer(list(model.parameters()), algorithm=algo, fusion_mb=0)
+    meter.reset()
+    model(torch.ones(2, 8)).sum().backward()
+    reducer.synchronize()
+    threaded, sent = reducer._thread is not None, meter.bytes_sent
+    reducer.close()
+    return threaded, sent, reducer.stats().get("allreduce_by_size", {})
+
+
+@pytest.mark.timeout(120)
+def test_a_table_of_native_alone_runs_on_the_backends_threads_as_native_does() -> None:
+    # auto's '*:native' (cuda, live membership, one rank a host) takes native's own path:
+    # no communication thread, the same metered bytes; '*:shm' needs the thread
+    runs = {
+        a: run_world(_reducer, 2, args=(a,), timeout=90)[0]
+        for a in ("native", "auto:*:native", "auto:*:shm")
+    }
+    assert runs["native"][:2] == (False, runs["auto:*:native"][1]) and runs["native"][1] > 0
+    assert runs["auto:*:native"][0] is False
+    assert runs["auto:*:native"][2] == {16: "native", 128: "native"}
+    assert runs["auto:*:shm"][0] is True and set(runs["auto:*:shm"][2].values()) == {"shm"}
+
+
 @pytest.mark.timeout(120)
 def test_the_launcher_chooses_the_table_and_the_summary_says_what_ran(tmp_path: Path) -> None:
     out = tmp_path / "run"

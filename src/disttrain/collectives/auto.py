@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.distributed import ProcessGroup
@@ -30,6 +31,7 @@ from disttrain.collectives.base import (
     get,
     register,
 )
+from disttrain.collectives.base import start as start_on
 from disttrain.collectives.costs import Path
 from disttrain.comm.errors import UsageError
 from disttrain.config import opt, register_section
@@ -107,6 +109,14 @@ class Auto(AllReduceAlgorithm):
                 )
             self.chosen[nbytes] = name
         return get(name)
+
+    def choices(self) -> list[str]:
+        return [name for _, name in self.table]
+
+    def start(self, op: Op, flat: torch.Tensor, group: ProcessGroup | None) -> Any:
+        """The chosen algorithm's own start where it has one (native: gloo's or NCCL's
+        threads run it), else None: the caller runs the call on its communication thread."""
+        return start_on(self.pick(flat.numel() * flat.element_size()), op, flat, group)
 
     def reduce_flat(self, flat: torch.Tensor, group: ProcessGroup | None) -> None:
         self.pick(flat.numel() * flat.element_size()).reduce_flat(flat, group)

@@ -52,6 +52,7 @@ __all__ = [
     "Starts",
     "all_gather",
     "all_reduce",
+    "always_starts",
     "build",
     "get",
     "length_check_enabled",
@@ -226,6 +227,9 @@ class Chooses(Protocol):
     #: bytes -> the algorithm that ran a call of that size, so far (summary.json)
     chosen: dict[int, str]
 
+    def choices(self) -> list[str]:
+        """Every algorithm it may run a call by."""
+
 
 def start(
     algorithm: AllReduceAlgorithm, op: Op, flat: torch.Tensor, group: ProcessGroup | None
@@ -234,6 +238,15 @@ def start(
     algorithms are blocking loops, which a caller runs on a
     :class:`~disttrain.comm.commthread.CommThread` instead)."""
     return algorithm.start(op, flat, group) if isinstance(algorithm, Starts) else None
+
+
+def always_starts(algorithm: AllReduceAlgorithm) -> bool:
+    """Whether every call of ``algorithm`` :class:`Starts` (a caller then needs no
+    communication thread): it starts its own, or, a chooser, each algorithm it may choose
+    does (``auto`` with the table ``*:native``)."""
+    if isinstance(algorithm, Chooses):
+        return all(always_starts(get(name)) for name in algorithm.choices())
+    return isinstance(algorithm, Starts)
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,6 @@ from disttrain import collectives, timeline
 from disttrain.collectives.checks import check_call, checks_everywhere
 from disttrain.comm.commthread import CommThread
 from disttrain.comm.errors import UsageError
-from disttrain.comm.meter import record_send
-from disttrain.comm.p2p import global_rank
 from disttrain.comm.world import group_timeout
 from disttrain.compression.base import Compressor
 from disttrain.compression.casts import cast_dtype
@@ -105,7 +103,9 @@ class Reducer:
         self._hooks: list[Any] = []
         self._thread: CommThread | None = None
         self._comm_group: ProcessGroup | None = group
-        if self.active and self.algorithm != "native":
+        # an algorithm that starts every call itself (native; auto choosing only native)
+        # runs on the backend's threads: no thread of ours, no group of its own
+        if self.active and not collectives.always_starts(self.algo):
             # Collective: every rank creates the reducer, so every rank makes this group.
             ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
             self._comm_group = dist.new_group(ranks, timeout=group_timeout())
@@ -182,9 +182,8 @@ class Reducer:
         self.launched_total += 1
         if self._thread is None:
             if checks_everywhere():  # --check-collectives: same call everywhere?
-                check_call(f"allreduce/native/{send.dtype}", send.numel(), self.group)
-            work = dist.all_reduce(send, group=self.group, async_op=True)
-            self._meter_native(send)
+                check_call(f"allreduce/{self.algorithm}/{send.dtype}", send.numel(), self.group)
+            work = collectives.start(self.algo, "all_reduce", send, self.group)  # metered
         else:
             algo, group = self.algo, self._comm_group
             work = self._thread.submit(lambda: algo.all_reduce(send, group))
@@ -198,15 +197,6 @@ class Reducer:
             algorithm=self.algorithm,
         )
         self._pending.append((bucket, work, send))
-
-    def _meter_native(self, tensor: torch.Tensor) -> None:
-        # As collectives.native does: gloo's traffic is not observable, record its cost.
-        rank = dist.get_rank(self.group)
-        native = collectives.get("native")
-        nbytes = tensor.numel() * tensor.element_size()
-        cost = native.cost(nbytes, self.world_size, rank, tensor.element_size())
-        peer = global_rank(self.group, (rank + 1) % self.world_size)
-        record_send(peer, cost.bytes_sent, cost.messages, True)
 
     def synchronize(self) -> None:
         """Finish this step's allreduces; afterwards every ``p.grad`` holds the average."""
