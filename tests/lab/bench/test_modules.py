@@ -141,3 +141,14 @@ def test_roundrobin_depth_runs_its_variants_in_the_ranks(tmp_path: object) -> No
     # the depth changes when rounds are posted, not what is sent
     sent = {(r["bytes_sent_measured"], r["messages_measured"]) for r in rows[1:]}
     assert len(sent) == 1
+
+
+@pytest.mark.timeout(180)
+def test_training_algorithm_runs_a_pair_and_prints_its_ratio() -> None:
+    # README's `disttrain bench training algorithm`, at its smallest: one pair at 2 workers
+    done = _bench("training", "algorithm", "--workers", "2", "--repeats", "1", timeout=170)
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| 2 |"))
+    _, table, pairs, median = [c.strip() for c in row.strip("|").split("|")]
+    assert table.startswith("`") and table.endswith("`") and ":" in table  # what auto ran
+    assert float(pairs) > 0 and median == f"**{pairs}**"  # one pair: its own median
