@@ -114,8 +114,8 @@ class TrainConfig:
     # (the data-parallel strategies default it to ``auto``: their ``setting_defaults``)
     algorithm: str = opt(
         "native",
-        "allreduce algorithm (allreduce, zero, localsgd and diloco default to auto: the cost "
-        "model's pick per message size; the others to native, the backend's own)",
+        "allreduce algorithm (the data-parallel strategies default to auto: the cost model's "
+        "pick per message size; the others to native, the backend's own)",
         always_read=False,
     )
     model: str = opt(
