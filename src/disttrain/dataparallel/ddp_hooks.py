@@ -53,7 +53,8 @@ class AlgorithmHook:
         self.world_size = dist.get_world_size(process_group)
         self.thread: CommThread | None = None
         self.comm_group: ProcessGroup | None = process_group
-        if algorithm != "native" and self.world_size > 1:
+        # an algorithm whose calls all start on the backend's threads needs none of ours
+        if not collectives.always_starts(collectives.get(algorithm)) and self.world_size > 1:
             ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
             self.comm_group = dist.new_group(ranks, timeout=group_timeout())
             self.thread = CommThread("disttrain-ddp-hook")
@@ -75,10 +76,14 @@ def allreduce_hook(
     buffer = bucket.buffer()
     buffer.div_(state.world_size)  # as DDP's default hook: divide, then sum
     state.buckets += 1
-    if state.thread is None:
-        work = dist.all_reduce(buffer, group=state.process_group, async_op=True)
-        return work.get_future().then(lambda fut: fut.value()[0])
     algo = collectives.get(state.algorithm)
+    if state.thread is None:
+        work = collectives.start(algo, "all_reduce", buffer, state.process_group)  # metered
+        if work is None:  # nothing to send (one rank)
+            done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+            done.set_result(buffer)
+            return done
+        return work.get_future().then(lambda _: buffer)
     group = state.comm_group
     return state.thread.submit(lambda: algo.all_reduce(buffer, group))
 
