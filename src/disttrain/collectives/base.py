@@ -240,6 +240,12 @@ def start(
     return algorithm.start(op, flat, group) if isinstance(algorithm, Starts) else None
 
 
+def chooses(name: str) -> bool:
+    """Whether the algorithm registered as ``name`` runs each call by another it
+    :class:`Chooses` by size (``auto``): a launcher then hands it its table."""
+    return isinstance(get(name), Chooses)
+
+
 def always_starts(algorithm: AllReduceAlgorithm) -> bool:
     """Whether every call of ``algorithm`` :class:`Starts` (a caller then needs no
     communication thread): it starts its own, or, a chooser, each algorithm it may choose

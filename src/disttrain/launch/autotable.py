@@ -29,11 +29,11 @@ OWN_TABLE = "*:native"
 
 def choose(cfg: Any, argv: list[str]) -> tuple[Any, list[str]]:
     """``cfg`` and the workers' ``argv`` with auto's table if this run reads one, else as given."""
-    from disttrain import calibration, config, costing, strategies
+    from disttrain import calibration, collectives, config, costing, strategies
     from disttrain.collectives.auto import AutoConfig
 
     tc = cfg.train
-    if tc.algorithm != "auto" or cfg.get("allreduce_table"):
+    if not collectives.chooses(tc.algorithm) or cfg.get("allreduce_table"):
         return cfg, argv
     if "algorithm" not in strategies.get(tc.strategy).settings.reads(cfg):
         return cfg, argv

@@ -129,7 +129,7 @@ def validate(args: argparse.Namespace) -> tuple[list[int], list[str]]:
                 f"choose from all, {', '.join(collectives.ALGORITHMS)}"
             )
     names = [ANCHOR] + [a for a in dict.fromkeys(names) if a != ANCHOR]
-    if "auto" in names and not args.allreduce_table:  # as the launcher chooses it
+    if any(map(collectives.chooses, names)) and not args.allreduce_table:  # as the launcher
         from disttrain import calibration, costing
 
         cal = calibration.for_choosing()  # as the launcher does

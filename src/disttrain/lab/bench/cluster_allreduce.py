@@ -29,6 +29,7 @@ import sys
 import tempfile
 from typing import Any
 
+from disttrain import collectives
 from disttrain.comm.errors import UsageError
 from disttrain.lab.bench import allreduce as bench_allreduce
 
@@ -128,7 +129,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--workers: the ranks here are --hosts x --ranks-per-host")
     per = _layout(args)
     args.workers = sum(per)
-    if "auto" in args.algorithms.split(",") and not args.allreduce_table:
+    names = [a.strip() for a in args.algorithms.split(",")]
+    if any(n in collectives.ALGORITHMS and collectives.chooses(n) for n in names) and not (
+        args.allreduce_table
+    ):
         # bench allreduce's table is one host's; across hosts the launcher chooses otherwise
         raise UsageError(
             "--algorithms auto across hosts: give its table, --allreduce-table SIZE:NAME,...,"
