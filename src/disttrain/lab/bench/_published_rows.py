@@ -75,6 +75,28 @@ _MPT_A100 = {"family": "a100-megatron"}
 #: Horovod's fusion buffer (64 MB, its default), as for the Horovod rows
 _HOROVOD_DLPERF = {"bucket_mb": 64}
 
+# --- the second independent check (benchmarks/published/independent2.toml): shared inputs,
+# written before any of its rows was predicted (README, "Second independent check").
+#: Llama 3.1 as a GPT of the same depth, vocabulary and sequence whose hidden size gives
+#: Llama's block parameters (SwiGLU FFN + GQA attention, torchtitan's ModelArgs): h' = the
+#: multiple of the head count nearest sqrt(block params / 12), as the FSDP T5 rows match
+#: parameters. 8B 218.1M a block (real hidden 4096), 70B 855.6M (8192), 405B 3187.7M (16384).
+_LLAMA3_8B = {"hidden": 4256, "heads": 32}
+_LLAMA3_70B = {"hidden": 8448, "heads": 64}
+_LLAMA3_405B = {"hidden": 16256, "heads": 128}
+#: torchtitan publishes no one-GPU rate: bf16 runs take the H100 Megatron family; Float8
+#: runs (torchao Float8 linears, tensorwise or rowwise) the only fitted FP8 rate, NeMo's. FSDP
+#: gathers bf16 parameters and reduce-scatters fp32 gradients (mixed_precision_reduce
+#: float32), which no scenario precision is: bf16, as for llm-foundry's H100 rows.
+_TITAN_BF16 = {"family": "h100-megatron", "run.precision": "bf16"}
+_TITAN_FP8 = {"family": "h100-nemo-fp8", "run.precision": "bf16"}
+#: Grand Teton (torchtitan) and WhiteFiber (Trainy) state "400 Gb/s per GPU" RDMA but not
+#: its kind: the DGX H100 dict, whose 8 x 400 Gbit InfiniBand is the same rate.
+_TITAN_NET = {"hw": _DGXH100}
+#: BLOOM on Jean Zay: "4 OmniPath links" a node, speed not stated: 100 Gbit each
+#: (Omni-Path's line rate), one NIC a link; InfiniBand is the nearest fabric.
+_BLOOM_JZ = {"inter_bandwidth": "400Gbit", "inter_fabric": "infiniband", "nics_per_node": 4}
+
 #: (section, key) -> value per row; "rate_from" borrows another row's one-GPU figure,
 #: "family" takes a fitted gpu_tflops. Keys not given come from the row itself.
 OVERRIDES: dict[str, dict[str, Any]] = {
@@ -298,6 +320,116 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "llmfoundry-a100-40gb-mpt-760m-128gpu": _MPT_A100,
     "llmfoundry-a100-40gb-mpt-350m-128gpu": _MPT_A100,
     "llmfoundry-a100-40gb-mpt-125m-128gpu": _MPT_A100,
+    # --- the second independent check (independent2.toml), written before any of its rows
+    # was predicted (README, "Second independent check"). Llama shapes: _LLAMA3_*; rates:
+    # _TITAN_BF16 / _TITAN_FP8; network: _TITAN_NET. FSDP alone is zero:3 (the row's
+    # strategy); FSDP + TP is hybrid (no ZeRO in hybrid: an allreduce stands for FSDP).
+    # torchtitan Dec 2024 report, Tables 1-2: one node, no network.
+    "titan-h100-8b-fsdp-8gpu": {"model": _LLAMA3_8B, **_TITAN_BF16},
+    "titan-h100-8b-fsdp-compile-8gpu": {"model": _LLAMA3_8B, **_TITAN_BF16},
+    "titan-h100-8b-fsdp-compile-fp8-8gpu": {"model": _LLAMA3_8B, **_TITAN_FP8},
+    "titan-h100-8b-fsdp-fp8-seq32k-8gpu": {"model": _LLAMA3_8B, **_TITAN_FP8},
+    # Table 3: FSDP on 16 nodes
+    "titan-h100-8b-fsdp-128gpu": {"model": _LLAMA3_8B, **_TITAN_NET, **_TITAN_BF16},
+    "titan-h100-8b-fsdp-compile-128gpu": {"model": _LLAMA3_8B, **_TITAN_NET, **_TITAN_BF16},
+    "titan-h100-8b-fsdp-compile-fp8-128gpu": {"model": _LLAMA3_8B, **_TITAN_NET, **_TITAN_FP8},
+    # Table 4: FSDP 32 x TP 8; AsyncTP overlaps the TP collectives with the GEMMs
+    "titan-h100-70b-2d-fp8-256gpu": {"model": _LLAMA3_70B, **_TITAN_NET, **_TITAN_FP8},
+    "titan-h100-70b-2d-asynctp-fp8-256gpu": {
+        "model": _LLAMA3_70B,
+        **_TITAN_NET,
+        **_TITAN_FP8,
+        "run.tp_overlap": True,
+    },
+    # Tables 5-6: micro-batches not stated: torchtitan's default, as many as pipeline stages
+    # (8), so local batch 32 runs as 8 of 4 and local batch 8 as 8 of 1; the interleaved
+    # schedule's default is 2 stages per rank (generate_split_points at 9dec370)
+    "titan-h100-405b-3d-1f1b-fp8-512gpu": {
+        "model": _LLAMA3_405B,
+        **_TITAN_NET,
+        **_TITAN_FP8,
+        "run.tp_overlap": True,
+        "run.batch_per_gpu": 4,
+        "run.accumulation": 8,
+    },
+    "titan-h100-405b-3d-interleaved-fp8-512gpu": {
+        "model": _LLAMA3_405B,
+        **_TITAN_NET,
+        **_TITAN_FP8,
+        "run.tp_overlap": True,
+        "run.batch_per_gpu": 4,
+        "run.accumulation": 8,
+        "run.strategy": "hybrid:dp=8,tp=8,pp=8,vp=2",
+    },
+    "titan-h100-405b-3d-seq32k-fp8-512gpu": {
+        "model": _LLAMA3_405B,
+        **_TITAN_NET,
+        **_TITAN_FP8,
+        "run.tp_overlap": True,
+        "run.batch_per_gpu": 1,
+        "run.accumulation": 8,
+    },
+    # async TP report (Jun 2025): vanilla TP without overlap, async TP with it
+    "titan-asynctp-h100-70b-bf16-vanilla-256gpu": {
+        "model": _LLAMA3_70B,
+        **_TITAN_NET,
+        **_TITAN_BF16,
+    },
+    "titan-asynctp-h100-70b-bf16-asynctp-256gpu": {
+        "model": _LLAMA3_70B,
+        **_TITAN_NET,
+        **_TITAN_BF16,
+        "run.tp_overlap": True,
+    },
+    "titan-asynctp-h100-70b-fp8tw-vanilla-256gpu": {
+        "model": _LLAMA3_70B,
+        **_TITAN_NET,
+        **_TITAN_FP8,
+    },
+    "titan-asynctp-h100-70b-fp8tw-asynctp-256gpu": {
+        "model": _LLAMA3_70B,
+        **_TITAN_NET,
+        **_TITAN_FP8,
+        "run.tp_overlap": True,
+    },
+    "titan-asynctp-h100-70b-fp8rw-vanilla-256gpu": {
+        "model": _LLAMA3_70B,
+        **_TITAN_NET,
+        **_TITAN_FP8,
+    },
+    "titan-asynctp-h100-70b-fp8rw-asynctp-256gpu": {
+        "model": _LLAMA3_70B,
+        **_TITAN_NET,
+        **_TITAN_FP8,
+        "run.tp_overlap": True,
+    },
+    "titan-asynctp-h100-8b-bf16-vanilla-64gpu": {"model": _LLAMA3_8B, **_TITAN_NET, **_TITAN_BF16},
+    "titan-asynctp-h100-8b-bf16-asynctp-64gpu": {
+        "model": _LLAMA3_8B,
+        **_TITAN_NET,
+        **_TITAN_BF16,
+        "run.tp_overlap": True,
+    },
+    "titan-asynctp-h100-8b-fp8tw-vanilla-64gpu": {"model": _LLAMA3_8B, **_TITAN_NET, **_TITAN_FP8},
+    "titan-asynctp-h100-8b-fp8tw-asynctp-64gpu": {
+        "model": _LLAMA3_8B,
+        **_TITAN_NET,
+        **_TITAN_FP8,
+        "run.tp_overlap": True,
+    },
+    "titan-asynctp-h100-8b-fp8rw-vanilla-64gpu": {"model": _LLAMA3_8B, **_TITAN_NET, **_TITAN_FP8},
+    "titan-asynctp-h100-8b-fp8rw-asynctp-64gpu": {
+        "model": _LLAMA3_8B,
+        **_TITAN_NET,
+        **_TITAN_FP8,
+        "run.tp_overlap": True,
+    },
+    # Trainy on H200: the H100 FP8 rate unchanged (same tensor cores; H200's more memory
+    # bandwidth is not in the roofline); its Float8 all-gather of parameters taken as bf16
+    "trainy-h200-8b-fsdp-fp8-32gpu": {"model": _LLAMA3_8B, **_TITAN_NET, **_TITAN_FP8},
+    "trainy-h200-8b-fsdp-fp8-64gpu": {"model": _LLAMA3_8B, **_TITAN_NET, **_TITAN_FP8},
+    # BLOOM 176B (Megatron-DeepSpeed, A100 80GB): the A100 Megatron rate; its shape is gpt's
+    "bloom-176b-384gpu": {"hw": _BLOOM_JZ, "family": "a100-megatron"},
 }
 
 #: rows whose baseline keeps the global batch (strong scaling); the others keep the batch
