@@ -74,13 +74,16 @@ def test_it_runs_as_a_command(tmp_path: Path) -> None:
 
 
 INDEPENDENT = TABLE.parent / "independent.toml"
+#: the second check's table (sources in neither list)
+INDEPENDENT2 = TABLE.parent / "independent2.toml"
 
 
-def test_the_independent_table_has_every_row_predicted() -> None:
-    with open(INDEPENDENT, "rb") as fh:
+@pytest.mark.parametrize("table", [INDEPENDENT, INDEPENDENT2], ids=lambda p: p.stem)
+def test_the_independent_table_has_every_row_predicted(table: Path) -> None:
+    with open(table, "rb") as fh:
         rows = tomllib.load(fh)["row"]
     assert rows and not any(r["calibration"] for r in rows)
-    recs, fitted = published.evaluate(INDEPENDENT)
+    recs, fitted = published.evaluate(table)
     assert [r["id"] for r in recs] == [r["id"] for r in rows]  # none silently dropped
     for r in recs:
         assert r["why"], f"{r['id']}: no one-line explanation"
