@@ -33,5 +33,9 @@ timeout "${GPU_PROOF_TEST_SECONDS:-300}" "$PY" -m pytest -q -p no:cacheprovider 
     | tee "$OUT/tests_full.txt" | tail -80 > "$OUT/tests.txt"; cat "$OUT/tests.txt"
 timeout "${GPU_PROOF_BENCH_SECONDS:-170}" "$PY" -m disttrain bench one-gpu --rounds 2 \
     --json "$OUT/one_gpu.json" 2>&1 | tail -8 | tee "$OUT/bench.txt"
+# the same with torch.compile (inductor) on both sides: the MFU the issue asks about
+timeout "${GPU_PROOF_COMPILED_SECONDS:-150}" "$PY" -m disttrain bench one-gpu --rounds 1 \
+    --compile inductor --no-check-finite --json "$OUT/one_gpu_compiled.json" 2>&1 | tail -8 \
+    | tee "$OUT/bench_compiled.txt"
 "$PY" benchmarks/gpu_proof_rows.py "$DISTTRAIN_GPU_PROOF_LOG" "$OUT/machine.txt" \
     | tee "$OUT/rows.md"

@@ -70,7 +70,7 @@ class TrainConfig:
     TITLE: ClassVar[str] = "run"
     #: ``train --help`` groups these fields under their own titles (the rest under TITLE).
     GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {
-        "model": ("model",),
+        "model": ("model", "compile"),
         "optimizer and learning rate": (
             "lr",
             "optimizer",
@@ -153,6 +153,12 @@ class TrainConfig:
         False, "check each allreduce's length on all ranks first (one small extra collective)"
     )
     threads: int = opt(1, "intra-op threads per worker")
+    compile: str = opt(
+        "none",
+        "torch.compile each worker's model forward (and its backward) with this backend: "
+        "inductor (torch's compiler) or aot_eager (traced, no code generated); docs/training.md",
+        ("none", "inductor", "aot_eager"),
+    )
     log_every: int = opt(1, "write a metrics.jsonl line every N steps")
     progress: bool = opt(True, "show a live progress bar on rank 0")
     inject_fault: str = opt("", "fault for tests and demos, e.g. kill:rank=1:step=5 (see docs)")

@@ -106,8 +106,31 @@ def test_mixed_precision_on_one_gpu_trains_as_fp32_does(
     )
 
 
-def _combo(strategy: str, precision: str = "fp32") -> gpu_support.Combination:
-    return gpu_support.Combination(strategy, "native", "none", precision, False)
+def _combo(
+    strategy: str, precision: str = "fp32", compile: str = "none"
+) -> gpu_support.Combination:
+    return gpu_support.Combination(strategy, "native", "none", precision, False, compile=compile)
+
+
+@pytest.mark.parametrize(("precision", "tolerance"), [("fp32", 1e-3), ("bf16", 3e-2)])
+def test_compiled_on_one_gpu_trains_as_eager_does(
+    tmp_path: Path, precision: str, tolerance: float, request: pytest.FixtureRequest
+) -> None:
+    # inductor's Triton kernels fuse and reorder sums: 10 steps stay within the tolerances
+    # of the CPU/GPU and mixed-precision comparisons above; > 0: it compiled something
+    eager = _params(tmp_path / "eager", "cuda", 1, "--precision", precision)
+    flags = ("--precision", precision, "--compile", "inductor")
+    compiled = _params(tmp_path / "inductor", "cuda", 1, *flags)
+    summary = json.loads((tmp_path / "inductor" / "summary.json").read_text())
+    assert summary["compiled_graphs"] >= 1, summary
+    worst = _worst(eager, compiled)
+    assert worst <= tolerance, worst
+    _record(
+        _combo("allreduce", precision, "inductor"),
+        request,
+        f"10 steps, {worst:.1e} from the eager CUDA run (<= {tolerance:g}); "
+        f"{summary['compiled_graphs']} graph(s) compiled",
+    )
 
 
 #: One-GPU runs beyond the native allreduce, each with the combination it proves: the

@@ -40,9 +40,12 @@ class Combination:
     #: GPU, their collectives go through gloo and their point-to-point messages through
     #: the host; such a proof says nothing of NCCL)
     backend: str = "nccl"
+    #: ``--compile``'s backend (``none``: eager, every row proven so far)
+    compile: str = "none"
 
     def __str__(self) -> str:
         checks = " --check-collectives" if self.check_collectives else ""
+        checks += f" --compile {self.compile}" if self.compile != "none" else ""
         if self.backend == "gloo":
             who = "(several ranks on one GPU, gloo)" if self.several else "(1 GPU, gloo)"
         else:
@@ -102,6 +105,7 @@ def combination(cfg: RunConfig) -> Combination:
         check_collectives=bool(tc.check_collectives),
         several=tc.world_size > 1 or tc.live_grow,
         backend="gloo" if tc.backend == "gloo" else "nccl",
+        compile=tc.compile,
     )
 
 

@@ -21,6 +21,7 @@ from disttrain.data import GlobalBatchSampler, load_dataset
 from disttrain.data.sampler import run_steps
 from disttrain.models import build_model
 from disttrain.strategies.capabilities import data_shard
+from disttrain.train.compiled import compile_forward, graphs
 from disttrain.train.evaluation import loss_fn
 from disttrain.train.faults import parse_fault
 from disttrain.train.grow import Grow, Joiner, read_point
@@ -78,9 +79,14 @@ class RunParts:
         sample = self.data.x_train[: tc.batch_size]  # what --balance time measures layers on
         model = build_model(tc.model, self.data)
         self.model = self.strategy.prepare_model(model, sample).to(self.world.device)
+        compile_forward(self.model, tc.compile)  # --compile (none: eager)
         self.optimizer = make_optimizer(self.model.parameters(), tc)
         self.strategy.setup(self.model, self.optimizer)
         self.roles = self.strategy.roles  # who trains and who serves (parameter servers)
+
+    def compiled_graphs(self) -> int:
+        """Graphs ``--compile`` captured on this worker (summary.json; 0: eager)."""
+        return graphs()
 
     def prepare(self) -> None:
         """The loop's parts: budget, outputs, progress, step runner, schedule, checkpoints."""

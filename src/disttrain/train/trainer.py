@@ -246,5 +246,5 @@ class Run(RunParts):
             "time_breakdown": self.timers.as_dict(), "memory_per_rank": memory,
             "precision": tc.precision, "skipped_steps": self.runner.skipped_steps,
             "final_lr": self.schedule(max(step - 1, 0)), "run_id": self.run_id,
-            "config": self.cfg.to_dict(),
+            "config": self.cfg.to_dict(), "compiled_graphs": self.compiled_graphs(),
         }  # fmt: skip

@@ -2,15 +2,17 @@
 
     disttrain bench one-gpu [--model gpt2-small] [--seq-len 1024] [--batch-size 16]
                             [--steps 120] [--warmup 20] [--rounds 2] [--precision bf16]
-                            [--no-check-finite] [--json FILE]
+                            [--no-check-finite] [--compile inductor] [--json FILE]
 
 Runs, alternately ``--rounds`` times each: a plain loop (the model from the same
 factory and seed, ``torch.optim.Adam``, autocast, each batch indexed on the host,
 pinned and copied, ``loss.item()`` every step as nanoGPT logs it) in this process,
 and ``disttrain train --device cuda --workers 1`` with the same model, data, batch,
-precision and optimizer. Both are timed the same way, from the end of step ``warmup``
-to the end of the last step (each step ends on its ``loss.item()``), so start-up and
-the first steps' kernel selection count in neither. Prints tokens/s of each, their
+precision, optimizer and ``--compile`` setting (the loop's forward compiled the same
+way, :func:`disttrain.train.compiled.compile_forward`). Both are timed the same way, from
+the end of step ``warmup`` to the end of the last step (each step ends on its
+``loss.item()``), so start-up, compiling and the first steps' kernel selection count in
+neither. Prints tokens/s of each, their
 ratio (trainer / plain, the medians), and the MFU: model FLOPs per token (6 x the
 parameters that multiply, plus 12 x layers x context x width for attention: PaLM's
 appendix B) x tokens/s over the card's peak dense bf16 FLOP/s.
@@ -46,6 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the trainer's per-step gradient check (its default: on)",
     )
     parser.add_argument(
+        "--compile",
+        default="none",
+        choices=("none", "inductor", "aot_eager"),
+        help="torch.compile both the plain loop's model and the trainer's (--compile)",
+    )
+    parser.add_argument(
         "--peak-tflops",
         type=float,
         default=0.0,
@@ -73,9 +81,10 @@ def _plain(args: argparse.Namespace, data: Any) -> list[float]:
     from torch.nn import functional as F
 
     from disttrain.models import build_model
+    from disttrain.train.compiled import compile_forward
 
     torch.manual_seed(0)
-    model = build_model(args.model, data).cuda()
+    model = compile_forward(build_model(args.model, data).cuda(), args.compile)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
     scaler = torch.amp.GradScaler("cuda", enabled=args.precision == "fp16")
@@ -118,6 +127,7 @@ def _trainer(args: argparse.Namespace, chars: int, check_finite: bool) -> list[f
             "optimizer": "adam",
             "lr": args.lr,
             "check_finite": check_finite,
+            "compile": args.compile,
         },
         timeout=900,
     )
@@ -167,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
         "steps": args.steps,
         "warmup": args.warmup,
         "check_finite": args.check_finite,
+        "compile": args.compile,
         "plain_tokens_per_s": plain,
         "disttrain_no_check_finite_tokens_per_s": unchecked,
         "disttrain_tokens_per_s": ours,
