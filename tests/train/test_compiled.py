@@ -6,6 +6,10 @@ generated, so the aten ops and their order are the eager run's): the parameters 
 within 1e-5 and rank 0 captured at least one graph (summary.json ``compiled_graphs``). One
 run with ``inductor`` (torch's compiler, C++ code on the CPU: ~15 s of compiling) agrees
 within 1e-4 (fused kernels sum in another order).
+
+``make test`` runs three rows, one per way a worker holds its model (the whole model:
+allreduce; a pipeline stage; a tensor-parallel slice, collectives inside its forward);
+the others are marked slow (``make test-long``): each costs two runs (~11 s).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ load_plugins()
 ROWS = {
     name: list(next(iter(kind.settings.modes.values()), ())) for name, kind in STRATEGIES.items()
 }
+FAST = {"allreduce", "pipeline", "tensor"}
 
 
 def _run(out: Path, strategy: str, flags: list[str], *extra: str) -> tuple[dict, dict]:
@@ -56,7 +61,9 @@ def _worst(a: dict, b: dict) -> float:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("strategy", sorted(ROWS))
+@pytest.mark.parametrize(
+    "strategy", [s if s in FAST else pytest.param(s, marks=pytest.mark.slow) for s in sorted(ROWS)]
+)
 def test_a_compiled_run_trains_as_the_eager_one(strategy: str, tmp_path: Path) -> None:
     eager, plain = _run(tmp_path / "eager", strategy, ROWS[strategy])
     compiled, summary = _run(tmp_path / "aot", strategy, ROWS[strategy], "--compile", "aot_eager")
