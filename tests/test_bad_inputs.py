@@ -205,6 +205,11 @@ CASES: list[tuple[str, Argv, str]] = [
         "--synthetic-size is read only with --dataset synthetic (this run: --dataset digits)",
     ),
     (
+        "fp16-only-setting",
+        _flags("--loss-scale", "1024"),
+        "--loss-scale is read only with --precision fp16 (this run: --precision fp32)",
+    ),
+    (
         "rdzv-port",
         _flags("--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:notaport"),
         "the port must be 1..65535",

@@ -81,6 +81,14 @@ VALUES: dict[str, Any] = {
     "join": "runs/x",
 }
 
+#: The loss scaler's settings (read with fp16 only).
+FP16_ONLY = (
+    "loss_scale",
+    "scale_growth",
+    "scale_backoff",
+    "scale_growth_interval",
+    "max_skipped_steps",
+)
 #: Settings a conditional field needs before anything reads it.
 COMPANIONS: dict[str, dict[str, Any]] = {
     "nnodes": {"rdzv_endpoint": "host:29500"},
@@ -106,6 +114,12 @@ COMPANIONS: dict[str, dict[str, Any]] = {
         for n in ("synthetic_size", "synthetic_dim", "synthetic_classes")
     },
     "pycode_chars": {"dataset": "pycode"},
+    # a run setting another one switches on (TrainConfig.not_read: refused without it)
+    **{n: {"precision": "fp16"} for n in FP16_ONLY},
+    "base_batch_size": {"lr_scaling": "linear"},
+    "momentum": {"optimizer": "momentum"},  # diloco's own default optimizer is adam
+    "lr_gamma": {"lr_schedule": "exponential"},
+    "lr_step_epochs": {"lr_schedule": "step"},
     # an algorithm's own setting (hierarchical's inter_algorithm): with that algorithm
     **{s: {"algorithm": a} for s, a in ALGORITHM_SETTINGS.items()},
 }

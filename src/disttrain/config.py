@@ -283,6 +283,33 @@ class TrainConfig:
         if self.timeline and not os.path.isdir(folder):
             raise UsageError(f"--timeline {self.timeline}: folder {folder} does not exist")
 
+    def not_read(self) -> dict[str, str]:
+        """The run's settings that another of its settings switches off, each with why (the
+        section is always read, its conditional parts are not): fp16's loss scaler, the
+        momentum factor, the decay schedules' factors, linear scaling's base batch."""
+        needs = {
+            ("precision", "fp16"): (
+                "loss_scale", "scale_growth", "scale_backoff", "scale_growth_interval",
+                "max_skipped_steps",
+            ),
+            ("optimizer", "momentum"): ("momentum",),
+            ("lr_schedule", "step"): ("lr_step_epochs",),
+            ("lr_scaling", "linear"): ("base_batch_size",),
+        }  # fmt: skip
+        off = {
+            name: f"--{_flag(name)} is read only with --{_flag(key)} {value} "
+            f"(this run: --{_flag(key)} {getattr(self, key)})"
+            for (key, value), names in needs.items()
+            if getattr(self, key) != value
+            for name in names
+        }
+        if self.lr_schedule not in ("exponential", "step"):  # gamma: either decay's factor
+            off["lr_gamma"] = (
+                "--lr-gamma is read only with --lr-schedule exponential or step "
+                f"(this run: --lr-schedule {self.lr_schedule})"
+            )
+        return off
+
     @property
     def world_size(self) -> int:
         return self.workers * self.nnodes

@@ -25,10 +25,12 @@ def unread_settings(cfg: Any) -> dict[str, str]:
     strategy = strategies.get(cfg.train.strategy)
     reads, off = strategy.settings.reads(cfg), strategy.settings.settings_not_read(cfg)
     out: dict[str, str] = {}
-    other_data = cfg.data.not_read()  # another data set's shape (the section is always read)
+    # another data set's shape, or a run setting another switches off (fp16's scaler...):
+    # their sections are always read, those parts are not
+    switched_off = {**cfg.data.not_read(), **cfg.train.not_read()}
     for name, value in changed_settings(cfg).items():
-        if name in other_data:
-            out[name] = other_data[name]
+        if name in switched_off:
+            out[name] = switched_off[name]
             continue
         if always_read(name) or name in reads:
             continue
