@@ -114,6 +114,8 @@ COMPANIONS: dict[str, dict[str, Any]] = {
         for n in ("synthetic_size", "synthetic_dim", "synthetic_classes")
     },
     "pycode_chars": {"dataset": "pycode"},
+    "seq_len": {"dataset": "pycode"},
+    "rdzv_id": {"nnodes": 2, "rdzv_endpoint": "host:29500"},
     # a run setting another one switches on (TrainConfig.not_read: refused without it)
     **{n: {"precision": "fp16"} for n in FP16_ONLY},
     "base_batch_size": {"lr_scaling": "linear"},

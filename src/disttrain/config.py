@@ -308,6 +308,8 @@ class TrainConfig:
                 "--lr-gamma is read only with --lr-schedule exponential or step "
                 f"(this run: --lr-schedule {self.lr_schedule})"
             )
+        if self.nnodes == 1 and not self.rdzv_endpoint:  # one host: files, a fresh run id
+            off["rdzv_id"] = "--rdzv-id is read only by a multi-node job (--nnodes > 1)"
         return off
 
     @property
@@ -343,9 +345,10 @@ class DataConfig:
 
     def not_read(self) -> dict[str, str]:
         """The settings of another data set than this run's, each with why: always-read as
-        the section is, ``--synthetic-*`` and ``--pycode-chars`` shape one data set each."""
+        the section is, ``--synthetic-*``, ``--pycode-chars`` and ``--seq-len`` shape one
+        data set each."""
         own = {"synthetic": ("synthetic_size", "synthetic_dim", "synthetic_classes"),
-               "pycode": ("pycode_chars",)}  # fmt: skip
+               "pycode": ("pycode_chars", "seq_len")}  # fmt: skip
         return {
             name: f"--{_flag(name)} is read only with --dataset {kind} "
             f"(this run: --dataset {self.dataset})"

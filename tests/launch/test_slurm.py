@@ -119,12 +119,15 @@ def test_the_job_step_starts_one_agent_per_node_at_the_head_with_the_job_id() ->
     cmd = srun_command(env, ["train", "--workers", "4"], "/shared/out")
     assert cmd[:7] == ["srun", "--nodes", "2", "--ntasks", "2", "--ntasks-per-node", "1"]
     tail = " ".join(cmd[cmd.index("disttrain") :])
-    assert "--launcher local --out /shared/out --rdzv-id 4242" in tail
-    assert tail.endswith("--nnodes 2 --rdzv-endpoint gpu07:29642")  # 29400 + 4242 mod 1000
+    assert "--launcher local --out /shared/out" in tail
+    assert tail.endswith(
+        "--rdzv-id 4242 --nnodes 2 --rdzv-endpoint gpu07:29642"
+    )  # 29400 + 4242 mod 1000
     one = srun_command(
         {**env, "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "gpu07"}, ["train"], "/o"
     )
     assert "--rdzv-endpoint" not in one  # one node: the file rendezvous, nothing listens
+    assert "--rdzv-id" not in one  # which reads no id (pre-flight refuses one)
 
 
 def test_outside_an_allocation_it_is_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -82,12 +82,10 @@ def srun_command(env: Mapping[str, str], argv: list[str], out: str) -> list[str]
         "local",
         "--out",
         out,
-        "--rdzv-id",
-        job,
     ]
-    if nodes > 1:
+    if nodes > 1:  # one node rendezvouses through files: no id, nothing listens
         port = PORT_BASE + int(re.sub(r"\D", "", job) or 0) % 1000
-        step += ["--nnodes", str(nodes), "--rdzv-endpoint", f"{hosts[0]}:{port}"]
+        step += ["--rdzv-id", job, "--nnodes", str(nodes), "--rdzv-endpoint", f"{hosts[0]}:{port}"]
     return step
 
 
