@@ -286,7 +286,8 @@ class TrainConfig:
     def not_read(self) -> dict[str, str]:
         """The run's settings that another of its settings switches off, each with why (the
         section is always read, its conditional parts are not): fp16's loss scaler, the
-        momentum factor, the decay schedules' factors, linear scaling's base batch."""
+        momentum factor, the decay schedules' factors, linear scaling's base batch, and the
+        rendezvous id of a multi-node job."""
         needs = {
             ("precision", "fp16"): (
                 "loss_scale", "scale_growth", "scale_backoff", "scale_growth_interval",
