@@ -205,6 +205,11 @@ CASES: list[tuple[str, Argv, str]] = [
         "--synthetic-size is read only with --dataset synthetic (this run: --dataset digits)",
     ),
     (
+        "membership-shm",
+        _flags("--algorithm", "shm", "--max-workers", "3", "--batch-size", "60"),
+        "--max-workers 3 with shm: its shared-memory segment is set up for one membership",
+    ),
+    (
         "fp16-only-setting",
         _flags("--loss-scale", "1024"),
         "--loss-scale is read only with --precision fp16 (this run: --precision fp32)",

@@ -48,7 +48,11 @@ from disttrain.dataparallel.broadcast import (
     broadcast_tensors,
 )
 from disttrain.strategies.capabilities import Grows
-from disttrain.train.shrink import check_batch_splits, check_membership_flag
+from disttrain.train.shrink import (
+    check_batch_splits,
+    check_membership_algorithm,
+    check_membership_flag,
+)
 
 __all__ = ["DUMP_ENV", "JOIN_POINT", "Grow", "JoinFailed", "Joiner", "check", "share_state"]
 
@@ -78,6 +82,7 @@ def check(cfg: RunConfig) -> None:
     check_membership_flag(
         tc, given, Grows, "admits a joining worker", "joiners meet the job in its file store"
     )
+    check_membership_algorithm(cfg, given)
     low = tc.min_workers if tc.live_shrink else tc.world_size
     check_batch_splits(tc.batch_size, (low, str(low)), (tc.max_workers, given))
 

@@ -76,6 +76,27 @@ def check_membership_flag(tc: TrainConfig, given: str, trait: type, does: str, h
         raise UsageError(f"{given} needs a single-host job (--launcher local, --nnodes 1): {host}")
 
 
+def check_membership_algorithm(cfg: RunConfig, given: str) -> None:
+    """Refuse an algorithm whose state is set up for one membership (exit 2): ``shm``'s
+    shared-memory segment, and ``hierarchical``, which sums through it inside each host.
+    A joiner hung at shm's barrier (2026-11-28); auto's launcher takes ``*:native`` here."""
+    from disttrain import collectives
+    from disttrain.collectives.auto import AutoConfig, parse_table
+
+    algorithm = cfg.train.algorithm
+    if "algorithm" not in strategies.get(cfg.train.strategy).settings.reads(cfg):
+        return
+    table = cfg.section(AutoConfig).allreduce_table if collectives.chooses(algorithm) else ""
+    names = [name for _, name in parse_table(table)] if table else [algorithm]
+    for name in names:
+        kind = collectives.ALGORITHMS.get(name)
+        if kind.one_host or kind.follows_hosts:
+            raise UsageError(
+                f"{given} with {name}: its shared-memory segment is set up for one membership "
+                "(a joiner hung at its barrier); use --algorithm native or ring"
+            )
+
+
 def check(cfg: RunConfig) -> None:
     """Pre-flight: refuse ``--min-workers`` where live shrink cannot run (exit 2)."""
     tc = cfg.train
@@ -89,6 +110,7 @@ def check(cfg: RunConfig) -> None:
         "goes on without a lost worker",
         "the survivors end a hung worker by its process id",
     )
+    check_membership_algorithm(cfg, given)
     check_batch_splits(tc.batch_size, (tc.min_workers, given), (tc.world_size, str(tc.world_size)))
 
 
