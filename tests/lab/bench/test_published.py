@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import statistics
 import sys
@@ -114,3 +115,25 @@ def test_an_independent_table_reusing_a_calibrated_rows_id_is_refused(tmp_path: 
     copy.write_text(text)
     with pytest.raises(UsageError, match=r"is a measurements\.toml row.s id"):
         published.evaluate(copy)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (None, "No such file or directory"),
+        ("x = = 1\n", "not TOML"),
+        ("a = 1\n", "no [[row]] entries"),
+        ('[[row]]\nid = "r"\n', "row 1 has no calibration, source, unit, figure"),
+    ],
+    ids=["missing", "not-toml", "no-rows", "row-keys"],
+)
+def test_a_table_that_cannot_be_read_is_one_line(
+    text: str | None, says: str, tmp_path: Path
+) -> None:
+    from disttrain.comm.errors import UsageError
+
+    path = tmp_path / "t.toml"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(UsageError, match=re.escape(says)):
+        published.evaluate(path)

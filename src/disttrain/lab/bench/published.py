@@ -212,9 +212,26 @@ def fit_families(by_id: dict[str, Any]) -> dict[str, float]:
     return fitted
 
 
+#: what every row must state (benchmarks/published/README.md, the row format)
+REQUIRED = ("id", "calibration", "source", "unit", "figure")
+
+
 def _rows(path: str | Path) -> list[dict[str, Any]]:
-    with open(path, "rb") as fh:
-        return list(tomllib.load(fh)["row"])
+    """The table's ``[[row]]`` entries; a file that cannot be one is one line (exit 2)."""
+    try:
+        with open(path, "rb") as fh:
+            rows = tomllib.load(fh).get("row")
+    except OSError as exc:
+        raise UsageError(f"--table {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"--table {path}: not TOML ({exc})") from None
+    if not isinstance(rows, list) or not rows:
+        raise UsageError(f"--table {path}: no [[row]] entries")
+    for k, row in enumerate(rows, 1):
+        missing = [key for key in REQUIRED if key not in row]
+        if missing:
+            raise UsageError(f"--table {path}: row {k} has no {', '.join(missing)}")
+    return list(rows)
 
 
 def evaluate(path: str | Path = DEFAULT) -> tuple[list[dict[str, Any]], dict[str, float]]:
