@@ -129,12 +129,17 @@ def validate(args: argparse.Namespace) -> tuple[list[int], list[str]]:
                 f"choose from all, {', '.join(collectives.ALGORITHMS)}"
             )
     names = [ANCHOR] + [a for a in dict.fromkeys(names) if a != ANCHOR]
-    if any(map(collectives.chooses, names)) and not args.allreduce_table:  # as the launcher
+    choosers = [n for n in names if collectives.chooses(n)]
+    if args.allreduce_table and not choosers:  # nothing would read it
+        raise UsageError("--allreduce-table is read only by --algorithms auto")
+    if choosers and args.allreduce_table:
+        print(f"{choosers[0]}: {args.allreduce_table} (given)")
+    elif choosers:  # as the launcher chooses it
         from disttrain import calibration, costing
 
         cal = calibration.for_choosing()  # as the launcher does
         args.allreduce_table = costing.allreduce_table(args.workers, 1, cal)
-        print(f"auto: {args.allreduce_table} (the cost model, {cal.source})")
+        print(f"{choosers[0]}: {args.allreduce_table} (the cost model, {cal.source})")
     for name in names:  # their settings (--inter-algorithm) checked here: one line, exit 2
         collectives.ALGORITHMS.get(name).settings(vars(args))
     folder = os.path.dirname(os.path.abspath(args.json_path)) if args.json_path else ""
