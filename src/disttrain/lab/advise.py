@@ -411,11 +411,28 @@ def _json_row(r: costmodel.Row) -> dict[str, Any]:
     return out
 
 
+def _scenario_alone(args: argparse.Namespace) -> None:
+    """``--scenario`` describes the whole run: any model or cluster flag given beside it
+    would be silently unread, so it is refused (one line, exit 2)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    defaults = vars(parser.parse_args([]))
+    given = [
+        name
+        for name, value in vars(args).items()
+        if name in defaults and name not in ("scenario", "json_path") and value != defaults[name]
+    ]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise UsageError(f"{flag} is not read with --scenario: the file describes the whole run")
+
+
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     del argv
     if args.scenario:  # a described cluster: its own self-contained model
         from disttrain.lab.scenario import command
 
+        _scenario_alone(args)
         return command.run(args.scenario, args.json_path)
     if args.calibrate:
         from disttrain.lab import calibrate

@@ -127,6 +127,15 @@ def test_the_command_writes_the_json(tmp_path: Path) -> None:
     assert "samples/s" in done.stdout
 
 
+def test_a_model_or_cluster_flag_beside_the_scenario_is_refused() -> None:
+    # the file describes the whole run: --params here was silently unread before
+    done = _disttrain("advise", "--scenario", str(EXAMPLE), "--params", "25M", "--nodes", "4")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        "disttrain: error: --params is not read with --scenario: the file describes the whole run"
+    )
+
+
 def test_a_missing_file_and_bad_toml(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match="no such scenario file"):
         load(str(tmp_path / "none.toml"))
