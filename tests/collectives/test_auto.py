@@ -190,3 +190,25 @@ def test_the_backends_own_where_the_model_does_not_choose(
     assert argv == ["train", "--allreduce-table", "*:native"]
     assert chosen.section(AutoConfig).allreduce_table == "*:native"
     assert "--algorithm auto: *:native (" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("strategy", "where"), [("zero", "zero"), ("localsgd", "")])
+def test_zero_and_the_averaging_strategies_say_what_ran_each_size(
+    strategy: str, where: str, tmp_path: Path
+) -> None:
+    # auto is their default too; diloco's summary is localsgd's (its subclass)
+    out = tmp_path / "run"
+    flags = ["--strategy", strategy, "--max-steps", "2", "--epochs", "1", "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-m", "disttrain", "train", "--no-progress", *flags],
+        env={**os.environ, "PYTHONPATH": str(REPO / "src"), "XDG_CACHE_HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    ran = (summary[where] if where else summary)["allreduce_by_size"]
+    auto = Auto(AutoConfig(summary["config"]["allreduce_table"]))
+    assert ran and all(auto.name_for(int(size)) == name for size, name in ran.items())

@@ -246,6 +246,14 @@ def chooses(name: str) -> bool:
     return isinstance(get(name), Chooses)
 
 
+def by_size(algorithm: AllReduceAlgorithm) -> dict[str, Any]:
+    """``{"allreduce_by_size": {bytes: name}}``: what a chooser ran each call size by so far
+    (a strategy's summary); empty for an algorithm that runs every call itself."""
+    if isinstance(algorithm, Chooses):
+        return {"allreduce_by_size": dict(sorted(algorithm.chosen.items()))}
+    return {}
+
+
 def always_starts(algorithm: AllReduceAlgorithm) -> bool:
     """Whether every call of ``algorithm`` :class:`Starts` (a caller then needs no
     communication thread): it starts its own, or, a chooser, each algorithm it may choose

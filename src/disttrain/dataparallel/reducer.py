@@ -244,9 +244,5 @@ class Reducer:
             "launched_in_backward": self.launched_in_backward,
             "launched_total": self.launched_total,
             # --algorithm auto: bytes of each call size -> the algorithm that ran it
-            **(
-                {"allreduce_by_size": dict(sorted(self.algo.chosen.items()))}
-                if isinstance(self.algo, collectives.Chooses)
-                else {}
-            ),
+            **collectives.by_size(self.algo),
         }

@@ -368,4 +368,5 @@ class ShardedReducer:
             "wait_seconds": round(self.wait_seconds, 6),
             "launched_in_backward": self.launched_in_backward,
             "launched_total": self.launched_total,
+            **collectives.by_size(self.algo),  # --algorithm auto: what ran each size
         }

@@ -146,6 +146,7 @@ class LocalSGD(Strategy, Reshards):
             "parameter_bytes_per_rank": self.parameter_bytes,
             "optimizer_state_bytes_per_rank": self.optimizer_state_bytes,
             "gradient_bytes_per_rank": self.gradient_bytes,
+            **collectives.by_size(self.algorithm),  # --algorithm auto: what ran each size
         }
 
     def state_dict(self) -> dict[str, Any]:
