@@ -17,6 +17,7 @@ import torch
 from disttrain import calibration, collectives, costing
 from disttrain.collectives.auto import Auto, AutoConfig, parse_table
 from disttrain.comm.errors import UsageError
+from tests import zygote
 from tests.harness import run_world
 
 REPO = Path(__file__).resolve().parents[2]
@@ -200,7 +201,7 @@ def test_zero_and_the_averaging_strategies_say_what_ran_each_size(
     # auto is their default too; diloco's summary is localsgd's (its subclass)
     out = tmp_path / "run"
     flags = ["--strategy", strategy, "--max-steps", "2", "--epochs", "1", "--out", str(out)]
-    done = subprocess.run(
+    done = zygote.run(  # forked from the test's zygote: no second torch import
         [sys.executable, "-m", "disttrain", "train", "--no-progress", *flags],
         env={**os.environ, "PYTHONPATH": str(REPO / "src"), "XDG_CACHE_HOME": str(tmp_path)},
         capture_output=True,

@@ -7,9 +7,9 @@ within 1e-5 and rank 0 captured at least one graph (summary.json ``compiled_grap
 run with ``inductor`` (torch's compiler, C++ code on the CPU: ~15 s of compiling) agrees
 within 1e-4 (fused kernels sum in another order).
 
-``make test`` runs three rows, one per way a worker holds its model (the whole model:
-allreduce; a pipeline stage; a tensor-parallel slice, collectives inside its forward);
-the others are marked slow (``make test-long``): each costs two runs (~11 s).
+``make test`` runs two rows, the whole model (allreduce) and a part of it (a pipeline
+stage); the others, a tensor-parallel slice among them, are marked slow (``make
+test-long``): each costs two runs (~11 s).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ load_plugins()
 ROWS = {
     name: list(next(iter(kind.settings.modes.values()), ())) for name, kind in STRATEGIES.items()
 }
-FAST = {"allreduce", "pipeline", "tensor"}
+FAST = {"allreduce", "pipeline"}
 
 
 def _run(out: Path, strategy: str, flags: list[str], *extra: str) -> tuple[dict, dict]:
