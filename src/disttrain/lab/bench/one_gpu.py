@@ -28,6 +28,17 @@ from typing import Any
 
 __all__ = ["add_arguments", "run"]
 
+#: The run's settings, written with its figures.
+SETTINGS = (
+    "model",
+    "batch_size",
+    "seq_len",
+    "precision",
+    "steps",
+    "warmup",
+    "check_finite",
+    "compile",
+)
 #: Peak dense bf16 tensor-core FLOP/s by card name (NVIDIA's data sheets; SXM parts).
 PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
 
@@ -170,14 +181,7 @@ def run(args: argparse.Namespace) -> int:
         "device": name,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "model": args.model,
-        "batch_size": args.batch_size,
-        "seq_len": args.seq_len,
-        "precision": args.precision,
-        "steps": args.steps,
-        "warmup": args.warmup,
-        "check_finite": args.check_finite,
-        "compile": args.compile,
+        **{k: getattr(args, k) for k in SETTINGS},
         "plain_tokens_per_s": plain,
         "disttrain_no_check_finite_tokens_per_s": unchecked,
         "disttrain_tokens_per_s": ours,
