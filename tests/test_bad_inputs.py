@@ -439,6 +439,11 @@ CASES: list[tuple[str, Argv, str]] = [
         _flags("--algorithm", "native", "--allreduce-table", "4096:ring,*:shm"),
         "--allreduce-table is read only by --algorithm auto",
     ),
+    (
+        "allreduce-table-no-algorithm",
+        _flags("--strategy", "pipeline", "--allreduce-table", "*:shm"),
+        "(this run: --strategy pipeline, which reads no --algorithm)",
+    ),
     ("localsgd-period", _flags("--strategy", "localsgd", "--period", "0"), "--period must be"),
     ("zero-stage", _flags("--strategy", "zero", "--zero-stage", "4"), "--zero-stage must be 1"),
     (

@@ -39,10 +39,14 @@ def unread_settings(cfg: Any) -> dict[str, str]:
             a for a, c in collectives.ALGORITHMS.items() if name in c.reads_settings
         )
         if algorithms:  # an algorithm's own setting (hierarchical's --inter-algorithm)
+            run = (  # the strategy's algorithm, or that it reads none
+                f"--algorithm {cfg.train.algorithm}"
+                if "algorithm" in reads
+                else "which reads no --algorithm"
+            )
             out[name] = (
                 f"{given} is read only by --algorithm {' or '.join(algorithms)} "
-                f"(this run: --strategy {strategy.name}, --algorithm "
-                f"{cfg.train.algorithm})"
+                f"(this run: --strategy {strategy.name}, {run})"
             )
             continue
         where = f"{given} is not used by --strategy {strategy.name}"
