@@ -30,6 +30,7 @@ from disttrain.collectives.base import (
     reduce_scatter,
     register,
     resolve,
+    runs,
     set_length_check,
     start,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "reduce_scatter",
     "register",
     "resolve",
+    "runs",
     "set_length_check",
     "start",
 ]

@@ -246,6 +246,13 @@ def chooses(name: str) -> bool:
     return isinstance(get(name), Chooses)
 
 
+def runs(name: str, config: Any) -> list[str]:
+    """The algorithms calls go by when a run (``config``, a ``RunConfig``) names ``name``:
+    itself, or, a chooser, each it may choose as configured (``auto``: its table's)."""
+    algorithm = build(name, config)
+    return algorithm.choices() if isinstance(algorithm, Chooses) else [name]
+
+
 def by_size(algorithm: AllReduceAlgorithm) -> dict[str, Any]:
     """``{"allreduce_by_size": {bytes: name}}``: what a chooser ran each call size by so far
     (a strategy's summary); empty for an algorithm that runs every call itself."""

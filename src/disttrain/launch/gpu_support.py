@@ -113,12 +113,9 @@ def _algorithm(cfg: RunConfig) -> str:
     """The algorithm that runs: ``auto``'s one, where its table (the launcher's on cuda,
     :data:`~disttrain.launch.autotable.OWN_TABLE`, or one given) names a single one."""
     from disttrain import collectives
-    from disttrain.collectives.auto import AutoConfig, parse_table
-    from disttrain.launch.autotable import OWN_TABLE
 
-    if not collectives.chooses(cfg.train.algorithm):
-        return cfg.train.algorithm
-    names = {name for _, name in parse_table(cfg.section(AutoConfig).allreduce_table or OWN_TABLE)}
+    # auto without a table runs native (what the launcher's table on cuda, *:native, says)
+    names = set(collectives.runs(cfg.train.algorithm, cfg))
     return names.pop() if len(names) == 1 else cfg.train.algorithm
 
 

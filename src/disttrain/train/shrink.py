@@ -81,14 +81,10 @@ def check_membership_algorithm(cfg: RunConfig, given: str) -> None:
     shared-memory segment, and ``hierarchical``, which sums through it inside each host.
     A joiner hung at shm's barrier (2026-11-28); auto's launcher takes ``*:native`` here."""
     from disttrain import collectives
-    from disttrain.collectives.auto import AutoConfig, parse_table
 
-    algorithm = cfg.train.algorithm
     if "algorithm" not in strategies.get(cfg.train.strategy).settings.reads(cfg):
         return
-    table = cfg.section(AutoConfig).allreduce_table if collectives.chooses(algorithm) else ""
-    names = [name for _, name in parse_table(table)] if table else [algorithm]
-    for name in names:
+    for name in collectives.runs(cfg.train.algorithm, cfg):  # auto: a table given by hand
         kind = collectives.ALGORITHMS.get(name)
         if kind.one_host or kind.follows_hosts:
             raise UsageError(
