@@ -90,9 +90,12 @@ class Auto(AllReduceAlgorithm):
         table = settings.allreduce_table if settings else ""
         self.given = bool(table)
         self.table = parse_table(table) if table else [(float("inf"), FALLBACK)]
-        #: bytes -> the algorithm that ran a call of that size (summary.json)
-        self.chosen: dict[int, str] = {}
         self._picked: dict[int, AllReduceAlgorithm] = {}  # bytes -> its runtime, looked up once
+
+    @property
+    def chosen(self) -> dict[int, str]:
+        """Bytes -> the algorithm that ran a call of that size so far (summary.json)."""
+        return {nbytes: algo.name for nbytes, algo in self._picked.items()}
 
     def name_for(self, nbytes: int) -> str:
         """The table's algorithm for a message of ``nbytes``."""
@@ -102,15 +105,13 @@ class Auto(AllReduceAlgorithm):
         """The algorithm that runs a call of ``nbytes``, noted for the summary."""
         algo = self._picked.get(nbytes)
         if algo is None:
-            if not self.chosen and not self.given and _is_rank_zero():
+            if not self._picked and not self.given and _is_rank_zero():
                 sys.stderr.write(
                     "disttrain: --algorithm auto: no table from the launcher (torchrun or an "
                     f"engine started this worker): {FALLBACK} for every size (`disttrain train` "
                     "chooses by the cost model; --allreduce-table fixes a table)\n"
                 )
-            name = self.name_for(nbytes)
-            self.chosen[nbytes] = name
-            algo = self._picked[nbytes] = get(name)
+            algo = self._picked[nbytes] = get(self.name_for(nbytes))
         return algo
 
     def all_reduce(

@@ -224,8 +224,9 @@ class Starts(Protocol):
 class Chooses(Protocol):
     """Runs each call by another registered algorithm, chosen by its size (``auto``)."""
 
-    #: bytes -> the algorithm that ran a call of that size, so far (summary.json)
-    chosen: dict[int, str]
+    @property
+    def chosen(self) -> dict[int, str]:
+        """Bytes -> the algorithm that ran a call of that size, so far (summary.json)."""
 
     def choices(self) -> list[str]:
         """Every algorithm it may run a call by."""
