@@ -47,14 +47,14 @@ class AlgorithmHook:
     def __init__(
         self, algorithm: str = "native", process_group: ProcessGroup | None = None
     ) -> None:
-        collectives.get(algorithm)  # an unknown name: the registry's usage error
+        algo = collectives.get(algorithm)  # an unknown name: the registry's usage error
         self.algorithm = algorithm
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
         self.thread: CommThread | None = None
         self.comm_group: ProcessGroup | None = process_group
         # an algorithm whose calls all start on the backend's threads needs none of ours
-        if not collectives.always_starts(collectives.get(algorithm)) and self.world_size > 1:
+        if not collectives.always_starts(algo) and self.world_size > 1:
             ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
             self.comm_group = dist.new_group(ranks, timeout=group_timeout())
             self.thread = CommThread("disttrain-ddp-hook")

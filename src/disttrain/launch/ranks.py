@@ -26,9 +26,9 @@ __all__ = ["run"]
 GRACE = 5.0
 
 
-def run(command: Sequence[str], envs: Sequence[dict[str, str]], name: str = "disttrain run") -> int:
+def run(command: Sequence[str], envs: Sequence[dict[str, str]]) -> int:
     """Start ``command`` once per entry of ``envs`` (rank i gets ``os.environ`` updated by
-    ``envs[i]``); 0 once all exit 0, else the first failure's code (``name`` in its line)."""
+    ``envs[i]``); 0 once all exit 0, else the first failure's code."""
     me = os.getpid()
     procs: list[subprocess.Popen[Any]] = []
     try:
@@ -38,10 +38,9 @@ def run(command: Sequence[str], envs: Sequence[dict[str, str]], name: str = "dis
                     list(command), env={**os.environ, **env}, preexec_fn=lambda: _tie(me)
                 )
             )
-        return _wait(procs, name)
+        return _wait(procs)
     except FileNotFoundError as exc:
-        what = name.removeprefix("disttrain ")  # the line reads "disttrain: error: run: ..."
-        raise UsageError(f"{what}: cannot start {command[0]!r}: {exc.strerror}") from exc
+        raise UsageError(f"run: cannot start {command[0]!r}: {exc.strerror}") from exc
     except KeyboardInterrupt:
         return 130  # the processes are stopped below
     finally:
@@ -67,14 +66,16 @@ def _stop(procs: list[subprocess.Popen[Any]]) -> None:
             p.wait()
 
 
-def _wait(procs: list[subprocess.Popen[Any]], name: str) -> int:
+def _wait(procs: list[subprocess.Popen[Any]]) -> int:
     """0 when every process exits 0; else the first failure's code, the others stopped."""
     while True:
         codes = [p.poll() for p in procs]
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
             rank, code = failed[0]
-            sys.stderr.write(f"{name}: rank {rank} exited with code {code}; stopping the others\n")
+            sys.stderr.write(
+                f"disttrain run: rank {rank} exited with code {code}; stopping the others\n"
+            )
             _stop(procs)
             return code if code and code > 0 else 1
         if all(c == 0 for c in codes):
