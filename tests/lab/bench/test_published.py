@@ -137,3 +137,37 @@ def test_a_table_that_cannot_be_read_is_one_line(
         path.write_text(text)
     with pytest.raises(UsageError, match=re.escape(says)):
         published.evaluate(path)
+
+
+def test_a_scale_out_pair_is_the_ratio_of_the_two_rows() -> None:
+    recs, _ = published.evaluate(INDEPENDENT2)
+    by_id = {r["id"]: r for r in recs}
+    pairs = published.scale_outs(recs)
+    named = [r["id"] for r in recs if r["scales_with"]]
+    assert [p["id"] for p in pairs] == named and named  # every named pair, none invented
+    for p in pairs:
+        big, small = by_id[p["id"]], by_id[p["from"]]
+        assert p["gpus"] == (small["gpus"], big["gpus"]) and small["gpus"] < big["gpus"]
+        assert p["published"] == pytest.approx(big["published"] / small["published"])
+        assert p["predicted"] == pytest.approx(big["predicted"] / small["predicted"])
+        assert p["error"] == pytest.approx(p["predicted"] / p["published"] - 1)
+
+
+def test_a_scale_out_pair_naming_no_scored_row_is_refused() -> None:
+    from disttrain.comm.errors import UsageError
+
+    recs, _ = published.evaluate(INDEPENDENT2)
+    broken = [dict(r) for r in recs]
+    next(r for r in broken if r["scales_with"])["scales_with"] = "no-such-row"
+    with pytest.raises(UsageError, match="scales_with 'no-such-row' is no scored row"):
+        published.scale_outs(broken)
+
+
+def test_the_scale_out_block_is_printed_with_its_median(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    published.run(argparse.Namespace(table=str(INDEPENDENT2), calibration_only=False))
+    out = capsys.readouterr().out
+    errs = [abs(p["error"]) for p in published.scale_outs(published.evaluate(INDEPENDENT2)[0])]
+    assert "## scale-out pairs" in out
+    assert f"scale-out pairs: {len(errs)}, median |error| {statistics.median(errs):.1%}" in out

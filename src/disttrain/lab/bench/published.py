@@ -30,7 +30,7 @@ from disttrain.lab.bench import _published_rows as rows_
 from disttrain.lab.scenario import parse, predict
 from disttrain.lab.scenario.hardware import INTRA_PRESETS
 
-__all__ = ["add_arguments", "evaluate", "run"]
+__all__ = ["add_arguments", "evaluate", "run", "scale_outs"]
 
 DEFAULT = Path(__file__).resolve().parents[4] / "benchmarks" / "published" / "measurements.toml"
 
@@ -261,6 +261,8 @@ def evaluate(path: str | Path = DEFAULT) -> tuple[list[dict[str, Any]], dict[str
             "error": None,
             "status": "scored",
             "why": rows_.EXPLAIN.get(row["id"], ""),
+            "gpus": int(row["gpus"]),
+            "scales_with": row.get("scales_with"),
         }
         if row["id"] in rows_.NOT_MODELLED:
             rec["status"] = "not modelled: " + rows_.NOT_MODELLED[row["id"]]
@@ -308,6 +310,53 @@ def _by_source(recs: list[dict[str, Any]]) -> None:
             )
 
 
+def scale_outs(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each row that names ``scales_with`` (the same run at fewer GPUs, same unit) against
+    that row: the published and predicted ratios of the two figures. The one-GPU rate
+    cancels from the predicted ratio, so this scores what distribution adds alone."""
+    by_id = {r["id"]: r for r in recs}
+    out = []
+    for r in recs:
+        if not r["scales_with"] or r["predicted"] is None:
+            continue
+        base = by_id.get(r["scales_with"])
+        if base is None or base["predicted"] is None or base["unit"] != r["unit"]:
+            raise UsageError(f"{r['id']}: scales_with {r['scales_with']!r} is no scored row")
+        published_ = r["published"] / base["published"]
+        predicted_ = r["predicted"] / base["predicted"]
+        out.append(
+            {
+                "id": r["id"],
+                "from": base["id"],
+                "gpus": (base["gpus"], r["gpus"]),
+                "published": published_,
+                "predicted": predicted_,
+                "error": predicted_ / published_ - 1,
+            }
+        )
+    return out
+
+
+def _scale_out_block(recs: list[dict[str, Any]]) -> None:
+    pairs = scale_outs(recs)
+    if not pairs:
+        return
+    print("\n## scale-out pairs (the same run at two GPU counts; the one-GPU rate cancels)\n")
+    print("| row | from | GPUs | published ratio | predicted ratio | error |")
+    print("| --- | --- | --- | ---: | ---: | ---: |")
+    for p in pairs:
+        n0, n1 = p["gpus"]
+        print(
+            f"| {p['id']} | {p['from']} | {n0} -> {n1} | {p['published']:.3f} | "
+            f"{p['predicted']:.3f} | {p['error']:+.1%} |"
+        )
+    errs = [abs(p["error"]) for p in pairs]
+    print(
+        f"\nscale-out pairs: {len(errs)}, median |error| {statistics.median(errs):.1%}, "
+        f"worst {max(errs):.1%}"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     recs, fitted = evaluate(args.table)
     independent = not any(r["calibration"] for r in recs)
@@ -327,8 +376,10 @@ def run(args: argparse.Namespace) -> int:
     if independent:
         _block("independent rows", recs)
         _by_source(recs)
+        _scale_out_block(recs)
         return 0
     _block("calibration rows", [r for r in recs if r["calibration"]])
     if not args.calibration_only:
         _block("held-out rows", [r for r in recs if not r["calibration"]])
+        _scale_out_block(recs)
     return 0
