@@ -776,6 +776,21 @@ def _check_scenario_file(text: str, tmp: Path) -> None:
     assert shown == load(str(REPO / "examples" / "scenario_bert_large.toml"))
 
 
+def _check_measured_block(text: str, tmp: Path) -> None:
+    """The example file with this block in place of its one-GPU rate: advise prints the
+    line the text quotes, and the rate it backs out predicts the timed run."""
+    import tomllib
+
+    data = tomllib.loads((REPO / "examples" / "scenario_bert_large.toml").read_text())
+    del data["hardware"]["gpu_samples_per_second"]
+    lines = [f"[{t}]\n" + "".join(f"{k} = {v!r}\n" for k, v in data[t].items()) for t in data]
+    path = tmp / "measured.toml"
+    path.write_text("".join(lines).replace("'", '"') + text)
+    code, out, err = _in_process(["advise", "--scenario", str(path)])
+    assert code == 0, err
+    assert "one-GPU rate 581.1 samples/s, backed out of the measured run: 8 GPUs" in out, out
+
+
 def _check_costmodel_api(text: str, tmp: Path) -> None:
     """In this process: ``DEFAULT_PATH`` (the user's saved calibration) is the repository's
     calibration; ``specs`` is the reader's (two specs)."""
@@ -1138,6 +1153,13 @@ ENTRIES: list[Entry] = [
         "# examples/scenario_bert_large.toml",
         "parsed: the same scenario as examples/scenario_bert_large.toml",
         _check_scenario_file,
+        30,
+    ),
+    Entry(
+        "docs/lab.md",
+        "[measured]",
+        "the example file with this block for its rate: advise prints the quoted line",
+        _check_measured_block,
         30,
     ),
     Entry(

@@ -89,6 +89,78 @@ def test_global_batch_alone_sets_the_batch_per_gpu() -> None:
     assert (sc.run.batch_per_gpu, sc.run.accumulation, sc.run.global_batch) == (64, 2, 2048)
 
 
+#: GOOD without its one-GPU rate, timed instead on one node of 4 GPUs
+MEASURED: dict[str, Any] = {
+    **copy.deepcopy(GOOD),
+    "measured": {"gpus": 4, "samples_per_second": 700.0},
+}
+del MEASURED["hardware"]["gpu_samples_per_second"]
+
+
+def test_a_measured_run_gives_back_the_one_gpu_rate_that_predicts_it() -> None:
+    from disttrain.lab.scenario import predict
+
+    sc = parse(MEASURED)
+    assert sc.measured is not None and sc.measured.run.gpus == 4
+    assert sc.measured.run.batch_per_gpu == 64 and sc.run.gpus == 16
+    rate = sc.hardware.gpu_samples_per_second
+    assert rate is not None and rate > 700.0 / 4  # 4 GPUs lose a little to synchronisation
+    # with that rate stated, the 4-GPU run is predicted at the figure it was backed out of
+    stated = copy.deepcopy(GOOD)
+    stated["hardware"]["gpu_samples_per_second"] = rate
+    stated["run"]["gpus"] = 4
+    assert predict(parse(stated)).samples_per_second == pytest.approx(700.0, rel=1e-9)
+    stated["run"]["gpus"] = 16  # and the 16-GPU run as the measured scenario predicts it
+    assert predict(parse(stated)).samples_per_second == pytest.approx(
+        predict(sc).samples_per_second, rel=1e-12
+    )
+
+
+def test_a_hybrid_measured_run_scales_its_data_parallel_part() -> None:
+    data = copy.deepcopy(MEASURED)
+    data["model"] = {"name": "gpt", "layers": 8, "hidden": 1024, "heads": 8, "seq_len": 512}
+    data["run"] = {"gpus": 16, "batch_per_gpu": 2, "strategy": "hybrid:dp=4,tp=2,pp=2,vp=2"}
+    data["measured"] = {"gpus": 4, "samples_per_second": 20.0}
+    sc = parse(data)
+    assert sc.measured is not None
+    assert sc.measured.run.strategy == "hybrid:dp=1,tp=2,pp=2,vp=2"
+    assert (sc.measured.run.dp, sc.run.dp) == (1, 4)
+
+
+def _measured(**change: Any) -> dict[str, Any]:
+    out = copy.deepcopy(MEASURED)
+    for key, value in change.items():
+        table, name = key.split("__")
+        out[table][name] = value
+    return out
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            _measured(hardware__gpu_tflops=100.0),
+            "[hardware] gpu_tflops: is backed out of [measured]: give one or the other",
+        ),
+        (_measured(measured__gpus=0), "[measured] gpus: must be a whole number of at least 1"),
+        (_measured(measured__gpus=6), "[measured] gpus: 6 is not a multiple of gpus_per_node 4"),
+        (_measured(measured__strategy="magic"), "[measured] strategy: 'magic' is not a strategy"),
+        (_measured(measured__samples_per_second=-1), "[measured] samples_per_second: must be"),
+        (_measured(measured__seconds=1), "[measured] seconds: unknown key"),
+        (
+            _measured(measured__samples_per_second=1e9),
+            "[measured] samples_per_second: 1e+09 is above what 4 GPUs reach at any GPU speed",
+        ),
+    ],
+    ids=["rate-too", "gpus-0", "gpus-6", "strategy", "negative", "unknown", "too-fast"],
+)
+def test_a_bad_measured_run_is_named(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(ScenarioError) as err:
+        parse(data, "my.toml")
+    text = str(err.value)
+    assert text.startswith("my.toml: ") and message in text and "\n" not in text
+
+
 def test_the_example_file_loads() -> None:
     sc = load(str(EXAMPLE))
     assert sc.run.accumulation == 1 and sc.hardware.nics_per_node == 8

@@ -5,6 +5,7 @@
 - :mod:`.spec` and :mod:`.reader`: the scenario file and its checks;
 - :mod:`.collectives`: NCCL's ring and tree on two levels;
 - :mod:`.steptime`: one step's time and its parts;
+- :mod:`.measured`: the one-GPU rate backed out of a run the user timed (``[measured]``);
 - :mod:`.command`: ``disttrain advise --scenario FILE --json OUT``.
 """
 

@@ -21,6 +21,13 @@ def run(path: str, json_path: str = "") -> int:
     b = p.breakdown
     r = sc.run
     print(f"{path}: {describe(sc.model)}")
+    if sc.measured is not None:
+        m = sc.measured
+        print(
+            f"one-GPU rate {b['gpu_samples_per_second']:,.4g} samples/s, backed out of the "
+            f"measured run: {m.run.gpus} GPUs, {m.run.strategy}, "
+            f"{m.samples_per_second:,.4g} samples/s"
+        )
     print(
         f"{r.gpus} GPUs ({sc.hardware.gpus_per_node} per node), strategy {r.strategy}, "
         f"batch {r.batch_per_gpu} x {r.accumulation} micro-batches x {r.dp} replicas = "

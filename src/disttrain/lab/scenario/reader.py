@@ -12,10 +12,17 @@ from typing import Any
 
 import tomllib
 
-from disttrain.comm.errors import UsageError
 from disttrain.lab.scenario import models
 from disttrain.lab.scenario.hardware import FABRICS, INTRA_PRESETS, IntraLink
-from disttrain.lab.scenario.spec import GRAD_BYTES, Hardware, Run, Scenario
+from disttrain.lab.scenario.measured import anchored
+from disttrain.lab.scenario.spec import (
+    GRAD_BYTES,
+    Hardware,
+    Measured,
+    Run,
+    Scenario,
+    ScenarioError,
+)
 
 __all__ = ["ScenarioError", "load", "parse", "parse_rate", "parse_strategy"]
 
@@ -45,7 +52,10 @@ _KEYS = {
         "tp_overlap",
         "bucket_mb",
     },
+    "measured": {"gpus", "samples_per_second", "strategy"},
 }
+#: tables a file must have; [measured] is optional
+_REQUIRED = ("model", "hardware", "run")
 #: GPT's vocabulary when the file gives none: GPT-2's 50,257 padded to 51,200, as
 #: Megatron-LM pads it (Narayanan et al. 2021 use V = 51,200).
 DEFAULT_VOCAB = 51200
@@ -55,10 +65,6 @@ _RATE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(bit|b)(?:/s|ps)?\s*$"
 _TIME = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ns|us|ms|s)\s*$", re.I)
 _SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
-
-
-class ScenarioError(UsageError):
-    """A scenario file's problem: one line, exit code 2."""
 
 
 def parse_rate(text: str) -> float:
@@ -162,17 +168,23 @@ def load(path: str) -> Scenario:
 def parse(data: dict[str, Any], path: str = "scenario") -> Scenario:
     extra = sorted(set(data) - set(_KEYS))
     if extra:
-        raise ScenarioError(f"{path}: [{extra[0]}]: unknown table; use [model], [hardware], [run]")
-    for name in _KEYS:
+        raise ScenarioError(
+            f"{path}: [{extra[0]}]: unknown table; use [model], [hardware], [run] (and [measured])"
+        )
+    for name in _REQUIRED:
         if name not in data:
             raise ScenarioError(f"{path}: [{name}]: the table is missing")
-    model_t, hw_t, run_t = (_Table(path, n, data[n]) for n in ("model", "hardware", "run"))
+    model_t, hw_t, run_t = (_Table(path, n, data[n]) for n in _REQUIRED)
     model, ckpt = _model(model_t)
-    hardware = _hardware(hw_t)
+    hardware = _hardware(hw_t, "measured" in data)
     run = _run(run_t, hardware, model)
-    if run.gpus > hardware.gpus_per_node and hardware.inter_bandwidth <= 0:
-        hw_t.fail("inter_bandwidth", f"is required: {run.gpus} GPUs span more than one node")
-    return Scenario(model, ckpt, hardware, run)
+    measured = None
+    if "measured" in data:
+        measured = _measured(_Table(path, "measured", data["measured"]), run_t, hardware, model)
+    for r in (run, *([measured.run] if measured else [])):
+        if r.gpus > hardware.gpus_per_node and hardware.inter_bandwidth <= 0:
+            hw_t.fail("inter_bandwidth", f"is required: {r.gpus} GPUs span more than one node")
+    return anchored(Scenario(model, ckpt, hardware, run, measured), path)
 
 
 def _model(t: _Table) -> tuple[models.ModelShape, bool]:
@@ -211,10 +223,16 @@ def _intra(t: _Table) -> IntraLink:
     return IntraLink(bandwidth, latency, "from the scenario file")
 
 
-def _hardware(t: _Table) -> Hardware:
+def _hardware(t: _Table, measured: bool) -> Hardware:
     per_node = t.integer("gpus_per_node")
-    if t.has("gpu_samples_per_second") == t.has("gpu_tflops"):
-        t.fail("gpu_tflops", "give either gpu_samples_per_second or gpu_tflops (one of them)")
+    given = [k for k in ("gpu_samples_per_second", "gpu_tflops") if t.has(k)]
+    if measured and given:
+        t.fail(given[0], "is backed out of [measured]: give one or the other")
+    if not measured and len(given) != 1:
+        t.fail(
+            "gpu_tflops",
+            "give either gpu_samples_per_second or gpu_tflops (one of them), or a [measured] run",
+        )
     rate = t.number("gpu_samples_per_second") if t.has("gpu_samples_per_second") else None
     tflops = t.number("gpu_tflops") if t.has("gpu_tflops") else None
     intra = _intra(t)
@@ -239,6 +257,28 @@ def _hardware(t: _Table) -> Hardware:
         inter_efficiency=spec.efficiency if spec is not None else 1.0,
         nics_per_node=t.integer("nics_per_node", 1),
     )
+
+
+def _measured(t: _Table, run_t: _Table, hw: Hardware, model: models.ModelShape) -> Measured:
+    """The timed run: [run] with [measured]'s GPU count (and strategy; a hybrid layout
+    scales its data-parallel part by default), the same batch per GPU and accumulation."""
+    run = _run(run_t, hw, model)
+    gpus = t.integer("gpus")
+    strategy = str(t.data.get("strategy", run.strategy))
+    if "strategy" not in t.data and run.strategy.startswith("hybrid:"):
+        if gpus % (run.tp * run.pp):
+            t.fail("gpus", f"{gpus} is not a multiple of tp*pp {run.tp * run.pp}: give strategy")
+        vp = f",vp={run.vp}" if run.vp > 1 else ""
+        strategy = f"hybrid:dp={gpus // (run.tp * run.pp)},tp={run.tp},pp={run.pp}{vp}"
+    timed = dict(run_t.data, gpus=gpus, strategy=strategy, batch_per_gpu=run.batch_per_gpu)
+    timed.pop("global_batch", None)
+    timed["accumulation"] = run.accumulation
+    try:
+        timed_run = _run(_Table(t.path, "run", timed), hw, model)
+    except ScenarioError as exc:  # name the table the user wrote, not [run]
+        problem = str(exc).split(": ", 2)[-1]
+        raise t.error("strategy" if "strategy" in str(exc) else "gpus", problem) from None
+    return Measured(timed_run, t.number("samples_per_second"))
 
 
 def parse_strategy(text: str, gpus: int) -> tuple[int, int, int, int, int]:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from disttrain.comm.errors import UsageError
 from disttrain.lab.scenario.hardware import IntraLink
 from disttrain.lab.scenario.models import ModelShape
 
-__all__ = ["GRAD_BYTES", "PARAM_BYTES", "Hardware", "Run", "Scenario"]
+__all__ = ["GRAD_BYTES", "PARAM_BYTES", "Hardware", "Measured", "Run", "Scenario", "ScenarioError"]
 
 #: bytes per gradient element on the wire: AMP keeps fp32 master weights, so autocast's
 #: gradients are fp32; fp16/bf16 training (Megatron-style) reduces half-precision ones.
@@ -15,6 +16,10 @@ GRAD_BYTES = {"fp32": 4, "amp": 4, "fp16": 2, "bf16": 2}
 #: bytes per parameter ZeRO-3 gathers, and per activation element tensor/pipeline move
 PARAM_BYTES = {"fp32": 4, "amp": 4, "fp16": 2, "bf16": 2}
 ACTIVATION_BYTES = {"fp32": 4, "amp": 2, "fp16": 2, "bf16": 2}
+
+
+class ScenarioError(UsageError):
+    """A scenario file's problem: one line, exit code 2."""
 
 
 @dataclass(frozen=True)
@@ -53,8 +58,19 @@ class Run:
 
 
 @dataclass(frozen=True)
+class Measured:
+    """A run the user timed on this hardware (``[measured]``): the same model, precision
+    and batch per GPU at ``run.gpus`` GPUs and ``run.strategy``. The one-GPU rate is the
+    one at which the model predicts it exactly."""
+
+    run: Run
+    samples_per_second: float
+
+
+@dataclass(frozen=True)
 class Scenario:
     model: ModelShape
     checkpointing: bool
     hardware: Hardware
     run: Run
+    measured: Measured | None = None

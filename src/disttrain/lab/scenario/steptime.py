@@ -208,6 +208,7 @@ def predict(sc: Scenario) -> Prediction:
         "sync_seconds": sync,
         "allreduce_algorithm": algo,
         "model_params": sc.model.params,
+        "gpu_samples_per_second": one_gpu,  # the one-GPU rate the prediction stands on
         "model_tflops_per_gpu": flops * samples / r.gpus / 1e12,
     }
     return Prediction(samples, samples / (r.gpus * one_gpu), step, breakdown)
