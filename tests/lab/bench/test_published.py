@@ -77,9 +77,11 @@ def test_it_runs_as_a_command(tmp_path: Path) -> None:
 INDEPENDENT = TABLE.parent / "independent.toml"
 #: the second check's table (sources in neither list)
 INDEPENDENT2 = TABLE.parent / "independent2.toml"
+#: the third check's table (sources in none of the other three)
+INDEPENDENT3 = TABLE.parent / "independent3.toml"
 
 
-@pytest.mark.parametrize("table", [INDEPENDENT, INDEPENDENT2], ids=lambda p: p.stem)
+@pytest.mark.parametrize("table", [INDEPENDENT, INDEPENDENT2, INDEPENDENT3], ids=lambda p: p.stem)
 def test_the_independent_table_has_every_row_predicted(table: Path) -> None:
     with open(table, "rb") as fh:
         rows = tomllib.load(fh)["row"]

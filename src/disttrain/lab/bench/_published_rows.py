@@ -97,6 +97,26 @@ _TITAN_NET = {"hw": _DGXH100}
 #: (Omni-Path's line rate), one NIC a link; InfiniBand is the nearest fabric.
 _BLOOM_JZ = {"inter_bandwidth": "400Gbit", "inter_fabric": "infiniband", "nics_per_node": 4}
 
+# --- the third independent check (benchmarks/published/independent3.toml): shared inputs,
+# written before any of its rows was predicted (README, "Third independent check").
+#: InternEvo publishes the same stack on one node: the 8-GPU TGS (tokens per GPU per second)
+#: of the tp=1 row with the same ZeRO-1 extent, as 2048-token sequences per second a GPU.
+#: zero1=-1 (all data-parallel ranks): 4062; zero1=8 (within a node), and tp=2's zero1=4: 4078.
+#: tp=2 rows take a tp=1 cell: the scenario's rate is one GPU running the whole model.
+_INTERNEVO_RATE_ALL = 4062 / 2048
+_INTERNEVO_RATE_NODE = 4078 / 2048
+#: Hybrid ZeRO's reduce_bucket_size (configs/7B_sft.py): 512 Mi elements of bf16 gradient
+_INTERNEVO_BUCKET_MB = 1024
+_INTERNEVO_TP1 = (16, 32, 64, 128, 256, 512, 1024)
+_INTERNEVO_TP2 = _INTERNEVO_TP1
+#: LLaMA-13B as a GPT of the same depth, vocabulary and sequence whose hidden size gives its
+#: block parameters (SwiGLU FFN 13824): 317.2M a block, h' = 5160 (real 5120), the rule of
+#: the second check's _LLAMA3_* shapes
+_LLAMA_13B = {"hidden": 5160, "heads": 40}
+#: Megatron-LLaMA publishes no one-GPU rate: the A100 Megatron family (a Megatron-LM
+#: derivative on the same GPU); the DeepSpeed (HF) row of the same table takes it too
+_MLLAMA = {"model": _LLAMA_13B, "family": "a100-megatron"}
+
 #: (section, key) -> value per row; "rate_from" borrows another row's one-GPU figure,
 #: "family" takes a fitted gpu_tflops. Keys not given come from the row itself.
 OVERRIDES: dict[str, dict[str, Any]] = {
@@ -430,6 +450,47 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "trainy-h200-8b-fsdp-fp8-64gpu": {"model": _LLAMA3_8B, **_TITAN_NET, **_TITAN_FP8},
     # BLOOM 176B (Megatron-DeepSpeed, A100 80GB): the A100 Megatron rate; its shape is gpt's
     "bloom-176b-384gpu": {"hw": _BLOOM_JZ, "family": "a100-megatron"},
+    # --- the third independent check (independent3.toml), written before any of its rows was
+    # predicted (README, "Third independent check"). Network, link and strategy come from the
+    # rows (suggested_*, strategy); the rate and buckets from here.
+    # InternEvo 7B: the one-node rate of the same ZeRO-1 extent; 1 GiB gradient buckets
+    **{
+        f"internevo-7b-tp1-zero1all-{n}gpu": {
+            "rate": _INTERNEVO_RATE_ALL,
+            "bucket_mb": _INTERNEVO_BUCKET_MB,
+        }
+        for n in _INTERNEVO_TP1
+    },
+    **{
+        f"internevo-7b-tp1-zero1of8-{n}gpu": {
+            "rate": _INTERNEVO_RATE_NODE,
+            "bucket_mb": _INTERNEVO_BUCKET_MB,
+        }
+        for n in _INTERNEVO_TP1
+    },
+    **{
+        f"internevo-7b-tp2-zero1all-{n}gpu": {
+            "rate": _INTERNEVO_RATE_ALL,
+            "bucket_mb": _INTERNEVO_BUCKET_MB,
+        }
+        for n in _INTERNEVO_TP2
+    },
+    **{
+        f"internevo-7b-tp2-zero1of4-{n}gpu": {
+            "rate": _INTERNEVO_RATE_NODE,
+            "bucket_mb": _INTERNEVO_BUCKET_MB,
+        }
+        for n in _INTERNEVO_TP2
+    },
+    # Megatron-LLaMA 13B: OverlappedDistributedOptimizer overlaps (--reduce-bucket-size=4e8
+    # elements, 2 bytes each); DistributedOptimizer reduce-scatters after the last backward
+    "mllama-13b-overlapped-distopt-256gpu": {**_MLLAMA, "bucket_mb": 800},
+    "mllama-13b-overlapped-distopt-512gpu": {**_MLLAMA, "bucket_mb": 800},
+    "mllama-13b-distopt-256gpu": {**_MLLAMA, "run.overlap": False},
+    "mllama-13b-distopt-512gpu": {**_MLLAMA, "run.overlap": False},
+    "mllama-13b-distopt-32gpu": {**_MLLAMA, "run.overlap": False},
+    # HF LLaMA + DeepSpeed ZeRO-2 (the row's strategy); its config is not stated: defaults
+    "mllama-13b-hf-deepspeed-zero2-32gpu": _MLLAMA,
 }
 
 #: rows whose baseline keeps the global batch (strong scaling); the others keep the batch
@@ -861,5 +922,62 @@ EXPLAIN: dict[str, str] = {
     ),
     "bloom-176b-384gpu": (
         "Megatron-DeepSpeed on A100: the same software as the A100 rate's calibration row"
+    ),
+    # --- the third independent check (independent3.toml): written before its one run, each
+    # line the row's main approximation, what the scenario cannot express.
+    **{
+        f"internevo-7b-tp1-zero1all-{n}gpu": (
+            "(before the run) zero1=-1's reduce to owner ranks and post-step broadcast over all "
+            f"{n} GPUs as zero:1; rate from the same stack's one-node TGS (4062), which already "
+            "holds one node's ZeRO traffic"
+        )
+        for n in _INTERNEVO_TP1
+    },
+    **{
+        f"internevo-7b-tp1-zero1of8-{n}gpu": (
+            "(before the run) Hybrid ZeRO sharded within the node as a plain allreduce over "
+            f"{n} GPUs (in-node broadcast left out); rate from the same stack's one-node TGS "
+            "(4078)"
+        )
+        for n in _INTERNEVO_TP1
+    },
+    **{
+        f"internevo-7b-tp2-zero1all-{n}gpu": (
+            "(before the run) hybrid has no ZeRO: zero1=-1 over all ranks as an allreduce, the "
+            "same scenario as zero1=4; rate from the tp=1 one-node TGS (4062)"
+        )
+        for n in _INTERNEVO_TP2
+    },
+    **{
+        f"internevo-7b-tp2-zero1of4-{n}gpu": (
+            "(before the run) hybrid has no ZeRO: zero1=4 as an allreduce, the same scenario as "
+            "zero1=-1; rate from the tp=1 one-node TGS (4078)"
+        )
+        for n in _INTERNEVO_TP2
+    },
+    "mllama-13b-overlapped-distopt-256gpu": (
+        "(before the run) Megatron's A100 rate for a Megatron derivative; TP 2, micro-batch 4 "
+        "from the example script (not stated for the table); the sharded optimizer as an "
+        "overlapped allreduce"
+    ),
+    "mllama-13b-overlapped-distopt-512gpu": (
+        "(before the run) as at 256 GPUs, with 2 micro-batches a step left to hide the "
+        "reduce-scatter and all-gather behind"
+    ),
+    "mllama-13b-distopt-256gpu": (
+        "(before the run) DistributedOptimizer's reduce-scatter + all-gather after the last "
+        "backward as one non-overlapped allreduce; Megatron's A100 rate; TP 2 assumed"
+    ),
+    "mllama-13b-distopt-512gpu": (
+        "(before the run) as at 256 GPUs; the non-overlapped allreduce weighs more with 2 "
+        "micro-batches a step instead of 4"
+    ),
+    "mllama-13b-distopt-32gpu": (
+        "(before the run) the network of the 32-GPU table is not stated (the scalability "
+        "table's 4 x 200 Gbps RDMA assumed); TP 2 and micro-batch 4 assumed"
+    ),
+    "mllama-13b-hf-deepspeed-zero2-32gpu": (
+        "(before the run) HuggingFace LLaMA's kernels at Megatron's fitted A100 rate; micro-batch"
+        ", precision and DeepSpeed config not stated"
     ),
 }
