@@ -153,6 +153,8 @@ def test_a_scale_out_pair_is_the_ratio_of_the_two_rows() -> None:
         assert p["published"] == pytest.approx(big["published"] / small["published"])
         assert p["predicted"] == pytest.approx(big["predicted"] / small["predicted"])
         assert p["error"] == pytest.approx(p["predicted"] / p["published"] - 1)
+        ideal = big["gpus"] / small["gpus"]  # the baseline: perfect scaling
+        assert p["linear_error"] == pytest.approx(ideal / p["published"] - 1)
 
 
 def test_a_scale_out_pair_naming_no_scored_row_is_refused() -> None:
@@ -173,3 +175,4 @@ def test_the_scale_out_block_is_printed_with_its_median(
     errs = [abs(p["error"]) for p in published.scale_outs(published.evaluate(INDEPENDENT2)[0])]
     assert "## scale-out pairs" in out
     assert f"scale-out pairs: {len(errs)}, median |error| {statistics.median(errs):.1%}" in out
+    assert f"perfect scaling: {len(errs)}, median |error| " in out

@@ -313,7 +313,8 @@ def _by_source(recs: list[dict[str, Any]]) -> None:
 def scale_outs(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each row that names ``scales_with`` (the same run at fewer GPUs, same unit) against
     that row: the published and predicted ratios of the two figures. The one-GPU rate
-    cancels from the predicted ratio, so this scores what distribution adds alone."""
+    cancels from the predicted ratio, so this scores what distribution adds alone. Beside
+    it, the ratio of perfect scaling (the GPU counts'), the baseline a model must beat."""
     by_id = {r["id"]: r for r in recs}
     out = []
     for r in recs:
@@ -332,6 +333,7 @@ def scale_outs(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "published": published_,
                 "predicted": predicted_,
                 "error": predicted_ / published_ - 1,
+                "linear_error": r["gpus"] / base["gpus"] / published_ - 1,
             }
         )
     return out
@@ -342,19 +344,22 @@ def _scale_out_block(recs: list[dict[str, Any]]) -> None:
     if not pairs:
         return
     print("\n## scale-out pairs (the same run at two GPU counts; the one-GPU rate cancels)\n")
-    print("| row | from | GPUs | published ratio | predicted ratio | error |")
-    print("| --- | --- | --- | ---: | ---: | ---: |")
+    print("| row | from | GPUs | published ratio | predicted ratio | error | perfect scaling |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
     for p in pairs:
         n0, n1 = p["gpus"]
         print(
             f"| {p['id']} | {p['from']} | {n0} -> {n1} | {p['published']:.3f} | "
-            f"{p['predicted']:.3f} | {p['error']:+.1%} |"
+            f"{p['predicted']:.3f} | {p['error']:+.1%} | {p['linear_error']:+.1%} |"
         )
-    errs = [abs(p["error"]) for p in pairs]
-    print(
-        f"\nscale-out pairs: {len(errs)}, median |error| {statistics.median(errs):.1%}, "
-        f"worst {max(errs):.1%}"
-    )
+    for label, key in (("scale-out pairs", "error"), ("perfect scaling", "linear_error")):
+        errs = [abs(p[key]) for p in pairs]
+        print(
+            f"\n{label}: {len(errs)}, median |error| {statistics.median(errs):.1%}, "
+            f"worst {max(errs):.1%}",
+            end="",
+        )
+    print()
 
 
 def run(args: argparse.Namespace) -> int:
