@@ -11,7 +11,9 @@ unit. Calibration rows are reported apart from the held-out rows; the held-out m
 and worst error are the issue's measure (issue 38: median <= 12 %, no row > 35 %). The
 GPU rates no source publishes are fitted here, each on its one calibration row, and
 printed. A table with no calibration row (independent.toml, the independent check) is
-predicted with the rates fitted on measurements.toml's calibration rows, unchanged.
+predicted with the rates fitted on measurements.toml's calibration rows, unchanged
+(independent2.toml and independent3.toml are two more such checks). Rows naming
+``scales_with`` are also scored as scale-out pairs, beside perfect scaling.
 """
 
 from __future__ import annotations
