@@ -125,6 +125,9 @@ def test_a_hybrid_measured_run_scales_its_data_parallel_part() -> None:
     assert sc.measured is not None
     assert sc.measured.run.strategy == "hybrid:dp=1,tp=2,pp=2,vp=2"
     assert (sc.measured.run.dp, sc.run.dp) == (1, 4)
+    data["measured"]["gpus"] = 6  # no layout of tp 2 x pp 2 on 6 GPUs
+    with pytest.raises(ScenarioError, match=r"\[measured\] gpus: 6 is not a multiple of tp\*pp 4"):
+        parse(data)
 
 
 def _measured(**change: Any) -> dict[str, Any]:

@@ -180,7 +180,8 @@ def parse(data: dict[str, Any], path: str = "scenario") -> Scenario:
     run = _run(run_t, hardware, model)
     measured = None
     if "measured" in data:
-        measured = _measured(_Table(path, "measured", data["measured"]), run_t, hardware, model)
+        table = _Table(path, "measured", data["measured"])
+        measured = _measured(table, run_t, run, hardware, model)
     for r in (run, *([measured.run] if measured else [])):
         if r.gpus > hardware.gpus_per_node and hardware.inter_bandwidth <= 0:
             hw_t.fail("inter_bandwidth", f"is required: {r.gpus} GPUs span more than one node")
@@ -259,10 +260,11 @@ def _hardware(t: _Table, measured: bool) -> Hardware:
     )
 
 
-def _measured(t: _Table, run_t: _Table, hw: Hardware, model: models.ModelShape) -> Measured:
+def _measured(
+    t: _Table, run_t: _Table, run: Run, hw: Hardware, model: models.ModelShape
+) -> Measured:
     """The timed run: [run] with [measured]'s GPU count (and strategy; a hybrid layout
     scales its data-parallel part by default), the same batch per GPU and accumulation."""
-    run = _run(run_t, hw, model)
     gpus = t.integer("gpus")
     strategy = str(t.data.get("strategy", run.strategy))
     if "strategy" not in t.data and run.strategy.startswith("hybrid:"):
@@ -275,9 +277,10 @@ def _measured(t: _Table, run_t: _Table, hw: Hardware, model: models.ModelShape) 
     timed["accumulation"] = run.accumulation
     try:
         timed_run = _run(_Table(t.path, "run", timed), hw, model)
-    except ScenarioError as exc:  # name the table the user wrote, not [run]
-        problem = str(exc).split(": ", 2)[-1]
-        raise t.error("strategy" if "strategy" in str(exc) else "gpus", problem) from None
+    except ScenarioError as exc:  # name the table the user wrote: "PATH: [run] KEY: PROBLEM"
+        where, problem = str(exc).removeprefix(f"{t.path}: ").split(": ", 1)
+        key = where.split(" ")[-1]
+        raise t.error(key if key in _KEYS["measured"] else "gpus", problem) from None
     return Measured(timed_run, t.number("samples_per_second"))
 
 
