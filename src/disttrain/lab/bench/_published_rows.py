@@ -455,32 +455,14 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # rows (suggested_*, strategy); the rate and buckets from here.
     # InternEvo 7B: the one-node rate of the same ZeRO-1 extent; 1 GiB gradient buckets
     **{
-        f"internevo-7b-tp1-zero1all-{n}gpu": {
-            "rate": _INTERNEVO_RATE_ALL,
-            "bucket_mb": _INTERNEVO_BUCKET_MB,
-        }
+        f"internevo-7b-{config}-{n}gpu": {"rate": rate, "bucket_mb": _INTERNEVO_BUCKET_MB}
+        for config, rate in (
+            ("tp1-zero1all", _INTERNEVO_RATE_ALL),
+            ("tp1-zero1of8", _INTERNEVO_RATE_NODE),
+            ("tp2-zero1all", _INTERNEVO_RATE_ALL),
+            ("tp2-zero1of4", _INTERNEVO_RATE_NODE),
+        )
         for n in _INTERNEVO_TP1
-    },
-    **{
-        f"internevo-7b-tp1-zero1of8-{n}gpu": {
-            "rate": _INTERNEVO_RATE_NODE,
-            "bucket_mb": _INTERNEVO_BUCKET_MB,
-        }
-        for n in _INTERNEVO_TP1
-    },
-    **{
-        f"internevo-7b-tp2-zero1all-{n}gpu": {
-            "rate": _INTERNEVO_RATE_ALL,
-            "bucket_mb": _INTERNEVO_BUCKET_MB,
-        }
-        for n in _INTERNEVO_TP2
-    },
-    **{
-        f"internevo-7b-tp2-zero1of4-{n}gpu": {
-            "rate": _INTERNEVO_RATE_NODE,
-            "bucket_mb": _INTERNEVO_BUCKET_MB,
-        }
-        for n in _INTERNEVO_TP2
     },
     # Megatron-LLaMA 13B: OverlappedDistributedOptimizer overlaps (--reduce-bucket-size=4e8
     # elements, 2 bytes each); DistributedOptimizer reduce-scatters after the last backward
