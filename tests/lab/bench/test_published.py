@@ -157,13 +157,41 @@ def test_a_scale_out_pair_is_the_ratio_of_the_two_rows() -> None:
         assert p["linear_error"] == pytest.approx(ideal / p["published"] - 1)
 
 
-def test_a_scale_out_pair_naming_no_scored_row_is_refused() -> None:
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"scales_with": "no-such-row"}, "scales_with 'no-such-row' is no scored row"),
+        ({"scales_with": "itself"}, "at fewer GPUs than the row's"),
+        ({"unit": "tflops_per_gpu"}, "is no scored row"),  # the two units differ
+    ],
+    ids=["missing", "itself", "other-unit"],
+)
+def test_a_scale_out_pair_that_is_no_scale_out_is_refused(
+    change: dict[str, str], says: str
+) -> None:
     from disttrain.comm.errors import UsageError
 
     recs, _ = published.evaluate(INDEPENDENT2)
     broken = [dict(r) for r in recs]
-    next(r for r in broken if r["scales_with"])["scales_with"] = "no-such-row"
-    with pytest.raises(UsageError, match="scales_with 'no-such-row' is no scored row"):
+    row = next(r for r in broken if r["scales_with"])
+    row.update(change)
+    if row["scales_with"] == "itself":
+        row["scales_with"] = row["id"]
+    with pytest.raises(UsageError, match=re.escape(says)):
+        published.scale_outs(broken)
+
+
+def test_a_scale_out_pair_in_a_per_gpu_unit_is_refused() -> None:
+    # perfect scaling keeps a per-GPU figure, so the GPU counts' ratio is no baseline for it
+    from disttrain.comm.errors import UsageError
+
+    recs, _ = published.evaluate(INDEPENDENT2)
+    broken = [dict(r) for r in recs]
+    row = next(r for r in broken if r["scales_with"])
+    for r in broken:
+        if r["id"] in (row["id"], row["scales_with"]):
+            r["unit"] = "tflops_per_gpu"
+    with pytest.raises(UsageError, match="scales_with needs a job's total"):
         published.scale_outs(broken)
 
 

@@ -312,6 +312,10 @@ def _by_source(recs: list[dict[str, Any]]) -> None:
             )
 
 
+#: units of a whole job's throughput, whose ratio at two GPU counts is the scale-out
+_TOTALS = ("images_per_second", "sequences_per_second", "tokens_per_second")
+
+
 def scale_outs(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each row that names ``scales_with`` (the same run at fewer GPUs, same unit) against
     that row: the published and predicted ratios of the two figures. The one-GPU rate
@@ -325,6 +329,11 @@ def scale_outs(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         base = by_id.get(r["scales_with"])
         if base is None or base["predicted"] is None or base["unit"] != r["unit"]:
             raise UsageError(f"{r['id']}: scales_with {r['scales_with']!r} is no scored row")
+        if r["unit"] not in _TOTALS or base["gpus"] >= r["gpus"]:  # perfect scaling: n1/n0
+            raise UsageError(
+                f"{r['id']}: scales_with needs a job's total ({', '.join(_TOTALS)}) at fewer "
+                f"GPUs than the row's; {base['id']} is {base['unit']} at {base['gpus']}"
+            )
         published_ = r["published"] / base["published"]
         predicted_ = r["predicted"] / base["predicted"]
         out.append(
@@ -341,8 +350,7 @@ def scale_outs(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _scale_out_block(recs: list[dict[str, Any]]) -> None:
-    pairs = scale_outs(recs)
+def _scale_out_block(pairs: list[dict[str, Any]]) -> None:
     if not pairs:
         return
     print("\n## scale-out pairs (the same run at two GPU counts; the one-GPU rate cancels)\n")
@@ -366,6 +374,7 @@ def _scale_out_block(recs: list[dict[str, Any]]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     recs, fitted = evaluate(args.table)
+    pairs = scale_outs(recs)  # a pair that is none is refused before anything is printed
     independent = not any(r["calibration"] for r in recs)
     if independent:
         print(
@@ -383,10 +392,10 @@ def run(args: argparse.Namespace) -> int:
     if independent:
         _block("independent rows", recs)
         _by_source(recs)
-        _scale_out_block(recs)
+        _scale_out_block(pairs)
         return 0
     _block("calibration rows", [r for r in recs if r["calibration"]])
     if not args.calibration_only:
         _block("held-out rows", [r for r in recs if not r["calibration"]])
-        _scale_out_block(recs)
+        _scale_out_block(pairs)
     return 0
