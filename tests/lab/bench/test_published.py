@@ -8,6 +8,7 @@ import shutil
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tomllib
@@ -160,14 +161,17 @@ def test_a_scale_out_pair_is_the_ratio_of_the_two_rows() -> None:
 @pytest.mark.parametrize(
     ("change", "says"),
     [
-        ({"scales_with": "no-such-row"}, "scales_with 'no-such-row' is no scored row"),
-        ({"scales_with": "itself"}, "at fewer GPUs than the row's"),
-        ({"unit": "tflops_per_gpu"}, "is no scored row"),  # the two units differ
+        ({"scales_with": "no-such-row"}, "scales_with 'no-such-row' names no row of the table"),
+        ({"scales_with": ""}, "scales_with '' names no row of the table"),
+        ({"scales_with": "itself"}, "needs fewer GPUs than the row's"),
+        ({"unit": "tflops_per_gpu"}, "needs both rows in one unit of a job's total"),
+        ({"model": "resnet50"}, "names another source's or model's run (gpt, "),
+        ({"predicted": None}, "names a row pair the model does not predict"),
     ],
-    ids=["missing", "itself", "other-unit"],
+    ids=["missing", "empty", "itself", "other-unit", "other-model", "not-modelled"],
 )
 def test_a_scale_out_pair_that_is_no_scale_out_is_refused(
-    change: dict[str, str], says: str
+    change: dict[str, Any], says: str
 ) -> None:
     from disttrain.comm.errors import UsageError
 
@@ -177,8 +181,10 @@ def test_a_scale_out_pair_that_is_no_scale_out_is_refused(
     row.update(change)
     if row["scales_with"] == "itself":
         row["scales_with"] = row["id"]
-    with pytest.raises(UsageError, match=re.escape(says)):
-        published.scale_outs(broken)
+    with pytest.raises(UsageError) as err:
+        published.scale_outs(broken, "t.toml")
+    assert str(err.value).startswith(f"--table t.toml: {row['id']}: ")
+    assert says in str(err.value)
 
 
 def test_a_scale_out_pair_in_a_per_gpu_unit_is_refused() -> None:
@@ -191,7 +197,7 @@ def test_a_scale_out_pair_in_a_per_gpu_unit_is_refused() -> None:
     for r in broken:
         if r["id"] in (row["id"], row["scales_with"]):
             r["unit"] = "tflops_per_gpu"
-    with pytest.raises(UsageError, match="scales_with needs a job's total"):
+    with pytest.raises(UsageError, match="needs both rows in one unit of a job's total"):
         published.scale_outs(broken)
 
 

@@ -116,6 +116,28 @@ def test_a_measured_run_gives_back_the_one_gpu_rate_that_predicts_it() -> None:
     )
 
 
+def test_a_measured_run_keeps_its_own_global_batch_when_it_gives_one() -> None:
+    weak = parse(MEASURED)  # [run]'s batch per GPU and accumulation: the global batch grows
+    assert weak.measured is not None and weak.measured.run.global_batch == 4 * 64
+    fixed = _measured(measured__global_batch=16 * 64)  # strong scaling: [run]'s 1024
+    sc = parse(fixed)
+    assert sc.measured is not None
+    assert (sc.measured.run.batch_per_gpu, sc.measured.run.accumulation) == (64, 4)
+
+
+def test_a_layout_error_of_the_measured_run_names_its_gpus() -> None:
+    data = copy.deepcopy(MEASURED)
+    data["model"] = {"name": "gpt", "layers": 8, "hidden": 1024, "heads": 8, "seq_len": 512}
+    data["hardware"]["gpus_per_node"] = 8
+    data["run"] = {"gpus": 16, "batch_per_gpu": 2, "strategy": "tensor:8"}
+    data["measured"] = {"gpus": 4, "samples_per_second": 20.0}  # [run]'s tensor:8 on 4 GPUs
+    with pytest.raises(ScenarioError) as err:
+        parse(data, "my.toml")
+    assert str(err.value) == (
+        "my.toml: [measured] gpus: 'tensor:8': 8 does not divide [measured] gpus 4"
+    )
+
+
 def test_a_hybrid_measured_run_scales_its_data_parallel_part() -> None:
     data = copy.deepcopy(MEASURED)
     data["model"] = {"name": "gpt", "layers": 8, "hidden": 1024, "heads": 8, "seq_len": 512}
@@ -154,8 +176,27 @@ def _measured(**change: Any) -> dict[str, Any]:
             _measured(measured__samples_per_second=1e9),
             "[measured] samples_per_second: 1e+09 is above what 4 GPUs reach at any GPU speed",
         ),
+        (
+            _measured(measured__samples_per_second=1e-12),
+            "[measured] samples_per_second: 1e-12 is below what 4 GPUs reach at 1e-09",
+        ),
+        ({**_measured(), "measured": {"gpus": 4}}, "[measured] samples_per_second: is required"),
+        ({**_measured(), "measured": 5}, "my.toml: [measured]: must be a table"),
+        (_measured(measured__global_batch=1000), "[measured] global_batch: 1000 is not a multiple"),
     ],
-    ids=["rate-too", "gpus-0", "gpus-6", "strategy", "negative", "unknown", "too-fast"],
+    ids=[
+        "rate-too",
+        "gpus-0",
+        "gpus-6",
+        "strategy",
+        "negative",
+        "unknown",
+        "too-fast",
+        "too-slow",
+        "no-figure",
+        "not-a-table",
+        "global-batch",
+    ],
 )
 def test_a_bad_measured_run_is_named(data: dict[str, Any], message: str) -> None:
     with pytest.raises(ScenarioError) as err:

@@ -265,6 +265,7 @@ def evaluate(path: str | Path = DEFAULT) -> tuple[list[dict[str, Any]], dict[str
             "why": rows_.EXPLAIN.get(row["id"], ""),
             "gpus": int(row["gpus"]),
             "scales_with": row.get("scales_with"),
+            "model": row.get("model"),
         }
         if row["id"] in rows_.NOT_MODELLED:
             rec["status"] = "not modelled: " + rows_.NOT_MODELLED[row["id"]]
@@ -316,23 +317,40 @@ def _by_source(recs: list[dict[str, Any]]) -> None:
 _TOTALS = ("images_per_second", "sequences_per_second", "tokens_per_second")
 
 
-def scale_outs(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _not_a_pair(r: dict[str, Any], base: dict[str, Any] | None) -> str:
+    """Why ``r`` and the row it names are no scale-out pair; empty when they are one."""
+    if base is None:
+        return "names no row of the table"
+    if r["predicted"] is None or base["predicted"] is None:
+        return "names a row pair the model does not predict"
+    if (base["source"], base["model"]) != (r["source"], r["model"]):
+        return f"names another source's or model's run ({base['model']}, {base['source']})"
+    if base["unit"] != r["unit"] or r["unit"] not in _TOTALS:
+        return (
+            f"needs both rows in one unit of a job's total ({', '.join(_TOTALS)}); they are "
+            f"{r['unit']} and {base['unit']}"
+        )
+    if base["gpus"] >= r["gpus"]:  # perfect scaling is n1/n0 > 1
+        return f"needs fewer GPUs than the row's {r['gpus']}; {base['id']} has {base['gpus']}"
+    return ""
+
+
+def scale_outs(recs: list[dict[str, Any]], table: str | Path = "") -> list[dict[str, Any]]:
     """Each row that names ``scales_with`` (the same run at fewer GPUs, same unit) against
     that row: the published and predicted ratios of the two figures. The one-GPU rate
     cancels from the predicted ratio, so this scores what distribution adds alone. Beside
-    it, the ratio of perfect scaling (the GPU counts'), the baseline a model must beat."""
+    it, the ratio of perfect scaling (the GPU counts'), the baseline a model must beat.
+    A row naming something that is no such pair is refused (UsageError, one line)."""
     by_id = {r["id"]: r for r in recs}
     out = []
     for r in recs:
-        if not r["scales_with"] or r["predicted"] is None:
+        if r["scales_with"] is None:
             continue
-        base = by_id.get(r["scales_with"])
-        if base is None or base["predicted"] is None or base["unit"] != r["unit"]:
-            raise UsageError(f"{r['id']}: scales_with {r['scales_with']!r} is no scored row")
-        if r["unit"] not in _TOTALS or base["gpus"] >= r["gpus"]:  # perfect scaling: n1/n0
+        base = by_id.get(str(r["scales_with"]))
+        problem = _not_a_pair(r, base)
+        if problem or base is None:
             raise UsageError(
-                f"{r['id']}: scales_with needs a job's total ({', '.join(_TOTALS)}) at fewer "
-                f"GPUs than the row's; {base['id']} is {base['unit']} at {base['gpus']}"
+                f"--table {table}: {r['id']}: scales_with {r['scales_with']!r} {problem}"
             )
         published_ = r["published"] / base["published"]
         predicted_ = r["predicted"] / base["predicted"]
@@ -374,7 +392,9 @@ def _scale_out_block(pairs: list[dict[str, Any]]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     recs, fitted = evaluate(args.table)
-    pairs = scale_outs(recs)  # a pair that is none is refused before anything is printed
+    pairs = scale_outs(
+        recs, args.table
+    )  # a pair that is none is refused before anything is printed
     independent = not any(r["calibration"] for r in recs)
     if independent:
         print(

@@ -15,6 +15,14 @@ from disttrain.lab.scenario.steptime import describe, predict
 __all__ = ["run"]
 
 
+def _figure(x: float) -> str:
+    return f"{x:,.1f}" if x >= 100 else f"{x:.4g}"
+
+
+def _gpus(n: int) -> str:
+    return "1 GPU" if n == 1 else f"{n} GPUs"
+
+
 def run(path: str, json_path: str = "") -> int:
     sc = load(path)
     p = predict(sc)
@@ -24,9 +32,10 @@ def run(path: str, json_path: str = "") -> int:
     if sc.measured is not None:
         m = sc.measured
         print(
-            f"one-GPU rate {b['gpu_samples_per_second']:,.4g} samples/s, backed out of the "
-            f"measured run: {m.run.gpus} GPUs, {m.run.strategy}, "
-            f"{m.samples_per_second:,.4g} samples/s"
+            f"one-GPU rate {_figure(b['gpu_samples_per_second'])} samples/s, backed out of the "
+            f"measured run: {_gpus(m.run.gpus)}, {m.run.strategy}, batch {m.run.batch_per_gpu} "
+            f"x {m.run.accumulation} x {m.run.dp} = {m.run.global_batch}, "
+            f"{_figure(m.samples_per_second)} samples/s"
         )
     print(
         f"{r.gpus} GPUs ({sc.hardware.gpus_per_node} per node), strategy {r.strategy}, "

@@ -42,6 +42,12 @@ def anchored(sc: Scenario, path: str = "scenario") -> Scenario:
             f"{m.run.gpus} GPUs reach at any GPU speed on this network ({ceiling:.4g}): "
             "check the links in [hardware]"
         )
+    floor = predict(_at(timed, _LOW)).samples_per_second
+    if m.samples_per_second <= floor:
+        raise ScenarioError(
+            f"{path}: [measured] samples_per_second: {m.samples_per_second:g} is below what "
+            f"{m.run.gpus} GPUs reach at {_LOW:g} samples/s a GPU ({floor:.4g})"
+        )
     lo, hi = math.log(_LOW), math.log(_HIGH)
     for _ in range(_STEPS):
         mid = (lo + hi) / 2

@@ -52,7 +52,7 @@ _KEYS = {
         "tp_overlap",
         "bucket_mb",
     },
-    "measured": {"gpus", "samples_per_second", "strategy"},
+    "measured": {"gpus", "samples_per_second", "strategy", "global_batch", "accumulation"},
 }
 #: tables a file must have; [measured] is optional
 _REQUIRED = ("model", "hardware", "run")
@@ -93,7 +93,7 @@ class _Table:
     def __init__(self, path: str, name: str, data: Any) -> None:
         self.path, self.name = path, name
         if not isinstance(data, dict):
-            self.fail("", f"[{name}] must be a table")
+            self.fail("", "must be a table")
         unknown = sorted(set(data) - _KEYS[name])
         self.data: dict[str, Any] = data
         if unknown:
@@ -118,6 +118,8 @@ class _Table:
         return value
 
     def number(self, key: str) -> float:
+        if key not in self.data:
+            self.fail(key, "is required")
         value = self.data[key]
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         if not ok or not math.isfinite(value) or value <= 0:
@@ -264,7 +266,8 @@ def _measured(
     t: _Table, run_t: _Table, run: Run, hw: Hardware, model: models.ModelShape
 ) -> Measured:
     """The timed run: [run] with [measured]'s GPU count (and strategy; a hybrid layout
-    scales its data-parallel part by default), the same batch per GPU and accumulation."""
+    scales its data-parallel part by default), the same batch per GPU, and [run]'s
+    accumulation unless [measured] gives its own global batch or accumulation."""
     gpus = t.integer("gpus")
     strategy = str(t.data.get("strategy", run.strategy))
     if "strategy" not in t.data and run.strategy.startswith("hybrid:"):
@@ -274,13 +277,19 @@ def _measured(
         strategy = f"hybrid:dp={gpus // (run.tp * run.pp)},tp={run.tp},pp={run.pp}{vp}"
     timed = dict(run_t.data, gpus=gpus, strategy=strategy, batch_per_gpu=run.batch_per_gpu)
     timed.pop("global_batch", None)
-    timed["accumulation"] = run.accumulation
+    timed["accumulation"] = run.accumulation  # weak scaling: [run]'s batch per GPU
+    own = {k: t.data[k] for k in ("global_batch", "accumulation") if k in t.data}
+    if own:  # the timed run's own batch, e.g. a global batch kept fixed (strong scaling)
+        del timed["accumulation"]
+        timed.update(own)
     try:
         timed_run = _run(_Table(t.path, "run", timed), hw, model)
     except ScenarioError as exc:  # name the table the user wrote: "PATH: [run] KEY: PROBLEM"
         where, problem = str(exc).removeprefix(f"{t.path}: ").split(": ", 1)
         key = where.split(" ")[-1]
-        raise t.error(key if key in _KEYS["measured"] else "gpus", problem) from None
+        if key not in t.data:  # [run]'s value, at [measured]'s GPU count
+            key = "gpus"
+        raise t.error(key, problem.replace("run.gpus", "[measured] gpus")) from None
     return Measured(timed_run, t.number("samples_per_second"))
 
 
