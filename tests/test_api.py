@@ -9,7 +9,6 @@ which is what ``disttrain train`` guarantees for its own workers.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,16 +17,11 @@ import torch
 from torch.nn import functional as F
 
 import disttrain as dt
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 STEPS, BATCH, HIDDEN = 4, 32, (32, 16)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _single_process_reference() -> dict[str, torch.Tensor]:
@@ -55,7 +49,7 @@ def _torchrun(tmp_path: Path, *extra: str) -> dict[str, torch.Tensor]:
         "--master-addr",
         "127.0.0.1",
         "--master-port",
-        str(_free_port()),
+        str(free_port()),
         "examples/horovod_style.py",
         "--max-steps",
         str(STEPS),

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_api import TORCHRUN, _free_port
+from tests.ports import free_port
+from tests.test_api import TORCHRUN
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {
@@ -43,7 +44,7 @@ def _run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
         "--rdzv-backend",
         "c10d",
         "--rdzv-endpoint",
-        f"127.0.0.1:{_free_port()}",
+        f"127.0.0.1:{free_port()}",
         str(REPO / "examples" / "elastic_state.py"),
         *args,
     ]

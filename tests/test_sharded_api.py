@@ -10,7 +10,6 @@ processes and must equal one process the same way.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from torch.nn import functional as F
 import disttrain as dt
 from disttrain.comm.errors import UsageError
 from tests.harness import SharedWorlds
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).parent / "torchrun"
@@ -151,12 +151,6 @@ def test_misuse_is_one_clear_error() -> None:
     assert "stage 3" in errors[2] and "dt.shard_model(model) first" in errors[3]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.timeout(200)
 def test_the_example_under_torchrun_equals_one_process(tmp_path: Path) -> None:
     out = tmp_path / "state.pt"
@@ -167,7 +161,7 @@ def test_the_example_under_torchrun_equals_one_process(tmp_path: Path) -> None:
         "--master-addr",
         "127.0.0.1",
         "--master-port",
-        str(_free_port()),
+        str(free_port()),
         "examples/sharded_zero.py",
         "--stage",
         "3",

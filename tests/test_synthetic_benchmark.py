@@ -12,7 +12,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from tests.test_api import TORCHRUN, _free_port
+from tests.ports import free_port
+from tests.test_api import TORCHRUN
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,7 +26,7 @@ def test_synthetic_benchmark_runs_under_torchrun(tmp_path: Path) -> None:
         "--master-addr",
         "127.0.0.1",
         "--master-port",
-        str(_free_port()),
+        str(free_port()),
         str(REPO / "examples" / "synthetic_benchmark.py"),
         "--num-iters",
         "3",

@@ -6,7 +6,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.test_api import TORCHRUN, _free_port
+from tests.ports import free_port
+from tests.test_api import TORCHRUN
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,7 +22,7 @@ def test_all_ranks_of_a_torchrun_job_share_the_default_out_folder(tmp_path: Path
         "--master-addr",
         "127.0.0.1",
         "--master-port",
-        str(_free_port()),
+        str(free_port()),
         "--rdzv-id",
         "job7",
         "-m",

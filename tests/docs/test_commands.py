@@ -63,7 +63,7 @@ import pytest
 
 from tests import zygote
 from tests.harness import run_world
-from tests.test_api import _free_port
+from tests.ports import free_port
 from tests.test_cli import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -695,7 +695,7 @@ def _check_horovod_launch(text: str, tmp: Path) -> None:
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
         "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(HOROVOD / "standins")]),
         "HOME": str(tmp),  # the example locks ~/.horovod_lock
-        "PET_MASTER_PORT": str(_free_port()),  # torchrun's 29500 may be another test's
+        "PET_MASTER_PORT": str(free_port()),  # torchrun's 29500 may be another test's
     }
     for done in _at_once(_commands(text), tmp, {**os.environ, **env}, 300):
         assert "Test set: Average loss" in done.stdout, _failed(done.args, done)

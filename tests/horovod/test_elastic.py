@@ -26,7 +26,8 @@ import torch
 
 from disttrain.horovod.elastic import ElasticSampler, TorchState
 from tests.harness import run_world
-from tests.test_api import TORCHRUN, _free_port
+from tests.ports import free_port
+from tests.test_api import TORCHRUN
 
 
 def _step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
@@ -190,7 +191,7 @@ def _torchrun(out: Path) -> subprocess.Popen[str]:
     afresh (tests/test_elastic.py says why); a session of its own, to kill it whole."""
     cmd = [str(TORCHRUN), "--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "1"]
     cmd += ["--monitor-interval", "0.1", "--rdzv-backend", "c10d"]
-    cmd += ["--rdzv-endpoint", f"127.0.0.1:{_free_port()}"]
+    cmd += ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
     cmd += [str(Path(__file__).with_name("elastic_worker.py")), str(out)]
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(repo / "src"), "OMP_NUM_THREADS": "1"}

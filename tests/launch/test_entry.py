@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from tests.harness import run_world
-from tests.test_api import TORCHRUN, _free_port
+from tests.ports import free_port
+from tests.test_api import TORCHRUN
 
 REPO = Path(__file__).resolve().parents[2]
 SETTINGS = {"max_steps": 6, "epochs": 1, "batch_size": 32, "progress": False, "timeout": 60.0}
@@ -82,7 +83,7 @@ def test_train_under_torchrun_matches_one_process(
         "--master-addr",
         "127.0.0.1",
         "--master-port",
-        str(_free_port()),
+        str(free_port()),
         str(REPO / "examples" / "train_api.py"),
         json.dumps({**SETTINGS, "out": str(tmp_path / "run")}),
     ]

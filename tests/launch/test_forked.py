@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from disttrain.launch import forked
-from tests.test_api import TORCHRUN, _free_port
+from tests.ports import free_port
+from tests.test_api import TORCHRUN
 from tests.test_cli import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,7 +37,7 @@ def test_forked_workers_train_bit_for_bit_as_torchrun_s_exec_d_ones(tmp_path: Pa
         "--master-addr",
         "127.0.0.1",
         "--master-port",
-        str(_free_port()),
+        str(free_port()),
         "-m",
         "disttrain",
         "train",

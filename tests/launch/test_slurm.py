@@ -28,7 +28,7 @@ import pytest
 from disttrain.launch.slurm import expand_nodelist, srun_command
 from tests.harness import run_world
 from tests.launch.test_entry import ONE_SAMPLE, SETTINGS, _reference
-from tests.test_api import _free_port
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = ("slurmctld", "slurmd", "sbatch", "sinfo", "srun")
@@ -164,7 +164,7 @@ def test_a_slurm_job_trains_like_one_process(tmp_path: Path) -> None:
     for d in ("state", "spool"):
         (tmp_path / d).mkdir()
     conf = tmp_path / "slurm.conf"
-    ports = [_free_port(), _free_port()]
+    ports = [free_port(), free_port()]
     conf.write_text(
         CONF.format(host=host, tmp=tmp_path, cpus=cpus, ctld_port=ports[0], d_port=ports[1])
     )
