@@ -165,7 +165,7 @@ def test_a_scale_out_pair_is_the_ratio_of_the_two_rows() -> None:
         ({"scales_with": ""}, "scales_with '' names no row of the table"),
         ({"scales_with": "itself"}, "needs fewer GPUs than the row's"),
         ({"unit": "tflops_per_gpu"}, "needs both rows in one unit of a job's total"),
-        ({"model": "resnet50"}, "names another source's or model's run (gpt, "),
+        ({"model": "gpt 80 8192"}, "names another source's or model's run (gpt 32 4096, "),
         ({"predicted": None}, "names a row pair the model does not predict"),
     ],
     ids=["missing", "empty", "itself", "other-unit", "other-model", "not-modelled"],

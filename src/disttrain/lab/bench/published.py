@@ -265,7 +265,8 @@ def evaluate(path: str | Path = DEFAULT) -> tuple[list[dict[str, Any]], dict[str
             "why": rows_.EXPLAIN.get(row["id"], ""),
             "gpus": int(row["gpus"]),
             "scales_with": row.get("scales_with"),
-            "model": row.get("model"),
+            # the model and, for gpt, its shape: a pair is one model at two scales
+            "model": " ".join(str(row[k]) for k in ("model", "layers", "hidden") if k in row),
         }
         if row["id"] in rows_.NOT_MODELLED:
             rec["status"] = "not modelled: " + rows_.NOT_MODELLED[row["id"]]
