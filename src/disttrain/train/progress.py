@@ -106,8 +106,8 @@ def print_summary(summary: dict[str, Any], out_dir: str) -> None:
         table.add_row(key, shown)
     for phase, seconds in summary["time_breakdown"].items():
         table.add_row(f"time: {phase} (s)", _fmt(seconds))
-    # --algorithm auto: the reducer's (allreduce), ZeRO's, or the averaging strategies' own
-    places = (summary.get("data_parallel", {}), summary.get("zero", {}), summary)
+    # --algorithm auto: wherever the strategy's summary put it (collectives.by_size)
+    places = (summary, *(v for v in summary.values() if isinstance(v, dict)))
     chosen = next((p["allreduce_by_size"] for p in places if p.get("allreduce_by_size")), None)
     if chosen:  # --algorithm auto: what ran each bucket size
         shown = ", ".join(f"{human_bytes(int(size))} {name}" for size, name in chosen.items())
