@@ -123,6 +123,10 @@ def test_a_measured_run_keeps_its_own_global_batch_when_it_gives_one() -> None:
     sc = parse(fixed)
     assert sc.measured is not None
     assert (sc.measured.run.batch_per_gpu, sc.measured.run.accumulation) == (64, 4)
+    fixed["run"].update(global_batch=2048, accumulation=2)  # [run]'s own: 16 x 64 x 2
+    fixed["measured"]["global_batch"] = 2048  # the same global batch on 4 GPUs
+    sc = parse(fixed)
+    assert sc.measured is not None and sc.measured.run.accumulation == 8
 
 
 def test_a_layout_error_of_the_measured_run_names_its_gpus() -> None:

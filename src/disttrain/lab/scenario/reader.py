@@ -276,12 +276,11 @@ def _measured(
         vp = f",vp={run.vp}" if run.vp > 1 else ""
         strategy = f"hybrid:dp={gpus // (run.tp * run.pp)},tp={run.tp},pp={run.pp}{vp}"
     timed = dict(run_t.data, gpus=gpus, strategy=strategy, batch_per_gpu=run.batch_per_gpu)
-    timed.pop("global_batch", None)
-    timed["accumulation"] = run.accumulation  # weak scaling: [run]'s batch per GPU
+    for key in ("global_batch", "accumulation"):  # [run]'s, which need not fit its GPUs
+        timed.pop(key, None)
+    # the timed run's own batch (a global batch kept fixed), else [run]'s accumulation
     own = {k: t.data[k] for k in ("global_batch", "accumulation") if k in t.data}
-    if own:  # the timed run's own batch, e.g. a global batch kept fixed (strong scaling)
-        del timed["accumulation"]
-        timed.update(own)
+    timed.update(own or {"accumulation": run.accumulation})
     try:
         timed_run = _run(_Table(t.path, "run", timed), hw, model)
     except ScenarioError as exc:  # name the table the user wrote: "PATH: [run] KEY: PROBLEM"
