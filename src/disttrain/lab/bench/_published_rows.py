@@ -993,5 +993,4 @@ _AFTER_THIRD = {
         "rate, as in the second check"
     ),
 }
-for _row, _why in _AFTER_THIRD.items():
-    EXPLAIN[_row] += "; after the run: " + _why
+EXPLAIN.update({row: f"{EXPLAIN[row]}; after the run: {why}" for row, why in _AFTER_THIRD.items()})
