@@ -202,7 +202,13 @@ class AllReduce(Strategy, Grows, Reshards, ShapesCheckpoint, SendsDuringBackward
         if self.accumulate == 1:
             return super().forward_backward(x, y)
         return accumulated_forward_backward(
-            self.model, self.loss_fn, x, y, self.accumulate, self.reducer.no_sync
+            self.model,
+            self.loss_fn,
+            x,
+            y,
+            self.accumulate,
+            self.reducer.no_sync,
+            self.model_call,
         )
 
     def check_before_send(self, check: Callable[[FlatBucket], None]) -> bool:

@@ -37,7 +37,7 @@ keeps the parts of the strategy it extends.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar, overload
 
@@ -47,14 +47,13 @@ from torch import nn
 from disttrain import timeline
 from disttrain.comm.world import World
 from disttrain.config import RunConfig
+from disttrain.batch import call_model
 from disttrain.registry import Registry
 from disttrain.strategies.layout import Layout
 from disttrain.strategies.settings import StrategySettings
 from disttrain.strategies.state import average_states, peak_rss_bytes, storage_bytes
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from disttrain.strategies.cost.base import StrategyCost
 
 __all__ = [
@@ -83,6 +82,9 @@ class Strategy:
         self.config = config
         self.world = world
         self.loss_fn = loss_fn
+        #: how a batch's inputs call the model (:mod:`disttrain.batch`: ``model(**x)``
+        #: for a dict); ``dt.distribute(forward=...)`` puts the user's own here
+        self.model_call: Callable[[nn.Module, Any], Any] = call_model
         self.roles = get(self.name).layout(self)
 
     # --- the step ------------------------------------------------------------------
@@ -98,10 +100,13 @@ class Strategy:
         self.model = model
         self.optimizer = optimizer
 
-    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Compute the loss of this process's batch shard and its gradients; return the loss."""
+    def forward_backward(self, x: Any, y: Any) -> torch.Tensor:
+        """Compute the loss of this process's batch shard and its gradients; return the loss.
+
+        ``x`` is what the model is called with, ``y`` what the loss reads besides the
+        output (:mod:`disttrain.batch`: tensors, or dicts of them)."""
         with timeline.span("forward"):
-            loss = self.loss_fn(self.model(x), y)
+            loss = self.loss_fn(self.model_call(self.model, x), y)
         with timeline.span("backward"):
             loss.backward()
         return loss.detach()

@@ -54,6 +54,7 @@ from disttrain.strategies.capabilities import (
     Reshards,
     SendsDuringBackward,
     ShapesCheckpoint,
+    StepEvents,
     replica_memory,
 )
 from disttrain.strategies.settings import StrategySettings
@@ -104,7 +105,7 @@ class ZeroSettings(StrategySettings):
 # SendsDuringBackward: the shard gradients exist only after the reduction, so under fp16 the
 # trainer unscales them (and agrees on overflow) after after_backward, for every stage.
 @register(settings=ZeroSettings, cost="disttrain.strategies.cost.zero:ZeroCost")
-class Zero(Strategy, Reshards, ShapesCheckpoint, SendsDuringBackward, CountsMemory):
+class Zero(Strategy, Reshards, ShapesCheckpoint, SendsDuringBackward, StepEvents, CountsMemory):
     """ZeRO stages 1-3 over ``--algorithm``'s reduce-scatter, allreduce and all-gather."""
 
     name = "zero"
@@ -133,12 +134,25 @@ class Zero(Strategy, Reshards, ShapesCheckpoint, SendsDuringBackward, CountsMemo
         self._sharded_names = {name for name, p in model.named_parameters() if id(p) in sharded}
 
     # --- the step -----------------------------------------------------------------------
-    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        self.engine.begin_step()  # the trainer zeroes the shards' gradients, not these
+    def before_step(self, step: int) -> None:
+        # before any forward of the step (the trainer's, or a user's own with
+        # run.backward): the trainer zeroes the shards' gradients, not these
+        self.engine.begin_step()
+
+    def skipped_step(self, step: int) -> None:
+        del step  # an agreed fp16 skip: the next before_step drops this step's gradients
+
+    def forward_backward(self, x: Any, y: Any) -> torch.Tensor:
         if self.accumulate == 1:
             return super().forward_backward(x, y)
         return accumulated_forward_backward(
-            self.model, self.loss_fn, x, y, self.accumulate, self.engine.no_sync
+            self.model,
+            self.loss_fn,
+            x,
+            y,
+            self.accumulate,
+            self.engine.no_sync,
+            self.model_call,
         )
 
     def check_before_send(self, check: Callable[[FlatBucket], None]) -> bool:
