@@ -68,6 +68,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "disttrain.cluster",
         "disttrain.lab",
         "disttrain.optimizer",
+        "disttrain.api",
         "disttrain.ops",
         "disttrain.horovod",
     ),

@@ -49,6 +49,7 @@ _HOME = {
     ),
     **dict.fromkeys(("ShardedOptimizer", "shard_model"), "disttrain.sharded"),
     "DistributedOptimizer": "disttrain.optimizer",
+    **dict.fromkeys(("DistributedRun", "distribute"), "disttrain.api"),
     "train_loop": "disttrain.launch.ray_train",
 }
 
@@ -69,6 +70,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # the same names, for type checkers and editors
     from disttrain import elastic
+    from disttrain.api import DistributedRun, distribute
     from disttrain.comm.world import (
         cross_rank,
         cross_size,
@@ -105,6 +107,7 @@ train = sys.modules["disttrain.train"]  # disttrain.train(config): launch/entry.
 
 __all__ = [
     "DistributedOptimizer",
+    "DistributedRun",
     "ShardedOptimizer",
     "allgather",
     "allreduce",
@@ -115,6 +118,7 @@ __all__ = [
     "broadcast_parameters",
     "cross_rank",
     "cross_size",
+    "distribute",
     "elastic",
     "init",
     "join",

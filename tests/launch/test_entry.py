@@ -117,12 +117,12 @@ def test_train_under_torchrun_matches_one_process(
 
 def test_a_group_of_the_wrong_size_is_refused_in_one_line() -> None:
     from disttrain.comm.errors import UsageError
-    from disttrain.launch.entry import _fit_to_group, resolve_config
+    from disttrain.launch.entry import fit_to_group, resolve_config
 
     cfg = resolve_config({"workers": 3})
     with pytest.raises(UsageError, match="needs 3 processes, but the process group has 2"):
-        _fit_to_group(cfg, 2)
-    assert _fit_to_group(resolve_config({"strategy": "ps"}), 3).train.workers == 2  # + 1 server
+        fit_to_group(cfg, 2)
+    assert fit_to_group(resolve_config({"strategy": "ps"}), 3).train.workers == 2  # + 1 server
     with pytest.raises(UsageError, match="unknown setting 'bogus'"):
         resolve_config({"bogus": 1})
     assert torch.distributed.is_available()

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from disttrain.comm.errors import UsageError
 from disttrain.dataparallel.broadcast import broadcast_json
 
-__all__ = ["resolve_config", "train"]
+__all__ = ["fit_to_group", "resolve_config", "train"]
 
 
 def resolve_config(config: Any = None, **settings: Any) -> Any:
@@ -60,7 +60,7 @@ def resolve_config(config: Any = None, **settings: Any) -> Any:
     return config_mod.load(flags, toml)
 
 
-def _fit_to_group(cfg: Any, size: int) -> Any:
+def fit_to_group(cfg: Any, size: int) -> Any:
     """``cfg`` with ``workers`` chosen so that the strategy's processes fill a group of ``size``."""
     import dataclasses
 
@@ -97,7 +97,7 @@ def train(config: Any = None, trackers: Sequence[Any] = (), **settings: Any) -> 
     cfg = resolve_config(config, **settings)
     tc = cfg.train
     world.init(device=tc.device, timeout=tc.timeout, threads=tc.threads, backend=tc.backend)
-    cfg = _fit_to_group(cfg, dist.get_world_size() if dist.is_initialized() else 1)
+    cfg = fit_to_group(cfg, dist.get_world_size() if dist.is_initialized() else 1)
     preflight(cfg)
     # every rank writes into rank 0's folder (a time stamp differs from process to process)
     out = str(broadcast_json(cfg.train.out or default_out(cfg.train.strategy)))

@@ -88,10 +88,11 @@ class Strategy:
         self.roles = get(self.name).layout(self)
 
     # --- the step ------------------------------------------------------------------
-    def prepare_model(self, model: nn.Module, sample: torch.Tensor) -> nn.Module:
+    def prepare_model(self, model: nn.Module, sample: Any) -> nn.Module:
         """The part of ``model`` this process holds (all of it, by default). ``sample``: a
         batch of the data set's inputs (the pipeline's ``--balance time`` times layers on
-        it), handed over by the trainer: a strategy never loads data itself."""
+        it), handed over by the trainer: a strategy never loads data itself (None in a
+        script's run, ``dt.distribute``, which has no data yet)."""
         del sample
         return model
 

@@ -153,13 +153,18 @@ class Pipeline(Strategy, ShardsData):
         return 1 if self.pc.schedule == "none" else self.pc.microbatches
 
     # --- splitting ------------------------------------------------------------------
-    def _sizes(self, model: nn.Sequential, sample: torch.Tensor) -> list[int]:
+    def _sizes(self, model: nn.Sequential, sample: torch.Tensor | None) -> list[int]:
         spec = self.pc.balance_spec()
         cuts = self.stages * self.chunks
         if isinstance(spec, list):
             return spec
         if spec == "params":
             return placement.param_sizes(list(model), cuts)
+        if sample is None:  # a script's run (dt.distribute) has no batch before its first step
+            raise UsageError(
+                "--balance time times the layers on a batch, and dt.distribute has none: "
+                "use balance='params' or a list of layer counts"
+            )
         # "time": measured on stage 0 only, so that every stage agrees on the split
         sizes = torch.zeros(cuts, dtype=torch.int64)
         if self.stage == 0:
@@ -172,7 +177,7 @@ class Pipeline(Strategy, ShardsData):
                 dist.broadcast(sizes, src=p2p.global_rank(self.group, 0), group=self.group)
         return [int(n) for n in sizes]
 
-    def prepare_model(self, model: nn.Module, sample: torch.Tensor) -> nn.Module:
+    def prepare_model(self, model: nn.Module, sample: torch.Tensor | None) -> nn.Module:
         placement.check_sequential(model, self.name)
         assert isinstance(model, nn.Sequential)
         self.sizes = self._sizes(model, sample)

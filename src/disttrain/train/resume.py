@@ -15,7 +15,7 @@ from disttrain.comm import world as world_mod
 from disttrain.strategies.capabilities import Reshards, load_model_state_dict
 from disttrain.train.step import StepRunner
 
-__all__ = ["agree_run", "goes_on", "resume", "say_where_it_goes_on"]
+__all__ = ["agree_run", "apply_state", "goes_on", "resume", "say_where_it_goes_on"]
 
 
 def agree_run(tc: Any, world: world_mod.World) -> str:
@@ -86,6 +86,18 @@ def resume(
         cls.reshard if issubclass(cls, Reshards) else None,
         f"--strategy {cls.name}",
     )
+    apply_state(state, strategy, optimizer, runner)
+    return int(state["step"])
+
+
+def apply_state(
+    state: dict[str, Any],
+    strategy: strategies.Strategy,
+    optimizer: torch.optim.Optimizer,
+    runner: StepRunner,
+) -> None:
+    """Load one worker's state (``saver.rank_state``'s) into its strategy, model, optimizer,
+    loss scale and random generator (a ``--resume``, or ``run.load_state_dict``)."""
     # the strategy first: it may refuse a checkpoint of another layout (pipeline stages)
     # with one line, before the model's load_state_dict fails on the mismatched keys
     strategy.load_state_dict(state["strategy"])
@@ -94,4 +106,3 @@ def resume(
     if runner.scaler and state["scaler"]:
         runner.scaler.load_state_dict(state["scaler"])
     torch.set_rng_state(state["rng"])
-    return int(state["step"])
