@@ -30,6 +30,7 @@ from disttrain.collectives.checks import checks_everywhere
 from disttrain.collectives.chunks import chunk_bounds
 from disttrain.dataparallel.fusion import assign_by_size
 from disttrain.dataparallel.gather import LayerGatherer, layer_groups
+from disttrain.dataparallel.gather_units import check_units
 from disttrain.dataparallel.sharding import (
     ShardedReducer,
     ShardLayout,
@@ -94,6 +95,7 @@ class ZeroEngine:
         """Stage 3: one group per layer of ``model``; stages 1, 2: ``params`` in fusion buckets."""
         if stage == 3:
             assert model is not None, "stage 3 gathers per layer: it needs the model"
+            check_units(model)  # before the layout packs (and would cast) the parameters
             return cls(layer_groups(model), stage, algorithm, overlap, group, model)
         return cls(fusion_groups(params, fusion_bytes), stage, algorithm, overlap, group)
 
