@@ -127,6 +127,7 @@ class DistributedRun:
         self.position = Position()
         self.steps = 0
         self._hooks: list[Any] = []
+        self._served: dict[str, Any] | None = None  # a server's figures, once it has served
         self.runner: StepRunner | None = None
         if self.roles.is_worker:
             self.runner = StepRunner(
@@ -159,7 +160,12 @@ class DistributedRun:
         """Serve until the workers are done (parameter servers); the server's figures."""
         if not self.serves:
             raise UsageError("run.serve(): this process trains; call it only where run.serves")
-        return self.roles.serve()
+        return self._serve_once()
+
+    def _serve_once(self) -> dict[str, Any]:
+        if self._served is None:
+            self._served = self.roles.serve()
+        return self._served
 
     @property
     def epoch(self) -> int:
@@ -176,7 +182,13 @@ class DistributedRun:
         **dataloader_kwargs: Any,
     ) -> Any:
         """torch's DataLoader of this rank's share of each global batch of ``batch_size``
-        (default: the run's ``batch_size``); every DataLoader keyword passes through."""
+        (default: the run's ``batch_size``); every DataLoader keyword passes through.
+
+        On a process that serves (a parameter server) it serves until the workers are
+        done and yields nothing, so that one loop is every process's script."""
+        if self.serves:
+            self._serve_once()
+            return []
         rank, shards = data_shard(self.strategy)
         skip = self.position.start(dataset, epoch)
         b = batch_size if batch_size is not None else self.tc.batch_size
@@ -247,7 +259,10 @@ class DistributedRun:
     # --- the end and the state ----------------------------------------------------------
     def finish(self) -> nn.Module | None:
         """Training is over: the whole trained model on rank 0, None elsewhere (every rank
-        calls it)."""
+        calls it; a server that has not served yet serves first)."""
+        if self.serves:
+            self._serve_once()
+            return None
         for handle in self._hooks:
             handle.remove()
         self._hooks = []

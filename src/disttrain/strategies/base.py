@@ -45,9 +45,9 @@ import torch
 from torch import nn
 
 from disttrain import timeline
+from disttrain.batch import call_model
 from disttrain.comm.world import World
 from disttrain.config import RunConfig
-from disttrain.batch import call_model
 from disttrain.registry import Registry
 from disttrain.strategies.layout import Layout
 from disttrain.strategies.settings import StrategySettings
