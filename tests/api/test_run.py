@@ -1,0 +1,194 @@
+"""A script's run (``dt.distribute``): its own loop, resume, and bad input.
+
+- ``run.backward`` with the script's own forward and ``optimizer.step()`` takes the same
+  steps as ``run.step`` for every strategy that lets a script keep them (the data-parallel
+  family), and is refused with one line naming ``run.step`` where it cannot be;
+- ``run.state_dict()`` mid-epoch, loaded into a fresh run (other initial weights), ends
+  exactly where the uninterrupted run ends: on the same worker count, and on another one
+  (2 -> 4) for the strategies that reshard;
+- bad input is one line (``UsageError``) naming the piece, before any step.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from tests.harness import SharedWorlds
+
+pytestmark = pytest.mark.xdist_group("api-run")
+
+BATCH, EPOCHS, CUT = 32, 2, 11  # 8 steps an epoch: the cut is mid-epoch 1
+#: where the 2-rank world leaves its states for the 4-rank world: this test process's
+#: folder, handed to both (the module's tests share one xdist worker, ``xdist_group``)
+STATES = tempfile.mkdtemp(prefix="disttrain-api-states-")
+
+
+def _data() -> Any:
+    from torch.utils.data import TensorDataset
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(256, 6, generator=g)
+    return TensorDataset(x, (x.sum(1, keepdim=True) > 0).float())
+
+
+def _model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 1))
+
+
+def _state(model: nn.Module | None) -> dict[str, torch.Tensor] | None:
+    return None if model is None else {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.binary_cross_entropy_with_logits(out, target)
+
+
+def _run(strategy: str, settings: dict[str, Any], seed: int = 0) -> Any:
+    import disttrain as dt
+
+    model = _model(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return dt.distribute(model, opt, strategy, batch_size=BATCH, **settings), opt
+
+
+def _own_loop(strategy: str, settings: dict[str, Any], own: bool) -> Any:
+    run, opt = _run(strategy, settings)
+    for epoch in range(EPOCHS):
+        for inputs, target in run.loader(_data(), epoch=epoch):
+            if own:
+                opt.zero_grad()
+                run.backward(_loss(run.model(inputs), target))
+                opt.step()
+            else:
+                run.step((inputs, target), _loss)
+    return _state(run.finish())
+
+
+def _train(run: Any, stop: int | None = None) -> Any:
+    """Train ``run`` from its epoch; ``stop``: return its state after that many steps."""
+    for epoch in range(run.epoch, EPOCHS):
+        for batch in run.loader(_data(), epoch=epoch):
+            run.step(batch, _loss)
+            if run.steps == stop:
+                return run.state_dict()
+    return _state(run.finish())
+
+
+def _resumed(strategy: str, settings: dict[str, Any], name: str, states: str) -> Any:
+    """The uninterrupted run, then a run cut at CUT and resumed in a fresh run whose model
+    starts elsewhere; the cut state is saved for the other worker count."""
+    whole = _train(_run(strategy, settings)[0])
+    state = _train(_run(strategy, settings)[0], stop=CUT)
+    if torch.distributed.get_rank() == 0:
+        torch.save(state, os.path.join(states, f"{name}.pt"))
+    resumed = _run(strategy, settings, seed=1)[0]
+    resumed.load_state_dict(state)
+    return whole, _train(resumed)
+
+
+def _resharded(strategy: str, settings: dict[str, Any], name: str, states: str) -> Any:
+    """The state a 2-rank run saved at CUT, resumed on this world's 4 ranks."""
+    state = torch.load(os.path.join(states, f"{name}.pt"), weights_only=True)
+    run = _run(strategy, settings, seed=1)[0]
+    run.load_state_dict(state)
+    return _train(run)
+
+
+def _refusals() -> dict[str, str]:
+    """Each bad input's one line (every rank refuses alike, so no rank waits)."""
+    import disttrain as dt
+    from disttrain.comm.errors import UsageError
+
+    model, data = _model(), _data()
+    tries = {
+        "not a module": lambda: dt.distribute("mymodels:mlp", None),
+        "unread setting": lambda: dt.distribute(model, None, "allreduce", zero_stage=3),
+        "trainer's setting": lambda: dt.distribute(model, None, "allreduce", epochs=3),
+        "lr with an optimizer": lambda: dt.distribute(model, _run("allreduce", {})[1], lr=0.1),
+        "unknown strategy": lambda: dt.distribute(model, None, "allreduse"),
+        "non-scalar loss": lambda: _run("allreduce", {})[0].step(
+            data[:8], lambda out, y: (out - y) ** 2
+        ),
+        "three items": lambda: _run("allreduce", {})[0].step((data[:8][0],) * 3, _loss),
+        "pair without a loss": lambda: _run("allreduce", {})[0].step(data[:8]),
+        "no loss in the output": lambda: _run("allreduce", {})[0].step(data[:8][0]),
+        "own loop on a pipeline": lambda: _run("pipeline", {})[0].backward(torch.zeros(())),
+    }
+    said = {}
+    for name, attempt in tries.items():
+        try:
+            attempt()
+        except UsageError as exc:
+            said[name] = str(exc)
+        else:
+            said[name] = "(accepted)"
+    return said
+
+
+DP_FAMILY = {
+    "allreduce": {},
+    "zero": {"zero_stage": 2},
+    "localsgd": {},
+    "diloco": {},
+    "decentralized": {},
+}
+RESHARDS = {"allreduce": {}, "zero": {"zero_stage": 3}}
+JOBS: dict[str, tuple[int, Any, tuple[Any, ...]]] = {"refusals": (2, _refusals, ())}
+for name, kw in DP_FAMILY.items():
+    JOBS[f"step-{name}"] = (2, _own_loop, (name, kw, False))
+    JOBS[f"own-{name}"] = (2, _own_loop, (name, kw, True))
+for name, kw in {**RESHARDS, "localsgd": {}, "diloco": {}}.items():
+    JOBS[f"resume-{name}"] = (2, _resumed, (name, kw, name, STATES))
+for name, kw in RESHARDS.items():
+    JOBS[f"reshard-{name}"] = (4, _resharded, (name, kw, name, STATES))
+WORLDS = SharedWorlds(JOBS, timeout=300)
+
+
+@pytest.mark.parametrize("strategy", sorted(DP_FAMILY))
+def test_own_loop_takes_the_steps_of_run_step(strategy: str) -> None:
+    stepped, own = WORLDS.get(f"step-{strategy}")[0], WORLDS.get(f"own-{strategy}")[0]
+    worst = max(float((stepped[k] - own[k]).abs().max()) for k in stepped)
+    assert worst <= 1e-6, f"{strategy}: run.backward differs from run.step by {worst:.2e}"
+
+
+@pytest.mark.parametrize("strategy", ["allreduce", "zero", "localsgd", "diloco"])
+def test_resume_mid_epoch_ends_where_the_whole_run_ends(strategy: str) -> None:
+    whole, resumed = WORLDS.get(f"resume-{strategy}")[0]
+    worst = max(float((whole[k] - resumed[k]).abs().max()) for k in whole)
+    assert worst <= 1e-6, f"{strategy}: resumed run differs by {worst:.2e}"
+
+
+@pytest.mark.parametrize("strategy", sorted(RESHARDS))
+def test_resume_on_another_worker_count(strategy: str) -> None:
+    whole, _ = WORLDS.get(f"resume-{strategy}")[0]  # 2 ranks throughout
+    resharded = WORLDS.get(f"reshard-{strategy}")[0]  # 2 ranks, then 4 from the cut
+    worst = max(float((whole[k] - resharded[k]).abs().max()) for k in whole)
+    assert worst <= 1e-5, f"{strategy}: 2 -> 4 workers differs by {worst:.2e}"
+
+
+EXPECTED = {
+    "not a module": "model must be an nn.Module, got str",
+    "unread setting": "--zero-stage",
+    "trainer's setting": "epochs= is not a setting of a script's run",
+    "lr with an optimizer": "lr= configures the default optimizer",
+    "unknown strategy": "allreduse",
+    "non-scalar loss": "the loss must be a scalar tensor, got shape (8, 1)",
+    "three items": "must be an (inputs, target) pair, got 3 items",
+    "pair without a loss": "an (inputs, target) batch needs a loss",
+    "no loss in the output": "has no loss: pass loss_fn",
+    "own loop on a pipeline": "call run.step(batch, loss_fn) instead",
+}
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_bad_input_is_one_line(case: str) -> None:
+    said = WORLDS.get("refusals")[0][case]
+    assert EXPECTED[case] in said and "\n" not in said, said
