@@ -1,15 +1,23 @@
-"""Horovod's ``SyncBatchNorm`` on CPU over gloo: batch norm with the statistics of the
-global batch, every rank's samples together.
+"""``SyncBatchNorm`` on any device torch.distributed reaches, CPU over gloo included: batch
+norm with the statistics of the global batch, every rank's samples together.
+
+torch's own ``nn.SyncBatchNorm`` refuses CPU input ("SyncBatchNorm expected input tensor
+to be on GPU or XPU", torch 2.13, gloo, 2 ranks); this one is its drop-in there, with the
+same constructor and ``convert_sync_batchnorm(module, process_group=None)``:
+
+    model = SyncBatchNorm.convert_sync_batchnorm(model)   # every BatchNorm*d, in place
 
 In training (and in eval when ``track_running_stats=False``) the forward normalizes with
 the mean and variance of the whole global batch; ranks may hold different numbers of
 samples. Running statistics get the global mean and the unbiased global variance,
-``momentum`` weighting as torch's ``_BatchNorm`` (``None``: cumulative average). The
-input's gradient is that of the global batch; the weight's and bias's gradients stay this
-rank's share, which the optimizer's allreduce then combines (as Horovod: summed over the
-ranks they equal the gradients of one BatchNorm on the concatenated batch). In eval mode
-with running statistics, or in a job of one, it is a plain batch norm, with no
-communication. Every rank of the job must call it (a collective on the default group).
+``momentum`` weighting as torch's ``_BatchNorm`` (``None``: cumulative average): equal on
+every rank, so no strategy's buffer broadcast or average changes them. The input's
+gradient is that of the global batch; the weight's and bias's gradients stay this rank's
+share, which the gradients' average then combines (as torch's and Horovod's). In eval
+mode with running statistics, in a job of one, or before torch.distributed is set up, it
+is a plain batch norm, with no communication. Every rank of ``process_group`` (default: the whole
+job) must call it: it is a collective. Horovod's ``hvd.SyncBatchNorm`` is this one on
+Horovod's job (:mod:`disttrain.horovod.sync_batch_norm`).
 """
 
 from __future__ import annotations
@@ -18,16 +26,17 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.distributed import ProcessGroup
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from disttrain.horovod.basics import size
-
-__all__ = ["SyncBatchNorm"]
+__all__ = ["SyncBatchNorm", "convert_sync_batchnorm"]
 
 
 class SyncBatchNorm(_BatchNorm):
-    """Batch norm over the global batch: ``hvd.SyncBatchNorm(num_features, eps, momentum,
-    affine, track_running_stats)``, input ``(N, C, ...)`` with at least 2 dims."""
+    """Batch norm over the global batch: torch's ``nn.SyncBatchNorm(num_features, eps,
+    momentum, affine, track_running_stats, process_group)``, input ``(N, C, ...)`` with at
+    least 2 dims."""
 
     def __init__(
         self,
@@ -36,20 +45,34 @@ class SyncBatchNorm(_BatchNorm):
         momentum: float | None = 0.1,
         affine: bool = True,
         track_running_stats: bool = True,
+        process_group: ProcessGroup | None = None,
+        device: Any = None,
+        dtype: Any = None,
+        *,
+        bias: bool = True,
     ) -> None:
-        super().__init__(num_features, eps, momentum, affine, track_running_stats)
+        super().__init__(
+            num_features, eps, momentum, affine, track_running_stats, device, dtype, bias=bias
+        )
+        self.process_group = process_group
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
-        # Horovod's check and message: any (N, C, ...) input, a ValueError below 2 dims
+        # torch's (and Horovod's) check and message: any (N, C, ...), a ValueError below 2
         if input.dim() < 2:
             raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+
+    def _group_size(self) -> int:
+        """Ranks whose batches make the global one (1: nothing to synchronise)."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return 1
+        return dist.get_world_size(self.process_group)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
         batch_stats = self.training or not self.track_running_stats
         # eval with running stats, or one rank: torch's own batch norm (it also counts
-        # num_batches_tracked and applies momentum=None there); size() is not asked in eval
-        if not batch_stats or size() == 1:
+        # num_batches_tracked and applies momentum=None there); the size is not asked in eval
+        if not batch_stats or self._group_size() == 1:
             return super().forward(input)
         factor = 0.0
         running: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
@@ -61,9 +84,42 @@ class SyncBatchNorm(_BatchNorm):
             factor = 1.0 / float(tracked) if momentum is None else momentum
             running = (self.running_mean, self.running_var)
         out: torch.Tensor = _SyncBatchNormFunction.apply(
-            input, self.weight, self.bias, *running, self.eps, factor
+            input, self.weight, self.bias, *running, self.eps, factor, self.process_group
         )
         return out
+
+    @classmethod
+    def convert_sync_batchnorm(
+        cls, module: nn.Module, process_group: ProcessGroup | None = None
+    ) -> nn.Module:
+        """``module`` with every ``BatchNorm*d`` replaced by this class (torch's
+        ``nn.SyncBatchNorm.convert_sync_batchnorm``): the same parameters and buffers
+        (shared, not copied), the same training mode; a BatchNorm given alone comes
+        back as a new module."""
+        out = module
+        if isinstance(module, _BatchNorm) and not isinstance(module, SyncBatchNorm):
+            # the five settings every subclass takes (Horovod's has no group, no bias flag)
+            out = cls(
+                module.num_features,
+                module.eps,
+                module.momentum,
+                module.affine,
+                module.track_running_stats,
+            )
+            out.process_group = process_group
+            if module.affine:  # shared, not copied; a bias=False one's None, as it is
+                out.weight, out.bias = module.weight, module.bias
+            out.running_mean = module.running_mean
+            out.running_var = module.running_var
+            out.num_batches_tracked = module.num_batches_tracked
+            out.train(module.training)
+        for name, child in module.named_children():
+            out.add_module(name, cls.convert_sync_batchnorm(child, process_group))
+        return out
+
+
+#: ``convert_sync_batchnorm(model)``: every BatchNorm*d of ``model`` made a SyncBatchNorm
+convert_sync_batchnorm = SyncBatchNorm.convert_sync_batchnorm
 
 
 def _layout(x: torch.Tensor) -> tuple[list[int], list[int]]:
@@ -77,7 +133,9 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
 
 
-def _global_moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _global_moments(
+    x: torch.Tensor, group: ProcessGroup | None
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(mean, biased variance, count) per channel over every rank's batch, in float64.
 
     One all_reduce (SUM) of the packed vector [S (C), Q (C), n]: per rank S = n * m and
@@ -95,7 +153,7 @@ def _global_moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
         packed[:channels] = m64 * n
         packed[channels : 2 * channels] = (v.double() + m64 * m64) * n
     packed[-1] = n
-    dist.all_reduce(packed)  # the default group: every rank of the job
+    dist.all_reduce(packed, group=group)  # every rank of the module's group
     total = int(packed[-1].item())
     if total <= 1:  # torch's BatchNorm refuses it; the count is the same on every rank
         raise ValueError(
@@ -137,9 +195,10 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         running_var: torch.Tensor | None,
         eps: float,
         factor: float,
+        group: ProcessGroup | None,
     ) -> torch.Tensor:
         x = input.contiguous()
-        mean64, var64, count = _global_moments(x)
+        mean64, var64, count = _global_moments(x, group)
         _update_running(running_mean, running_var, mean64, var64, count, factor)
         dtype = _compute_dtype(x)
         mean, invstd = mean64.to(dtype), torch.rsqrt(var64 + eps).to(dtype)
@@ -150,7 +209,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         if bias is not None:
             out = out + bias.to(dtype).view(shape)
         ctx.save_for_backward(x, weight, mean, invstd)
-        ctx.count = count
+        ctx.count, ctx.group = count, group
         return out.to(x.dtype)
 
     @staticmethod
@@ -167,9 +226,10 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         grad_b = sum_dy.to(weight.dtype) if need_b else None
         grad_x = None
         if need_x:
-            grad_x = _input_grad(dy, xmu, weight, invstd, sum_dy, sum_dy_xmu, ctx.count)
+            moments = (sum_dy, sum_dy_xmu)
+            grad_x = _input_grad(dy, xmu, weight, invstd, moments, ctx.count, ctx.group)
             grad_x = grad_x.to(x.dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None
 
 
 def _input_grad(
@@ -177,16 +237,17 @@ def _input_grad(
     xmu: torch.Tensor,
     weight: torch.Tensor | None,
     invstd: torch.Tensor,
-    sum_dy: torch.Tensor,
-    sum_dy_xmu: torch.Tensor,
+    moments: tuple[torch.Tensor, torch.Tensor],
     count: int,
+    group: ProcessGroup | None,
 ) -> torch.Tensor:
     """dx = (dy - mean(dy) - (x - mu) * invstd^2 * mean(dy * (x - mu))) * invstd * w, the
     means over the global batch of N = ``count``: one all_reduce (SUM) of the packed
-    [sum dy (C), sum dy * (x - mu) (C)], in float64, then divided by N."""
+    [sum dy (C), sum dy * (x - mu) (C)] (``moments``), in float64, then divided by N."""
+    sum_dy, sum_dy_xmu = moments
     channels = sum_dy.numel()
     packed = torch.cat([sum_dy, sum_dy_xmu]).double()
-    dist.all_reduce(packed)  # the default group, as in the forward
+    dist.all_reduce(packed, group=group)  # the forward's group
     mean_dy = (packed[:channels] / count).to(dy.dtype)
     proj = (packed[channels:] / count).to(dy.dtype) * invstd * invstd
     scale = invstd if weight is None else invstd * weight.to(dy.dtype)
