@@ -4,5 +4,6 @@
 ``comm/commthread.py``'s thread),
 ``average.py`` (flatten → allreduce → divide → copy back, written once),
 ``broadcast.py`` (parameters and optimizer state from one rank),
+``buffers.py`` (which buffers replicas keep equal: rank 0's broadcast, or averaged),
 ``ddp_hooks.py`` (any allreduce algorithm as a PyTorch DDP communication hook).
 """
