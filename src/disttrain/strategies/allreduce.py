@@ -44,10 +44,17 @@ from disttrain.config import RunConfig, field_names, opt, register_section
 from disttrain.dataparallel.accumulate import accumulated_forward_backward
 from disttrain.dataparallel.average import average
 from disttrain.dataparallel.broadcast import broadcast_tensors
+from disttrain.dataparallel.buffers import broadcast_buffers
 from disttrain.dataparallel.fusion import FlatBucket
 from disttrain.dataparallel.reducer import Reducer
 from disttrain.strategies.base import Strategy, register
-from disttrain.strategies.capabilities import Grows, Reshards, SendsDuringBackward, ShapesCheckpoint
+from disttrain.strategies.capabilities import (
+    Grows,
+    Reshards,
+    SendsDuringBackward,
+    ShapesCheckpoint,
+    StepEvents,
+)
 from disttrain.strategies.settings import StrategySettings
 
 __all__ = ["AllReduce", "AllReduceSettings", "DataParallelConfig", "broadcast_tensors"]
@@ -135,8 +142,9 @@ class AllReduceSettings(StrategySettings):
 # error feedback residuals are averaged (their mean is what the next average adds back).
 # SendsDuringBackward: buckets may be summed during backward, so under fp16 the trainer
 # unscales after the sum (a sum carries any rank's Inf/NaN to all); also with --no-overlap.
+# StepEvents: rank 0's BatchNorm statistics broadcast as each step begins (DDP's buffers).
 @register(settings=AllReduceSettings, cost="disttrain.strategies.cost.allreduce:AllReduceCost")
-class AllReduce(Strategy, Grows, Reshards, ShapesCheckpoint, SendsDuringBackward):
+class AllReduce(Strategy, Grows, Reshards, ShapesCheckpoint, SendsDuringBackward, StepEvents):
     """Average gradients with ``--algorithm``, fused into buckets, overlapped with backward."""
 
     name = "allreduce"
@@ -180,6 +188,16 @@ class AllReduce(Strategy, Grows, Reshards, ShapesCheckpoint, SendsDuringBackward
             # a cast: the buckets travel in its type
             compression=self.config.section(CompressionConfig).compression,
         )
+
+    def before_step(self, step: int) -> None:
+        # torch DDP's broadcast_buffers=True: every replica's forward starts from rank 0's
+        # running statistics (the parameters are equal already); one message per dtype,
+        # none for a model without floating buffers. Once per step, before the first
+        # micro-batch, as DDP (its no_sync forwards skip the broadcast).
+        broadcast_buffers(self.model, 0, self.roles.worker_group)
+
+    def skipped_step(self, step: int) -> None:
+        del step  # nothing to undo: the next before_step broadcasts rank 0's again
 
     def abandon_step(self) -> None:
         if self.compressor is None:
@@ -251,6 +269,8 @@ class AllReduce(Strategy, Grows, Reshards, ShapesCheckpoint, SendsDuringBackward
         )
 
     def finish(self) -> None:
+        # the last forward moved each rank's statistics its own way: rank 0's, everywhere
+        broadcast_buffers(self.model, 0, self.roles.worker_group)
         if self.compressor is None:
             self.reducer.close()
 
@@ -272,7 +292,8 @@ class AllReduce(Strategy, Grows, Reshards, ShapesCheckpoint, SendsDuringBackward
     def replicated_state(self) -> set[str]:
         # every worker applies the same averaged gradient (the collectives hand every rank
         # the same bytes) from the same start, so parameters and optimizer state are equal;
-        # buffers (BatchNorm's statistics) are not averaged: each worker keeps its own
+        # buffers (BatchNorm's statistics) are rank 0's before each forward, each
+        # worker's own after it (as DDP's): not shared
         return {"/optimizer"} | {f"/model/{name}" for name, _ in self.model.named_parameters()}
 
     def state_dict(self) -> dict[str, Any]:

@@ -58,6 +58,7 @@ from disttrain.compression.exchange import compression_figures, dense_allreduce_
 from disttrain.compression.starved import StarvedCheck
 from disttrain.config import RunConfig, opt, register_section
 from disttrain.dataparallel.average import average
+from disttrain.dataparallel.buffers import average_buffers
 from disttrain.strategies.base import Strategy, register
 from disttrain.strategies.capabilities import Reshards
 from disttrain.strategies.settings import StrategySettings
@@ -289,6 +290,13 @@ class Decentralized(Strategy, Reshards):
         if self.ring:
             with meter.paused():
                 average(list(self.model.parameters()), "native", world_size=self.size)
+        # BatchNorm's statistics, averaged (not rank 0's): each replica's estimate from its
+        # own shards, under weights that are equal (all peers) or just averaged (ring), as
+        # local SGD averages them; once, at the end, outside the meter as the ring's average
+        # (a broadcast before every step, as DDP, would add the global collective this
+        # strategy exists to avoid)
+        with meter.paused():
+            average_buffers(self.model, "native", world_size=self.size)
 
     # --- reporting ------------------------------------------------------------------
     def residual_norm(self) -> float:

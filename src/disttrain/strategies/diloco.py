@@ -258,6 +258,7 @@ class DiLoCo(LocalSGD):
         self._finish_pending()
         for f in range(len(self.parts)):
             self._sync_now(f, step)
+        self._average_buffers()  # not the outer optimizer's: the replicas' mean, as local SGD
         self.averaging_rounds += 1
         self._last_average = self.steps_done
 
@@ -276,6 +277,11 @@ class DiLoCo(LocalSGD):
                 if (local - off) % self.settings.period == 0:
                     work, flat = self._start(f, step)
                     self._pending = (f, work, flat, step + 1)
+            if local % self.settings.period == 0:
+                # BatchNorm's statistics, once a period (with fragment 0's start): small, so
+                # blocking; by gloo's own allreduce on the default group, not the algorithm
+                # object the fragment's thread may be running on its group meanwhile
+                self._average_buffers("native")
 
     def anchor_from_params(self) -> None:
         with torch.no_grad():
@@ -287,6 +293,8 @@ class DiLoCo(LocalSGD):
             super().finish()
         elif self.steps_done > self.settings.warmup_sync_steps:
             self._average()  # land what is in flight, then every fragment at once: equal replicas
+        elif self.steps_done > self._last_average:  # synchronous warm-up only
+            self._average_buffers()
         if self._thread is not None:
             self._thread.close()
             self._thread = None

@@ -28,6 +28,7 @@ from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
 from disttrain.config import opt, register_section
 from disttrain.dataparallel.average import average
+from disttrain.dataparallel.buffers import average_buffers
 from disttrain.strategies.base import Strategy, register
 from disttrain.strategies.capabilities import Reshards
 from disttrain.strategies.settings import StrategySettings
@@ -94,6 +95,7 @@ class LocalSGD(Strategy, Reshards):
         self.parameter_bytes = 0
         self.optimizer_state_bytes = 0
         self.gradient_bytes = 0
+        self.buffer_bytes = 0
         self._last_average = 0
         # Replicas start equal: one average makes sure (outside the measured traffic).
         average(list(model.state_dict().values()), self.algorithm, world_size=self.size)
@@ -119,8 +121,19 @@ class LocalSGD(Strategy, Reshards):
             average(_optimizer_state(self.optimizer), self.algorithm, world_size=self.size)
         self.parameter_bytes += middle - before
         self.optimizer_state_bytes += meter.bytes_sent - middle
+        self._average_buffers()
         self.averaging_rounds += 1
         self._last_average = self.steps_done
+
+    def _average_buffers(self, algorithm: collectives.Algorithm | None = None) -> None:
+        """BatchNorm's running statistics averaged as the parameters are: each replica's
+        estimate from its own shards, combined (left alone, each replica's own under the
+        averaged weights: DiLoCo's eval-mode test loss of 64, against 1.4 with batch
+        statistics). No message for a model without them. This thread's bytes alone
+        (``meter.counting``): streaming DiLoCo's thread may be sending meanwhile."""
+        with meter.counting() as tally, timeline.span("average buffers"):
+            average_buffers(self.model, algorithm or self.algorithm, world_size=self.size)
+        self.buffer_bytes += tally.bytes_sent
 
     def after_step(self, step: int) -> None:
         self.steps_done = step
@@ -132,6 +145,8 @@ class LocalSGD(Strategy, Reshards):
         # The model evaluated and saved is the average, not rank 0's local replica.
         if self.steps_done > max(self._last_average, self.settings.warmup_sync_steps):
             self._average()
+        elif self.steps_done > self._last_average:  # synchronous warm-up only: the
+            self._average_buffers()  # parameters are equal, the statistics each rank's
 
     def step_metrics(self) -> dict[str, Any]:
         return {"averaging_rounds": self.averaging_rounds}
@@ -146,6 +161,7 @@ class LocalSGD(Strategy, Reshards):
             "parameter_bytes_per_rank": self.parameter_bytes,
             "optimizer_state_bytes_per_rank": self.optimizer_state_bytes,
             "gradient_bytes_per_rank": self.gradient_bytes,
+            "buffer_bytes_per_rank": self.buffer_bytes,
             **collectives.by_size(self.algorithm),  # --algorithm auto: what ran each size
         }
 

@@ -38,6 +38,8 @@ from disttrain import checkpoint, timeline
 from disttrain.comm.errors import UsageError
 from disttrain.comm.world import group_timeout
 from disttrain.config import RunConfig
+from disttrain.dataparallel.broadcast import broadcast_tensors
+from disttrain.dataparallel.buffers import average_buffers, integer_buffers
 from disttrain.ps.client import PSClient
 from disttrain.ps.config import ASYNCHRONOUS, PSConfig, parse_straggler, push_lr_share
 from disttrain.ps.consistency import MODES, Consistency
@@ -321,6 +323,23 @@ class ParameterServer(Strategy, ShardsData, StepEvents, Reshards):
             self.workers_group = dist.new_group(
                 survivors, use_local_synchronization=True, timeout=group_timeout()
             )
+        self._settle_buffers()
+
+    def _settle_buffers(self) -> None:
+        """Every worker's BatchNorm statistics made equal, for the evaluated model.
+
+        Averaged over the workers, not rank 0's: the servers' weights are no worker's own,
+        and each worker's statistics are its estimate from its own shards under weights
+        pulled from them (in async modes each a little stale), so the mean over N
+        workers is the better estimate (local SGD's rule); rank 0's alone is what DDP
+        keeps, where the replicas share every step. The counts (num_batches_tracked)
+        differ where workers ran different numbers of steps: rank 0's. Over the
+        survivors (a lost worker's statistics are gone); nothing without buffers."""
+        group = self.workers_group
+        if dist.get_rank(group) < 0:  # declared lost by the servers, yet still here
+            return
+        average_buffers(self.model, "native", group)
+        broadcast_tensors(integer_buffers(self.model), 0, group)
 
     # --- reporting --------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from disttrain.comm.errors import UsageError
 from disttrain.config import RunConfig, opt, register_section
 from disttrain.dataparallel.accumulate import accumulated_forward_backward
 from disttrain.dataparallel.broadcast import broadcast_tensors
+from disttrain.dataparallel.buffers import broadcast_buffers
 from disttrain.dataparallel.fusion import MB, FlatBucket
 from disttrain.dataparallel.zero import (
     ZeroEngine,
@@ -138,6 +139,9 @@ class Zero(Strategy, Reshards, ShapesCheckpoint, SendsDuringBackward, StepEvents
         # before any forward of the step (the trainer's, or a user's own with
         # run.backward): the trainer zeroes the shards' gradients, not these
         self.engine.begin_step()
+        # DDP's broadcast_buffers: rank 0's BatchNorm statistics on every replica (buffers
+        # are never sharded, at any stage); nothing sent for a model without them
+        broadcast_buffers(self.model, 0, self.roles.worker_group)
 
     def skipped_step(self, step: int) -> None:
         del step  # an agreed fp16 skip: the next before_step drops this step's gradients
@@ -166,6 +170,7 @@ class Zero(Strategy, Reshards, ShapesCheckpoint, SendsDuringBackward, StepEvents
         self.engine.finish_step()
 
     def finish(self) -> None:
+        broadcast_buffers(self.model, 0, self.roles.worker_group)  # the evaluated: rank 0's
         self.engine.close()
 
     def eval_model(self) -> nn.Module | None:
