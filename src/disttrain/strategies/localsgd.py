@@ -28,7 +28,7 @@ from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
 from disttrain.config import opt, register_section
 from disttrain.dataparallel.average import average
-from disttrain.dataparallel.buffers import average_buffers
+from disttrain.dataparallel.buffers import average_buffers, floating_buffers
 from disttrain.strategies.base import Strategy, register
 from disttrain.strategies.capabilities import Reshards
 from disttrain.strategies.settings import StrategySettings
@@ -131,6 +131,8 @@ class LocalSGD(Strategy, Reshards):
         averaged weights: DiLoCo's eval-mode test loss of 64, against 1.4 with batch
         statistics). No message for a model without them. This thread's bytes alone
         (``meter.counting``): streaming DiLoCo's thread may be sending meanwhile."""
+        if not floating_buffers(self.model):  # not even a span in the timeline
+            return
         with meter.counting() as tally, timeline.span("average buffers"):
             average_buffers(self.model, algorithm or self.algorithm, world_size=self.size)
         self.buffer_bytes += tally.bytes_sent
