@@ -157,6 +157,23 @@ def returns_int():
     return 7
 def good():
     return torch.nn.Sequential(torch.nn.Linear(64, 10))
+def pairs():
+    x = torch.randn(64, 4)
+    return torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True))
+def ragged():
+    return [torch.zeros(i + 1) for i in range(64)]
+def regressor():
+    return torch.nn.Linear(4, 1)
+def dict_output():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.f = torch.nn.Linear(4, 1)
+        def forward(self, x):
+            return {"prediction": self.f(x)}
+    return M()
+def elementwise(out, y):
+    return (out - y) ** 2
 """
 
 
@@ -287,6 +304,60 @@ CASES: list[tuple[str, Argv, str]] = [
     ("npz-text", _npz(x_train=np.full((64, 4), "a")), "x_train must hold numbers"),
     ("npz-shape-mismatch", _npz(x_test=np.zeros((16, 5), np.float32)), "different sample shapes"),
     ("npz-object", _npz(x_train=np.array([[None]] * 64, dtype=object)), "cannot read"),
+    # a user's data set, loss and metric (--dataset/--loss/--metric module:function)
+    ("user-dataset-folder", lambda tmp: ["--dataset", str(tmp)], "is a folder; --dataset takes"),
+    (
+        "user-dataset-not-a-dataset",
+        _model("good", "--dataset", "userfactories:returns_int"),
+        "returned a int as its train set",
+    ),
+    (
+        "user-dataset-missing-function",
+        _model("good", "--dataset", "userfactories:nope"),
+        "--dataset 'userfactories:nope': userfactories has no function 'nope'",
+    ),
+    (
+        "user-dataset-ragged",
+        _model("userfactories:regressor", "--dataset", "userfactories:ragged"),
+        "its samples do not stack into a batch",
+    ),
+    (
+        "user-model-builtin",
+        _model("mlp", "--dataset", "userfactories:pairs"),
+        "--model mlp is shaped for the built-in data sets",
+    ),
+    (
+        "user-loss-non-scalar",
+        _model(
+            "userfactories:regressor",
+            "--dataset",
+            "userfactories:pairs",
+            "--loss",
+            "userfactories:elementwise",
+        ),
+        "the loss must be a scalar tensor, got shape",
+    ),
+    (
+        "user-loss-missing",
+        _model(
+            "userfactories:regressor",
+            "--dataset",
+            "userfactories:pairs",
+            "--loss",
+            "userfactories:mse",
+        ),
+        "--loss 'userfactories:mse': userfactories has no function",
+    ),
+    (
+        "user-output-unreadable",
+        _model("userfactories:dict_output", "--dataset", "userfactories:pairs"),
+        "the loss (cross-entropy) cannot read the model's output dict",
+    ),
+    (
+        "user-loader-workers-unread",
+        _flags("--loader-workers", "2"),
+        "--loader-workers is read only with --dataset module:function",
+    ),
     # checkpoints
     ("resume-missing", _checkpoint("missing"), "no such folder"),
     ("resume-no-checkpoint", _checkpoint("empty"), "no complete checkpoint"),

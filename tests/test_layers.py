@@ -39,6 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "disttrain.config",
         "disttrain.checkpoint",
         "disttrain.units",
+        "disttrain.factories",
         "disttrain.batch",
     ),
     # L1: the building blocks over the wire and over the data

@@ -337,7 +337,24 @@ class DataConfig:
     ALWAYS_READ: ClassVar[bool] = True
     TITLE: ClassVar[str] = "data"
 
-    dataset: str = opt("digits", "digits, synthetic, pycode, or a path to an .npz file")
+    dataset: str = opt(
+        "digits",
+        "digits, synthetic, pycode, a path to an .npz file, or module:function returning a "
+        "torch Dataset or a (train, test) pair of them",
+    )
+    loss: str = opt(
+        "",
+        "module:function, loss_fn(output, target) -> scalar (default: cross-entropy; a dict "
+        "batch: the model's own output.loss)",
+    )
+    loader_workers: int = opt(
+        0, "torch DataLoader worker processes per rank for --dataset module:function"
+    )
+    metric: str = opt(
+        "",
+        "module:function, metric(output, target) -> float per test batch (default: accuracy "
+        "where targets are class indices)",
+    )
     synthetic_size: int = opt(2048, "synthetic data set: number of samples")
     synthetic_dim: int = opt(64, "synthetic data set: input features")
     synthetic_classes: int = opt(10, "synthetic data set: classes")
@@ -350,18 +367,26 @@ class DataConfig:
         data set each."""
         own = {"synthetic": ("synthetic_size", "synthetic_dim", "synthetic_classes"),
                "pycode": ("pycode_chars", "seq_len")}  # fmt: skip
-        return {
+        unread = {
             name: f"--{_flag(name)} is read only with --dataset {kind} "
             f"(this run: --dataset {self.dataset})"
             for kind, names in own.items()
             if self.dataset != kind
             for name in names
         }
+        if ":" not in self.dataset:  # torch's DataLoader reads a user's data set only
+            unread["loader_workers"] = (
+                f"--loader-workers is read only with --dataset module:function (this run: "
+                f"--dataset {self.dataset})"
+            )
+        return unread
 
     def validate(self) -> None:
         for name in ("synthetic_size", "synthetic_dim", "synthetic_classes", "seq_len"):
             if getattr(self, name) <= 0:
                 raise UsageError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
+        if self.loader_workers < 0:
+            raise UsageError(f"--loader-workers must be 0 or more, got {self.loader_workers}")
 
 
 #: Section dataclasses of strategies and components; their fields join the flags.

@@ -532,6 +532,16 @@ def _check_readme_train(text: str, tmp: Path) -> None:
     assert {"run:", "model:"} <= set(out.splitlines()) and "choices:" in out
 
 
+def _check_user_workloads(text: str, tmp: Path) -> None:
+    """Both commands train the user's workloads (budgeted): float targets and a language
+    model report no accuracy, and a finite held-out loss."""
+    for argv in _commands(text):
+        args = _disttrain_args(argv)
+        s = _train(args, tmp)
+        assert s["config"]["dataset"] == args[args.index("--dataset") + 1]
+        assert s["final_accuracy"] is None and math.isfinite(s["final_test_loss"])
+
+
 def _check_own_model(text: str, tmp: Path) -> None:
     """The block trains mymodels.py (the block above it) on an .npz, from the folder
     holding mymodels.py, with the console script: the claim is that disttrain imports from
@@ -1030,6 +1040,18 @@ ENTRIES: list[Entry] = [
         300,
     ),
     Entry("README.md", "import disttrain as dt", "exec in a 2-rank world", _check_readme_api, 180),
+    Entry(
+        "README.md",
+        "run = dt.distribute(model, optimizer",
+        "not a command: the loop's shape (docs/your-loop.md's blocks run, every strategy)",
+    ),
+    Entry(
+        "README.md",
+        "disttrain train --dataset examples.workloads:regression",
+        f"{RUN}: the CSV regression and GPT-2 with ZeRO-3 (budgeted): no accuracy, finite loss",
+        _check_user_workloads,
+        240,
+    ),
     Entry("docs/architecture.md", "make shape", f"{RUN}: every figure printed", _check_shape),
     Entry(
         "docs/cluster.md",

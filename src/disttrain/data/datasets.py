@@ -16,6 +16,7 @@ import torch
 
 from disttrain.comm.errors import UsageError
 from disttrain.config import DataConfig, cache_dir
+from disttrain.factories import is_spec
 
 __all__ = ["MAX_CLASSES", "Dataset", "load_dataset"]
 
@@ -147,6 +148,11 @@ def pycode(chars: int, seq_len: int) -> Dataset:
 
 def npz(path: str) -> Dataset:
     """A user's data set: an .npz holding x_train, y_train, x_test, y_test (integer labels)."""
+    if os.path.isdir(path):  # an image or shard folder: the user's Dataset reads it
+        raise UsageError(
+            f"--dataset {path}: is a folder; --dataset takes an .npz file, or "
+            "module:function returning a torch Dataset that reads the folder"
+        )
     if not os.path.isfile(path):
         raise UsageError(f"data file not found: {path}")
     if not zipfile.is_zipfile(path):  # np.load would take it for a pickle or an .npy
@@ -194,13 +200,18 @@ def npz(path: str) -> Dataset:
     return Dataset(os.path.basename(path), tr_x, tr_y, te_x, te_y, "classification", classes)
 
 
-def load_dataset(data: DataConfig | str) -> Dataset:
-    """The data set a :class:`DataConfig` section names (``cfg.data``), or one by name alone.
+def load_dataset(data: DataConfig | str) -> Any:
+    """The data set a :class:`DataConfig` section names (``cfg.data``), or one by name alone:
+    a built-in :class:`Dataset`, or a user's (``module:function``: :mod:`disttrain.data.user`).
 
     A name alone (``load_dataset("digits")``) takes every other setting's default.
     """
     cfg = DataConfig(dataset=data) if isinstance(data, str) else data
     name = cfg.dataset
+    if is_spec(name):
+        from disttrain.data.user import load_user_dataset
+
+        return load_user_dataset(name)
     if name == "digits":
         return digits()
     if name == "synthetic":
@@ -209,4 +220,7 @@ def load_dataset(data: DataConfig | str) -> Dataset:
         return pycode(cfg.pycode_chars, cfg.seq_len)
     if name.endswith(".npz") or os.path.sep in name:
         return npz(name)
-    raise UsageError(f"unknown dataset {name!r}: use digits, synthetic, pycode or a .npz path")
+    raise UsageError(
+        f"unknown dataset {name!r}: use digits, synthetic, pycode, a .npz path or "
+        "module:function returning a torch Dataset"
+    )

@@ -57,8 +57,11 @@ class Plan:
         return self.process + self.model_state + self.data + self.activations
 
 
-def activation_bytes(model: nn.Module, x: torch.Tensor) -> int:
-    """Bytes of every leaf module's output for one sample of ``x`` (a forward under hooks)."""
+def activation_bytes(model: nn.Module, x: Any) -> int:
+    """Bytes of every leaf module's output for one sample of ``x`` (a forward under hooks;
+    ``x``: a batch's inputs, a tensor or a dict of them)."""
+    from disttrain import batch as batches
+
     counted = [0]
 
     def hook(_m: nn.Module, _i: Any, out: Any) -> None:
@@ -69,11 +72,17 @@ def activation_bytes(model: nn.Module, x: torch.Tensor) -> int:
     handles = [m.register_forward_hook(hook) for m in leaves]
     try:
         with torch.no_grad():
-            model(x)
+            batches.call_model(model, x)
     finally:
         for h in handles:
             h.remove()
-    return counted[0] // max(len(x), 1)
+    return counted[0] // max(batches.num_samples(x), 1)
+
+
+def batches_inputs(batch: Any) -> Any:
+    from disttrain import batch as batches
+
+    return batches.inputs_and_target(batch)[0]
 
 
 def estimate(cfg: Any, model: nn.Module, data: Any, forked: bool) -> Plan:
@@ -94,10 +103,13 @@ def estimate(cfg: Any, model: nn.Module, data: Any, forked: bool) -> Plan:
     except ValueError:  # a layout the formulas do not model: a whole replica's
         state = int(costing.worker_memory(work, params).total)
     per_worker_batch = -(-tc.batch_size // tc.world_size)
-    acts = 2 * per_worker_batch * activation_bytes(model, data.x_train[:_SAMPLES])
-    held = sum(
-        t.numel() * t.element_size() for t in (data.x_train, data.y_train, data.x_test, data.y_test)
-    )
+    if getattr(data, "task", "") == "user":  # its own loader holds what it reads
+        sample, held = batches_inputs(data.sample(_SAMPLES)), 0
+    else:
+        sample = data.x_train[:_SAMPLES]
+        tensors = (data.x_train, data.y_train, data.x_test, data.y_test)
+        held = sum(t.numel() * t.element_size() for t in tensors)
+    acts = 2 * per_worker_batch * activation_bytes(model, sample)
     return Plan(PROCESS_BYTES["forked" if forked else "exec"], state, held, acts)
 
 

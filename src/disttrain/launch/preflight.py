@@ -77,6 +77,7 @@ def preflight(cfg: Any) -> tuple[Any, Any]:
     from disttrain.models import build_model
     from disttrain.train import grow, shrink
     from disttrain.train.faults import parse_fault
+    from disttrain.train.workload import Workload
 
     tc = cfg.train
     check_paths(tc)
@@ -109,12 +110,17 @@ def preflight(cfg: Any) -> tuple[Any, Any]:
         if warning:
             print(warning, file=sys.stderr)
     data = load_dataset(cfg.data)
-    if len(data.x_train) < tc.batch_size:
+    work = Workload(cfg.data, data)  # --loss and --metric: their functions found now
+    if work.train_samples < tc.batch_size:
         raise UsageError(
-            f"--batch-size {tc.batch_size} is larger than the {len(data.x_train)} training samples"
+            f"--batch-size {tc.batch_size} is larger than the {work.train_samples} training "
+            "samples"
         )
     model = build_model(tc.model, data)
-    _forward_one_batch(tc, model, data)
+    if work.user:
+        _forward_user_batch(tc, model, work)
+    else:
+        _forward_one_batch(tc, model, data)
     # Strategies check what needs the whole config (pipeline stages, mesh, ps modes) here.
     strategy.settings.validate_config(cfg, model)
     shrink.check(cfg)  # --min-workers: a strategy that goes on, one host, the batch splits
@@ -122,7 +128,7 @@ def preflight(cfg: Any) -> tuple[Any, Any]:
     # After the strategy's own checks, which name impossible values more precisely.
     check_settings_read(cfg)
     if tc.resume:
-        _check_resume(cfg, strategy, model, len(data.x_train))
+        _check_resume(cfg, strategy, model, work.train_samples)
     return model, data
 
 
@@ -241,6 +247,33 @@ def _forward_one_batch(tc: Any, model: Any, data: Any) -> None:
             raise UsageError(
                 f"{what} gave output {shape}, but the loss needs (batch, {data.num_classes}) "
                 f"logits for labels {tuple(y.shape)}: {_gist(exc)}"
+            ) from None
+
+
+def _forward_user_batch(tc: Any, model: Any, work: Any) -> None:
+    """A user's data set: one batch through the model and the loss (and the metric), so
+    that samples that do not stack, a forward that fails, an output the loss cannot read
+    or a loss that is not a scalar is one line before any worker starts."""
+    import torch
+
+    from disttrain import batch as batches
+
+    n = max(1, min(tc.batch_size // tc.world_size, 64))
+    x, y = batches.inputs_and_target(work.data.sample(n))  # UsageError if they do not stack
+    what = f"--model {tc.model} on --dataset {work.data.name}"
+    with torch.no_grad():
+        try:
+            out = batches.call_model(model, x)
+        except Exception as exc:
+            raise UsageError(f"{what}: a batch failed in forward: {_gist(exc)}") from None
+        try:
+            work.loss(out, y)
+        except UsageError as exc:
+            raise UsageError(f"{what}: {exc}") from None
+        except Exception as exc:
+            raise UsageError(
+                f"{what}: the loss ({work.loss_name}) cannot read the model's output "
+                f"{type(out).__name__}: {_gist(exc)}"
             ) from None
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -41,7 +43,9 @@ def evaluate(
 
 
 def epoch_end(
-    strategy: strategies.Strategy, data: Dataset, device: torch.device
+    strategy: strategies.Strategy,
+    evaluate_on: Callable[[nn.Module, torch.device], tuple[float, float | None]],
+    device: torch.device,
 ) -> tuple[nn.Module | None, float, float | None]:
     """Evaluate the whole model on rank 0 (gathering it if the strategy splits it)."""
     with meter.paused():
@@ -50,7 +54,7 @@ def epoch_end(
         return None, float("nan"), None
     # a split strategy's whole model on rank 0 holds the other ranks' parts as received
     # (on the host): evaluated on the run's device (a no-op for the parts already there)
-    return model, *evaluate(model.to(device), data, device)
+    return model, *evaluate_on(model.to(device), device)
 
 
 def gather_floats(

@@ -22,7 +22,6 @@ from disttrain.data.sampler import run_steps
 from disttrain.models import build_model
 from disttrain.strategies.capabilities import data_shard
 from disttrain.train.compiled import compile_forward, graphs
-from disttrain.train.evaluation import loss_fn
 from disttrain.train.faults import parse_fault
 from disttrain.train.grow import Grow, Joiner, read_point
 from disttrain.train.metrics import Throughput, Timers
@@ -35,6 +34,7 @@ from disttrain.train.schedules import LRSchedule
 from disttrain.train.shrink import Shrink, membership_for
 from disttrain.train.step import StepRunner
 from disttrain.train.trackers import Tracker
+from disttrain.train.workload import Workload
 
 __all__ = ["Change", "RunParts"]
 
@@ -74,9 +74,10 @@ class RunParts:
             pin_to_cpu(self.world.local_rank)
         self.fault = None if joiner else parse_fault(tc.inject_fault)  # the job's ranks'
         self.data = load_dataset(self.cfg.data)
+        self.work = Workload(self.cfg.data, self.data)  # its batches, loss and evaluation
         torch.manual_seed(tc.seed)  # every rank builds the same initial model
-        self.strategy = strategies.get(tc.strategy).build(self.cfg, self.world, loss_fn)
-        sample = self.data.x_train[: tc.batch_size]  # what --balance time measures layers on
+        self.strategy = strategies.get(tc.strategy).build(self.cfg, self.world, self.work.loss)
+        sample = self.work.sample_inputs(tc.batch_size)  # what --balance time measures
         model = build_model(tc.model, self.data)
         self.model = self.strategy.prepare_model(model, sample).to(self.world.device)
         compile_forward(self.model, tc.compile)  # --compile (none: eager)
@@ -93,7 +94,7 @@ class RunParts:
         tc, roles = self.tc, self.roles
         meter.reset()  # count training traffic only, not the initial broadcast
         self.sampler = self._sampler()
-        total = run_steps(len(self.data.x_train), tc.batch_size, tc.epochs, tc.max_steps)
+        total = run_steps(self.work.train_samples, tc.batch_size, tc.epochs, tc.max_steps)
         # asynchronous strategies let fast workers run more steps, until the budget is spent
         self.epoch_limit, self.step_limit = roles.limits(tc.epochs, total)
         main = self.world.is_main and self.joiner is None
@@ -126,6 +127,18 @@ class RunParts:
 
     def _sampler(self) -> GlobalBatchSampler:
         """This worker's share of each global batch (again after a membership change)."""
-        tc, n, s = self.tc, len(self.data.x_train), self.strategy
+        tc, n, s = self.tc, self.work.train_samples, self.strategy
         rank, shards = data_shard(s)
         return GlobalBatchSampler(n, tc.batch_size, rank, shards, tc.seed)
+
+    def _plan(self, epoch: int, skip: int) -> dict[str, Any]:
+        """What the epoch's loader reads: this rank's share of the epoch's global batches
+        from ``skip`` on, at most the steps the budget has left (train/workload.py)."""
+        tc, sampler = self.tc, self.sampler
+        return dict(
+            epoch=epoch, skip=skip, limit=self.step_limit - self.step,
+            shards=sampler.epoch(epoch) if not self.work.user else [],
+            global_batch=tc.batch_size, rank=sampler.rank, world=sampler.world_size,
+            seed=tc.seed, prefetch=tc.prefetch, delay=tc.loader_delay_ms / 1000,
+            workers=self.cfg.data.loader_workers,
+        )  # fmt: skip

@@ -17,13 +17,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from disttrain import timeline
 from disttrain.comm.meter import meter
 from disttrain.config import RunConfig
-from disttrain.data.loader import BatchLoader
 from disttrain.strategies.capabilities import memory
 from disttrain.train.evaluation import epoch_end, evaluate, gather_floats, loss_fn
 from disttrain.train.oom import as_out_of_memory
@@ -98,11 +96,8 @@ class Run(RunParts):
 
     def _epoch(self, epoch: int) -> Change | None:
         """The epoch's steps (the rest of it after a resume); a membership change or None."""
-        tc = self.tc
         skip = self.step - epoch * self.sampler.steps_per_epoch  # batches done before
-        batches = self.sampler.epoch(epoch)[skip : skip + self.step_limit - self.step]
-        xs, ys, delay = self.data.x_train, self.data.y_train, tc.loader_delay_ms / 1000
-        loader = BatchLoader(xs, ys, batches, self.world.device, tc.prefetch, delay_seconds=delay)
+        loader = self.work.loader(self._plan(epoch, skip), self.world.device)
         change = None
         for x, y in timeline.iterate(loader, "data"):
             if self.roles.should_stop():
@@ -117,7 +112,7 @@ class Run(RunParts):
         self.timers.seconds["data"] += loader.wait_seconds
         return change
 
-    def _step(self, epoch: int, x: torch.Tensor, y: torch.Tensor) -> Change | None:
+    def _step(self, epoch: int, x: Any, y: Any) -> Change | None:
         """One step, logged and checkpointed; a lost peer's membership change, or None."""
         lr = self.schedule(self.step)
         for group in self.optimizer.param_groups:
@@ -184,7 +179,7 @@ class Run(RunParts):
             self.strategy.finish()
         with self.timers.time("eval"), timeline.span("eval"):
             self.whole, self.test_loss, self.test_acc = epoch_end(
-                self.strategy, self.data, self.world.device
+                self.strategy, self.work.evaluate, self.world.device
             )
         figures = dict(test_loss=self.test_loss, test_accuracy=self.test_acc)
         wall = time.perf_counter() - self.start
