@@ -41,6 +41,7 @@ from disttrain.dataparallel.accumulate import accumulated_forward_backward
 from disttrain.dataparallel.broadcast import broadcast_tensors
 from disttrain.dataparallel.buffers import broadcast_buffers
 from disttrain.dataparallel.fusion import MB, FlatBucket
+from disttrain.dataparallel.gather_units import check_units
 from disttrain.dataparallel.zero import (
     ZeroEngine,
     check_shard_state,
@@ -89,6 +90,15 @@ class ZeroSettings(StrategySettings):
     # on the default model (benchmarks/RESULTS.md, "Sharded data parallelism")
     # --algorithm auto: the cost model's table picks each bucket's halves (docs/collectives.md)
     setting_defaults: ClassVar[dict[str, Any]] = {"fusion_mb": 25.0, "algorithm": "auto"}
+
+    @classmethod
+    def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
+        """The batch splits over the workers, and stage 3 can shard the model's units
+        (one dtype and device a unit, ...: ``gather_units.check_units``), before any
+        process starts."""
+        super().validate_config(config, model)
+        if config.section(ZeroConfig).zero_stage == 3:
+            check_units(model)
 
     @classmethod
     def check_resume(cls, config: RunConfig, model: nn.Module, state: dict[str, Any]) -> None:
