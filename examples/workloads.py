@@ -78,3 +78,74 @@ def gpt2() -> torch.nn.Module:
     logging.set_verbosity_error()  # the config's token ids outside a 256-byte vocabulary
     config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=256, n_positions=32)
     return GPT2LMHeadModel(config)
+
+
+IMAGES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "images")
+CLASSES = ("horizontal", "vertical")
+
+
+def _write_images(root: str, per_class: int = 80, size: int = 16) -> None:
+    """PNG files in one folder per class: noisy stripes, horizontal or vertical."""
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(11)
+    tmp = f"{root}.{os.getpid()}.tmp"
+    for label, name in enumerate(CLASSES):
+        os.makedirs(os.path.join(tmp, name), exist_ok=True)
+        for i in range(per_class):
+            period = int(torch.randint(2, 5, (1,), generator=g))
+            stripes = (torch.arange(size) // period % 2).float()
+            grid = stripes[:, None].expand(size, size) if label == 0 else stripes.expand(size, size)
+            pixels = (grid + 0.5 * torch.rand(3, size, size, generator=g)).clamp(0, 1) * 255
+            image = pixels.byte().permute(1, 2, 0).numpy()
+            Image.fromarray(image).save(os.path.join(tmp, name, f"{i:03d}.png"))
+    try:
+        os.rename(tmp, root)  # workers writing at once: one folder wins, whole
+    except OSError:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class ImageFolder(Dataset):
+    """An image folder (one sub-folder per class) read with PIL, with a random horizontal
+    flip as augmentation, as a Hugging Face vision model's dict."""
+
+    def __init__(self, root: str, held_out: bool) -> None:
+        self.items = [
+            (os.path.join(root, name, f), label)
+            for label, name in enumerate(CLASSES)
+            for i, f in enumerate(sorted(os.listdir(os.path.join(root, name))))
+            if (i % 5 == 0) == held_out  # every fifth image held out
+        ]
+        self.augment = not held_out
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        from PIL import Image
+
+        path, label = self.items[i]
+        with Image.open(path) as image:
+            pixels = torch.frombuffer(bytearray(image.convert("RGB").tobytes()), dtype=torch.uint8)
+        x = pixels.view(16, 16, 3).permute(2, 0, 1).float() / 255
+        if self.augment and torch.rand(()) < 0.5:
+            x = x.flip(-1)
+        return {"pixel_values": (x - 0.5) / 0.25, "labels": torch.tensor(label)}
+
+
+def image_folder() -> tuple[Dataset, Dataset]:
+    if not os.path.isdir(IMAGES):
+        _write_images(IMAGES)
+    return ImageFolder(IMAGES, held_out=False), ImageFolder(IMAGES, held_out=True)
+
+
+def resnet() -> torch.nn.Module:
+    """transformers' ResNet from a small config (BatchNorm in every block), 2 classes."""
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    config = ResNetConfig(
+        num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=2
+    )
+    return ResNetForImageClassification(config)

@@ -76,3 +76,27 @@ def test_gpt2_dict_batches_zero3_with_loader_workers_equals_allreduce(tmp_path: 
     a, z = plain["final_test_loss"], sharded["final_test_loss"]
     assert abs(a - z) <= 1e-5 * a, (a, z)
     assert plain["final_accuracy"] is None  # a language model's output.loss: no accuracy
+
+
+IMAGES = [
+    "--dataset", "examples.workloads:image_folder", "--model", "examples.workloads:resnet",
+    "--optimizer", "adam", "--lr", "0.01", "--epochs", "2", "--batch-size", "16",
+    "--workers", "2", "--loader-workers", "2", "--no-progress",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "strategy", [["allreduce"], ["diloco"], ["ps", "--ps-mode", "async"]], ids=lambda s: s[0]
+)
+def test_a_batchnorm_vision_model_on_an_image_folder(strategy: list[str], tmp_path: Path) -> None:
+    """transformers' ResNet (BatchNorm in every block) on PNG files read with PIL, a random
+    flip in the loader's 2 worker processes: held-out accuracy from the model's logits."""
+    got = _train(tmp_path, *IMAGES, "--strategy", *strategy)
+    assert got["final_accuracy"] >= 0.9, got["final_accuracy"]
+
+
+def test_pipeline_refuses_a_model_that_is_no_sequential_in_one_line(tmp_path: Path) -> None:
+    done = run_cli("train", *IMAGES, "--strategy", "pipeline", "--out", str(tmp_path / "o"))
+    assert done.returncode == 2
+    line = done.stderr.strip().splitlines()
+    assert len(line) == 1 and "nn.Sequential" in line[0], done.stderr
