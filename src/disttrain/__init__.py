@@ -50,6 +50,9 @@ _HOME = {
     **dict.fromkeys(("ShardedOptimizer", "shard_model"), "disttrain.sharded"),
     "DistributedOptimizer": "disttrain.optimizer",
     **dict.fromkeys(("DistributedRun", "distribute"), "disttrain.api"),
+    **dict.fromkeys(
+        ("SyncBatchNorm", "convert_sync_batchnorm"), "disttrain.dataparallel.sync_batch_norm"
+    ),
     "train_loop": "disttrain.launch.ray_train",
 }
 
@@ -82,6 +85,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         size,
     )
     from disttrain.dataparallel.broadcast import broadcast_optimizer_state, broadcast_parameters
+    from disttrain.dataparallel.sync_batch_norm import SyncBatchNorm, convert_sync_batchnorm
     from disttrain.launch.ray_train import train_loop
     from disttrain.ops import allgather, allreduce, allreduce_, broadcast, broadcast_, join
     from disttrain.optimizer import DistributedOptimizer
@@ -109,6 +113,7 @@ __all__ = [
     "DistributedOptimizer",
     "DistributedRun",
     "ShardedOptimizer",
+    "SyncBatchNorm",
     "allgather",
     "allreduce",
     "allreduce_",
@@ -116,6 +121,7 @@ __all__ = [
     "broadcast_",
     "broadcast_optimizer_state",
     "broadcast_parameters",
+    "convert_sync_batchnorm",
     "cross_rank",
     "cross_size",
     "distribute",
