@@ -6,6 +6,8 @@
 - ``run.state_dict()`` mid-epoch, loaded into a fresh run (other initial weights), ends
   exactly where the uninterrupted run ends: on the same worker count, and on another one
   (2 -> 4) for the strategies that reshard;
+- an ``IterableDataset`` is split by rank and by loader worker, and its ranks stop
+  together when the first one's stream ends (no hang);
 - bad input is one line (``UsageError``) naming the piece, before any step.
 """
 
@@ -133,6 +135,39 @@ def _refusals() -> dict[str, str]:
     return said
 
 
+class Shards(torch.utils.data.IterableDataset):
+    """20 shards of uneven lengths (10 to 22 samples), each sample (its id and 5 features,
+    a target): a stream, as a user's shard files would be."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        ident = 0
+        for shard in range(20):
+            for _ in range(10 + shard * 7 % 13):
+                g = torch.Generator().manual_seed(ident)
+                x = torch.cat([torch.tensor([float(ident)]), torch.randn(5, generator=g)])
+                yield x, x[1:].sum(0, keepdim=True)
+                ident += 1
+
+
+STREAM_SAMPLES = sum(10 + k * 7 % 13 for k in range(20))
+
+
+def _stream() -> list[int]:
+    """This rank's trained sample ids over one epoch of the stream (2 loader workers)."""
+    import multiprocessing
+
+    # the harness's ranks are daemonic (they die with the test); torchrun's, a user's, are
+    # not, and only a non-daemonic process may start the DataLoader's worker processes
+    multiprocessing.current_process().daemon = False
+    run = _run("allreduce", {})[0]
+    seen: list[int] = []
+    for inputs, target in run.loader(Shards(), batch_size=8, num_workers=2):
+        seen += [int(i) for i in inputs[:, 0]]
+        run.step((inputs, target), lambda out, y: F.mse_loss(out, y))
+    run.finish()
+    return seen
+
+
 DP_FAMILY = {
     "allreduce": {},
     "zero": {"zero_stage": 2},
@@ -149,6 +184,8 @@ for name, kw in {**RESHARDS, "localsgd": {}, "diloco": {}}.items():
     JOBS[f"resume-{name}"] = (2, _resumed, (name, kw, name, STATES))
 for name, kw in RESHARDS.items():
     JOBS[f"reshard-{name}"] = (4, _resharded, (name, kw, name, STATES))
+JOBS["stream-2"] = (2, _stream, ())
+JOBS["stream-4"] = (4, _stream, ())
 WORLDS = SharedWorlds(JOBS, timeout=300)
 
 
@@ -172,6 +209,20 @@ def test_resume_on_another_worker_count(strategy: str) -> None:
     resharded = WORLDS.get(f"reshard-{strategy}")[0]  # 2 ranks, then 4 from the cut
     worst = max(float((whole[k] - resharded[k]).abs().max()) for k in whole)
     assert worst <= 1e-5, f"{strategy}: 2 -> 4 workers differs by {worst:.2e}"
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_stream_is_split_by_rank_and_loader_worker_and_ends_together(world: int) -> None:
+    """An IterableDataset over 20 uneven shards, 2 loader workers a rank: no sample is
+    trained twice, every rank trains the same number of steps (none waits for another),
+    and what the first rank to run out leaves untrained is under a batch per loader worker
+    of each rank."""
+    per_rank = WORLDS.get(f"stream-{world}")
+    ids = [i for seen in per_rank for i in seen]
+    assert len(ids) == len(set(ids)), "a sample was trained twice"
+    steps = {len(seen) // (8 // world) for seen in per_rank}
+    assert len(steps) == 1 or max(steps) - min(steps) <= 1, steps
+    assert STREAM_SAMPLES - len(ids) < world * 2 * (8 // world), (STREAM_SAMPLES, len(ids))
 
 
 EXPECTED = {

@@ -11,6 +11,7 @@ says so in one line.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,33 @@ class Position:
         self.pending = False
         self.epoch, self.batches = epoch, skip
         return skip
+
+
+def agreed(loader: Any, rank: int, group: Any) -> Iterator[Any]:
+    """``loader``'s batches while every worker still has one (a stream's ranks may hold
+    different numbers of batches at its end: the first to run out ends the epoch for all,
+    so none waits in a collective for a batch that never comes); a line says how many of
+    this rank's batches were left untrained."""
+    import torch.distributed as dist
+
+    from disttrain.data.torchloader import more_on_every_rank
+
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        yield from loader
+        return
+    batches = iter(loader)
+    while True:
+        batch = next(batches, None)
+        if not more_on_every_rank(batch is not None, group):
+            break
+        yield batch
+    left = (batch is not None) + sum(1 for _ in batches)
+    if left:
+        print(
+            f"disttrain: rank {rank}: another worker's stream ended first: {left} batch(es) "
+            "of this rank's were not trained this epoch",
+            file=sys.stderr,
+        )
 
 
 def rank_loader_for(

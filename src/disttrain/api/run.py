@@ -25,10 +25,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.data import IterableDataset
 
 from disttrain import batch as batches
 from disttrain import strategies
-from disttrain.api.loader import Position, rank_loader_for
+from disttrain.api.loader import Position, agreed, rank_loader_for
 from disttrain.api.settings import run_config
 from disttrain.comm import world as world_mod
 from disttrain.comm.errors import UsageError
@@ -192,10 +193,13 @@ class DistributedRun:
         rank, shards = data_shard(self.strategy)
         skip = self.position.start(dataset, epoch)
         b = batch_size if batch_size is not None else self.tc.batch_size
-        return rank_loader_for(
+        loader = rank_loader_for(
             dataset, b, rank, shards, self.tc.seed, epoch, skip,
             shuffle=shuffle, **dataloader_kwargs,
         )  # fmt: skip
+        if isinstance(dataset, IterableDataset):  # its ranks agree when the stream ends
+            return agreed(loader, self.world.rank, self.roles.worker_group)
+        return loader
 
     # --- the step -----------------------------------------------------------------------
     def _loss(self, output: Any, target: Any) -> torch.Tensor:
