@@ -62,6 +62,8 @@ OWNERS.update({s: OWNERS["algorithm"] for s in ALGORITHM_SETTINGS})
 VALUES: dict[str, Any] = {
     "model": "cnn",
     "dataset": "synthetic",
+    "loss": "mymodule:my_loss",
+    "metric": "mymodule:my_metric",
     "out": "elsewhere",
     "rdzv_endpoint": "host:29500",
     "rdzv_id": "job-7",
@@ -108,6 +110,8 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "tensor_mode": {"tp": 2},
     **{n: {"pp": 2} for n in ("microbatches", "schedule", "balance", "recompute")},
     "virtual_stages": {"pp": 2, "schedule": "interleaved"},
+    # torch's DataLoader reads a user's data set only (DataConfig.not_read)
+    "loader_workers": {"dataset": "mymodule:my_dataset"},
     # a data set's own shape (DataConfig.not_read: refused with another data set)
     **{
         n: {"dataset": "synthetic"}

@@ -161,7 +161,10 @@ def _stream() -> list[int]:
     multiprocessing.current_process().daemon = False
     run = _run("allreduce", {})[0]
     seen: list[int] = []
-    for inputs, target in run.loader(Shards(), batch_size=8, num_workers=2):
+    # fork: the harness's start method (forkserver) starts each loader worker as a fresh
+    # interpreter, seconds a loader; torchrun's processes fork theirs (torch's default)
+    loader = run.loader(Shards(), batch_size=8, num_workers=2, multiprocessing_context="fork")
+    for inputs, target in loader:
         seen += [int(i) for i in inputs[:, 0]]
         run.step((inputs, target), lambda out, y: F.mse_loss(out, y))
     run.finish()
