@@ -129,6 +129,7 @@ class DistributedRun:
         self.steps = 0
         self._hooks: list[Any] = []
         self._served: dict[str, Any] | None = None  # a server's figures, once it has served
+        self._kept: tuple[Any, Any] | None = None  # a loader with persistent workers
         self.runner: StepRunner | None = None
         if self.roles.is_worker:
             self.runner = StepRunner(
@@ -193,12 +194,18 @@ class DistributedRun:
         rank, shards = data_shard(self.strategy)
         skip = self.position.start(dataset, epoch)
         b = batch_size if batch_size is not None else self.tc.batch_size
+        key = (id(dataset), b, shuffle, sorted(dataloader_kwargs.items(), key=str))
+        if self._kept is not None and self._kept[0] == key:  # persistent workers stay up
+            self._kept[1].batch_sampler.set_epoch(epoch, skip)
+            return self._kept[1]
         loader = rank_loader_for(
             dataset, b, rank, shards, self.tc.seed, epoch, skip,
             shuffle=shuffle, **dataloader_kwargs,
         )  # fmt: skip
         if isinstance(dataset, IterableDataset):  # its ranks agree when the stream ends
             return agreed(loader, self.world.rank, self.roles.worker_group)
+        if dataloader_kwargs.get("persistent_workers"):  # the next epoch's reuses it
+            self._kept = (key, loader)
         return loader
 
     # --- the step -----------------------------------------------------------------------
