@@ -113,8 +113,7 @@ def preflight(cfg: Any) -> tuple[Any, Any]:
     work = Workload(cfg.data, data)  # --loss and --metric: their functions found now
     if work.train_samples < tc.batch_size:
         raise UsageError(
-            f"--batch-size {tc.batch_size} is larger than the {work.train_samples} training "
-            "samples"
+            f"--batch-size {tc.batch_size} is larger than the {work.train_samples} training samples"
         )
     model = build_model(tc.model, data)
     if work.user:
