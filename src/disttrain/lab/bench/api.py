@@ -144,7 +144,7 @@ def _build(kind: str, args: argparse.Namespace, data: Any, state: dict[str, Any]
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler
 
-    import disttrain as dt
+    from disttrain.api import distribute  # dt.distribute (the API package, one layer below)
     from disttrain.comm import world as world_mod
     from disttrain.models.mlp import mlp
 
@@ -173,7 +173,7 @@ def _build(kind: str, args: argparse.Namespace, data: Any, state: dict[str, Any]
 
         return ddp_epoch
     settings = {"algorithm": args.algorithm} if args.algorithm else {}
-    run = dt.distribute(model, opt, strategy="allreduce", **settings)
+    run = distribute(model, opt, strategy="allreduce", **settings)
     state.setdefault("runs", []).append(run)
     more = {"num_workers": args.num_workers} if kind in ("io", "noio") else {}
 

@@ -107,6 +107,7 @@ def _build(cfg: dict[str, Any], args: argparse.Namespace, data: Any) -> tuple[St
     from disttrain.comm import world as world_mod
     from disttrain.models import build_model
     from disttrain.strategies.allreduce import AllReduce
+    from disttrain.strategies.capabilities import before_step
     from disttrain.train.trainer import loss_fn
 
     world = world_mod.current()
@@ -147,6 +148,7 @@ def _build(cfg: dict[str, Any], args: argparse.Namespace, data: Any) -> tuple[St
 
     def dp_step(i: int, timer: _Timer) -> None:
         x, y = xs[i % 8], ys[i % 8]
+        before_step(strategy, i + 1)  # the step runner's order (a model's buffers, if any)
         opt.zero_grad(set_to_none=True)
         timer.time("forward_backward", lambda: strategy.forward_backward(x, y))
         timer.time("wait", strategy.after_backward)

@@ -130,6 +130,7 @@ def _disttrain_step(
 
     from disttrain import config, strategies
     from disttrain.comm import world as world_mod
+    from disttrain.strategies.capabilities import before_step
     from disttrain.train.trainer import loss_fn
 
     world = world_mod.current()
@@ -150,6 +151,7 @@ def _disttrain_step(
 
     def dt_step(i: int) -> dict[str, float]:
         t = [time.perf_counter()]
+        before_step(strategy, i + 1)  # the step runner's order (zero: stale gradients go)
         opt.zero_grad(set_to_none=True)
         strategy.forward_backward(xs[i % 8], ys[i % 8])
         t.append(time.perf_counter())

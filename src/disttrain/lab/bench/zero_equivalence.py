@@ -121,6 +121,7 @@ def _train(
 
     from disttrain import config, strategies
     from disttrain.comm import world as world_mod
+    from disttrain.strategies.capabilities import before_step
     from disttrain.train.optimizers import make_optimizer
     from disttrain.train.trainer import loss_fn
 
@@ -144,6 +145,7 @@ def _train(
     part = args.batch_size // n
     for i, index in enumerate(batches):
         mine = index[rank * part : (rank + 1) * part]
+        before_step(strategy, i + 1)  # the step runner's order (zero: stale gradients go)
         opt.zero_grad(set_to_none=True)
         strategy.forward_backward(data.x_train[mine], data.y_train[mine])
         strategy.after_backward()
