@@ -174,6 +174,12 @@ def dict_output():
     return M()
 def elementwise(out, y):
     return (out - y) ** 2
+def plain():
+    return torch.nn.Linear(64, 10)
+def flat_lm():
+    return torch.nn.Sequential(
+        torch.nn.Embedding(256, 4), torch.nn.Flatten(), torch.nn.Linear(256, 10)
+    )
 """
 
 
@@ -357,6 +363,22 @@ CASES: list[tuple[str, Argv, str]] = [
         "user-loader-workers-unread",
         _flags("--loader-workers", "2"),
         "--loader-workers is read only with --dataset module:function",
+    ),
+    # the messages a user's trial found misleading (issue 49)
+    (
+        "tensor-no-pair",
+        _model("userfactories:good", "--strategy", "tensor"),
+        "--tensor-mode megatron slices Linear layers in pairs",
+    ),
+    (
+        "hybrid-not-sequential",
+        _model("userfactories:plain", "--strategy", "hybrid", "--workers", "4", "--tp", "2"),
+        "--strategy hybrid needs a model that is an nn.Sequential",
+    ),
+    (
+        "lm-logits-shape",
+        _model("userfactories:flat_lm", "--dataset", "pycode", "--pycode-chars", "20000"),
+        "but the loss needs (batch, 64, 256) logits for labels",
     ),
     # checkpoints
     ("resume-missing", _checkpoint("missing"), "no such folder"),

@@ -243,9 +243,15 @@ def _forward_one_batch(tc: Any, model: Any, data: Any) -> None:
             loss_fn(out, y)
         except Exception as exc:
             shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            # a language model's labels are (batch, positions): logits per position
+            wanted = (
+                f"(batch, {y.shape[1]}, {data.num_classes})"
+                if y.dim() == 2
+                else (f"(batch, {data.num_classes})")
+            )
             raise UsageError(
-                f"{what} gave output {shape}, but the loss needs (batch, {data.num_classes}) "
-                f"logits for labels {tuple(y.shape)}: {_gist(exc)}"
+                f"{what} gave output {shape}, but the loss needs {wanted} logits for labels "
+                f"{tuple(y.shape)}: {_gist(exc)}"
             ) from None
 
 

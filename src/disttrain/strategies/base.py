@@ -5,7 +5,8 @@ The trainer drives every strategy's runtime through the same points of a step:
     model = strategy.prepare_model(model, x)   # a shard of it, for model parallelism
     optimizer = make_optimizer(model.parameters())
     strategy.setup(model, optimizer)           # replicas made consistent
-    each step:  loss = strategy.forward_backward(x, y)
+    each step:  before_step(strategy, step)    # capabilities.StepEvents (zero, ps, ...)
+                loss = strategy.forward_backward(x, y)
                 strategy.after_backward()      # data parallel: average gradients
                 optimizer.step(); strategy.after_step(step)  # local SGD: average here
     strategy.finish(); model = strategy.eval_model()         # the whole model on rank 0

@@ -78,9 +78,9 @@ class HybridSettings(StrategySettings):
                 f"replicas: use a multiple of {dp}"
             )
         if kind == "pp":
-            check_pipeline(model, inner, per_group, pc, "--pp")
+            check_pipeline(model, inner, per_group, pc, "--pp", strategy="hybrid")
         else:
-            check_tensor(model, inner, pc.tensor_mode, "--tp")
+            check_tensor(model, inner, pc.tensor_mode, "--tp", strategy="hybrid")
 
 
 # ShardsData: the replicas (rows of the mesh) split each global batch, not every rank.

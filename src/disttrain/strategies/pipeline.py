@@ -47,10 +47,16 @@ def pipeline_settings_not_read(pc: ParallelConfig) -> dict[str, str]:
 
 
 def check_pipeline(
-    model: nn.Module, stages: int, batch: int, pc: ParallelConfig, stages_flag: str
+    model: nn.Module,
+    stages: int,
+    batch: int,
+    pc: ParallelConfig,
+    stages_flag: str,
+    strategy: str = "pipeline",
 ) -> None:
-    """UsageError naming the number to change if ``model`` cannot be pipelined so."""
-    layers = placement.check_sequential(model, "pipeline")
+    """UsageError naming the number to change if ``model`` cannot be pipelined so
+    (``strategy``: the one the user named, for the message)."""
+    layers = placement.check_sequential(model, strategy)
     v = pc.chunks
     if stages * v > len(layers):
         if v == 1:

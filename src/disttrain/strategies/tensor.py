@@ -27,9 +27,12 @@ from disttrain.strategies.settings import StrategySettings
 __all__ = ["TensorParallel", "TensorSettings", "check_tensor"]
 
 
-def check_tensor(model: nn.Module, size: int, mode: str, size_flag: str) -> None:
-    """UsageError unless ``model`` has a Linear layer that splits into ``size`` slices."""
-    layers = placement.check_sequential(model, "tensor")
+def check_tensor(
+    model: nn.Module, size: int, mode: str, size_flag: str, strategy: str = "tensor"
+) -> None:
+    """UsageError unless ``model`` has a Linear layer that splits into ``size`` slices
+    (``strategy``: the one the user named, for the message)."""
+    layers = placement.check_sequential(model, strategy)
     kinds = tensor.plan(layers, size, mode)
     if size > 1 and all(k == "rep" for k in kinds):
         widths = sorted({m.out_features for m in layers if isinstance(m, nn.Linear)})
@@ -37,6 +40,13 @@ def check_tensor(model: nn.Module, size: int, mode: str, size_flag: str) -> None
             raise UsageError(
                 "--strategy tensor splits top-level nn.Linear layers and this model has none: "
                 "use --model mlp"
+            )
+        if mode == "megatron" and any(w % size == 0 for w in widths):
+            raise UsageError(
+                f"--tensor-mode megatron slices Linear layers in pairs (one column-wise, the "
+                f"next row-wise, only elementwise layers between) and this model has no such "
+                f"pair whose inner width splits into {size}: use --tensor-mode naive, or put "
+                "two Linear layers in a row"
             )
         raise UsageError(
             f"{size_flag} {size}: no Linear layer's width ({', '.join(map(str, widths))}) "
