@@ -18,6 +18,9 @@ import torch
 
 from tests.harness import SharedWorlds
 
+# one xdist worker runs the module: its shared worlds (and fixtures) once, not once a worker
+pytestmark = pytest.mark.xdist_group("api-equivalence")
+
 STEPS, BATCH, SEQ, LR = 20, 8, 16, 1e-3
 TOLERANCE = 1e-5
 
