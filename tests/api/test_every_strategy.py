@@ -9,7 +9,10 @@ Issue 49's 25 % band for them is not met on this workload at 80 steps with Adam
 whole model.
 
 One world of 4 ranks holds every case (SharedWorlds): the parameter server takes 3
-workers and 1 server, hybrid a 2 x 2 mesh, the rest 4 workers.
+workers and 1 server (with one worker every mode is synchronous), hybrid a 2 x 2 mesh,
+the rest 4 workers. Running the cases one after another in one process group found a
+bug: a second parameter server read the first one's endpoints from the store (each
+set-up now has its own keys, strategies/ps.py).
 """
 
 from __future__ import annotations

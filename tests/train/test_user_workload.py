@@ -52,7 +52,15 @@ def allreduce_regression(tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     return _train(tmp_path_factory.mktemp("allreduce"), *REGRESSION)
 
 
-@pytest.mark.parametrize("strategy", sorted(_first_modes()))
+#: in make test; the other strategies' runs are make test-long's (their step is the same
+#: code on this data path: tests/api/test_every_strategy.py runs every mode in make test)
+FAST = {"allreduce", "zero", "diloco", "ps", "pipeline"}
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [s if s in FAST else pytest.param(s, marks=pytest.mark.slow) for s in sorted(_first_modes())],
+)
 def test_every_strategy_trains_a_csv_regression(
     strategy: str, allreduce_regression: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -69,7 +77,7 @@ def test_every_strategy_trains_a_csv_regression(
 def test_gpt2_dict_batches_zero3_with_loader_workers_equals_allreduce(tmp_path: Path) -> None:
     common = [
         "--dataset", "examples.workloads:byte_text", "--model", "examples.workloads:gpt2",
-        "--optimizer", "adam", "--lr", "0.003", "--max-steps", "6", "--batch-size", "16",
+        "--optimizer", "adam", "--lr", "0.003", "--max-steps", "4", "--batch-size", "16",
         "--workers", "2", "--no-progress",
     ]  # fmt: skip
     plain = _train(tmp_path / "a", *common)

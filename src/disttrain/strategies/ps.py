@@ -23,6 +23,7 @@ servers say the budget is spent (``limits`` and ``should_stop`` of the layout,
 
 from __future__ import annotations
 
+import itertools
 import socket
 import time
 from collections import Counter
@@ -52,7 +53,11 @@ from disttrain.strategies.settings import StrategySettings
 
 __all__ = ["PSSettings", "ParameterServer", "ServerLayout"]
 
-_KEY = "disttrain/ps/endpoint/{}"
+_KEY = "disttrain/ps/endpoint/{}/{}"  # (the job's parameter-server generation, shard)
+#: parameter servers this process has set up: every process of a job sets up the same
+#: ones in the same order (a script may call dt.distribute twice in one process group),
+#: so the count names this generation's endpoints and no worker reads an earlier one's
+_GENERATIONS = itertools.count()
 _SERVER_KEYS = (
     "rank",
     "shard",
@@ -204,8 +209,9 @@ class ParameterServer(Strategy, ShardsData, StepEvents, Reshards):
         # every rank joins the workers' group (new_group is collective on the whole world)
         self.workers_group = dist.new_group(list(range(self.n_workers)), timeout=group_timeout())
         store = dist.distributed_c10d._get_default_store()
+        generation = next(_GENERATIONS)
         if self.roles.is_worker:
-            keys = [_KEY.format(k) for k in range(self.n_servers)]
+            keys = [_KEY.format(generation, k) for k in range(self.n_servers)]
             store.wait(keys)
             endpoints = [store.get(key).decode() for key in keys]
             self.client = PSClient(
@@ -224,7 +230,9 @@ class ParameterServer(Strategy, ShardsData, StepEvents, Reshards):
         sock, endpoint = bind_router(self.ps.ps_address, self.ps.curve_key())
         host = _publish_host(self.ps.ps_address)
         port = endpoint.rsplit(":", 1)[1]
-        store.set(_KEY.format(k), f"tcp://{host}:{port}" if ":" not in host else endpoint)
+        store.set(
+            _KEY.format(generation, k), f"tcp://{host}:{port}" if ":" not in host else endpoint
+        )
         defaults = dict(optimizer.defaults)
         cons = Consistency(
             self.ps.ps_mode, tuple(range(self.n_workers)), self.ps.staleness_bound, self.ps.softsync
