@@ -17,7 +17,6 @@ set-up now has its own keys, strategies/ps.py).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -25,9 +24,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from disttrain.registry import load_plugins
-from disttrain.strategies import STRATEGIES
 from tests.harness import SharedWorlds
+from tests.modes import modes
 
 # one xdist worker runs the module: its shared worlds (and fixtures) once, not once a worker
 pytestmark = pytest.mark.xdist_group("api-every-strategy")
@@ -35,26 +33,6 @@ pytestmark = pytest.mark.xdist_group("api-every-strategy")
 WORLD, BATCH, EPOCHS, LR = 4, 48, 8, 0.01
 #: same mathematics as allreduce: within 2 %; the rest talk less: within 25 %
 SAME = {"allreduce", "zero", "pipeline", "tensor", "hybrid:tp", "ps:sync"}
-
-
-def _value(word: str) -> Any:
-    """A command-line word as the Python value a script passes (``"2"`` -> 2)."""
-    try:
-        return json.loads(word)
-    except ValueError:
-        return word
-
-
-def _modes() -> list[tuple[str, dict[str, Any]]]:
-    """(label, keywords) of every strategy's modes, from its own declaration."""
-    load_plugins()
-    cases = []
-    for name, kind in STRATEGIES.items():
-        for mode, words in kind.settings.modes.items():
-            pairs = zip(words[::2], words[1::2], strict=True)
-            flags = {w[2:].replace("-", "_"): _value(v) for w, v in pairs}
-            cases.append((f"{name}:{mode}" if mode else name, {"strategy": name, **flags}))
-    return cases
 
 
 def _data() -> tuple[Any, torch.Tensor, torch.Tensor]:
@@ -99,7 +77,7 @@ def _train(keywords: dict[str, Any]) -> float | None:
         return float(F.mse_loss(whole(x_test), y_test))
 
 
-CASES = _modes()
+CASES = modes()
 WORLDS = SharedWorlds({label: (WORLD, _train, (kw,)) for label, kw in CASES}, timeout=300)
 
 

@@ -16,40 +16,20 @@ any model, issue 50).
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 from typing import Any
 
 import pytest
 import torch
 
-from disttrain.registry import load_plugins
-from disttrain.strategies import STRATEGIES
 from tests.harness import SharedWorlds
+from tests.modes import modes
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("api-real-models")]
 
 WORLD, STEPS, BATCH = 4, 24, 16
 SAME = {"allreduce", "zero", "ps:sync"}
 SEQUENTIAL_ONLY = {"pipeline", "tensor", "hybrid"}
-
-
-def _modes() -> list[tuple[str, dict[str, Any]]]:
-    load_plugins()
-    cases = []
-    for name, kind in STRATEGIES.items():
-        for mode, words in kind.settings.modes.items():
-            pairs = zip(words[::2], words[1::2], strict=True)
-            flags = {w[2:].replace("-", "_"): _value(v) for w, v in pairs}
-            cases.append((f"{name}:{mode}" if mode else name, {"strategy": name, **flags}))
-    return cases
-
-
-def _value(word: str) -> Any:
-    try:
-        return json.loads(word)
-    except ValueError:
-        return word
 
 
 def _workload(kind: str) -> tuple[Any, Any, Any]:
@@ -101,7 +81,7 @@ def _train(kind: str, keywords: dict[str, Any]) -> Any:
     return {"loss": None if whole is None else _held_out(whole, test), "buffers": buffers}
 
 
-CASES = _modes()
+CASES = modes()
 KINDS = ("gpt2", "resnet")
 JOBS = {f"{kind}/{label}": (WORLD, _train, (kind, kw)) for kind in KINDS for label, kw in CASES}
 WORLDS = SharedWorlds(JOBS, timeout=900)

@@ -366,24 +366,13 @@ def _check_plain_loop(text: str, tmp: Path) -> None:
 def _strategy_variants(code: str) -> dict[str, str]:
     """The block once per registered strategy: its ``strategy="allreduce"`` replaced by each
     strategy's first mode (its own declaration, ``StrategySettings.modes``)."""
-    from disttrain.registry import load_plugins
-    from disttrain.strategies import STRATEGIES
+    from tests.modes import first_modes, keywords
 
-    load_plugins()
     variants = {}
-    for name, kind in STRATEGIES.items():
-        words = next(iter(kind.settings.modes.values()))
-        pairs = zip(words[::2], words[1::2], strict=True)
-        extra = "".join(f", {w[2:].replace('-', '_')}={json.dumps(_word(v))}" for w, v in pairs)
+    for name, words in first_modes().items():
+        extra = "".join(f", {k}={json.dumps(v)}" for k, v in keywords(words).items())
         variants[name] = code.replace('strategy="allreduce"', f'strategy="{name}"{extra}')
     return variants
-
-
-def _word(value: str) -> Any:
-    try:
-        return json.loads(value)
-    except ValueError:
-        return value
 
 
 def _every_strategy_in_rank(codes: dict[str, str], folder: str) -> dict[str, Any]:

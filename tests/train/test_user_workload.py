@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from disttrain.registry import load_plugins
-from disttrain.strategies import STRATEGIES
+from tests.modes import first_modes
 from tests.test_cli import run_cli
 
 # one xdist worker runs the module: its shared worlds (and fixtures) once, not once a worker
@@ -32,11 +31,6 @@ REGRESSION = [
 ]  # fmt: skip
 SAME = {"allreduce", "zero", "pipeline", "tensor", "hybrid", "ps"}  # ps's first mode: sync
 VARIANCE = 10.5  # of the CSV's targets (examples/workloads.py: x @ w, 8 unit features)
-
-
-def _first_modes() -> dict[str, list[str]]:
-    load_plugins()
-    return {name: list(next(iter(k.settings.modes.values()))) for name, k in STRATEGIES.items()}
 
 
 def _train(tmp: Path, *argv: str) -> dict[str, Any]:
@@ -59,12 +53,12 @@ FAST = {"allreduce", "zero", "diloco", "ps", "pipeline"}
 
 @pytest.mark.parametrize(
     "strategy",
-    [s if s in FAST else pytest.param(s, marks=pytest.mark.slow) for s in sorted(_first_modes())],
+    [s if s in FAST else pytest.param(s, marks=pytest.mark.slow) for s in sorted(first_modes())],
 )
 def test_every_strategy_trains_a_csv_regression(
     strategy: str, allreduce_regression: dict[str, Any], tmp_path: Path
 ) -> None:
-    got = _train(tmp_path, *REGRESSION, "--strategy", strategy, *_first_modes()[strategy])
+    got = _train(tmp_path, *REGRESSION, "--strategy", strategy, *first_modes()[strategy])
     anchor = allreduce_regression["final_test_loss"]
     assert anchor < 0.05 * VARIANCE and got["final_accuracy"] is None
     loss = got["final_test_loss"]

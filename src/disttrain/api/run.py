@@ -19,6 +19,9 @@ optimizer's step pre- and post-hooks).
 
 from __future__ import annotations
 
+import atexit
+import gc
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -96,6 +99,28 @@ def _rebound(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> An
     return type(optimizer)(params, **group)
 
 
+_EXIT_REGISTERED = [False]
+
+
+def _leave_at_exit(run: DistributedRun) -> None:
+    """At the script's exit, the run lets go of its strategy (whose sub-groups would
+    otherwise outlive ``destroy_process_group``: gloo's threads then die in the
+    interpreter's teardown, SIGABRT, "terminate called without an active exception"),
+    then the process group is left (``dt.shutdown``; a group the script formed itself is
+    left to it). Held weakly: a script may build many runs."""
+    ref = weakref.ref(run)
+
+    def release() -> None:
+        alive = ref()
+        if alive is not None:
+            alive.release()
+
+    world_mod.at_shutdown(release)
+    if not _EXIT_REGISTERED[0]:
+        atexit.register(world_mod.shutdown)
+        _EXIT_REGISTERED[0] = True
+
+
 class DistributedRun:
     """One process's part of a script's run (built by :func:`distribute`)."""
 
@@ -131,6 +156,7 @@ class DistributedRun:
         self._served: dict[str, Any] | None = None  # a server's figures, once it has served
         self._kept: tuple[Any, Any] | None = None  # a loader with persistent workers
         self.runner: StepRunner | None = None
+        _leave_at_exit(self)
         if self.roles.is_worker:
             self.runner = StepRunner(
                 self.strategy,
@@ -279,6 +305,16 @@ class DistributedRun:
         self._hooks = []
         self.strategy.finish()
         return self.strategy.eval_model()
+
+    def release(self) -> None:
+        """Let go of the strategy, its groups and hooks (``dt.shutdown`` calls it; the run
+        cannot step afterwards)."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        self.runner = None
+        self.strategy = None  # type: ignore[assignment]
+        gc.collect()  # the strategy's cycles hold its sub-groups
 
     def state_dict(self) -> dict[str, Any]:
         """Every worker's state (model, optimizer, strategy, loss scale), the step and the
