@@ -3,9 +3,9 @@
 regression, in ``make test``):
 
 - GPT-2 from a small config (tied embeddings) on byte-level text, dict batches, the
-  model's own ``outputs.loss``, 24 steps at global batch 16;
+  model's own ``outputs.loss``, 24 steps at global batch 24;
 - ResNet from a small config (BatchNorm in every block) on an image folder read with PIL
-  and a random flip, 2 loader worker processes, 24 steps at global batch 16.
+  and a random flip, 2 loader worker processes, 24 steps at global batch 24.
 
 At the same step count the held-out loss is within 2 % of allreduce's for the strategies
 of the same mathematics and within 25 % for those that talk less (issue 49's bands), and
@@ -27,7 +27,7 @@ from tests.modes import modes
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("api-real-models")]
 
-WORLD, STEPS, BATCH = 4, 24, 16
+WORLD, STEPS, BATCH = 4, 24, 24  # 24: 4, 3 (ps's workers) and 2 divide it
 SAME = {"allreduce", "zero", "ps:sync"}
 SEQUENTIAL_ONLY = {"pipeline", "tensor", "hybrid"}
 

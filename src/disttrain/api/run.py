@@ -78,6 +78,9 @@ def distribute(
         raise UsageError(f"dt.distribute: strategy must be a name, got {type(strategy).__name__}")
     size = dist.get_world_size() if dist.is_initialized() else _env_size()
     cfg = run_config(strategy, settings, optimizer is not None, size)
+    # pre-flight's own check (the batch splits, stages and mesh fit the model): every rank
+    # checks alike, so every rank refuses or none does
+    strategies.get(cfg.train.strategy).settings.validate_config(cfg, model)
     return DistributedRun(cfg, model, optimizer, forward)
 
 

@@ -60,14 +60,15 @@ def _refuse_trainer_only(settings: dict[str, Any], own_optimizer: bool) -> None:
         raise UsageError(f"dt.distribute: {name}= is not a setting of a script's run ({instead})")
 
 
-def _default_batch(cfg: Any, world_size: int) -> Any:
-    """A global batch that splits over ``world_size`` when none was given (64 rounded up):
-    the strategies' checks need one; ``run.loader`` takes the one it is given."""
+def _default_batch(cfg: Any) -> Any:
+    """A global batch that splits over the run's workers when none was given (64 rounded
+    up): the strategies' checks need one; ``run.loader`` takes the one it is given."""
     from disttrain import config as config_mod
 
     if "batch_size" in config_mod.changed_settings(cfg):
         return cfg
-    batch = -(-64 // world_size) * world_size
+    workers = cfg.train.world_size
+    batch = -(-64 // workers) * workers
     tc = dataclasses.replace(cfg.train, batch_size=batch)
     return config_mod.RunConfig({**cfg.sections, config_mod.TrainConfig: tc}, cfg.given)
 
@@ -83,6 +84,6 @@ def run_config(strategy: str, settings: dict[str, Any], own_optimizer: bool, siz
     flags = {k.replace("-", "_"): v for k, v in settings.items()}
     cfg = resolve_config({"strategy": strategy, **flags})
     _refuse_trainer_only(flags, own_optimizer)
-    cfg = fit_to_group(_default_batch(cfg, size), size)
+    cfg = _default_batch(fit_to_group(cfg, size))
     check_settings_read(cfg)
     return cfg
