@@ -198,13 +198,63 @@ def _spread(models: dict[str, Any], a: str, b: str) -> float:
     return diff / max(float(x.abs().max()) for x in pa)
 
 
+def _datasets(args: argparse.Namespace) -> tuple[dict[str, Any], SleepyDataset]:
+    """The four configurations' data (the same tensors); the sleepy one's delay is set
+    once the step is measured."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    g = torch.Generator().manual_seed(1234)
+    num = args.batch_size * args.steps
+    x = torch.randn(num, *SHAPE, generator=g)
+    y = torch.randint(0, CLASSES, (num,), generator=g)
+    sleepy = SleepyDataset(x, y)
+    datasets = {"dt": TensorDataset(x, y), "ddp": TensorDataset(x, y), "io": sleepy}
+    datasets["noio"] = SleepyDataset(x, y)
+    return datasets, sleepy
+
+
+def _warm_up(args: argparse.Namespace, epochs: dict[str, Any], sleepy: SleepyDataset) -> Any:
+    """Each configuration's warm-up epoch; the sleepy loader's delay is the measured step
+    (rank 0's figure, on every rank) unless --load-ms gives one."""
+    import torch
+    import torch.distributed as dist
+
+    warm: dict[str, Timed] = {}
+    for kind in ("dt", "ddp", "noio", "io"):  # noio before io: io's delay is noio's step
+        if kind == "io":
+            step_s = _warm_step(warm)
+            load = torch.tensor([args.load_ms / 1e3 if args.load_ms > 0 else step_s])
+            dist.broadcast(load, 0)
+            sleepy.delay = float(load) / (args.batch_size // dist.get_world_size())
+        dist.barrier()
+        warm[kind] = epochs[kind](0, args.warmup)
+    return warm
+
+
+def _rounds(args: argparse.Namespace, epochs: dict[str, Any]) -> tuple[Any, Any]:
+    """--rounds rounds of one epoch of each configuration, in an order rotating each round:
+    the job's seconds (until the slowest rank is done) and each epoch's phases."""
+    import torch.distributed as dist
+
+    seconds: dict[str, list[float]] = {kind: [] for kind in CONFIGS}
+    phases: dict[str, list[Timed]] = {kind: [] for kind in CONFIGS}
+    for r in range(args.rounds):
+        for k in range(len(CONFIGS)):
+            kind = CONFIGS[(k + r) % len(CONFIGS)]
+            dist.barrier()  # every rank starts the round's config together
+            t0 = time.perf_counter()
+            phases[kind].append(epochs[kind](1 + r, args.steps))
+            dist.barrier()
+            seconds[kind].append(time.perf_counter() - t0)
+    return seconds, phases
+
+
 def _rank_main(args: argparse.Namespace) -> dict[str, Any] | None:
     """One rank's run; rank 0 returns every config's round seconds, its waits and steps."""
     import multiprocessing
 
-    import torch
     import torch.distributed as dist
-    from torch.utils.data import TensorDataset
 
     # A rank of run_world is not quite the process a launcher (torchrun, disttrain run)
     # starts, in two ways that matter to a loader's worker processes: it is daemonic (it
@@ -215,38 +265,15 @@ def _rank_main(args: argparse.Namespace) -> dict[str, Any] | None:
     # rank and end with it, and the runner still ends the rank.
     multiprocessing.current_process()._config["daemon"] = False  # type: ignore[attr-defined]
     multiprocessing.set_start_method("fork", force=True)
-    g = torch.Generator().manual_seed(1234)
-    num = args.batch_size * args.steps
-    x = torch.randn(num, *SHAPE, generator=g)
-    y = torch.randint(0, CLASSES, (num,), generator=g)
-    sleepy = SleepyDataset(x, y)  # its delay is set once the step is measured
-    datasets = {"dt": TensorDataset(x, y), "ddp": TensorDataset(x, y), "io": sleepy}
-    datasets["noio"] = SleepyDataset(x, y)
+    datasets, sleepy = _datasets(args)
     state: dict[str, Any] = {}
     epochs = {kind: _build(kind, args, datasets[kind], state) for kind in CONFIGS}
-    warm: dict[str, Timed] = {}
-    for kind in ("dt", "ddp", "noio", "io"):  # noio before io: io's delay is noio's step
-        if kind == "io":
-            step_s = _warm_step(warm)
-            load = torch.tensor([args.load_ms / 1e3 if args.load_ms > 0 else step_s])
-            dist.broadcast(load, 0)  # rank 0's figure, on every rank
-            sleepy.delay = float(load) / (args.batch_size // dist.get_world_size())
-        dist.barrier()
-        warm[kind] = epochs[kind](0, args.warmup)
+    warm = _warm_up(args, epochs, sleepy)
     models = state["models"]
     # the same steps on the same batches: equal parameters, up to the order of the sums
     # (the difference grows with the steps: random labels on 6.4 M parameters)
     warm_spread = {"dt/ddp": _spread(models, "dt", "ddp"), "io/noio": _spread(models, "io", "noio")}
-    seconds: dict[str, list[float]] = {kind: [] for kind in CONFIGS}
-    phases: dict[str, list[Timed]] = {kind: [] for kind in CONFIGS}
-    for r in range(args.rounds):
-        for k in range(len(CONFIGS)):
-            kind = CONFIGS[(k + r) % len(CONFIGS)]
-            dist.barrier()  # every rank starts the round's config together
-            t0 = time.perf_counter()
-            phases[kind].append(epochs[kind](1 + r, args.steps))
-            dist.barrier()  # until the slowest rank is done: the job's time
-            seconds[kind].append(time.perf_counter() - t0)
+    seconds, phases = _rounds(args, epochs)
     for run in state["runs"]:
         run.finish()
     params = sum(p.numel() for p in models["dt"].parameters())
