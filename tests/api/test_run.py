@@ -171,6 +171,32 @@ def _stream() -> list[int]:
     return seen
 
 
+def _forward_and_checks() -> dict[str, Any]:
+    """``forward=`` (the script's own way from a batch to its loss) takes run.step's steps;
+    ``check_collectives=True`` switches the checks on, as ``--check-collectives`` does."""
+    import disttrain as dt
+    from disttrain import collectives
+    from disttrain.collectives import base, checks
+
+    run, _ = _run("allreduce", {})
+    own = dt.distribute(
+        _model(),
+        None,
+        "allreduce",
+        batch_size=BATCH,
+        lr=0.1,
+        forward=lambda model, batch: _loss(model(batch[0]), batch[1]),
+        check_collectives=True,
+    )
+    checked = (base._length_check, checks.checks_everywhere())
+    collectives.check_collectives(False)  # the world's next cases run without them
+    for batch in run.loader(_data(), epoch=0):
+        run.step(batch, _loss)
+    for batch in own.loader(_data(), epoch=0):
+        own.step(batch)
+    return {"checked": checked, "plain": _state(run.finish()), "forward": _state(own.finish())}
+
+
 DP_FAMILY = {
     "allreduce": {},
     "zero": {"zero_stage": 2},
@@ -187,6 +213,7 @@ for name, kw in {**RESHARDS, "localsgd": {}, "diloco": {}}.items():
     JOBS[f"resume-{name}"] = (2, _resumed, (name, kw, name, STATES))
 for name, kw in RESHARDS.items():
     JOBS[f"reshard-{name}"] = (4, _resharded, (name, kw, name, STATES))
+JOBS["forward"] = (2, _forward_and_checks, ())
 JOBS["stream-2"] = (2, _stream, ())
 JOBS["stream-4"] = (4, _stream, ())
 WORLDS = SharedWorlds(JOBS, timeout=300)
@@ -226,6 +253,13 @@ def test_a_stream_is_split_by_rank_and_loader_worker_and_ends_together(world: in
     steps = {len(seen) // (8 // world) for seen in per_rank}
     assert len(steps) == 1 or max(steps) - min(steps) <= 1, steps
     assert STREAM_SAMPLES - len(ids) < world * 2 * (8 // world), (STREAM_SAMPLES, len(ids))
+
+
+def test_forward_keyword_and_check_collectives_are_read() -> None:
+    got = WORLDS.get("forward")[0]
+    assert got["checked"] == (True, True)
+    worst = max(float((got["plain"][k] - got["forward"][k]).abs().max()) for k in got["plain"])
+    assert worst <= 1e-6, f"forward= differs from run.step(batch, loss_fn) by {worst:.2e}"
 
 
 EXPECTED = {

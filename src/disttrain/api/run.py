@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils.data import IterableDataset
 
 from disttrain import batch as batches
-from disttrain import strategies
+from disttrain import collectives, strategies
 from disttrain.api.loader import Position, agreed, rank_loader_for
 from disttrain.api.settings import run_config
 from disttrain.comm import world as world_mod
@@ -141,6 +141,7 @@ class DistributedRun:
             device=tc.device, timeout=tc.timeout, threads=threads, backend=tc.backend
         )
         self.kind = strategies.get(tc.strategy)
+        collectives.check_collectives(tc.check_collectives)  # as the trainer does
         if self.world.world_size > 1:  # every rank starts from rank 0's model, as DDP does
             broadcast_tensors(list(model.state_dict().values()), 0, None)
         self._loss_of: batches.LossFn = batches.loss_for({}, None)

@@ -58,6 +58,7 @@ __all__ = [
     "always_starts",
     "build",
     "by_size",
+    "check_collectives",
     "chooses",
     "get",
     "length_check_enabled",
@@ -70,3 +71,13 @@ __all__ = [
 ]
 
 import_submodules(__name__, skip=HELPERS)
+
+
+def check_collectives(enabled: bool) -> None:
+    """``--check-collectives``: the algorithms' length check and the checks everywhere else
+    (broadcasts, native buckets) on or off together; the trainer and a script's run
+    (``dt.distribute``) both set it here."""
+    from disttrain.collectives.checks import set_checks_everywhere
+
+    set_length_check(enabled)
+    set_checks_everywhere(enabled)

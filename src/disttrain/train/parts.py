@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from disttrain import checkpoint, collectives, strategies, timeline
-from disttrain.collectives import checks
 from disttrain.comm import world as world_mod
 from disttrain.comm.meter import meter
 from disttrain.config import RunConfig
@@ -68,8 +67,7 @@ class RunParts:
         )
         first = joiner.launch_rank if joiner else self.world.rank
         self.recorder = timeline.start(first) if tc.timeline else None
-        collectives.set_length_check(tc.check_collectives)
-        checks.set_checks_everywhere(tc.check_collectives)
+        collectives.check_collectives(tc.check_collectives)
         if tc.pin_cpus:
             pin_to_cpu(self.world.local_rank)
         self.fault = None if joiner else parse_fault(tc.inject_fault)  # the job's ranks'
