@@ -79,17 +79,12 @@ def activation_bytes(model: nn.Module, x: Any) -> int:
     return counted[0] // max(batches.num_samples(x), 1)
 
 
-def batches_inputs(batch: Any) -> Any:
-    from disttrain import batch as batches
-
-    return batches.inputs_and_target(batch)[0]
-
-
 def estimate(cfg: Any, model: nn.Module, data: Any, forked: bool) -> Plan:
     """One worker of ``cfg``'s run at its fullest (module docstring)."""
     from disttrain import costing, strategies
     from disttrain.config import changed_settings
     from disttrain.strategies.runspec import RunSpec
+    from disttrain.train.workload import Workload
 
     tc = cfg.train
     params = sum(p.numel() for p in model.parameters())
@@ -103,13 +98,12 @@ def estimate(cfg: Any, model: nn.Module, data: Any, forked: bool) -> Plan:
     except ValueError:  # a layout the formulas do not model: a whole replica's
         state = int(costing.worker_memory(work, params).total)
     per_worker_batch = -(-tc.batch_size // tc.world_size)
-    if getattr(data, "task", "") == "user":  # its own loader holds what it reads
-        sample, held = batches_inputs(data.sample(_SAMPLES)), 0
-    else:
-        sample = data.x_train[:_SAMPLES]
+    trained_on = Workload(cfg.data, data)
+    held = 0  # a user's data set: its own loader holds what it reads
+    if not trained_on.user:
         tensors = (data.x_train, data.y_train, data.x_test, data.y_test)
         held = sum(t.numel() * t.element_size() for t in tensors)
-    acts = 2 * per_worker_batch * activation_bytes(model, sample)
+    acts = 2 * per_worker_batch * activation_bytes(model, trained_on.sample_inputs(_SAMPLES))
     return Plan(PROCESS_BYTES["forked" if forked else "exec"], state, held, acts)
 
 

@@ -10,6 +10,7 @@ from torch import nn
 
 from disttrain.comm.errors import UsageError
 from disttrain.data.datasets import Dataset
+from disttrain.data.user import UserData
 from disttrain.factories import load_callable
 from disttrain.models.base import MODELS
 from disttrain.models.cnn import cnn
@@ -86,7 +87,7 @@ def build_model(name: str, data: Dataset) -> nn.Module:
     if ":" in name:
         return _factory(name, data)
     kind = MODELS.get(name)
-    if getattr(data, "task", "") == "user":  # a user's data set: the model is theirs too
+    if isinstance(data, UserData):  # a user's data set: the model is theirs too
         raise UsageError(
             f"--model {name} is shaped for the built-in data sets; with --dataset "
             f"{data.name} give --model module:function returning your nn.Module"
