@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from typing import Any
 
@@ -28,8 +29,17 @@ pytestmark = pytest.mark.xdist_group("api-run")
 
 BATCH, EPOCHS, CUT = 32, 2, 11  # 8 steps an epoch: the cut is mid-epoch 1
 #: where the 2-rank world leaves its states for the 4-rank world: this test process's
-#: folder, handed to both (the module's tests share one xdist worker, ``xdist_group``)
-STATES = tempfile.mkdtemp(prefix="disttrain-api-states-")
+#: folder, handed to both (the module's tests share one xdist worker, ``xdist_group``);
+#: named here, made by the first writer and removed at the session's end (every process
+#: that imports this module, the ranks included, would otherwise leave a folder of its own;
+#: not at the module's end: xdist may run other files' tests between this module's)
+STATES = os.path.join(tempfile.gettempdir(), f"disttrain-api-states-{os.getpid()}")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _states_removed() -> Any:
+    yield
+    shutil.rmtree(STATES, ignore_errors=True)
 
 
 def _data() -> Any:
@@ -90,6 +100,7 @@ def _resumed(strategy: str, settings: dict[str, Any], name: str, states: str) ->
     whole = _train(_run(strategy, settings)[0])
     state = _train(_run(strategy, settings)[0], stop=CUT)
     if torch.distributed.get_rank() == 0:
+        os.makedirs(states, exist_ok=True)
         torch.save(state, os.path.join(states, f"{name}.pt"))
     resumed = _run(strategy, settings, seed=1)[0]
     resumed.load_state_dict(state)
@@ -219,6 +230,14 @@ JOBS["stream-4"] = (4, _stream, ())
 WORLDS = SharedWorlds(JOBS, timeout=300)
 
 
+def _world_of(name: str) -> list[Any]:
+    """``name``'s results, the 2-rank world run first (it saves the states the 4-rank
+    world's cases resume: a 4-rank case may be this process's first, e.g. under plain
+    ``-n N`` rather than the Makefile's ``--dist loadgroup``)."""
+    WORLDS.get("refusals")
+    return WORLDS.get(name)
+
+
 @pytest.mark.parametrize("strategy", sorted(DP_FAMILY))
 def test_own_loop_takes_the_steps_of_run_step(strategy: str) -> None:
     stepped, own = WORLDS.get(f"step-{strategy}")[0], WORLDS.get(f"own-{strategy}")[0]
@@ -236,7 +255,7 @@ def test_resume_mid_epoch_ends_where_the_whole_run_ends(strategy: str) -> None:
 @pytest.mark.parametrize("strategy", sorted(RESHARDS))
 def test_resume_on_another_worker_count(strategy: str) -> None:
     whole, _ = WORLDS.get(f"resume-{strategy}")[0]  # 2 ranks throughout
-    resharded = WORLDS.get(f"reshard-{strategy}")[0]  # 2 ranks, then 4 from the cut
+    resharded = _world_of(f"reshard-{strategy}")[0]  # 2 ranks, then 4 from the cut
     worst = max(float((whole[k] - resharded[k]).abs().max()) for k in whole)
     assert worst <= 1e-5, f"{strategy}: 2 -> 4 workers differs by {worst:.2e}"
 
@@ -247,7 +266,7 @@ def test_a_stream_is_split_by_rank_and_loader_worker_and_ends_together(world: in
     trained twice, every rank trains the same number of steps (none waits for another),
     and what the first rank to run out leaves untrained is under a batch per loader worker
     of each rank."""
-    per_rank = WORLDS.get(f"stream-{world}")
+    per_rank = _world_of(f"stream-{world}")
     ids = [i for seen in per_rank for i in seen]
     assert len(ids) == len(set(ids)), "a sample was trained twice"
     steps = {len(seen) // (8 // world) for seen in per_rank}

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from disttrain import checkpoint, collectives, strategies, timeline
+from disttrain import checkpoint, timeline
 from disttrain.comm import world as world_mod
 from disttrain.comm.meter import meter
 from disttrain.config import RunConfig
@@ -20,18 +20,17 @@ from disttrain.data import GlobalBatchSampler, load_dataset
 from disttrain.data.sampler import run_steps
 from disttrain.models import build_model
 from disttrain.strategies.capabilities import data_shard
-from disttrain.train.compiled import compile_forward, graphs
+from disttrain.train.compiled import graphs
+from disttrain.train.engine import Engine, Given
 from disttrain.train.faults import parse_fault
 from disttrain.train.grow import Grow, Joiner, read_point
-from disttrain.train.metrics import Throughput, Timers
-from disttrain.train.optimizers import make_optimizer
+from disttrain.train.metrics import Throughput
 from disttrain.train.outputs import Outputs
 from disttrain.train.pinning import pin_to_cpu
 from disttrain.train.resume import agree_run, goes_on
 from disttrain.train.saver import Checkpoints, recorded_settings
 from disttrain.train.schedules import LRSchedule
 from disttrain.train.shrink import Shrink, membership_for
-from disttrain.train.step import StepRunner
 from disttrain.train.trackers import Tracker
 from disttrain.train.workload import Workload
 
@@ -47,7 +46,7 @@ class RunParts:
 
     def __init__(self, cfg: RunConfig, trackers: Sequence[Tracker] = ()) -> None:
         self.cfg, self.tc, self.given_trackers = cfg, cfg.train, list(trackers)
-        self.step, self.epochs_done, self.loss = 0, 0, float("nan")
+        self.epochs_done, self.loss = 0, float("nan")
         self.whole: nn.Module | None = None  # the whole model, evaluated on rank 0
         self.test_loss: float = float("nan")
         self.test_acc: float | None = None  # None for language models
@@ -67,21 +66,30 @@ class RunParts:
         )
         first = joiner.launch_rank if joiner else self.world.rank
         self.recorder = timeline.start(first) if tc.timeline else None
-        collectives.check_collectives(tc.check_collectives)
         if tc.pin_cpus:
             pin_to_cpu(self.world.local_rank)
         self.fault = None if joiner else parse_fault(tc.inject_fault)  # the job's ranks'
         self.data = load_dataset(self.cfg.data)
         self.work = Workload(self.cfg.data, self.data)  # its batches, loss and evaluation
         torch.manual_seed(tc.seed)  # every rank builds the same initial model
-        self.strategy = strategies.get(tc.strategy).build(self.cfg, self.world, self.work.loss)
-        sample = self.work.sample_inputs(tc.batch_size)  # what --balance time measures
         model = build_model(tc.model, self.data)
-        self.model = self.strategy.prepare_model(model, sample).to(self.world.device)
-        compile_forward(self.model, tc.compile)  # --compile (none: eager)
-        self.optimizer = make_optimizer(self.model.parameters(), tc)
-        self.strategy.setup(self.model, self.optimizer)
+        sample = self.work.sample_inputs(tc.batch_size)  # what --balance time measures
+        # the engine a script's dt.distribute run is too (train/engine.py): the strategy,
+        # the prepared model, its optimizer (the default one: --optimizer, --lr) and the step
+        self.engine = Engine(self.cfg, model, None, given=Given(self.work.loss, sample, self.fault))
+        self.strategy, self.model = self.engine.strategy, self.engine.model
+        self.optimizer = self.engine.optimizer
         self.roles = self.strategy.roles  # who trains and who serves (parameter servers)
+
+    @property
+    def step(self) -> int:
+        """The steps run so far: the engine's count (its ``step`` advances it; a resume, a
+        regroup or an admission sets where it goes on from)."""
+        return self.engine.steps
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.engine.steps = value
 
     def compiled_graphs(self) -> int:
         """Graphs ``--compile`` captured on this worker (summary.json; 0: eager)."""
@@ -100,12 +108,11 @@ class RunParts:
         # (the job's: an asynchronous worker's own limits are the whole budget)
         shown = min(tc.epochs, self.epoch_limit, -(-total // self.sampler.steps_per_epoch))
         self.out = Outputs(tc, main, goes_on(tc), self.given_trackers, total, shown)
-        self.timers = Timers()
         self.start = time.perf_counter()
         self.throughput = Throughput(tc.batch_size, self.start)  # this process's steps
-        self.runner = StepRunner(
-            self.strategy, self.optimizer, tc, self.timers, self.fault, self.world.rank
-        )
+        assert self.engine.runner is not None  # a worker's (a server serves instead)
+        self.runner = self.engine.runner
+        self.timers = self.runner.timers
         self.schedule = LRSchedule.for_run(tc, total, self.sampler.steps_per_epoch)
         self.saver = Checkpoints(
             tc.out, self.strategy, tc.async_checkpoint, recorded_settings(self.cfg)

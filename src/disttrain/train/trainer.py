@@ -1,13 +1,14 @@
 """The training loop that every strategy shares: one process's view of one run.
 
-    for each step: forward + backward (compute) -> strategy.after_backward
-    (communication) -> optimizer.step -> strategy.after_step
+    for each step: engine.step(batch, loss), the step a script's dt.distribute run takes
+    (train/engine.py; its order, train/step.py: forward + backward (compute) ->
+    strategy.after_backward (communication) -> optimizer.step -> strategy.after_step)
 
 Rank 0 evaluates on the test set after every epoch, writes metrics.jsonl,
 summary.json and model.pt, and shows the progress bar. :func:`train` reads top to
 bottom: ``setup`` (world, data, model, strategy) and ``prepare`` (the loop's parts) build
 the run (train/parts.py); :class:`Run`'s ``loop`` goes epoch by epoch (``_epoch``,
-``_step``, ``_end_epoch``; a membership change is ``_regroup``), then ``summary``.
+``_stepped``, ``_end_epoch``; a membership change is ``_regroup``), then ``summary``.
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ class Run(RunParts):
         return resumed
 
     def _epoch(self, epoch: int) -> Change | None:
-        """The epoch's steps (the rest of it after a resume); a membership change or None."""
+        """The epoch's steps (the rest of it after a resume); a membership change or None.
+        Each step is the engine's (``engine.step``: the step a script's run takes too)."""
         skip = self.step - epoch * self.sampler.steps_per_epoch  # batches done before
         loader = self.work.loader(self._plan(epoch, skip), self.world.device)
         change = None
@@ -106,32 +108,34 @@ class Run(RunParts):
                 self.saver.finish()
                 change = self.grow.admit(self.step, self.strategy, self.runner.scaler)
                 break
-            change = self._step(epoch, x, y)
-            if change is not None:
+            lr = self.schedule(self.step)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            began = time.perf_counter()
+            try:
+                with timeline.span("step", step=self.step + 1):
+                    self.loss = self.engine.step((x, y), self.work.loss)  # counts the step
+            except Exception as exc:  # a lost peer: the survivors regroup (train/shrink.py)
+                change = self._lost(exc, began)
                 break
+            self._stepped(epoch, lr)
         self.timers.seconds["data"] += loader.wait_seconds
         return change
 
-    def _step(self, epoch: int, x: Any, y: Any) -> Change | None:
-        """One step, logged and checkpointed; a lost peer's membership change, or None."""
-        lr = self.schedule(self.step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.step += 1
-        began = time.perf_counter()
-        try:
-            with timeline.span("step", step=self.step):
-                self.loss, skipped = self.runner.run(self.step, x, y)
-        except Exception as exc:  # a lost peer: the survivors regroup (train/shrink.py)
-            change = None
-            if self.shrink:
-                change = self.shrink.recover(
-                    exc, self.step, self.strategy, began, self.runner.scaler, self.out.logged
-                )
-            if change is None:
-                raise
-            self.step = change["step"] - 1  # the survivors go on from there, new shards
-            return change
+    def _lost(self, exc: Exception, began: float) -> Change:
+        """A step failed: the survivors' membership change (live shrink), or ``exc`` again."""
+        change = None
+        if self.shrink:
+            change = self.shrink.recover(
+                exc, self.step, self.strategy, began, self.runner.scaler, self.out.logged
+            )
+        if change is None:
+            raise exc
+        self.step = change["step"] - 1  # the survivors go on from there, new shards
+        return change
+
+    def _stepped(self, epoch: int, lr: float) -> None:
+        """After a step: its line in metrics.jsonl, the progress bar, a checkpoint when due."""
         elapsed = time.perf_counter() - self.start
         sps = self.throughput.samples_per_second(self.step, elapsed)
         # with live shrink every worker keeps its line: one that ran a step the new
@@ -148,14 +152,13 @@ class Run(RunParts):
                 **self.strategy.step_metrics(),
             )
             if self.runner.scaler:
-                record.update(loss_scale=self.runner.scaler.scale, skipped=skipped)
+                record.update(loss_scale=self.runner.scaler.scale, skipped=self.engine.skipped)
             self.out.step_line(self.step, record)
         self.out.bar.update(self.step, epoch, self.loss, sps)
         if self.tc.checkpoint_every and self.step % self.tc.checkpoint_every == 0 and self.tc.out:
             with self.timers.time("checkpoint"), timeline.span("checkpoint"):
                 self.saver.save(self.step, self.optimizer, self.runner)
             self.out.checkpointed(self.step)
-        return None
 
     def _regroup(self, change: Change) -> None:
         """After a membership change: the new group's world and shards; a new rank 0 takes
