@@ -30,10 +30,12 @@ from torch import nn
 from torch.utils.data import IterableDataset
 
 from disttrain import strategies
-from disttrain.api.loader import Position, agreed, rank_loader_for
+from disttrain.api.loader import OVER, Position, Stream, agreed, rank_loader_for
 from disttrain.api.settings import run_config
 from disttrain.comm import world as world_mod
 from disttrain.comm.errors import UsageError
+from disttrain.data.torchloader import is_stateful
+from disttrain.dataparallel.states import allgather_states
 from disttrain.strategies.capabilities import data_shard
 from disttrain.train.engine import Engine, Forward
 
@@ -114,6 +116,7 @@ class DistributedRun(Engine):
         super().__init__(cfg, model, optimizer, forward)
         self.position = Position()
         self._kept: tuple[Any, Any] | None = None  # a loader with persistent workers
+        self._stream: Stream | None = None  # a stateful stream's loader, for state_dict
         _leave_at_exit(self)
 
     @property
@@ -136,13 +139,20 @@ class DistributedRun(Engine):
         """torch's DataLoader of this rank's share of each global batch of ``batch_size``
         (default: the run's ``batch_size``); every DataLoader keyword passes through.
 
+        A stream with ``state_dict`` / ``load_state_dict`` is read by torchdata's
+        ``StatefulDataLoader``, and a loaded state's epoch goes on where it was saved.
         On a process that serves (a parameter server) it serves until the workers are
         done and yields nothing, so that one loop is every process's script."""
         if self.serves:
             self._serve_once()
             return []
         rank, shards = data_shard(self.strategy)
-        skip = self.position.start(dataset, epoch)
+        workers = int(dataloader_kwargs.get("num_workers", 0))
+        skip = self.position.start(dataset, epoch, shards, workers)
+        self._stream = None
+        if skip is OVER:  # the saved epoch's stream had ended: nothing left of it
+            self._stream = Stream(None, rank, workers, over=True)  # and a state says so again
+            return []
         b = batch_size if batch_size is not None else self.tc.batch_size
         key = (id(dataset), b, shuffle, sorted(dataloader_kwargs.items(), key=str))
         if self._kept is not None and self._kept[0] == key:  # persistent workers stay up
@@ -152,6 +162,9 @@ class DistributedRun(Engine):
             dataset, b, rank, shards, self.tc.seed, epoch, skip,
             shuffle=shuffle, **dataloader_kwargs,
         )  # fmt: skip
+        if isinstance(dataset, IterableDataset) and is_stateful(dataset):
+            self._stream = Stream(loader, rank, workers)  # its place goes into run.state_dict()
+            return self._stream.batches(self.world.rank, self.roles.worker_group)
         if isinstance(dataset, IterableDataset):  # its ranks agree when the stream ends
             return agreed(loader, self.world.rank, self.roles.worker_group)
         if dataloader_kwargs.get("persistent_workers"):  # the next epoch's reuses it
@@ -161,10 +174,17 @@ class DistributedRun(Engine):
     # --- the state -----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The engine's state (every worker's part and the step) and the data's position,
-        on every worker (a collective: every worker calls it)."""
-        return {**super().state_dict(), "position": self.position.state_dict()}
+        on every worker (a collective: every worker calls it). A stateful stream's place
+        is every rank's loader state, by rank (``"stream"``), gathered as the engine's
+        parts are: plain values, nothing pickled."""
+        state = {**super().state_dict(), "position": self.position.state_dict()}
+        if self._stream is not None:  # every rank has one: the script's loop is the same
+            mine = self._stream.state()  # checked here, before the collective
+            ranks = allgather_states(mine, self.roles.worker_group)
+            state["stream"] = {"epoch": self.position.epoch, "ranks": ranks}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Go on from ``state``; the next ``run.loader`` of its epoch continues it."""
         super().load_state_dict(state)
-        self.position.load_state_dict(state["position"])
+        self.position.load_state_dict(state["position"], state.get("stream"))
