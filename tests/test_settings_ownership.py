@@ -46,7 +46,7 @@ _OWNED_BY: list[tuple[str, set[str]]] = [
         {"ps"},
     ),
     ("stages", {"pipeline"}),
-    ("microbatches schedule virtual_stages balance recompute", PIPELINES),
+    ("microbatches schedule virtual_stages balance split_points recompute", PIPELINES),
     ("tensor_mode", {"tensor", "hybrid"}),
     ("dp pp tp", {"hybrid"}),
 ]
@@ -74,6 +74,7 @@ VALUES: dict[str, Any] = {
     "allreduce_table": "65536:tree,*:ring",
     "compression": "topk:0.1",
     "balance": "time",
+    "split_points": "3",
     "schedule": "1f1b",
     "straggler": "1:2",
     "ps_address": "127.0.0.2",
@@ -108,7 +109,7 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "staleness_lr": {"ps_mode": "async"},
     "push_lr_share": {"ps_mode": "async"},
     "tensor_mode": {"tp": 2},
-    **{n: {"pp": 2} for n in ("microbatches", "schedule", "balance", "recompute")},
+    **{n: {"pp": 2} for n in ("microbatches", "schedule", "balance", "split_points", "recompute")},
     "virtual_stages": {"pp": 2, "schedule": "interleaved"},
     # torch's DataLoader reads a user's data set only (DataConfig.not_read)
     "loader_workers": {"dataset": "mymodule:my_dataset"},

@@ -23,6 +23,11 @@ class ParallelConfig:
     )
     virtual_stages: int = opt(2, "pipeline: model chunks per rank (--schedule interleaved)")
     balance: str = opt("params", "pipeline split: params, time, or layers per stage e.g. 2,3,3")
+    split_points: str = opt(
+        "",
+        "pipeline: module paths where stages start, comma-separated "
+        "(transformer.h.4,transformer.h.8); instead of --balance",
+    )
     recompute: bool = opt(False, "pipeline: recompute activations in backward (less memory)")
     tensor_mode: str = opt(
         "megatron", "tensor slicing: column-then-row pairs, or naive", ("megatron", "naive")
@@ -52,6 +57,11 @@ class ParallelConfig:
         from disttrain.parallel.pipeline import SCHEDULES
 
         return self.virtual_stages if SCHEDULES.get(self.schedule).virtual else 1
+
+    @property
+    def split_at(self) -> list[str]:
+        """``--split-points`` as a list of module paths (empty: none given)."""
+        return [p.strip() for p in self.split_points.split(",") if p.strip()]
 
     def balance_spec(self) -> Balance:
         return parse_balance(self.balance)

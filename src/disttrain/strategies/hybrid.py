@@ -58,7 +58,14 @@ class HybridSettings(StrategySettings):
     def settings_not_read(cls, config: RunConfig) -> dict[str, str]:
         pc: ParallelConfig = config.section(ParallelConfig)
         unread = {"stages": "(the mesh sets the stages: --pp)"}
-        pipeline = ("microbatches", "schedule", "virtual_stages", "balance", "recompute")
+        pipeline = (
+            "microbatches",
+            "schedule",
+            "virtual_stages",
+            "balance",
+            "split_points",
+            "recompute",
+        )
         if pc.pp:
             unread["tensor_mode"] = f"with --pp {pc.pp} (pipeline stages inside each replica)"
             unread.update(pipeline_settings_not_read(pc))

@@ -8,11 +8,18 @@ rank p holding p, p+P, ... (``--virtual-stages V``); ``zb1`` and ``zb2`` split
 each backward into B and W (``parallel/pipeline/``: one file per schedule family,
 each owning its bubble and memory formulas). Every stage sees the whole global
 batch: stage 0 feeds the input, the last computes the loss against the labels.
+
+The model is cut as a chain of layers (``parallel/chain.py``): an ``nn.Sequential``,
+or a transformers causal LM (GPT-2, Llama families) whose stages are built from the
+module paths they keep; ``--split-points`` names where stages start, else
+``--balance`` chooses. Parameters tied across stages (GPT-2's embedding and head)
+have their gradients summed between the ranks that hold them after each backward.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -25,6 +32,7 @@ from disttrain.comm.errors import UsageError
 from disttrain.comm.meter import meter
 from disttrain.comm.world import World
 from disttrain.config import RunConfig
+from disttrain.parallel import chain as chains
 from disttrain.parallel import placement
 from disttrain.parallel.pipeline import schedule
 from disttrain.parallel.pipeline.runner import PipelineRunner, recv_ahead_default
@@ -43,7 +51,16 @@ def pipeline_settings_not_read(pc: ParallelConfig) -> dict[str, str]:
         unread["microbatches"] = "with --schedule none (whole batches)"
     if not schedule.SCHEDULES.get(pc.schedule).virtual:
         unread["virtual_stages"] = f"with --schedule {pc.schedule} (one stage per rank)"
+    if pc.split_at:
+        unread["balance"] = "with --split-points (the stages start at the paths named)"
     return unread
+
+
+def stage_sizes_at(chain: chains.Chain, pc: ParallelConfig, cuts: int, flag: str) -> list[int]:
+    """Layers per stage from ``--split-points`` (``cuts`` stages in all)."""
+    v = pc.chunks
+    flag = flag if v == 1 else f"{flag} x --virtual-stages {v}"
+    return chains.split_sizes(chain, pc.split_at, cuts, flag)
 
 
 def check_pipeline(
@@ -56,7 +73,8 @@ def check_pipeline(
 ) -> None:
     """UsageError naming the number to change if ``model`` cannot be pipelined so
     (``strategy``: the one the user named, for the message)."""
-    layers = placement.check_sequential(model, strategy)
+    chain = chains.as_chain(model, strategy)
+    layers = list(chain.layers)
     v = pc.chunks
     if stages * v > len(layers):
         if v == 1:
@@ -73,7 +91,11 @@ def check_pipeline(
         if why:
             raise UsageError(why)
     spec = pc.balance_spec()
-    if isinstance(spec, list):
+    text = pc.balance
+    if pc.split_at:
+        spec = stage_sizes_at(chain, pc, stages * v, stages_flag)
+        text = ",".join(map(str, spec))
+    elif isinstance(spec, list):
         if len(spec) != stages * v:
             raise UsageError(
                 f"--balance {pc.balance} lists {len(spec)} stages but there are {stages * v}: "
@@ -84,13 +106,44 @@ def check_pipeline(
                 f"--balance {pc.balance} places {sum(spec)} layers but the model has "
                 f"{len(layers)}: make the counts add up to {len(layers)}"
             )
-    placement.check_every_rank_trains(layers, stages, v, spec, pc.balance)
+    placement.check_every_rank_trains(layers, stages, v, spec, text)
+    norm = chains.batch_norm_at(chain)
+    if norm is not None and pc.schedule != "none" and pc.microbatches > 1:
+        raise UsageError(
+            f"the BatchNorm at {norm} would normalise each micro-batch of "
+            f"{batch // pc.microbatches} samples, not the batch of {batch}: use --microbatches "
+            "1 (or --schedule none), or GroupNorm/LayerNorm (SyncBatchNorm does not span "
+            "micro-batches)"
+        )
     if pc.schedule != "none" and batch % pc.microbatches:
         divisors = [d for d in range(1, batch + 1) if batch % d == 0]
         raise UsageError(
             f"--microbatches {pc.microbatches} does not divide the batch of {batch} per "
             f"pipeline: use one of {', '.join(map(str, divisors[:12]))}"
         )
+
+
+#: the tag of the tied parameters' gradients (the runner's streams use 0 and 1)
+TIED = 2
+
+
+def _input_ids(batch: Mapping[str, Any]) -> torch.Tensor:
+    """A transformers batch's token ids: what stage 0 is fed (the rest of the batch is the
+    loss's). A padding mask would have to reach every stage: refused, in one line."""
+    if "input_ids" not in batch:
+        raise UsageError(
+            f"a pipeline's dict batch needs input_ids (stage 0's input), got keys "
+            f"{', '.join(sorted(batch))}: yield input_ids (and labels for the loss)"
+        )
+    mask = batch.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and not bool(mask.all()):
+        raise UsageError(
+            "a pipeline passes only the hidden states between stages, not an attention_mask "
+            "with padding: pack the sequences to one length (no padding) or drop the mask"
+        )
+    ids = batch["input_ids"]
+    assert isinstance(ids, torch.Tensor)
+    return ids
 
 
 class PipelineSettings(StrategySettings):
@@ -103,6 +156,7 @@ class PipelineSettings(StrategySettings):
         "schedule",
         "virtual_stages",
         "balance",
+        "split_points",
         "recompute",
     )
 
@@ -159,9 +213,12 @@ class Pipeline(Strategy, ShardsData):
         return 1 if self.pc.schedule == "none" else self.pc.microbatches
 
     # --- splitting ------------------------------------------------------------------
-    def _sizes(self, model: nn.Sequential, sample: torch.Tensor | None) -> list[int]:
-        spec = self.pc.balance_spec()
+    def _sizes(self, chain: chains.Chain, sample: torch.Tensor | None) -> list[int]:
+        model = chain.layers
         cuts = self.stages * self.chunks
+        if self.pc.split_at:
+            return stage_sizes_at(chain, self.pc, cuts, "--workers")
+        spec = self.pc.balance_spec()
         if isinstance(spec, list):
             return spec
         if spec == "params":
@@ -183,17 +240,25 @@ class Pipeline(Strategy, ShardsData):
                 dist.broadcast(sizes, src=p2p.global_rank(self.group, 0), group=self.group)
         return [int(n) for n in sizes]
 
-    def prepare_model(self, model: nn.Module, sample: torch.Tensor | None) -> nn.Module:
-        placement.check_sequential(model, self.name)
-        assert isinstance(model, nn.Sequential)
-        self.sizes = self._sizes(model, sample)
+    def prepare_model(self, model: nn.Module, sample: Any) -> nn.Module:
+        chain = chains.as_chain(model, self.name)
+        self.layers = chain.layers  # the model as a chain; its layers hold the model's modules
+        if isinstance(sample, Mapping):
+            sample = _input_ids(sample)
+        self.sizes = self._sizes(chain, sample)
         # measured (time) cuts are known only now; every rank has the same sizes, so all stop
         placement.check_every_rank_trains(
-            list(model), self.stages, self.chunks, self.sizes, self.pc.balance
+            list(self.layers), self.stages, self.chunks, self.sizes, self.pc.balance
         )
-        parts = placement.split(model, self.sizes)
+        parts = placement.split(self.layers, self.sizes)
         meta = [copy.deepcopy(part).to("meta") for part in parts]
         self.full = model if self.stage == 0 else None  # stage 0 gathers the model to evaluate
+        # tied parameters held by more than one rank: (those ranks, this rank's parameter)
+        self.tied: list[tuple[list[int], nn.Parameter]] = []
+        for where, param in chains.shared_parameters(parts):
+            ranks = sorted({s % self.stages for s in where})
+            if len(ranks) > 1 and self.stage in ranks:
+                self.tied.append((ranks, param))
         grid = schedule.build(self.pc.schedule, self.microbatches, self.stages, self.chunks)
         mine = parts[self.stage :: self.stages]  # stages p, p+P, ... (one unless interleaved)
         # late-bound: the step runner wraps self.loss_fn with the fp16 loss scale after this
@@ -210,8 +275,12 @@ class Pipeline(Strategy, ShardsData):
         return self.runner.module
 
     # --- the step -------------------------------------------------------------------
-    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def forward_backward(self, x: Any, y: Any) -> torch.Tensor:
+        if isinstance(x, Mapping):  # a transformers batch: the token ids go through the stages
+            x = _input_ids(x)
         loss = self.runner.run(x, y)
+        if self.tied:
+            self._sum_tied_gradients()
         last = self.stages - 1
         if self.stages > 1 and self.stage in (0, last):
             # only so that rank 0 logs the true loss; stage 0 waits for the last stage here
@@ -225,12 +294,33 @@ class Pipeline(Strategy, ShardsData):
                     loss = loss[0]
         return loss if loss is not None else torch.tensor(float("nan"))
 
+    def _sum_tied_gradients(self) -> None:
+        """Each tied parameter's gradient summed over the ranks that hold it, in rank order on
+        every one of them (the same sum, bit for bit), so that their steps stay equal."""
+        with phases.book(phases.COMMUNICATION), meter.paused():
+            for ranks, param in self.tied:
+                mine = param.grad if param.grad is not None else torch.zeros_like(param)
+                got: dict[int, torch.Tensor] = {self.stage: mine}
+                works = []
+                for r in ranks:
+                    if r != self.stage:
+                        buf = torch.empty_like(mine)
+                        works.append(p2p.isend(mine.contiguous(), r, self.group, tag=TIED))
+                        works.append(p2p.irecv(buf, r, self.group, tag=TIED))
+                        got[r] = buf
+                for w in works:
+                    w.wait()
+                total = got[ranks[0]].clone()
+                for r in ranks[1:]:
+                    total.add_(got[r])
+                param.grad = total
+
     def eval_model(self) -> nn.Module | None:
         """Stage 0 receives every other stage's tensors into its copy of the whole model."""
         with torch.no_grad():
             if self.stage == 0:
                 assert self.full is not None
-                parts = placement.split(self.full, self.sizes)
+                parts = placement.split(self.layers, self.sizes)
                 for s, part in enumerate(parts):
                     if s % self.stages:  # stages p, p+P, ... are rank p's
                         for t in part.state_dict().values():

@@ -36,6 +36,7 @@ from torch import nn
 from torch.distributed import ProcessGroup
 from torch.utils.checkpoint import checkpoint
 
+from disttrain import batch as batches
 from disttrain import timeline
 from disttrain.comm import p2p, phases
 from disttrain.parallel.pipeline import split
@@ -268,10 +269,11 @@ class PipelineRunner:
             return checkpoint(chunk, inp, use_reentrant=False)
         return chunk(inp)
 
-    def run(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+    def run(self, x: torch.Tensor, y: Any) -> torch.Tensor | None:
         """One training step's forward and backward; the mean batch loss on the last stage."""
         r, p, last, m_count = self.stage, self.pipeline, self.stages - 1, self.microbatches
-        xs, ys = x.chunk(m_count), y.chunk(m_count)
+        # the targets may be a dict (a transformers batch: the loss reads its labels)
+        xs, ys = x.chunk(m_count), tuple(batches.split(y, m_count))
         shapes = self.boundary_shapes(xs[0])
         device = x.device
         st = _StepState(xs, ys)
@@ -478,7 +480,7 @@ class PipelineRunner:
 class _StepState:
     """One step's tensors, keyed by (micro-batch, stage)."""
 
-    def __init__(self, xs: tuple[torch.Tensor, ...], ys: tuple[torch.Tensor, ...]) -> None:
+    def __init__(self, xs: tuple[torch.Tensor, ...], ys: tuple[Any, ...]) -> None:
         self.xs, self.ys = xs, ys
         self.inputs: dict[tuple[int, int], torch.Tensor] = {}  # stage input (for its .grad)
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}  # stage output, or scaled loss

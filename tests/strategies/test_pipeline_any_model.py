@@ -1,0 +1,228 @@
+"""Pipelines of transformers models (issue 50): GPT-2 (tied embeddings) and Llama built from
+small configs, cut at named module paths, equal the unsplit model trained in one process
+at the same global batch after 20 steps of SGD (fp32, within 1e-5), and GPT-2's tied
+embedding and head stay equal on both stages that hold them. A split point that is not a
+stage boundary is refused in one line naming it, before any worker starts (exit 2)."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tests.harness import SharedWorlds
+
+STEPS, BATCH, SEQ, VOCAB = 20, 8, 8, 64
+TOL = 1e-5
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_gpt2(vocab: int = VOCAB) -> nn.Module:
+    """GPT-2 of 2 blocks, its head tied to its token embedding, no dropout."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=vocab, n_positions=SEQ,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    return GPT2LMHeadModel(cfg)
+
+
+def tiny_llama() -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=SEQ,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    )  # fmt: skip
+    return LlamaForCausalLM(cfg)
+
+
+def bytes_gpt2() -> nn.Module:
+    """The same on bytes (--dataset pycode's vocabulary of 256), returning its logits (what
+    ``disttrain train``'s loss reads)."""
+    from transformers import GPT2LMHeadModel
+
+    class LogitsGPT2(GPT2LMHeadModel):
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+            return super().forward(input_ids).logits
+
+    model = tiny_gpt2(256)
+    model.__class__ = LogitsGPT2
+    return model
+
+
+MODELS = {"gpt2": tiny_gpt2, "llama": tiny_llama}
+TIED = {"gpt2": ("transformer.wte.weight", "lm_head.weight")}
+
+
+def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [
+        (
+            torch.randint(0, VOCAB, (BATCH, SEQ), generator=g),
+            torch.randint(0, VOCAB, (BATCH, SEQ), generator=g),
+        )
+        for _ in range(STEPS)
+    ]
+
+
+def _loss(logits: torch.Tensor, y: Any) -> torch.Tensor:
+    labels = y["labels"] if isinstance(y, dict) else y
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def _sgd(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.5)
+
+
+def _reference(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The unsplit model trained in one process on the whole batches."""
+    model = copy.deepcopy(model)
+    opt = _sgd(model.parameters())
+    for x, y in _batches():
+        opt.zero_grad(set_to_none=True)
+        _loss(model(x).logits, y).backward()
+        opt.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}
+
+
+def _pipeline(family: str, flags: dict[str, Any], dicts: bool = False) -> dict[str, Any]:
+    """Train ``family``'s model on this rank's stage as the trainer orders the hooks; the
+    largest difference from the reference, and this rank's copies of the tied weights."""
+    from disttrain.comm import world
+    from disttrain.config import load
+    from disttrain.strategies.pipeline import Pipeline, PipelineSettings
+
+    model = MODELS[family]()
+    want = _reference(model)
+    cfg = load({"workers": 2, "strategy": "pipeline", "batch_size": BATCH, **flags})
+    PipelineSettings.validate_config(cfg, model)  # pre-flight's check
+    strategy = Pipeline(cfg, world.current(), _loss)
+    data = _batches()
+    part = strategy.prepare_model(model, data[0][0])
+    opt = _sgd(part.parameters())
+    strategy.setup(part, opt)
+    for x, y in data:
+        opt.zero_grad(set_to_none=True)
+        if dicts:  # a transformers batch: the ids feed stage 0, the labels the loss
+            strategy.forward_backward({"input_ids": x}, {"input_ids": x, "labels": y})
+        else:
+            strategy.forward_backward(x, y)
+        strategy.after_backward()
+        opt.step()
+    held = {id(p) for p in part.parameters()}  # a tied parameter: both its names
+    mine = {n for n, p in model.named_parameters(remove_duplicate=False) if id(p) in held}
+    by_name = dict(model.named_parameters(remove_duplicate=False))
+    worst = max((by_name[n] - want[n]).abs().max().item() for n in mine)
+    whole = strategy.eval_model()
+    if whole is not None:  # rank 0: the whole model, every stage's parameters gathered
+        for n, p in whole.named_parameters(remove_duplicate=False):
+            worst = max(worst, (p - want[n]).abs().max().item())
+    # which of the tied pair this rank's stages use: the embedding on the first, the head
+    # on the last (one object in each process; its gradient is summed over both ranks)
+    uses = {"transformer.wte.weight": 0, "lm_head.weight": 1}
+    tied = {
+        n: by_name[n].detach().tolist() for n in TIED.get(family, ()) if uses[n] == strategy.stage
+    }
+    return {"worst": worst, "sizes": strategy.sizes, "tied": tied, "whole": whole is not None}
+
+
+CASES: dict[str, tuple[str, dict[str, Any], bool]] = {
+    "gpt2-gpipe": ("gpt2", {"schedule": "gpipe", "microbatches": 4}, False),
+    "gpt2-1f1b": (
+        "gpt2",
+        {"schedule": "1f1b", "microbatches": 4, "split_points": "transformer.h.0"},
+        False,
+    ),
+    "gpt2-zb1-dict": ("gpt2", {"schedule": "zb1", "microbatches": 4}, True),
+    "gpt2-interleaved": (
+        "gpt2",
+        {
+            "schedule": "interleaved",
+            "microbatches": 4,
+            "virtual_stages": 2,
+            "split_points": "transformer.h.0,transformer.h.1,transformer.ln_f",
+        },
+        False,
+    ),
+    "llama-1f1b": ("llama", {"schedule": "1f1b", "microbatches": 2}, False),
+}
+
+WORLDS = SharedWorlds(
+    {
+        name: (2, _pipeline, (family, flags, dicts))
+        for name, (family, flags, dicts) in CASES.items()
+    },
+    timeout=150,
+)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_split_transformer_equals_the_unsplit_model_after_20_steps(case: str) -> None:
+    family, flags, _ = CASES[case]
+    per_rank = WORLDS.get(case)
+    assert [r["whole"] for r in per_rank] == [True, False]
+    for r in per_rank:
+        assert r["worst"] < TOL, (case, r["worst"])
+        assert sum(r["sizes"]) == 4  # embeddings, 2 blocks, norm and head
+    if "split_points" in flags:
+        cut = {"transformer.h.0": [1, 3]}.get(flags["split_points"], [1, 1, 1, 1])
+        assert per_rank[0]["sizes"] == cut
+    if family in TIED:  # the embedding on the first stage, the head on the last: equal
+        embedding, head = TIED[family]
+        first, last = per_rank[0]["tied"], per_rank[1]["tied"]
+        assert embedding in first and head in last
+        assert first[embedding] == last[head]
+
+
+def _refused(model: nn.Module, **flags: Any) -> str:
+    from disttrain.comm.errors import UsageError
+    from disttrain.config import load
+    from disttrain.strategies.pipeline import PipelineSettings
+
+    cfg = load({"workers": 2, "strategy": "pipeline", "batch_size": BATCH, **flags})
+    with pytest.raises(UsageError) as err:
+        PipelineSettings.validate_config(cfg, model)
+    return str(err.value)
+
+
+def test_a_split_point_that_is_not_a_stage_boundary_is_refused_naming_it() -> None:
+    gpt2 = tiny_gpt2()
+    msg = _refused(gpt2, split_points="transformer.h.7")
+    assert "transformer.h.7" in msg and "transformer.h.0" in msg and "\n" not in msg
+    msg = _refused(gpt2, split_points="transformer.h.1.attn")
+    assert "is inside transformer.h.1" in msg and "split at transformer.h.1" in msg
+    msg = _refused(gpt2, split_points="transformer.h.0,transformer.h.1")
+    assert "name 1 split points" in msg
+    from disttrain.config import load
+    from disttrain.launch.preflight import unread_settings
+
+    cfg = load({"workers": 2, "strategy": "pipeline", "split_points": "1", "balance": "time"})
+    assert "balance" in unread_settings(cfg)  # pre-flight refuses --balance beside them
+    bn = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    msg = _refused(bn, microbatches=4)
+    assert "BatchNorm at 1" in msg and "micro-batch of 2 samples" in msg
+
+
+def test_the_cli_refuses_a_bad_split_point_with_exit_2_before_any_worker() -> None:
+    spec = f"{Path(__file__).resolve()}:bytes_gpt2"
+    argv = [
+        sys.executable, "-m", "disttrain", "train", "--strategy", "pipeline", "--workers", "2",
+        "--model", spec, "--dataset", "pycode", "--seq-len", str(SEQ), "--pycode-chars", "4000",
+        "--split-points", "transformer.h.9", "--out", "/nonexistent/never",
+    ]  # fmt: skip
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "transformer.h.9" in lines[0], done.stderr
