@@ -940,6 +940,29 @@ def _check_zero(text: str, tmp: Path) -> None:
     assert len(s["memory_per_rank"]["optimizer_state"]) == 4
 
 
+def _after_pipeline_any(code: str, ns: dict[str, Any]) -> Any:
+    return {"loss": float(ns["loss"]), "stage": ns["run"].strategy.stage}
+
+
+def _check_pipeline_any(text: str, tmp: Path) -> None:
+    """The 3 lines, after a header that builds what they name (the imports, token ids,
+    the loss), in a 2-rank world: two stages, the same finite loss logged on both."""
+    header = (
+        "import torch\n"
+        "import torch.nn.functional as F\n"
+        "from transformers import GPT2Config, GPT2LMHeadModel\n"
+        "import disttrain as dt\n"
+        "torch.manual_seed(0)\n"
+        "ids = torch.randint(0, 256, (8, 16))\n"
+        "def lm_loss(logits, batch):\n"
+        "    return F.cross_entropy(logits.flatten(0, 1), batch['labels'].flatten())\n"
+    )
+    assert len([line for line in text.splitlines() if line.strip()]) <= 3
+    first, second = _in_world(header + text, tmp, _after_pipeline_any)
+    assert (first["stage"], second["stage"]) == (0, 1)
+    assert first["loss"] == second["loss"] and math.isfinite(first["loss"])
+
+
 def _check_sharded_api(text: str, tmp: Path) -> None:
     first, second = _in_world(text, tmp, _after_sharded)
     assert first == {"state": ["bias", "weight"], "optim": ["param_groups", "state"]}
@@ -1119,6 +1142,13 @@ ENTRIES: list[Entry] = [
         "(tests/lab/bench/test_pipeline.py runs them small)",
         _run_all,
         300,
+    ),
+    Entry(
+        "docs/model-parallel.md",
+        "model = GPT2LMHeadModel(GPT2Config(",
+        "exec in a 2-rank world after the imports, ids and loss: one step on 2 stages",
+        _check_pipeline_any,
+        180,
     ),
     Entry(
         "docs/reliability.md",
