@@ -127,6 +127,7 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "momentum": {"optimizer": "momentum"},  # diloco's own default optimizer is adam
     "lr_gamma": {"lr_schedule": "exponential"},
     "lr_step_epochs": {"lr_schedule": "step"},
+    "heartbeat_timeout": {"min_workers": 1},  # live shrink's and grow's
     # an algorithm's own setting (hierarchical's inter_algorithm): with that algorithm
     **{s: {"algorithm": a} for s, a in ALGORITHM_SETTINGS.items()},
 }

@@ -103,6 +103,7 @@ class TrainConfig:
             "min_workers",
             "max_workers",
             "join",
+            "heartbeat_timeout",
         ),
         "data loading": ("prefetch", "loader_delay_ms"),
         "multi-node (torchrun's meaning)": ("nnodes", "node_rank", "rdzv_endpoint", "rdzv_id"),
@@ -206,6 +207,11 @@ class TrainConfig:
         0, "live grow: admit workers started with `train --join OUT` up to this many (0: none)"
     )
     join: str = opt("", "join the running job of this --out (it runs with --max-workers)")
+    heartbeat_timeout: float = opt(
+        4.0,
+        "live shrink and grow: seconds without a worker's heartbeat before it is dropped "
+        "(one that beats is waited for up to --timeout; docs/reliability.md)",
+    )
     # multi-node pass-through (torchrun's meaning)
     nnodes: int = opt(1, "number of nodes (multi-node runs)")
     # Not sent to torch's c10d rendezvous: it reads no rank and numbers the nodes by
@@ -241,6 +247,7 @@ class TrainConfig:
             "max_skipped_steps",
             "base_batch_size",
             "lr_step_epochs",
+            "heartbeat_timeout",
         )
         for name in positive:
             if getattr(self, name) <= 0:
@@ -286,8 +293,8 @@ class TrainConfig:
     def not_read(self) -> dict[str, str]:
         """The run's settings that another of its settings switches off, each with why (the
         section is always read, its conditional parts are not): fp16's loss scaler, the
-        momentum factor, the decay schedules' factors, linear scaling's base batch, and the
-        rendezvous id of a multi-node job."""
+        momentum factor, the decay schedules' factors, linear scaling's base batch, the
+        rendezvous id of a multi-node job, and live shrink's and grow's heartbeat timeout."""
         needs = {
             ("precision", "fp16"): (
                 "loss_scale", "scale_growth", "scale_backoff", "scale_growth_interval",
@@ -311,6 +318,11 @@ class TrainConfig:
             )
         if self.nnodes == 1 and not self.rdzv_endpoint:  # one host: files, a fresh run id
             off["rdzv_id"] = "--rdzv-id is read only by a multi-node job (--nnodes > 1)"
+        if not (self.live_shrink or self.live_grow):  # only a changing membership beats
+            off["heartbeat_timeout"] = (
+                "--heartbeat-timeout is read only with live shrink or grow "
+                "(--min-workers below --workers, or --max-workers)"
+            )
         return off
 
     @property

@@ -20,11 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from disttrain.train.shrink import ANSWER_DELAY_ENV
 from tests.harness import run_world
 from tests.netcheck import alive
 from tests.train.test_faults import REPO, _Job, _with_arg
 
-#: the survivors' answer window (3 s) is timing: run alone, after the parallel tests (Makefile)
+#: the survivors' agreement is timing (heartbeats, waits): run alone, after the parallel
+#: tests (Makefile)
 pytestmark = pytest.mark.alone
 
 TIMEOUT = 5
@@ -183,15 +185,60 @@ def test_a_hung_worker_is_left_behind_after_the_timeout_and_ended(
     tmp_path: Path, reference: dict[str, torch.Tensor]
 ) -> None:
     out = tmp_path / "hang"
-    job = _Job([*SHRINK, "--inject-fault", "hang:rank=1:step=3", "--out", str(out)])
+    fault = ("--inject-fault", "hang:rank=1:step=3", "--heartbeat-timeout", "2")
+    job = _Job([*SHRINK, *fault, "--out", str(out)])
     code, _ = job.wait(limit=240)
     assert code == 0, job.stderr
     assert "rank(s) 1 lost at step 3" in job.stderr, job.stderr
     change = _check_run(out, reference, lost=[1])
-    # the step's collective waits --timeout; the hung process is alive and might still
-    # answer, so the survivors wait out the answer window for it (the time: docs)
+    # the step's collective waits --timeout; the hung process is alive (it heartbeats) and
+    # might still answer, so the survivors wait for it, up to --timeout plus the
+    # heartbeat timeout (the time: docs/reliability.md)
     assert change["waited_out_window"] is True, change
+    assert change["why"]["1"].startswith("alive but idle"), change
+    assert change["why"]["1"].endswith("(hung)"), change
     _nothing_left(job, out)  # the hung process was ended by the survivors
+
+
+@pytest.mark.timeout(420)
+def test_a_survivor_slow_to_answer_is_kept_while_it_heartbeats(
+    tmp_path: Path, reference: dict[str, torch.Tensor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # rank 1 answers the survivors' agreement 4 s late, its heartbeat going on: it is
+    # alive, so it is waited for (up to --timeout plus the heartbeat timeout). The old
+    # fixed 3 s answer window left it out: 1 worker left, exit 1, as in issue 51's loaded
+    # runs (rank 3 late by more than 3 s); checked by setting the wait back to 3 s.
+    monkeypatch.setenv(ANSWER_DELAY_ENV, "1:4")
+    out = tmp_path / "slow"
+    fault = ("--inject-fault", "kill:rank=2:step=3", "--heartbeat-timeout", "2")
+    job = _Job([*SHRINK, *fault, "--out", str(out)])
+    code, _ = job.wait(limit=240)
+    assert code == 0, job.stderr
+    assert "2 of 3 workers run step 3 again" in job.stderr, job.stderr
+    change = _check_run(out, reference, lost=[2])
+    assert change["why"] == {"2": "its process is gone"}, change
+    _nothing_left(job, out)
+
+
+@pytest.mark.timeout(420)
+def test_a_stopped_worker_is_dropped_once_its_heartbeat_lapses(
+    tmp_path: Path, reference: dict[str, torch.Tensor]
+) -> None:
+    # SIGSTOP at step 3: its sockets stay open, so the step's collective waits --timeout;
+    # then its heartbeat has lapsed (the whole process is stopped): dropped at once, not
+    # waited for as a live one would be, and ended by the new rank 0 (a SIGKILL reaches
+    # a stopped process), so the job ends
+    out = tmp_path / "stop"
+    fault = ("--inject-fault", "stop:rank=2:step=3", "--heartbeat-timeout", "2")
+    job = _Job([*SHRINK, *fault, "--out", str(out)])
+    code, _ = job.wait(limit=240)
+    assert code == 0, job.stderr
+    assert "rank(s) 2 lost at step 3" in job.stderr, job.stderr
+    assert "rank 2: worker lost (killed by SIGKILL)" in job.stderr, job.stderr
+    change = _check_run(out, reference, lost=[2])
+    assert change["why"]["2"].startswith("its heartbeat lapsed"), change
+    assert change["waited_out_window"] is False, change
+    _nothing_left(job, out)
 
 
 @pytest.mark.timeout(420)
@@ -207,7 +254,8 @@ def test_below_min_workers_the_job_ends_naming_the_lost_ranks(tmp_path: Path) ->
 
 
 def _agree(late: int, window: float) -> tuple[list[int], float] | str:
-    """Every rank but ``late`` answers at once; ``late`` answers after the window."""
+    """Every rank but ``late`` answers at once; ``late``, which never heartbeats (none of
+    them does here), answers after the heartbeat timeout ``window``: dropped, then refused."""
     import torch.distributed as dist
 
     from disttrain.comm import world
@@ -215,7 +263,7 @@ def _agree(late: int, window: float) -> tuple[list[int], float] | str:
     from disttrain.comm.membership import Membership
 
     me = world.rank()
-    members = Membership(world.job_store(), me, world.size(), window)
+    members = Membership(world.job_store(), me, world.size(), window, window)
     # every rank done connecting first: gloo fails a peer still meshing with a closed one
     torch.distributed.barrier()
     world.leave_group()
@@ -239,7 +287,8 @@ def test_survivors_agree_and_a_late_answer_is_left_out() -> None:
     results = run_world(_agree, 3, args=(1, 1.0), timeout=90)
     assert results[0] == ([1], 2.0)  # rank 0 of two, and the sum over two workers
     assert results[2] == ([1], 12.0)  # launch rank 2 is rank 1 of the new group
-    assert isinstance(results[1], str) and "left out of the job" in results[1]
+    assert isinstance(results[1], str) and "dropped from the job" in results[1]
+    assert "no heartbeat from it" in results[1], results[1]
 
 
 def _two_changes(window: float) -> tuple[list[int], list[int], float] | None:
@@ -250,7 +299,7 @@ def _two_changes(window: float) -> tuple[list[int], list[int], float] | None:
     from disttrain.comm.membership import Membership
 
     me = world.rank()
-    members = Membership(world.job_store(), me, world.size(), window)
+    members = Membership(world.job_store(), me, world.size(), window, window)
     # every rank done connecting first: gloo fails a peer still meshing with a closed one
     torch.distributed.barrier()
     world.leave_group()
@@ -292,7 +341,7 @@ def _uneven(window: float) -> list[torch.Tensor] | None:
         opt.zero_grad()
         model(torch.full((3, 4), float(i + 1))).pow(2).sum().backward()
         opt.step()
-    members = Membership(world.job_store(), me, world.size(), window)
+    members = Membership(world.job_store(), me, world.size(), window, window)
     # every rank done connecting first: gloo fails a peer still meshing with a closed one
     torch.distributed.barrier()
     world.leave_group()

@@ -10,14 +10,22 @@ TCPStore otherwise; plain text values, no pickle):
 1. sets ``.../member-<g+1>/alive/<launch rank>`` to the number of steps it completed (a
    peer may fail after some survivors finished the step's collectives and others did
    not: the trainer then gives everyone the state of the one furthest on);
-2. waits until every member of generation g has done so or is known dead (its process,
-   on this host, is gone), or ``window`` seconds: a hung worker never answers, and the
-   survivors fail within about one step of each other (each one's collective ends at the
-   closed connection, or at ``--timeout``);
-3. proposes the members it saw with their steps (``0:2,1:2``), with one ``compare_set`` on
+2. waits until every member of generation g has done so or is known dead. Liveness is a
+   fact, not a deadline: a member whose process (on this host) is gone, or whose
+   heartbeat lapsed for longer than ``heartbeat_timeout``, is dropped at once; one that
+   is alive (it heartbeats) is waited for: while it is busy (its CPU time, in its
+   heartbeat, advances) up to ``timeout`` (``--timeout``) + ``heartbeat_timeout`` s,
+   the most the survivors' failures can lie apart; while it is idle, until every
+   collective of the failed step has ended (``--timeout`` after the step began, or now
+   if later) + ``heartbeat_timeout`` s: a survivor held in one answers by then, so an
+   idle one still silent is hung, and is dropped;
+3. proposes the members it saw with their steps, and why each other one is dropped
+   (``0:2,1:2|2=its heartbeat lapsed 6.1 s ago``), with one ``compare_set`` on
    ``.../member-<g+1>/members``: the first proposal is the decision, every survivor
-   reads it back, so all agree. One that answered too late is not in it: it raises
-   :class:`~disttrain.comm.errors.LeftOut` and stops, lost like the others;
+   reads it back, so all agree. One that answered too late is not in it (a worker
+   stopped, SIGSTOP, past the heartbeat timeout and resumed): it raises
+   :class:`~disttrain.comm.errors.LeftOut` saying why it was dropped, and stops, lost
+   like the others (the new rank 0 ends it on this host meanwhile, if it still can);
 4. the members form the new group under ``.../member-<g+1>/group`` (``world.rejoin``).
 
 Live grow (``--max-workers``, :mod:`disttrain.train.grow`) changes the generation the other
@@ -29,10 +37,20 @@ form the group under ``member-<g+1>/grown`` (its own prefix: a shrink of generat
 meanwhile meets under ``.../group``, and the joiner's wait then ends at ``--timeout``).
 
 Each worker also leaves ``pid/<launch rank>`` = ``HOST PID START`` at the start: a
-survivor need not wait the window for a worker whose process is gone, and the new rank 0
-can end a lost worker that still runs on its host (one that hung: it would otherwise keep
-the job from ending). START, the process's start time, tells that process from a later
-one given the same pid (pids are reused: 32768 of them on many Linux hosts).
+survivor need not wait for a worker whose process is gone, and the new rank 0 can end a
+lost worker that still runs on its host (one that hung: it would otherwise keep the job
+from ending). START, the process's start time, tells that process from a later one given
+the same pid (pids are reused: 32768 of them on many Linux hosts).
+
+Heartbeats (:class:`Heartbeat`, torchft's lighthouse idea on the job's own store): a
+daemon thread of each worker sets ``beat/<launch rank>`` = ``HOST MONOTONIC COUNT CPU``
+(CPU: the process's CPU seconds, all threads) every
+:func:`heartbeat_interval` s, whatever its main thread does (a long step, a collective,
+a slow answer: it runs beside them). A process stopped by SIGSTOP, or so starved that
+the thread cannot run, stops beating; a dead one too, but its process is seen gone
+first. On the writer's host the age is ``time.monotonic()`` (CLOCK_MONOTONIC, one clock
+for the host) minus the stamp; elsewhere it is how long this reader has seen COUNT
+unchanged.
 """
 
 from __future__ import annotations
@@ -40,6 +58,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -48,15 +67,75 @@ import torch.distributed as dist
 from disttrain.comm.errors import LeftOut
 from disttrain.comm.procstat import ended, start_time
 
-__all__ = ["Change", "Membership", "answer_window"]
+__all__ = [
+    "HEARTBEAT_TIMEOUT",
+    "Change",
+    "Heartbeat",
+    "Membership",
+    "answer_window",
+    "heartbeat_interval",
+]
+
+#: ``--heartbeat-timeout``'s default: seconds without a heartbeat before a worker is dropped.
+HEARTBEAT_TIMEOUT = 4.0
+#: The share of a core a waited-for member must use to count as busy (:meth:`Membership._busy`).
+BUSY_CPU = 0.05
 
 
 def answer_window(timeout: float) -> float:
-    """Seconds the survivors wait for each other's answers: the spread of their failures,
-    at most ``--timeout``. Survivors leave each step's last collective together and wait
-    on the same peer, so they fail within one step of each other; 3 s cover a loaded host
-    and keep a hang's cost (``--timeout`` + window + regroup) under ``--timeout`` + 5."""
+    """Seconds the launcher's roll call (``launch/rollcall.py``, a job without live shrink)
+    waits for the workers' answers: the spread of their failures, at most ``--timeout``.
+    Live shrink's agreement no longer uses a window: it goes by heartbeats
+    (:meth:`Membership.agree`)."""
     return min(max(timeout, 1.0), 3.0)
+
+
+def heartbeat_interval(heartbeat_timeout: float) -> float:
+    """Seconds between a worker's heartbeats: 0.5, or a quarter of the timeout if shorter
+    (a lapse is then four missed beats, not one late one)."""
+    return min(0.5, heartbeat_timeout / 4)
+
+
+class Heartbeat(threading.Thread):
+    """Sets ``key`` = ``HOST MONOTONIC COUNT CPU`` in ``store`` every ``interval`` s until
+    :meth:`stop` (a daemon thread: it never holds the process up). The first beat is
+    written before :meth:`start` returns, so a peer never sees a member without one."""
+
+    def __init__(self, store: dist.Store, key: str, interval: float) -> None:
+        super().__init__(name="disttrain-heartbeat", daemon=True)
+        self.store: dist.Store | None = store
+        self.key, self.interval = key, interval
+        self.host = socket.gethostname()
+        self.count = 0
+        self._stop_event = threading.Event()
+
+    def beat(self) -> bool:
+        """One heartbeat; False once the store is gone (the job ended under it)."""
+        store = self.store
+        if store is None:
+            return False
+        self.count += 1
+        now, cpu = time.monotonic(), time.process_time()  # the whole process's CPU time
+        try:
+            store.set(self.key, f"{self.host} {now:.3f} {self.count} {cpu:.3f}")
+        except Exception:  # the job's store removed at its end: nothing left to tell
+            return False
+        return True
+
+    def start(self) -> None:
+        self.beat()
+        super().start()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval) and self.beat():
+            pass
+
+    def stop(self) -> None:
+        """No more beats (idempotent); the store is let go, so it can close."""
+        self._stop_event.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout=5)
+        self.store = None
 
 
 @dataclass(frozen=True)
@@ -68,9 +147,12 @@ class Change:
     before: tuple[int, ...]
     members: tuple[int, ...]
     done: dict[int, int] = field(default_factory=dict)
-    #: this worker waited out the answer window for some worker (one neither answering
-    #: nor seen gone from this host: a hung one, or one on another host)
+    #: this worker waited out its whole wait for some worker (one that heartbeats but
+    #: never answered: a hung one)
     waited: bool = False
+    #: launch rank -> why it was dropped (the decision's: its process is gone, its
+    #: heartbeat lapsed, or it was alive and never answered)
+    why: dict[int, str] = field(default_factory=dict)
 
     @property
     def lost(self) -> list[int]:
@@ -80,12 +162,24 @@ class Change:
 class Membership:
     """This worker's view of who trains: launch ranks, the generation, the agreement."""
 
-    def __init__(self, store: dist.Store, launch_rank: int, world_size: int, window: float):
+    def __init__(
+        self,
+        store: dist.Store,
+        launch_rank: int,
+        world_size: int,
+        timeout: float,
+        heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
+    ):
         self.store = store
         self.me = launch_rank
         self.members: tuple[int, ...] = tuple(range(world_size))
         self.generation = 0
-        self.window = window
+        #: ``--timeout``: how long after a failed step began a live member is waited for
+        self.timeout = timeout
+        self.heartbeat_timeout = heartbeat_timeout
+        self.heartbeat: Heartbeat | None = None
+        #: other hosts' beats: launch rank -> (COUNT last read, when it changed)
+        self._beats: dict[int, tuple[str, float]] = {}
         #: the highest launch rank any decision named (live grow: tickets above are new)
         self.highest = world_size - 1
         # an elastic restart round (--max-restarts, torchrun) starts its own generations
@@ -108,32 +202,142 @@ class Membership:
         me = os.getpid()
         self.store.set(self._key(f"pid/{self.me}"), f"{socket.gethostname()} {me} {start_time(me)}")
 
-    def agree(self, done: int = 0) -> Change:
+    def start_heartbeat(self) -> Heartbeat:
+        """This worker's :class:`Heartbeat` under ``beat/<launch rank>``, running."""
+        if self.heartbeat is None:
+            interval = heartbeat_interval(self.heartbeat_timeout)
+            self.heartbeat = Heartbeat(self.store, self._key(f"beat/{self.me}"), interval)
+            self.heartbeat.start()
+        return self.heartbeat
+
+    def stop_heartbeat(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+
+    @property
+    def wait_limit(self) -> float:
+        """The most seconds a survivor waits for a live member's answer: ``--timeout``, the
+        most the survivors' failures can lie apart (a rank slower than that fails its
+        peers' collectives anyway), plus the heartbeat timeout for the scheduling of a
+        loaded host."""
+        return self.timeout + self.heartbeat_timeout
+
+    def _deadline(self, start: float, since: float, busy: bool) -> float:
+        """Until when (monotonic) a live member that has not answered is waited for, in an
+        agreement begun at ``start`` after a step begun at ``since``. One that is busy (its
+        CPU time advances: computing its way here, however starved) for up to
+        :attr:`wait_limit`; one that is idle (blocked, or hung) until the failed step's
+        collectives have all ended, ``--timeout`` after it began (or now, if later), plus
+        the heartbeat timeout: a survivor still held in one answers by then, a hung
+        worker never does (Horovod's stall inspector tells a slow rank from a stalled one
+        the same way, by what it does)."""
+        if busy:
+            return start + self.wait_limit
+        return max(since + self.timeout, start) + self.heartbeat_timeout
+
+    def _busy(self, r: int, seen: dict[int, list[tuple[float, float]]]) -> bool:
+        """True if launch rank ``r``'s process is computing: it used :data:`BUSY_CPU` of a
+        core over the last second (half the heartbeat timeout if shorter), by the CPU times
+        its heartbeats carried (``seen``: this agreement's readings, (when, CPU s)). Its
+        heartbeat thread alone uses about a thousandth."""
+        cpu, now = self.cpu(r), time.monotonic()
+        if cpu is None:
+            return False
+        window = min(1.0, self.heartbeat_timeout / 2)
+        readings = seen.setdefault(r, [])
+        readings.append((now, cpu))
+        while len(readings) > 1 and readings[1][0] <= now - window:
+            readings.pop(0)  # keep one reading at least ``window`` old
+        when, then = readings[0]
+        return now - when >= window and cpu - then >= BUSY_CPU * (now - when)
+
+    def _beat(self, r: int) -> list[str] | None:
+        """Launch rank ``r``'s last heartbeat: ``[HOST, MONOTONIC, COUNT, CPU]``, or None."""
+        key = self._key(f"beat/{r}")
+        if not self.store.check([key]):
+            return None
+        return [*self.store.get(key).decode().split(" "), "", "", "", ""][:4]
+
+    def cpu(self, r: int) -> float | None:
+        """The CPU seconds launch rank ``r``'s process had used at its last heartbeat."""
+        beat = self._beat(r)
+        try:
+            return float(beat[3]) if beat else None
+        except ValueError:
+            return None
+
+    def silence(self, r: int, since: float | None = None) -> float | None:
+        """Seconds since launch rank ``r``'s heartbeat last advanced, as far as this worker
+        can tell (module docstring); with no beat from it at all, the seconds since
+        ``since`` (monotonic), or None without ``since``."""
+        beat = self._beat(r)
+        now = time.monotonic()
+        if beat is None:
+            return None if since is None else now - since
+        host, stamp, count, _ = beat
+        if host == socket.gethostname():
+            try:
+                return max(0.0, now - float(stamp))
+            except ValueError:
+                pass
+        last = self._beats.get(r)
+        if last is None or last[0] != count:
+            self._beats[r] = (count, now)
+            return 0.0
+        return now - last[1]
+
+    def dead(self, r: int, since: float | None = None) -> str | None:
+        """Why launch rank ``r`` is known not to be alive, or None: its process is gone
+        (this host), or its heartbeat lapsed for longer than the heartbeat timeout."""
+        if self._ended(r):
+            return "its process is gone"
+        quiet = self.silence(r, since)
+        if quiet is None or quiet <= self.heartbeat_timeout:
+            return None
+        limit = f"over --heartbeat-timeout {self.heartbeat_timeout:g}"
+        if not self.store.check([self._key(f"beat/{r}")]):
+            return f"no heartbeat from it in {quiet:.1f} s, {limit}"
+        return f"its heartbeat lapsed {quiet:.1f} s ago, {limit}"
+
+    def agree(self, done: int = 0, since: float | None = None) -> Change:
         """The next generation's members, as every survivor sees them (module docstring);
-        ``done``: the steps this worker completed."""
+        ``done``: the steps this worker completed; ``since`` (monotonic): when the failed
+        step began (default: now). How long a live member is waited for: see
+        :meth:`_deadline`."""
         gen = self.generation + 1
         alive = self._key(f"member-{gen}/alive")
         self.store.set(f"{alive}/{self.me}", str(done))
-        deadline = time.monotonic() + self.window
+        start = time.monotonic()
+        since = start if since is None else min(since, start)
+        cpu: dict[int, list[tuple[float, float]]] = {}  # (when, CPU s) read of each member
         while True:
             seen = [r for r in self.members if self.store.check([f"{alive}/{r}"])]
-            waiting = [r for r in self.members if r not in seen and not self._ended(r)]
-            if not waiting or time.monotonic() >= deadline:
+            why = {r: self.dead(r, start) for r in self.members if r not in seen}
+            waiting = {r: self._busy(r, cpu) for r, dead in why.items() if dead is None}
+            now = time.monotonic()
+            if all(now >= self._deadline(start, since, busy) for busy in waiting.values()):
                 break
             time.sleep(0.05)
-        waited = bool(waiting)
+        for r, busy in waiting.items():
+            why[r] = (
+                f"alive and busy but no answer within {self.wait_limit:g} s"
+                if busy
+                else f"alive but idle, no answer {now - since:.1f} s after the failed "
+                "step began (hung)"
+            )
         proposal = ",".join(f"{r}:{int(self.store.get(f'{alive}/{r}'))}" for r in seen)
+        proposal += "|" + ";".join(f"{r}={text}" for r, text in why.items())
         decided = self.store.compare_set(self._key(f"member-{gen}/members"), "", proposal)
-        steps: dict[int, int] = {}
-        for item in decided.decode().split(","):
-            r, _, d = item.partition(":")
-            steps[int(r)] = int(d)
+        steps, dropped = _decision(decided.decode())
         members = tuple(sorted(steps))
-        change = Change(gen, self.members, members, steps, waited)
+        change = Change(gen, self.members, members, steps, bool(waiting), dropped)
         if self.me not in members:
+            because = dropped.get(self.me, "it answered after the others had agreed")
             raise LeftOut(
-                f"left out of the job: the other workers agreed on {list(members)} before "
-                f"this one answered (generation {gen})"
+                f"dropped from the job at step {done + 1} ({because}): the other workers "
+                f"went on as {list(members)} (generation {gen}) and this one does not "
+                "come back by itself; a job with --max-workers takes a new worker through "
+                "`disttrain train --join OUT`"
             )
         self.members, self.generation = members, gen
         return change
@@ -187,11 +391,16 @@ class Membership:
 
     def ready_joiners(self, launch_workers: int, room: int) -> list[int]:
         """Rank 0: launch ranks of joiners ready and not yet named (at most ``room``, in
-        ticket order; one not yet ready holds those behind it)."""
+        ticket order; one not yet ready holds those behind it while it is alive, and one
+        known dead, :meth:`dead`, is passed over: its ticket is never admitted)."""
         issued = launch_workers + int(self.store.add(self._key("join/tickets"), 0))
         ready: list[int] = []
         for r in range(self.highest + 1, issued):
-            if len(ready) == room or not self.store.check([self._key(f"join/ready/{r}")]):
+            if len(ready) == room:
+                break
+            if self.dead(r) is not None:
+                continue
+            if not self.store.check([self._key(f"join/ready/{r}")]):
                 break
             ready.append(r)
         return ready
@@ -239,3 +448,17 @@ class Membership:
     def closed(self) -> str | None:
         key = self._key("join/closed")
         return self.store.get(key).decode() if self.store.check([key]) else None
+
+
+def _decision(text: str) -> tuple[dict[int, int], dict[int, str]]:
+    """``0:2,1:2|2=why;3=why``: each member's steps done, and why each other one was dropped."""
+    listed, _, reasons = text.partition("|")
+    steps: dict[int, int] = {}
+    for item in listed.split(","):
+        rank, _, done = item.partition(":")
+        steps[int(rank)] = int(done)
+    dropped: dict[int, str] = {}
+    for item in filter(None, reasons.split(";")):
+        rank, _, why = item.partition("=")
+        dropped[int(rank)] = why
+    return steps, dropped

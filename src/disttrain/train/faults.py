@@ -1,7 +1,8 @@
 """Fault injection for tests and demos: ``--inject-fault KIND:rank=R:step=T``.
 
 Kinds: ``kill`` (SIGKILL itself), ``raise`` (a RuntimeError), ``hang`` (sleep
-forever), ``slow:FACTOR`` (sleep FACTOR-1 times the step's compute time),
+forever), ``stop`` (SIGSTOP itself: the whole process, its heartbeat thread too, until
+a SIGCONT or SIGKILL), ``slow:FACTOR`` (sleep FACTOR-1 times the step's compute time),
 ``nan`` (the output of the model's first layer becomes NaN during forward, from
 step T on, so the NaN flows through backward into the gradients as a real fault's
 does), ``inf`` (one gradient element becomes +Inf, at step T only: an fp16
@@ -160,7 +161,7 @@ def _floats(values: tuple[Any, ...]) -> list[torch.Tensor]:
     return [v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()]
 
 
-KINDS = ("kill", "raise", "hang", "slow", "nan", "inf")
+KINDS = ("kill", "raise", "hang", "stop", "slow", "nan", "inf")
 
 
 @dataclass
@@ -196,10 +197,12 @@ class Fault:
     def before_step(self, rank: int, step: int) -> None:
         if not self.fires(rank, step):
             return
-        if self.kind in ("kill", "raise", "hang"):
+        if self.kind in ("kill", "raise", "hang", "stop"):
             self._announce(rank, step)
         if self.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.kind == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
         if self.kind == "raise":
             raise RuntimeError(f"injected fault on rank {rank} at step {step}")
         if self.kind == "hang":

@@ -8,7 +8,10 @@ and removes it at the end). A joiner (:class:`Joiner`):
 1. reads it, opens the job's store, takes a ticket (its launch rank, after every launch
    rank of the job: :mod:`disttrain.comm.membership`), and builds its model, optimizer and
    data in a group of its own (one process: the strategy's ``setup`` exchanges nothing);
-2. says it is ready, and waits (at most ``--timeout`` s, the job's) to be admitted.
+2. starts its heartbeat (:class:`~disttrain.comm.membership.Heartbeat`), says it is
+   ready, and waits (at most ``--timeout`` s, the job's) to be admitted. Rank 0 passes
+   over a ticket whose process is gone or whose heartbeat lapsed (``--heartbeat-timeout``):
+   a joiner that died while building holds no live joiner behind it.
 
 The running workers (:class:`Grow`) look at the store at every step boundary (rank 0 one
 ``add`` and one ``check``, the others one ``check``). Rank 0, seeing a ready joiner after
@@ -39,7 +42,7 @@ from disttrain import strategies, timeline
 from disttrain.amp import LossScaler
 from disttrain.comm import world as world_mod
 from disttrain.comm.errors import DisttrainError, PeerFailure, UsageError, gist, is_peer_error
-from disttrain.comm.membership import Membership, answer_window
+from disttrain.comm.membership import Membership
 from disttrain.config import RunConfig, TrainConfig
 from disttrain.dataparallel.broadcast import (
     broadcast_json,
@@ -52,6 +55,7 @@ from disttrain.train.shrink import (
     check_batch_splits,
     check_membership_algorithm,
     check_membership_flag,
+    start_heartbeat,
 )
 
 __all__ = ["DUMP_ENV", "JOIN_POINT", "Grow", "JoinFailed", "Joiner", "check", "share_state"]
@@ -207,7 +211,8 @@ class Grow:
 
     def _without_joiners(self, before: tuple[int, ...], done: int, why: str) -> world_mod.World:
         """The members go on as they were, in a group of the next generation (shrink's
-        agreement: a joiner that is gone is not waited for, one that hangs the window)."""
+        agreement: a joiner that is gone or stopped beating is not waited for, a live one
+        until --timeout)."""
         m = self.membership
         world_mod.leave_group()
         change = m.agree(done)
@@ -244,8 +249,9 @@ class Joiner:
         self.timeout, self.out = tc.timeout, tc.join
         store = dist.FileStore(point["store"], -1)  # -1: this process never removes it
         launch_rank = Membership(store, 0, 0, 0).take_ticket(int(point["workers"]))
-        self.membership = Membership(store, launch_rank, 0, answer_window(tc.timeout))
+        self.membership = Membership(store, launch_rank, 0, tc.timeout, tc.heartbeat_timeout)
         self.membership.publish_pid()
+        start_heartbeat(self.membership)  # before it is ready: rank 0 passes over a dead one
         self.store = store
 
     @property

@@ -5,7 +5,10 @@ closed) or hung (no answer within ``--timeout``), every survivor, in :meth:`Shri
 
 1. drops its process group (``comm.world.leave_group``);
 2. agrees with the others on who is left, through the job's store
-   (:mod:`disttrain.comm.membership`);
+   (:mod:`disttrain.comm.membership`): a peer whose process is gone or whose heartbeat
+   lapsed (``--heartbeat-timeout``) is dropped at once, a live one is waited for (a busy
+   one up to ``--timeout`` plus the heartbeat timeout, an idle one until the failed
+   step's collectives have ended, plus the heartbeat timeout: one still silent is hung);
 3. with fewer than K left, raises :class:`~disttrain.comm.errors.TooFewWorkers` naming the
    lost ranks: the job ends, exit code 1, as it would without ``--min-workers``;
 4. otherwise forms the new group (ranks renumbered in launch order), lets the strategy
@@ -29,6 +32,7 @@ evenly over every count from K to the launch count. A loss that shows up outside
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from typing import Any
@@ -40,7 +44,7 @@ from disttrain import strategies, timeline
 from disttrain.amp import LossScaler
 from disttrain.comm import world as world_mod
 from disttrain.comm.errors import TooFewWorkers, UsageError, gist, is_peer_error
-from disttrain.comm.membership import Change, Membership, answer_window
+from disttrain.comm.membership import Change, Membership
 from disttrain.config import RunConfig, TrainConfig
 from disttrain.dataparallel.broadcast import (
     broadcast_json,
@@ -50,6 +54,7 @@ from disttrain.dataparallel.broadcast import (
 from disttrain.strategies.capabilities import Regroups
 
 __all__ = [
+    "ANSWER_DELAY_ENV",
     "Shrink",
     "check",
     "check_batch_splits",
@@ -57,6 +62,11 @@ __all__ = [
     "even_out",
     "membership_for",
 ]
+
+
+#: Tests: ``RANK:SECONDS``: launch rank RANK answers the survivors' agreement SECONDS late
+#: (its heartbeat goes on meanwhile: a slow survivor, not a dead one).
+ANSWER_DELAY_ENV = "DISTTRAIN_ANSWER_DELAY"
 
 
 def check_membership_flag(tc: TrainConfig, given: str, trait: type, does: str, host: str) -> None:
@@ -156,10 +166,19 @@ def membership_for(tc: TrainConfig, world: world_mod.World) -> Membership | None
     if world.nodes > 1:  # torchrun across hosts: pre-flight did not see the job
         raise UsageError("--min-workers and --max-workers need a single-host job")
     members = Membership(
-        world_mod.job_store(), world.rank, world.world_size, answer_window(tc.timeout)
+        world_mod.job_store(), world.rank, world.world_size, tc.timeout, tc.heartbeat_timeout
     )
     members.publish_pid()
+    start_heartbeat(members)
     return members
+
+
+def start_heartbeat(members: Membership) -> None:
+    """Start ``members``' heartbeat thread, stopped when the process leaves its group
+    (``world.shutdown``), before the job's store can go: a beat after the end would
+    write the store's file again."""
+    beat = members.start_heartbeat()
+    world_mod.at_shutdown(beat.stop)
 
 
 class Shrink:
@@ -199,7 +218,8 @@ class Shrink:
         before = self.membership.members
         assert isinstance(strategy, Regroups)  # pre-flight refused --min-workers otherwise
         strategy.abandon_step()  # nothing of the step may still use the group it drops
-        world, change, why = self._form_group(step, before, why)
+        since = time.monotonic() - (time.perf_counter() - began)  # the step's start
+        world, change, why = self._form_group(step, before, why, since)
         lost = [r for r in before if r not in change.members]
         strategy.regroup(world)
         done, self.caught_up = even_out(
@@ -222,26 +242,32 @@ class Shrink:
             "lost": lost,
             "seconds_lost": round(time.perf_counter() - began, 3),
             "waited_out_window": change.waited,
+            "why": {str(r): change.why.get(r, "") for r in lost},
         }
         timeline.instant("membership change", lane="comm", **record)  # --timeline shows it
         self.changes.append(record)
         return record
 
     def _form_group(
-        self, step: int, before: tuple[int, ...], why: str
+        self, step: int, before: tuple[int, ...], why: str, since: float
     ) -> tuple[world_mod.World, Change, str]:
         """Agree on the survivors and form their group, again while another worker is lost
-        meanwhile; the new world, the agreed change and the latest cause. Fewer than
-        ``--min-workers`` survivors: :class:`TooFewWorkers` naming the lost ranks."""
+        meanwhile; the new world, the agreed change and the latest cause. ``since``
+        (monotonic): when the failed step began, or the failure after it (an idle member
+        is waited for until its collectives can have ended). Fewer than ``--min-workers``
+        survivors: :class:`TooFewWorkers` naming the lost ranks and why each was dropped."""
         while True:
             world_mod.leave_group()
-            change = self.membership.agree(done=step - 1)
+            _delay_answer(self.membership.me)
+            change = self.membership.agree(done=step - 1, since=since)
             lost = [r for r in before if r not in change.members]
             left = len(change.members)
             if left < self.min_workers:
+                dropped = "; ".join(f"{r}: {change.why[r]}" for r in lost if r in change.why)
                 raise TooFewWorkers(
                     f"lost rank(s) {', '.join(map(str, lost))} at step {step} ({why}): "
-                    f"{left} worker(s) left, fewer than --min-workers {self.min_workers}",
+                    f"{left} worker(s) left, fewer than --min-workers {self.min_workers}"
+                    + (f" [{dropped}]" if dropped else ""),
                     lost,
                 )
             try:
@@ -250,4 +276,11 @@ class Shrink:
             except Exception as again:  # another worker lost while forming the group
                 if not is_peer_error(again):
                     raise
-                why = gist(again)
+                why, since = gist(again), time.monotonic()
+
+
+def _delay_answer(launch_rank: int) -> None:
+    """Tests (:data:`ANSWER_DELAY_ENV`): this worker answers late, heartbeating."""
+    rank, _, seconds = os.environ.get(ANSWER_DELAY_ENV, "").partition(":")
+    if rank.isdigit() and int(rank) == launch_rank:
+        time.sleep(float(seconds))
