@@ -4,13 +4,20 @@ One DEALER socket per server carries requests; the requests to all shards go
 out before any reply is awaited, so the K servers work in parallel. A
 background thread sends a heartbeat to every server on sockets of its own
 (ZeroMQ sockets are not thread-safe), so that a worker held by SSP or busy in
-a long backward is not mistaken for a dead one. A server that does not answer
-within ``timeout`` seconds ends the worker with an error naming it.
+a long backward is not mistaken for a dead one; each beat carries ``HOST PID
+START`` of the worker's process, so that a server on the same host sees it gone
+at once. A server that does not answer within ``timeout`` seconds ends the worker
+with an error naming it; one that dropped this worker as lost (its heartbeat
+lapsed: a process stopped past ``--ps-worker-timeout`` and resumed) refuses it for
+good, and the worker stops with :class:`~disttrain.comm.errors.LeftOut`, lost
+like the others, not failing the job.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import socket
 import threading
 import time
 from typing import Any
@@ -19,10 +26,12 @@ import torch
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from disttrain.comm.errors import PeerFailure
+from disttrain.comm.errors import LeftOut, PeerFailure
 from disttrain.comm.meter import record_send
+from disttrain.comm.procstat import start_time
 from disttrain.ps.auth import CurveKey, secure_client
 from disttrain.ps.protocol import (
+    FLAG_DROPPED,
     FLAG_STOP,
     HEADER,
     Header,
@@ -60,6 +69,8 @@ class Heartbeat(threading.Thread):
 
     def run(self) -> None:
         ctx = zmq.Context.instance()
+        me = os.getpid()
+        process = f"{socket.gethostname()} {me} {start_time(me)}".encode()
         socks = []
         for ep in self.endpoints:
             s = ctx.socket(zmq.DEALER)
@@ -72,11 +83,12 @@ class Heartbeat(threading.Thread):
         try:
             while not self._stop_event.is_set():
                 for k, s in enumerate(socks):
+                    beat = encode(MsgType.HEARTBEAT, k, self.worker, 0, process)
                     try:  # never block: with no connection (yet, or refused), skip this beat
-                        s.send_multipart(encode(MsgType.HEARTBEAT, k, self.worker, 0), zmq.NOBLOCK)
+                        s.send_multipart(beat, zmq.NOBLOCK)
                     except zmq.Again:
                         continue
-                    self.sent[k] += HEADER.size
+                    self.sent[k] += HEADER.size + len(process)
                 self._stop_event.wait(self.interval)
         finally:
             for s in socks:
@@ -147,6 +159,11 @@ class PSClient:
         except ProtocolError as exc:
             msg = f"parameter server {k} broke the protocol: {exc}"
             raise PeerFailure(msg, self.ranks[k]) from None
+        if header.type == MsgType.ERROR and header.flags & FLAG_DROPPED:
+            raise LeftOut(
+                f"parameter server {k} dropped worker {self.worker} as lost "
+                f"({payload.decode()}) and does not take it back: the other workers go on"
+            )
         if header.type == MsgType.ERROR:
             raise PeerFailure(
                 f"parameter server {k} refused worker {self.worker}: {payload.decode()}",

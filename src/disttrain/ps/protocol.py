@@ -10,7 +10,8 @@ checked by :func:`decode` before a byte of the payload is interpreted.
     0       2     magic b"PS"
     2       1     protocol version
     3       1     message type (MsgType)
-    4       1     flags (FLAG_STOP: the job's work is done, stop after this step)
+    4       1     flags (FLAG_STOP: the job's work is done, stop after this step;
+                  FLAG_DROPPED, on an ERROR: the worker was dropped as lost, for good)
     5       1     dtype code (DTYPES), 0 for a payload that is not a tensor
     6       2     shard index
     8       4     worker index
@@ -31,6 +32,7 @@ import torch
 
 __all__ = [
     "DTYPES",
+    "FLAG_DROPPED",
     "FLAG_STOP",
     "HEADER",
     "Header",
@@ -46,6 +48,8 @@ MAGIC = b"PS"
 VERSION = 1
 HEADER = struct.Struct("<2sBBBBHIQQf")
 FLAG_STOP = 1
+#: an ERROR's: the server dropped this worker as lost and does not take it back
+FLAG_DROPPED = 2
 
 
 class MsgType(enum.IntEnum):
@@ -56,7 +60,7 @@ class MsgType(enum.IntEnum):
     PULL = 3  # the current weights, now
     WEIGHTS = 4  # the shard's weights; clock = the shard's version
     DONE = 5  # the worker finished; answered by WEIGHTS then STATS once all are done
-    HEARTBEAT = 6  # "still alive"; never answered
+    HEARTBEAT = 6  # "still alive" (payload: "HOST PID START" of its process); never answered
     STATS = 7  # the server's figures, UTF-8 JSON
     ERROR = 8  # the request was refused; UTF-8 text
     SKIP = 9  # the worker skipped step ``clock`` (an agreed fp16 overflow); answered by WEIGHTS

@@ -3,9 +3,14 @@
 The loop is single-threaded and message-driven (ps-lite's design): each
 message is checked, gradients are applied as :class:`Consistency` decides, and
 replies go out when a held worker may go on. Workers are known by their
-socket identity (``w<index>`` for requests, ``h<index>`` for heartbeats);
-one silent for longer than ``worker_timeout`` is dropped, or, in sync mode,
-ends the job with an error naming it. A frame that breaks the protocol, a
+socket identity (``w<index>`` for requests, ``h<index>`` for heartbeats).
+Liveness is a fact, not a deadline: a worker that heartbeats is alive however
+long its step takes; one silent for longer than ``worker_timeout`` (its heartbeat
+lapsed: a stopped or starved process) is dropped, or, in sync mode, ends the job
+with an error naming it; outside sync mode one whose process is gone (its
+heartbeats name it, ``HOST PID START``; seen on this host at once) is dropped
+without waiting for that. A dropped worker that speaks again
+is refused for good (an ERROR with ``FLAG_DROPPED``). A frame that breaks the protocol, a
 gradient of the wrong dtype or size, or one holding NaN/Inf is counted and
 refused: the weights and the optimizer state are left exactly as they were.
 """
@@ -13,6 +18,7 @@ refused: the weights and the optimizer state are left exactly as they were.
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -23,9 +29,11 @@ import zmq
 
 from disttrain.comm.errors import PeerFailure
 from disttrain.comm.meter import record_send
+from disttrain.comm.procstat import ended
 from disttrain.ps.auth import CurveKey, secure_server
 from disttrain.ps.consistency import Batch, Consistency, staleness_lr_scale
 from disttrain.ps.protocol import (
+    FLAG_DROPPED,
     FLAG_STOP,
     MsgType,
     ProtocolError,
@@ -107,6 +115,12 @@ class ShardServer:
         #: labels stay the workers' even when fp16 steps are skipped (no push)
         self.on_round: Callable[[int], None] | None = None
         self.steps = dict.fromkeys(consistency.workers, 0)  # each worker's last step sent
+        #: (pid, start time) of each worker whose heartbeats say it runs on this host
+        self.processes: dict[int, tuple[int, str]] = {}
+        self._host = socket.gethostname()
+        self._looked = 0.0  # when the processes were last looked at (/proc)
+        #: why each dropped worker was dropped (the refusal of one that speaks again)
+        self.dropped: dict[int, str] = {}
 
     # --- sending ------------------------------------------------------------------
     def _send(self, identity: bytes, frames: list[bytes | memoryview]) -> None:
@@ -134,9 +148,10 @@ class ShardServer:
         )
         self._send(identity, frames)
 
-    def _refuse(self, identity: bytes, reason: str, detail: str) -> None:
+    def _refuse(self, identity: bytes, reason: str, detail: str, flags: int = 0) -> None:
         self.rejected[reason] += 1
-        self._send(identity, encode(MsgType.ERROR, self.shard, 0, 0, detail.encode()))
+        frames = encode(MsgType.ERROR, self.shard, 0, 0, detail.encode(), flags=flags)
+        self._send(identity, frames)
 
     # --- applying -----------------------------------------------------------------
     def _apply(self, batch: Batch) -> None:
@@ -198,10 +213,15 @@ class ShardServer:
             return
         kind, worker = peer
         if worker not in self.cons.live:
-            self._refuse(identity, "lost_worker", f"worker {worker} was dropped as lost")
+            if kind == "h":  # a resumed worker's heartbeat: its next request is refused
+                return
+            why = self.dropped.get(worker, "lost")
+            detail = f"worker {worker} was dropped as lost: {why}"
+            self._refuse(identity, "lost_worker", detail, FLAG_DROPPED)
             return
         self.last_seen[worker] = time.monotonic()
         if kind == "h" or header.type == MsgType.HEARTBEAT:
+            self._note_process(worker, payload)
             return
         if header.shard != self.shard:
             self._refuse(identity, "wrong_shard", f"shard {header.shard} sent to {self.shard}")
@@ -253,26 +273,52 @@ class ShardServer:
         self.steps[worker] = max(self.steps[worker], step)
         self._send_weights(identity, worker)
 
+    def _note_process(self, worker: int, payload: bytes) -> None:
+        """Keep a heartbeat's ``HOST PID START`` when the worker runs on this host."""
+        host, _, rest = payload[:256].decode("utf-8", "replace").partition(" ")
+        pid, _, start = rest.partition(" ")
+        if host == self._host and pid.isdigit() and start.isdigit():
+            self.processes[worker] = (int(pid), start)
+
+    def _gone(self, now: float) -> set[int]:
+        """Active workers on this host whose process is gone (looked at every 0.2 s)."""
+        if now - self._looked < 0.2:
+            return set()
+        self._looked = now
+        return {w for w in self.cons.active if w in self.processes and ended(*self.processes[w])}
+
     def check_liveness(self) -> None:
-        """Drop workers silent for longer than ``worker_timeout`` (sync mode: fail)."""
+        """Drop workers whose process is gone (not in sync mode), or silent for longer than
+        ``worker_timeout`` (their heartbeat lapsed); sync mode: fail, naming the worker."""
         now = time.monotonic()
+        # sync mode: a worker's death ends the job anyway, and the launcher names it best
+        # (killed by which signal); the server's word would race it
+        gone = set() if self.fail_on_loss else self._gone(now)
         for w in sorted(self.cons.active):
             silent = now - self.last_seen[w]
-            if silent <= self.worker_timeout:
+            if w in gone:
+                why = "its process is gone"
+            elif silent > self.worker_timeout:
+                why = (
+                    f"sent nothing for {silent:.1f} s (--ps-worker-timeout {self.worker_timeout:g})"
+                )
+            else:
                 continue
             if self.fail_on_loss:
                 raise PeerFailure(
-                    f"parameter server {self.shard}: worker rank {w} sent nothing for "
-                    f"{silent:.1f} s; sync mode cannot go on without it",
+                    f"parameter server {self.shard}: worker rank {w} {why}; sync mode cannot "
+                    "go on without it",
                     rank=w,
                 )
             self.cons.drop(w)
+            self.dropped[w] = why
             self.lost.append(
                 {
                     "worker": w,
                     "seconds": round(now - self.start, 3),
                     "clock": self.cons.clocks[w],
                     "version": self.cons.version,
+                    "why": why,
                 }
             )
             self._advance()
