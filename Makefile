@@ -28,9 +28,10 @@ lint: $(STAMP)
 # half of each test, so three at once keep 2 cores busy; --dist loadgroup keeps the tests
 # marked xdist_group together in one worker. -rs: every skipped test says why, in CI too.
 # --durations=40: the slowest tests, printed on every run.
-# The tests marked `alone` (live shrink and grow: their subject is the survivors' 3 s
-# answer window) run afterwards, one at a time: beside two other tests a starved survivor
-# answered late once in four full runs and was left out.
+# The tests marked `alone` (live shrink and grow: their subject is how long survivors wait
+# for one another, the heartbeat timeout and --timeout) run afterwards, one at a time:
+# before heartbeats decided liveness, a starved survivor beside two other tests answered
+# late once in four full runs and was left out; they stay apart until that is measured.
 XDIST := -n 3 --dist loadgroup
 # Only the files that hold `alone` tests are collected for their phase (collecting all
 # 2,000 tests takes about 6 s of one core).
