@@ -106,21 +106,8 @@ def rank_loader(
     _check_job(global_batch, rank, shards, dataloader_kwargs)
     if isinstance(dataset, IterableDataset):
         _check_stream(shuffle, skip)
-        if hasattr(dataset, "set_epoch"):
-            dataset.set_epoch(epoch)  # Hugging Face and torchdata streams reshuffle per epoch
-        if is_stateful(dataset):
-            return _stateful_loader(
-                dataset, global_batch, rank, shards, bool(drop_last), resume, dataloader_kwargs
-            )
-        if resume is not None:
-            raise UsageError(
-                f"rank_loader: resume= needs a stream with state_dict and load_state_dict; "
-                f"a {type(dataset).__name__} has none"
-            )
-        share = dataset if splits_itself(dataset) else RankSplit(dataset, rank, shards)
-        # drop_last off by default: a worker's last partial batch holds samples no one else has
-        return DataLoader(
-            share, batch_size=global_batch // shards, drop_last=bool(drop_last), **dataloader_kwargs
+        return _stream_loader(
+            dataset, global_batch, rank, shards, epoch, drop_last, resume, dataloader_kwargs
         )
     if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
         raise UsageError(
@@ -142,6 +129,34 @@ def rank_loader(
         drop_last=drop_last is not False,
     )
     return DataLoader(dataset, batch_sampler=sampler, **dataloader_kwargs)
+
+
+def _stream_loader(
+    dataset: IterableDataset,
+    global_batch: int,
+    rank: int,
+    shards: int,
+    epoch: int,
+    drop_last: bool | None,
+    resume: list[dict[str, Any]] | None,
+    kwargs: dict[str, Any],
+) -> DataLoader:
+    """:func:`rank_loader` of a stream: torchdata's loader for one with a state, else
+    torch's over this rank's share (:class:`RankSplit`, unless it splits itself)."""
+    if hasattr(dataset, "set_epoch"):
+        dataset.set_epoch(epoch)  # Hugging Face and torchdata streams reshuffle per epoch
+    if is_stateful(dataset):
+        return _stateful_loader(
+            dataset, global_batch, rank, shards, bool(drop_last), resume, kwargs
+        )
+    if resume is not None:
+        raise UsageError(
+            f"rank_loader: resume= needs a stream with state_dict and load_state_dict; "
+            f"a {type(dataset).__name__} has none"
+        )
+    share = dataset if splits_itself(dataset) else RankSplit(dataset, rank, shards)
+    # drop_last off by default: a worker's last partial batch holds samples no one else has
+    return DataLoader(share, batch_size=global_batch // shards, drop_last=bool(drop_last), **kwargs)
 
 
 def _check_job(global_batch: int, rank: int, shards: int, kwargs: dict[str, Any]) -> None:
