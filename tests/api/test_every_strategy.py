@@ -7,8 +7,9 @@ Issue 49's 25 % band for them is not met on this workload at 80 steps with Adam
 (measured 2026-12-01 against allreduce's 0.052: localsgd 0.106, diloco 0.289, ps async
 0.141, ssp 0.287, softsync 0.096, top-k 1.21; one-bit diverges). Five times the steps
 (EPOCHS = 40: 400 steps, one run of this module's ``_train``, 2026-12-02) close part of
-the gap, not all: allreduce 0.0255, localsgd 0.0273 (+7 %), ps async 0.0182 (better), softsync 0.0384
-(+51 %), diloco 0.0462 (+81 %), ssp 0.160 (6x). Rank 0 returns the whole model.
+the gap, not all: allreduce 0.0255, localsgd 0.0273 (+7 %), ps async 0.0182 (better),
+softsync 0.0384 (+51 %), diloco 0.0462 (+81 %), ssp 0.160 (6x). Rank 0 returns the whole
+model.
 
 One world of 4 ranks holds every case (SharedWorlds): the parameter server takes 3
 workers and 1 server (with one worker every mode is synchronous), hybrid a 2 x 2 mesh,
