@@ -25,7 +25,12 @@ from disttrain.parallel.mesh import Mesh
 from disttrain.parallel.settings import ParallelConfig
 from disttrain.strategies.base import LossFn, Strategy, register
 from disttrain.strategies.capabilities import ShardsData
-from disttrain.strategies.pipeline import Pipeline, check_pipeline, pipeline_settings_not_read
+from disttrain.strategies.pipeline import (
+    Pipeline,
+    PipelineSettings,
+    check_pipeline,
+    pipeline_settings_not_read,
+)
 from disttrain.strategies.settings import StrategySettings
 from disttrain.strategies.tensor import TensorParallel, check_tensor
 
@@ -58,14 +63,8 @@ class HybridSettings(StrategySettings):
     def settings_not_read(cls, config: RunConfig) -> dict[str, str]:
         pc: ParallelConfig = config.section(ParallelConfig)
         unread = {"stages": "(the mesh sets the stages: --pp)"}
-        pipeline = (
-            "microbatches",
-            "schedule",
-            "virtual_stages",
-            "balance",
-            "split_points",
-            "recompute",
-        )
+        # the pipeline's own settings but its stage count, which the mesh sets
+        pipeline = tuple(n for n in PipelineSettings.reads_settings if n != "stages")
         if pc.pp:
             unread["tensor_mode"] = f"with --pp {pc.pp} (pipeline stages inside each replica)"
             unread.update(pipeline_settings_not_read(pc))
