@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from tests import streams
 from tests.harness import SharedWorlds
 
 BATCH, CUT = 8, 7  # 20 steps an epoch on 2 ranks: the cut is mid-epoch
@@ -35,34 +36,17 @@ LENGTHS.append(160 - sum(LENGTHS))
 SAMPLES = sum(LENGTHS)
 
 
-class Shards(torch.utils.data.IterableDataset):
-    """A stream of shards; each sample's input carries its id first (then a feature).
-    Its place is (shard, offset), the next sample to read, kept as it reads, as a reader
-    of files keeps it."""
+class Shards(streams.Shards):
+    """The shards of LENGTHS; each sample's input carries its id first (then a feature)."""
 
-    def __init__(self) -> None:
-        self.shard, self.offset = 0, 0
+    lengths = LENGTHS
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        start, skip = self.shard, self.offset
-        ident = sum(LENGTHS[:start]) + skip
-        for shard in range(start, len(LENGTHS)):
-            for offset in range(skip if shard == start else 0, LENGTHS[shard]):
-                last = offset + 1 == LENGTHS[shard]
-                self.shard, self.offset = (shard + 1, 0) if last else (shard, offset + 1)
-                yield torch.tensor([float(ident), ident % 7 / 7]), torch.tensor([ident % 3 / 3])
-                ident += 1
-        self.shard, self.offset = 0, 0  # the next iteration is the next epoch's
+    def item(self, ident: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tensor([float(ident), ident % 7 / 7]), torch.tensor([ident % 3 / 3])
 
 
-class StatefulShards(Shards):
+class StatefulShards(Shards, streams.StatefulShards):
     """The same stream with torchdata's ``Stateful`` protocol."""
-
-    def state_dict(self) -> dict[str, int]:
-        return {"shard": self.shard, "offset": self.offset}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.shard, self.offset = int(state["shard"]), int(state["offset"])
 
 
 class Model(nn.Module):

@@ -21,33 +21,16 @@ import torch
 
 from disttrain.comm.errors import UsageError
 from disttrain.data.torchloader import rank_loader, resume_refused, stream_state
+from tests.streams import StatefulShards
 
 LENGTHS = [4 + k * 5 % 9 for k in range(20)]  # uneven shards, 157 samples
 SAMPLES = sum(LENGTHS)
 
 
-class Shards(torch.utils.data.IterableDataset):
-    """Stateful shards; a sample is its id. Its place: the next (shard, offset)."""
+class Shards(StatefulShards):
+    """Stateful shards of LENGTHS; a sample is its id."""
 
-    def __init__(self) -> None:
-        self.shard, self.offset = 0, 0
-
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        start, skip = self.shard, self.offset
-        ident = sum(LENGTHS[:start]) + skip
-        for shard in range(start, len(LENGTHS)):
-            for offset in range(skip if shard == start else 0, LENGTHS[shard]):
-                last = offset + 1 == LENGTHS[shard]
-                self.shard, self.offset = (shard + 1, 0) if last else (shard, offset + 1)
-                yield ident
-                ident += 1
-        self.shard, self.offset = 0, 0
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"shard": self.shard, "offset": self.offset}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.shard, self.offset = int(state["shard"]), int(state["offset"])
+    lengths = LENGTHS
 
 
 def _epoch(
