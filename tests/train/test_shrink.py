@@ -180,15 +180,19 @@ def test_one_of_four_killed_leaves_three_every_survivor_kept(
     _nothing_left(job, out)
 
 
+def _survived(out: Path, fault: str) -> tuple[_Job, Path]:
+    """The shrink job with ``fault`` (heartbeat timeout 2 s), ended with exit 0."""
+    job = _Job([*SHRINK, "--inject-fault", fault, "--heartbeat-timeout", "2", "--out", str(out)])
+    code, _ = job.wait(limit=240)
+    assert code == 0, job.stderr
+    return job, out
+
+
 @pytest.mark.timeout(420)
 def test_a_hung_worker_is_left_behind_after_the_timeout_and_ended(
     tmp_path: Path, reference: dict[str, torch.Tensor]
 ) -> None:
-    out = tmp_path / "hang"
-    fault = ("--inject-fault", "hang:rank=1:step=3", "--heartbeat-timeout", "2")
-    job = _Job([*SHRINK, *fault, "--out", str(out)])
-    code, _ = job.wait(limit=240)
-    assert code == 0, job.stderr
+    job, out = _survived(tmp_path / "hang", "hang:rank=1:step=3")
     assert "rank(s) 1 lost at step 3" in job.stderr, job.stderr
     change = _check_run(out, reference, lost=[1])
     # the step's collective waits --timeout; the hung process is alive (it heartbeats) and
@@ -209,11 +213,7 @@ def test_a_survivor_slow_to_answer_is_kept_while_it_heartbeats(
     # fixed 3 s answer window left it out: 1 worker left, exit 1, as in issue 51's loaded
     # runs (rank 3 late by more than 3 s); checked by setting the wait back to 3 s.
     monkeypatch.setenv(ANSWER_DELAY_ENV, "1:4")
-    out = tmp_path / "slow"
-    fault = ("--inject-fault", "kill:rank=2:step=3", "--heartbeat-timeout", "2")
-    job = _Job([*SHRINK, *fault, "--out", str(out)])
-    code, _ = job.wait(limit=240)
-    assert code == 0, job.stderr
+    job, out = _survived(tmp_path / "slow", "kill:rank=2:step=3")
     assert "2 of 3 workers run step 3 again" in job.stderr, job.stderr
     change = _check_run(out, reference, lost=[2])
     assert change["why"] == {"2": "its process is gone"}, change
@@ -228,11 +228,7 @@ def test_a_stopped_worker_is_dropped_once_its_heartbeat_lapses(
     # then its heartbeat has lapsed (the whole process is stopped): dropped at once, not
     # waited for as a live one would be, and ended by the new rank 0 (a SIGKILL reaches
     # a stopped process), so the job ends
-    out = tmp_path / "stop"
-    fault = ("--inject-fault", "stop:rank=2:step=3", "--heartbeat-timeout", "2")
-    job = _Job([*SHRINK, *fault, "--out", str(out)])
-    code, _ = job.wait(limit=240)
-    assert code == 0, job.stderr
+    job, out = _survived(tmp_path / "stop", "stop:rank=2:step=3")
     assert "rank(s) 2 lost at step 3" in job.stderr, job.stderr
     assert "rank 2: worker lost (killed by SIGKILL)" in job.stderr, job.stderr
     change = _check_run(out, reference, lost=[2])
