@@ -38,6 +38,7 @@ import torch.distributed as dist
 # binds None (no group yet), which means "the default group" at each call. 10 ms.
 import torch.distributed.nn.functional
 
+from disttrain.comm import forming
 from disttrain.comm.errors import UsageError
 
 __all__ = [
@@ -179,9 +180,12 @@ def _adopt(
 
 
 def _form_group(backend: str, rank: int, world_size: int, pg_timeout: timedelta) -> None:
-    """Form the process group: on our file store, torchrun's store under a round's prefix, or env://.
+    """Form the process group: on our file store, or on torchrun's store (env://), this
+    round's keys under a prefix of their own after a restart.
 
     A plain single process (no store file, no MASTER_ADDR) gets a private file store.
+    gloo's failures to connect the ranks are tried again, all ranks together
+    (:func:`disttrain.comm.forming.form_default`).
     """
     global _store, _store_path, _sockets_before
     store_file = os.environ.get(STORE_FILE_ENV)
@@ -190,6 +194,7 @@ def _form_group(backend: str, rank: int, world_size: int, pg_timeout: timedelta)
         if world_size != 1:
             raise UsageError("WORLD_SIZE > 1 but neither MASTER_ADDR nor a store file is set")
         store_file = _private_store()
+    store: dist.Store
     if store_file is not None:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         # an elastic restart forms a new group: a fresh store, free of the last round's keys
@@ -199,26 +204,16 @@ def _form_group(backend: str, rank: int, world_size: int, pg_timeout: timedelta)
         store = _store = dist.FileStore(store_file, world_size)
         _store_path = store_file
         _sockets_before = set(_sockets().values())  # every socket from here on is a group's
-        dist.init_process_group(
-            backend, store=store, rank=rank, world_size=world_size, timeout=pg_timeout
-        )
-    elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 or _generation:
-        # torchrun restarted the job: its store outlives a round and still holds the last
-        # round's gloo addresses, which a restarted rank may dial (connection refused).
-        # The same store env:// gives, with this round's keys under their own prefix.
-        restart = f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}.g{_generation}"
-        store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=pg_timeout))
-        dist.init_process_group(
-            backend,
-            store=dist.PrefixStore(f"disttrain/round-{restart}", store),
-            rank=rank,
-            world_size=world_size,
-            timeout=pg_timeout,
-        )
     else:
-        dist.init_process_group(
-            backend, init_method="env://", rank=rank, world_size=world_size, timeout=pg_timeout
-        )
+        # torchrun's store (env:// gives it), as init_process_group's env:// would use it
+        store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=pg_timeout))
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        if int(restart) > 0 or _generation:
+            # torchrun restarted the job: its store outlives a round and still holds the
+            # last round's gloo addresses, which a restarted rank may dial (connection
+            # refused): this round's keys go under their own prefix
+            store = dist.PrefixStore(f"disttrain/round-{restart}.g{_generation}", store)
+    forming.form_default(backend, store, rank, world_size, pg_timeout)
 
 
 def _private_store() -> str:
