@@ -33,6 +33,7 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 from disttrain.comm.errors import UsageError
+from disttrain.comm.forming import new_group
 from disttrain.comm.world import group_timeout
 from disttrain.compression.base import Compressor
 from disttrain.dataparallel.broadcast import broadcast_optimizer_state, broadcast_tensors
@@ -89,7 +90,7 @@ class DistributedOptimizer(OptimizerWrapper):
         # The join flag has a group of its own: on the gradients' group it would queue
         # behind (or ahead of) buckets already launched during backward.
         ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
-        self._flag_group = dist.new_group(ranks, timeout=group_timeout())
+        self._flag_group = new_group(ranks, timeout=group_timeout())
 
     # --- the wrapped optimizer's own state (param_groups, state, ...): OptimizerWrapper
     def add_param_group(self, param_group: dict[str, Any]) -> None:

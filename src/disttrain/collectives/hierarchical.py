@@ -57,6 +57,7 @@ from disttrain.collectives.costs import Path, priced_ranks_per_host
 from disttrain.comm import world
 from disttrain.comm.commthread import CommThread
 from disttrain.comm.errors import UsageError
+from disttrain.comm.forming import new_group
 from disttrain.comm.meter import meter
 from disttrain.comm.p2p import global_rank
 from disttrain.comm.world import group_timeout
@@ -196,11 +197,11 @@ def _make_layout(group: ProcessGroup | None) -> _Layout:
         # collective over the job; its local-synchronisation mode deadlocks on
         # overlapping groups: a leader is in two)
         for h in hosts:
-            made = dist.new_group(h, timeout=timeout) if len(h) > 1 else None
+            made = new_group(h, timeout=timeout) if len(h) > 1 else None
             if h is mine:
                 local = made
         firsts = [h[0] for h in hosts]
-        lanes = tuple(dist.new_group(firsts, timeout=timeout) for _ in range(LANES))
+        lanes = tuple(new_group(firsts, timeout=timeout) for _ in range(LANES))
         if global_rank(group, me) in firsts:
             leaders = lanes
     return _Layout(len(hosts), local, leaders, len(mine))

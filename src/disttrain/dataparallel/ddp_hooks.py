@@ -29,6 +29,7 @@ from torch.distributed import ProcessGroup
 
 from disttrain import collectives
 from disttrain.comm.commthread import CommThread
+from disttrain.comm.forming import new_group
 from disttrain.comm.world import group_timeout
 from disttrain.compression.base import Compressor, LayerAware
 from disttrain.compression.error_feedback import ErrorFeedback
@@ -56,7 +57,7 @@ class AlgorithmHook:
         # an algorithm whose calls all start on the backend's threads needs none of ours
         if not collectives.always_starts(algo) and self.world_size > 1:
             ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
-            self.comm_group = dist.new_group(ranks, timeout=group_timeout())
+            self.comm_group = new_group(ranks, timeout=group_timeout())
             self.thread = CommThread("disttrain-ddp-hook")
         self.buckets = 0
 

@@ -48,6 +48,7 @@ from disttrain import collectives, timeline
 from disttrain.collectives.checks import checks_everywhere
 from disttrain.comm.commthread import CommThread
 from disttrain.comm.errors import UsageError
+from disttrain.comm.forming import new_group
 from disttrain.comm.world import group_timeout
 from disttrain.dataparallel.gather_units import (
     check_units,
@@ -114,7 +115,7 @@ class LayerGatherer:
         self.units = check_units(model)
         self.groups: list[ShardGroup] = [by_first[id(u.params[0])] for u in self.units]
         ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
-        self._group = dist.new_group(ranks, timeout=group_timeout())  # collective
+        self._group = new_group(ranks, timeout=group_timeout())  # collective
         self._thread: CommThread | None = CommThread("disttrain-gather")
         self._inflight: dict[int, Any] = {}
         self._gathered: set[int] = set()

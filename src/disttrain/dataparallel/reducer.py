@@ -37,6 +37,7 @@ from disttrain import collectives, timeline
 from disttrain.collectives.checks import check_call, checks_everywhere
 from disttrain.comm.commthread import CommThread
 from disttrain.comm.errors import UsageError
+from disttrain.comm.forming import new_group
 from disttrain.comm.world import group_timeout
 from disttrain.compression.base import Compressor
 from disttrain.compression.casts import cast_dtype
@@ -108,7 +109,7 @@ class Reducer:
         if self.active and not collectives.always_starts(self.algo):
             # Collective: every rank creates the reducer, so every rank makes this group.
             ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
-            self._comm_group = dist.new_group(ranks, timeout=group_timeout())
+            self._comm_group = new_group(ranks, timeout=group_timeout())
             self._thread = CommThread()
         if self.active and overlap:
             for p in ordered:

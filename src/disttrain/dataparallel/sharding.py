@@ -37,6 +37,7 @@ from disttrain import collectives, timeline
 from disttrain.collectives.checks import check_call, checks_everywhere
 from disttrain.collectives.chunks import chunk_bounds
 from disttrain.comm.commthread import CommThread
+from disttrain.comm.forming import new_group
 from disttrain.comm.world import group_timeout
 from disttrain.dataparallel.fusion import FlatBucket
 
@@ -201,7 +202,7 @@ class ShardedReducer:
         self._where = {id(p): (g.index, i) for g in groups for i, p in enumerate(g.params)}
         self._offset = {id(p): off for g in groups for p, off in g.offsets()}
         ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
-        self._comm_group = dist.new_group(ranks, timeout=group_timeout())  # collective
+        self._comm_group = new_group(ranks, timeout=group_timeout())  # collective
         self._thread: CommThread | None = CommThread("disttrain-zero")
         self._hooks: list[Any] = []
         if overlap:

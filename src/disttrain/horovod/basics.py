@@ -14,9 +14,9 @@ import atexit
 import os
 
 import torch
-import torch.distributed as dist
 
 from disttrain.comm import world
+from disttrain.comm.forming import new_group
 from disttrain.horovod import engine
 from disttrain.horovod import process_sets as sets
 from disttrain.horovod.process_sets import ProcessSet
@@ -75,7 +75,7 @@ def init(comm: object = None, process_sets: object = None) -> None:
     timeout = float(os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "60"))
     joined = world.init(device="cpu", timeout=timeout, threads=None)
     # the engine's own group: what it sends cannot meet the training thread's collectives
-    group = dist.new_group(list(range(joined.world_size)), timeout=world.group_timeout())
+    group = new_group(list(range(joined.world_size)), timeout=world.group_timeout())
     engine.start(group, joined.rank)
     sets.start(joined.world_size)
     if isinstance(process_sets, list):

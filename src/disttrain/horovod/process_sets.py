@@ -13,6 +13,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from disttrain.comm.forming import new_group
 from disttrain.comm.world import group_timeout
 from disttrain.horovod import engine
 
@@ -91,7 +92,7 @@ def add_process_set(process_set: ProcessSet | Iterable[int]) -> ProcessSet:
     if ranks == global_process_set.ranks or any(s.ranks == ranks for s, _ in _sets.values()):
         raise ValueError(f"Attempted to add a duplicate process set: {ps}")
     # every rank creates every group (torch's rule); a non-member's handle is not a group
-    group = dist.new_group(ranks, timeout=group_timeout())
+    group = new_group(ranks, timeout=group_timeout())
     ps.process_set_id = max(_sets, default=0) + 1
     _sets[ps.process_set_id] = (ps, group if eng.rank in ranks else None)
     return ps

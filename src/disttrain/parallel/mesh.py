@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from disttrain.comm.forming import new_group
 from disttrain.comm.world import group_timeout
 
 __all__ = ["Mesh", "layout"]
@@ -54,11 +54,11 @@ class Mesh:
         mine_inner: ProcessGroup | None = None
         mine_dp: ProcessGroup | None = None
         for ranks in inner_groups:
-            g = dist.new_group(ranks, timeout=group_timeout())
+            g = new_group(ranks, timeout=group_timeout())
             if rank in ranks:
                 mine_inner = g
         for ranks in dp_groups:
-            g = dist.new_group(ranks, timeout=group_timeout())
+            g = new_group(ranks, timeout=group_timeout())
             if rank in ranks:
                 mine_dp = g
         return cls(

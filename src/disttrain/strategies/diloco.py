@@ -35,6 +35,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from disttrain import collectives, timeline
 from disttrain.comm.commthread import CommThread
 from disttrain.comm.errors import UsageError
+from disttrain.comm.forming import new_group
 from disttrain.comm.meter import meter
 from disttrain.comm.world import group_timeout
 from disttrain.compression import blockquant
@@ -165,7 +166,7 @@ class DiLoCo(LocalSGD):
         self._group = None
         if f > 1 and self.size > 1:  # the overlapped allreduces: their own group and thread
             ranks = dist.get_process_group_ranks(dist.group.WORLD)
-            self._group = dist.new_group(ranks, timeout=group_timeout())
+            self._group = new_group(ranks, timeout=group_timeout())
             self._thread = CommThread("disttrain-diloco")
 
     # --- one fragment's outer step ------------------------------------------------------------

@@ -37,6 +37,7 @@ from torch.distributed import ProcessGroup
 
 from disttrain import checkpoint, timeline
 from disttrain.comm.errors import UsageError
+from disttrain.comm.forming import new_group
 from disttrain.comm.world import group_timeout
 from disttrain.config import RunConfig
 from disttrain.dataparallel.broadcast import broadcast_tensors
@@ -207,7 +208,7 @@ class ParameterServer(Strategy, ShardsData, StepEvents, Reshards):
             raise UsageError(f"--servers {self.n_servers} exceeds the {total} parameters")
         self.bounds = shard_bounds(total, self.n_servers)
         # every rank joins the workers' group (new_group is collective on the whole world)
-        self.workers_group = dist.new_group(list(range(self.n_workers)), timeout=group_timeout())
+        self.workers_group = new_group(list(range(self.n_workers)), timeout=group_timeout())
         store = dist.distributed_c10d._get_default_store()
         generation = next(_GENERATIONS)
         if self.roles.is_worker:
@@ -328,7 +329,7 @@ class ParameterServer(Strategy, ShardsData, StepEvents, Reshards):
         lost = {entry["worker"] for s in self.stats for entry in s["lost_workers"]}
         if lost:
             survivors = [w for w in range(self.n_workers) if w not in lost]
-            self.workers_group = dist.new_group(
+            self.workers_group = new_group(
                 survivors, use_local_synchronization=True, timeout=group_timeout()
             )
         self._settle_buffers()
