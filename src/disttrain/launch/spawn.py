@@ -60,9 +60,6 @@ __all__ = ["RankError", "WorldTimeout", "run_world"]
 class RankError(RuntimeError):
     """A rank raised or died; the message names it (with its traceback or exit code)."""
 
-    #: every failure was gloo's connect while forming the group (``fn`` never ran)
-    forming_only: bool = False
-
 
 def _report(errors: list[str]) -> str:
     """Each failure's first line, in the order they came, then the tracebacks: a report
@@ -135,12 +132,8 @@ def _entry(
         lean.apply()  # as our workers: no torch._dynamo unless something compiles
         malloc.keep_freed_buffers()  # as our workers: freed model-sized buffers reused
         load_plugins()  # a spawned rank starts afresh: the plug-ins' algorithms too
-        try:
-            world.init(timeout=collective_timeout)
-        except RuntimeError as exc:
-            if _CONNECT_FLAKE in str(exc):  # before fn ran: run_world may form it again
-                raise RuntimeError(f"{FORMING}: {exc}") from exc
-            raise
+        # gloo failing to connect the ranks is tried again inside, all ranks together
+        world.init(timeout=collective_timeout)
         value = fn(*args)
         results.put((rank, True, _pack(value)))
     except BaseException as exc:  # report everything, KeyboardInterrupt and SystemExit included
@@ -188,14 +181,6 @@ def _how_it_ended(exitcode: int) -> str:
         return f"signal {-exitcode}"
 
 
-#: gloo's loopback mesh now and then fails to connect under load ("Connection closed by
-#: peer" in connectFullMesh, while forming the group: 3 of ~20 full suite runs,
-#: 2026-11-27/28, the cause not found); a world whose every failure is that, before
-#: ``fn`` ran, is formed once more, and the line says so
-_CONNECT_FLAKE = "connectFullMesh failed"
-FORMING = "forming the group"
-
-
 def run_world(
     fn: Callable[..., Any],
     world_size: int,
@@ -209,27 +194,10 @@ def run_world(
 
     ``timeout``: seconds for the whole run, start-up included (None: no limit; a
     hung collective still ends at ``collective_timeout``, passed to every rank's
-    :func:`disttrain.comm.init`). ``env``: extra environment for every rank.
+    :func:`disttrain.comm.init`). ``env``: extra environment for every rank. Nothing
+    is run twice: gloo's failures to connect the ranks are tried again where the group
+    forms (:mod:`disttrain.comm.forming`), not here.
     """
-    try:
-        return _run_world(fn, world_size, args, timeout, collective_timeout, env, grace)
-    except RankError as exc:
-        if not exc.forming_only:
-            raise
-        sys.stderr.write(f"run_world: gloo failed to connect the ranks ({_CONNECT_FLAKE}); again\n")
-        return _run_world(fn, world_size, args, timeout, collective_timeout, env, grace)
-
-
-def _run_world(
-    fn: Callable[..., Any],
-    world_size: int,
-    args: tuple[Any, ...],
-    timeout: float | None,
-    collective_timeout: float,
-    env: dict[str, str] | None,
-    grace: float,
-) -> list[Any]:
-    """One try of :func:`run_world`."""
     ctx = _context()
     # the ranks' shared-memory segments carry this tag: what a killed rank left is removed;
     # the whole environment travels: the fork server holds the one it started with
@@ -251,23 +219,13 @@ def _run_world(
             p.start()
         _collect(got, procs, timeout, grace)
         if got.errors:
-            error = RankError(_report(got.errors))
-            error.forming_only = _forming_only(got.errors)
-            raise error
+            raise RankError(_report(got.errors))
         return [got.out[r] for r in range(world_size)]
     finally:
         _stop(procs, clean=not got.errors and len(got.out) == world_size)
         results.close()
         shutil.rmtree(folder, ignore_errors=True)
         remove_leftovers(env[JOB_ENV])
-
-
-def _forming_only(errors: list[str]) -> bool:
-    """Every failure is gloo's connect while forming the group, or a rank stopped while it
-    waited there (no rank's group formed without its peers): nothing of ``fn`` ran."""
-    forming = [FORMING in text for text in errors]
-    waited = [text.startswith("ranks ") and "still running" in text for text in errors]
-    return any(forming) and all(f or w for f, w in zip(forming, waited, strict=True))
 
 
 class _Reports:
