@@ -1167,6 +1167,11 @@ ENTRIES: list[Entry] = [
     ),
     Entry(
         "docs/reliability.md",
+        "gloo failed to connect the ranks (connectFullMesh failed",
+        "not a command: output (tests/comm/test_forming.py checks it)",
+    ),
+    Entry(
+        "docs/reliability.md",
         "disttrain: error: worker rank 1 (pid 13789) hung",
         "not a command: output (tests/train/test_faults.py checks it)",
     ),
