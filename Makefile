@@ -57,7 +57,8 @@ test: $(STAMP)
 test-long: $(STAMP)
 	$(BIN)/pytest -q -rs -m slow
 
-# CPU and wall seconds per test file, costliest first (also written to test-times.txt).
+# CPU and wall seconds per test file, costliest first, and the costliest tests (test-times.txt;
+# as root on Linux a test's CPU is its whole process tree's, through a cpuacct cgroup).
 test-times: $(STAMP)
 	$(BIN)/python -m pytest -q $(XDIST) -m "not slow" -p tests.timing  # -m: the repo root on sys.path
 
