@@ -1,6 +1,6 @@
 """``dt.distribute(model, optimizer, strategy=..., **settings)``: every strategy in a script.
 
-    run = dt.distribute(model, optimizer, strategy="diloco", sync_every=50)
+    run = dt.distribute(model, optimizer, strategy="diloco", period=50)
     if run.serves:                        # parameter-server processes
         run.serve(); return
     for epoch in range(run.epoch, epochs):
@@ -45,13 +45,15 @@ __all__ = ["DistributedRun", "distribute"]
 def distribute(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
-    strategy: str = "allreduce",
+    strategy: str | type[strategies.Strategy] | strategies.StrategyKind = "allreduce",
     *,
     forward: Forward | None = None,
     **settings: Any,
 ) -> DistributedRun:
     """``model`` and ``optimizer`` trained by ``strategy`` over the job's processes.
 
+    ``strategy``: a registered name, or a strategy object: a ``Strategy`` class (one not
+    registered yet is registered as ``@register`` would) or what the registry holds.
     ``settings`` are the strategy's own under their flag names with underscores
     (``zero_stage=3``); one it does not read is refused, as on the command line.
     ``optimizer=None``: the trainer's default (``--optimizer``, ``lr``, or the
@@ -64,14 +66,41 @@ def distribute(
             f"dt.distribute: optimizer must be a torch.optim.Optimizer (or None), "
             f"got {type(optimizer).__name__}"
         )
-    if not isinstance(strategy, str):
-        raise UsageError(f"dt.distribute: strategy must be a name, got {type(strategy).__name__}")
     size = dist.get_world_size() if dist.is_initialized() else _env_size()
-    cfg = run_config(strategy, settings, optimizer is not None, size)
+    cfg = run_config(_strategy_name(strategy), settings, optimizer is not None, size)
     # pre-flight's own check (the batch splits, stages and mesh fit the model): every rank
     # checks alike, so every rank refuses or none does
     strategies.get(cfg.train.strategy).settings.validate_config(cfg, model)
     return DistributedRun(cfg, model, optimizer, forward)
+
+
+def _strategy_name(strategy: object) -> str:
+    """The registered name ``strategy`` stands for; a Strategy class not registered yet is
+    registered now (every process of a script runs this line alike)."""
+    if isinstance(strategy, str):
+        return strategy
+    if isinstance(strategy, strategies.StrategyKind):
+        return strategy.name
+    if isinstance(strategy, type) and issubclass(strategy, strategies.Strategy):
+        name = getattr(strategy, "name", None)
+        if not isinstance(name, str) or not name:
+            raise UsageError(
+                f"dt.distribute: strategy class {strategy.__name__} has no `name` "
+                f"(a class attribute: the name it is registered and reported under)"
+            )
+        held = strategies.STRATEGIES.names()
+        if name in held and strategies.get(name).runtime is not strategy:
+            raise UsageError(
+                f"dt.distribute: strategy class {strategy.__name__} is named {name!r}, "
+                f"which another strategy is registered as: give it a name of its own"
+            )
+        if name not in held:
+            strategies.register(strategy)
+        return name
+    raise UsageError(
+        "dt.distribute: strategy must be a registered name or a Strategy class, "
+        f"got {type(strategy).__name__}"
+    )
 
 
 def _env_size() -> int:

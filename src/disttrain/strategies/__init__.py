@@ -6,11 +6,11 @@ new file. Plug-in strategies come from ``$DISTTRAIN_PLUGINS``.
 """
 
 from disttrain.registry import import_submodules
-from disttrain.strategies.base import STRATEGIES, Strategy, get, register
+from disttrain.strategies.base import STRATEGIES, Strategy, StrategyKind, get, register
 
 #: Modules of this package that hold no strategy (the interface and its helpers).
 HELPERS = ("base", "capabilities", "cost", "layout", "runspec", "settings", "spec", "state")
 
 import_submodules(__name__, skip=HELPERS)
 
-__all__ = ["HELPERS", "STRATEGIES", "Strategy", "get", "register"]
+__all__ = ["HELPERS", "STRATEGIES", "Strategy", "StrategyKind", "get", "register"]
