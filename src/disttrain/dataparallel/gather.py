@@ -57,6 +57,7 @@ from disttrain.dataparallel.gather_units import (
     output_tensors,
 )
 from disttrain.dataparallel.sharding import ShardGroup, ShardLayout
+from disttrain.launch.lean import defer_disables
 
 __all__ = ["LayerGatherer", "layer_groups", "layer_units"]
 
@@ -81,6 +82,12 @@ class _ReadGuard(TorchDispatchMode):
                 if isinstance(t, torch.Tensor):
                     self.gatherer.check_read(t, func)
         return func(*args, **kwargs)
+
+
+# TorchDispatchMode wraps __torch_dispatch__ in torch._disable_dynamo, whose first call
+# imports torch._dynamo: 1.5 s of CPU per rank at stage 3's first forward, though no
+# torch.compile can be running before that module is loaded (launch/lean.py's reasoning)
+defer_disables(_ReadGuard)
 
 
 def _compiled(model: nn.Module) -> bool:

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["apply"]
+__all__ = ["apply", "defer_disables"]
 
 _DYNAMO = "torch._dynamo"
 
@@ -56,8 +56,12 @@ def _defer_disable(fn: Callable[..., Any], recursive: bool) -> Callable[..., Any
     return call
 
 
-def _patch_disables(owner: type) -> int:
-    """Defer every ``_disable_dynamo`` method of ``owner``; how many were found."""
+def defer_disables(owner: type) -> int:
+    """Defer every ``_disable_dynamo`` method of ``owner``; how many were found.
+
+    Safe in any process for a class of ours (it changes only that class's methods): a
+    ``TorchDispatchMode`` subclass's ``__torch_dispatch__`` is wrapped so by torch itself
+    (``dataparallel/gather.py``'s read guard)."""
     import torch._compile
 
     inner = torch._compile._disable_dynamo(lambda: None).__code__
@@ -107,7 +111,7 @@ def apply() -> int:
     """Defer torch._dynamo in this process (unless it is loaded already); patches made."""
     if _DYNAMO in sys.modules:
         return 0
-    patched = _patch_disables(torch.optim.Optimizer)
+    patched = defer_disables(torch.optim.Optimizer)
     for cls in vars(torch.optim).values():  # every optimizer torch ships (ours build on them)
         if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer):
             patched += _patch_step(cls)
