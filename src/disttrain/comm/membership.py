@@ -389,6 +389,13 @@ class Membership:
         """A joiner is built and waits to be admitted."""
         self.store.set(self._key(f"join/ready/{self.me}"), "1")
 
+    def end_await(self) -> None:
+        """Rank 0, under the tests' DISTTRAIN_AWAIT_JOIN: its wait for a joiner is over."""
+        self.store.set(self._key("join/awaited"), "1")
+
+    def await_ended(self) -> bool:
+        return bool(self.store.check([self._key("join/awaited")]))
+
     def ready_joiners(self, launch_workers: int, room: int) -> list[int]:
         """Rank 0: launch ranks of joiners ready and not yet named (at most ``room``, in
         ticket order; one not yet ready holds those behind it while it is alive, and one

@@ -65,9 +65,13 @@ JOIN_POINT = "join.json"
 #: Debugging (and the tests): each worker writes the sha256 of its model and optimizer
 #: state right after a grow's broadcast to ``$DISTTRAIN_JOIN_DUMP/<launch rank>``.
 DUMP_ENV = "DISTTRAIN_JOIN_DUMP"
-#: Tests: rank 0 admits no joiner before this many steps done, and there waits for one to
-#: be ready (at most ``--timeout``), so that the grow happens at a known step.
+#: Tests: rank 0 admits no joiner before this many steps done, and there every member waits
+#: for one to be ready (at most ``AWAIT_LIMIT``), so that the grow happens at a known step.
 AWAIT_ENV = "DISTTRAIN_AWAIT_JOIN"
+#: The most seconds that wait lasts. What it waits for is a joiner's start-up, which a loaded
+#: machine stretches past a short ``--timeout``; the members wait outside any collective, so
+#: ``--timeout`` (the collectives' limit, and the wait for an admitted joiner) need not cover it.
+AWAIT_LIMIT = 120.0
 
 #: Tests: a joiner that exits at once after its admission (the members go on without it).
 FAIL_ENV = "DISTTRAIN_JOIN_FAIL"
@@ -132,7 +136,6 @@ class Grow:
     ) -> None:
         self.membership, self.changes = membership, changes
         self.max_workers, self.launch_workers = tc.max_workers, tc.world_size
-        self.timeout = tc.timeout
         self.pending: tuple[int, tuple[int, ...]] | None = None
         self.hold_at = int(os.environ.get(AWAIT_ENV, "-1"))
         self.point = os.path.join(tc.out, JOIN_POINT) if tc.out else ""
@@ -164,10 +167,11 @@ class Grow:
         m = self.membership
         if self.pending is None:
             room = self.max_workers - len(m.members)
+            open_ = room > 0 and done + 1 < step_limit
             # (tests: none admitted before hold_at steps, and there the wait for one)
-            if m.rank == 0 and room > 0 and done + 1 < step_limit and done >= self.hold_at:
-                if done == self.hold_at:
-                    self._await_joiner()
+            if open_ and done == self.hold_at:
+                self._await_joiner()
+            if m.rank == 0 and open_ and done >= self.hold_at:
                 joiners = m.ready_joiners(self.launch_workers, room)
                 if joiners:
                     m.propose_grow(done + 1, joiners)
@@ -175,8 +179,16 @@ class Grow:
         return self.pending is not None and self.pending[0] == done
 
     def _await_joiner(self) -> None:
-        m, deadline = self.membership, time.monotonic() + self.timeout
-        while not m.ready_joiners(self.launch_workers, 1) and time.monotonic() < deadline:
+        """The test hook's wait (AWAIT_ENV), every member at this boundary: rank 0 for a
+        ready joiner, the others for rank 0 to end its wait. None is inside a collective
+        (whose --timeout would end a peer's wait first), so AWAIT_LIMIT bounds it."""
+        m, deadline = self.membership, time.monotonic() + AWAIT_LIMIT
+        if m.rank == 0:
+            while not m.ready_joiners(self.launch_workers, 1) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            m.end_await()
+            return
+        while not m.await_ended() and time.monotonic() < deadline + 5:
             time.sleep(0.05)
 
     def admit(
