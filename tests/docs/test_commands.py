@@ -973,7 +973,7 @@ def _check_sharded_api(text: str, tmp: Path) -> None:
 OOM_LINE = re.compile(
     r"disttrain: error: rank (\d): OutOfMemory: out of memory on rank \1: could not allocate "
     r"[\d.,]+ MiB more, holding [\d.,]+ MiB resident \(peak [\d.,]+ MiB\); data limit "
-    r"1,400.0 MiB \(RLIMIT_DATA\) \[worker rank \1 \(pid \d+\) exited with code 1; "
+    r"600.0 MiB \(RLIMIT_DATA\) \[worker rank \1 \(pid \d+\) exited with code 1; "
     r"3 other worker\(s\) stopped because of it\]"
 )
 
@@ -991,7 +991,7 @@ def _check_wide_mlp(text: str, tmp: Path) -> None:
             continue
         i = argv.index("disttrain")
         args = _budgeted(argv[i + 1 :], tmp)
-        shell = " ".join(argv[:i]) + ' "$@"'  # `prlimit --data=$((1400 * 2**20)) "$@"`
+        shell = " ".join(argv[:i]) + ' "$@"'  # `prlimit --data=$((600 * 2**20)) "$@"`
         runs.append(
             (
                 args,
