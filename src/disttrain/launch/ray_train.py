@@ -133,8 +133,10 @@ def resume_settings(out: str) -> dict[str, Any]:
 
 def train_loop(config: dict[str, Any]) -> None:
     """Ray Train's ``train_loop_per_worker``: ``disttrain.train``, reporting to Ray inside Ray."""
+    from disttrain.launch import lean
     from disttrain.launch.entry import train
 
+    lean.apply()  # as our own workers: no torch._dynamo unless something compiles
     settings = dict(config)
     settings.update(resume_settings(str(settings.get("out", ""))))
     train(settings, session_trackers())
@@ -219,6 +221,9 @@ def _worker_env(tc: Any, run_id: str) -> dict[str, str]:
             env[name] = os.environ[name]
     if not tc.ray_address:
         env["GLOO_SOCKET_IFNAME"] = "lo"  # a local Ray: the group meets on the loopback
+        # nothing preempts this machine's own Ray: no watcher actor (a process importing
+        # Ray, ~2 CPU-s, again at every restart) polling for it
+        env["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] = "0"
     return env
 
 
