@@ -76,10 +76,27 @@ def test_a_killed_worker_resumes_from_the_last_commit_and_ends_as_undisturbed(
     steps = sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir())
     assert steps == ["step-00000003", "step-00000004"]
     # a fresh job into b refuses its commits (they belong to the run above), in its restart
-    # round too (two workers: with one there is no job store, whose run key the round reads)
-    again = _run(tmp_path, "--root", "b")
-    assert again.returncode != 0
-    assert "holds another run's commits" in again.stderr
+    # round too: both rounds on two ranks sharing a job store, as torchrun's workers would
+    # (its agent and four fresh workers cost ~19 CPU-s for two lines of refusal)
+    again = run_world(_fresh_job, 2, args=(str(tmp_path / "b"),), timeout=120)
+    assert [len(r) for r in again] == [2, 2], again
+    assert all("holds another run's commits" in e for r in again for e in r), again
+
+
+def _fresh_job(root: str) -> list[str]:
+    """A fresh job's first round and its restart (TORCHELASTIC_RESTART_COUNT, as torchrun
+    sets it) making a State on ``root``: each round's refusal."""
+    import disttrain as dt
+    from disttrain.comm.errors import UsageError
+
+    refused = []
+    for round_ in ("0", "1"):
+        os.environ["TORCHELASTIC_RESTART_COUNT"] = round_
+        try:
+            dt.elastic.State(torch.nn.Linear(2, 2), root=root, epoch=0)
+        except UsageError as exc:
+            refused.append(str(exc))
+    return refused
 
 
 def test_restore_rolls_back_to_the_last_commit_in_one_process(tmp_path: Path) -> None:
