@@ -3,7 +3,8 @@
 A worker killed in epoch 2 of 4: torchrun restarts both workers, each restores the last
 commit (epoch 2) and the final parameters equal an undisturbed run's bit for bit (every
 epoch's data is its own, so the restarted epochs repeat exactly). A fresh job refuses a
-root that holds another run's commits.
+root that holds another run's commits, in its restart round too. The undisturbed run and
+the fresh job run on run_world's forked ranks: only the killed job needs torchrun.
 """
 
 from __future__ import annotations
