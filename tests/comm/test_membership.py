@@ -120,7 +120,6 @@ def _slow_and_gone(delay: float) -> tuple[tuple[int, ...], dict[int, str], bool,
     return change.members, change.why, change.waited, time.monotonic() - began
 
 
-@pytest.mark.alone  # the agreement's timing: run alone, after the parallel tests (Makefile)
 @pytest.mark.timeout(120)
 def test_a_slow_member_that_heartbeats_is_kept_and_a_gone_one_dropped_at_once() -> None:
     # 4 s: beyond the old 3 s answer window and four heartbeat timeouts
@@ -161,7 +160,6 @@ def _stopped(timeout: float) -> tuple[tuple[int, ...], dict[int, str], float] | 
     return change.members, change.why, took
 
 
-@pytest.mark.alone
 @pytest.mark.timeout(120)
 def test_a_stopped_member_is_dropped_when_its_heartbeat_lapses_and_refused_when_it_resumes() -> (
     None
@@ -203,7 +201,6 @@ def _busy_and_idle(busy: float, idle: float) -> tuple[tuple[int, ...], dict[int,
     return change.members, change.why
 
 
-@pytest.mark.alone
 @pytest.mark.timeout(120)
 def test_a_busy_member_is_waited_for_and_an_idle_one_past_the_steps_collectives_is_hung() -> None:
     # the idle member's wait: the failed step's collectives ended, + 2 s; the busy one's:

@@ -26,9 +26,6 @@ from disttrain import cli
 from tests import zygote
 from tests.train.test_faults import REPO, _Job
 
-#: the survivors' answer window (3 s) is timing: run alone, after the parallel tests (Makefile)
-pytestmark = pytest.mark.alone
-
 COMMON = ("--batch-size", "24", "--seed", "3", "--no-progress", "--timeout", "60")
 
 
@@ -155,7 +152,7 @@ def test_a_joiner_gone_after_its_admission_leaves_the_job_as_it_was(tmp_path: Pa
     """The members wait --timeout for it in the new group, then go on in one without it.
 
     --timeout 8 (the members' wait for the admitted joiner; also every collective's limit):
-    run alone (Makefile), a step of this job takes 0.2 s; 20 cost the suite 12 s more for
+    a step of this job takes 0.2 s; 20 cost the suite 12 s more for
     nothing. The joiner's start-up is not bounded by it: the members wait for a ready joiner
     outside any collective, up to grow.AWAIT_LIMIT (a loaded machine took more than 8 s)."""
     out = tmp_path / "out"

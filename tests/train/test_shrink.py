@@ -25,10 +25,6 @@ from tests.harness import run_world
 from tests.netcheck import alive
 from tests.train.test_faults import REPO, _Job, _with_arg
 
-#: the survivors' agreement is timing (heartbeats, waits): run alone, after the parallel
-#: tests (Makefile)
-pytestmark = pytest.mark.alone
-
 TIMEOUT = 5
 SHRINK = (
     "--workers",
