@@ -41,6 +41,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "disttrain.units",
         "disttrain.factories",
         "disttrain.batch",
+        "disttrain.lean",
     ),
     # L1: the building blocks over the wire and over the data
     (

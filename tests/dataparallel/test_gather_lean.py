@@ -1,7 +1,7 @@
 """Stage 3's read guard dispatches without importing torch._dynamo (1.5 s of CPU per rank).
 
 A fresh interpreter: the test process may have loaded the compiler already, and then
-torch's own wrapper is the right one (launch/lean.py)."""
+torch's own wrapper is the right one (disttrain/lean.py)."""
 
 from __future__ import annotations
 

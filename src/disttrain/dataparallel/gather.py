@@ -57,7 +57,7 @@ from disttrain.dataparallel.gather_units import (
     output_tensors,
 )
 from disttrain.dataparallel.sharding import ShardGroup, ShardLayout
-from disttrain.launch.lean import defer_disables
+from disttrain.lean import defer_disables
 
 __all__ = ["LayerGatherer", "layer_groups", "layer_units"]
 
@@ -86,7 +86,7 @@ class _ReadGuard(TorchDispatchMode):
 
 # TorchDispatchMode wraps __torch_dispatch__ in torch._disable_dynamo, whose first call
 # imports torch._dynamo: 1.5 s of CPU per rank at stage 3's first forward, though no
-# torch.compile can be running before that module is loaded (launch/lean.py's reasoning)
+# torch.compile can be running before that module is loaded (disttrain/lean.py's reasoning)
 defer_disables(_ReadGuard)
 
 

@@ -133,7 +133,7 @@ def resume_settings(out: str) -> dict[str, Any]:
 
 def train_loop(config: dict[str, Any]) -> None:
     """Ray Train's ``train_loop_per_worker``: ``disttrain.train``, reporting to Ray inside Ray."""
-    from disttrain.launch import lean
+    from disttrain import lean
     from disttrain.launch.entry import train
 
     lean.apply()  # as our own workers: no torch._dynamo unless something compiles

@@ -48,10 +48,11 @@ from typing import Any
 
 import torch
 
+from disttrain import lean
 from disttrain.collectives.shmseg import JOB_ENV, remove_leftovers
 from disttrain.comm import world
 from disttrain.comm.world import STORE_FILE_ENV
-from disttrain.launch import jobdir, lean, malloc, startup
+from disttrain.launch import jobdir, malloc, startup
 from disttrain.registry import load_plugins
 
 __all__ = ["RankError", "WorldTimeout", "run_world"]

@@ -72,8 +72,8 @@ def torchrun_default_out(strategy: str) -> str:
 
 
 def run_worker(cfg: Any, launched_by_us: bool) -> int:
-    from disttrain import strategies
-    from disttrain.launch import lean, malloc, startup, tether
+    from disttrain import lean, strategies
+    from disttrain.launch import malloc, startup, tether
     from disttrain.launch.supervise import run_supervised
 
     tether.tie_from_env()  # exec'd by our launcher: die with it (a forked one already is)

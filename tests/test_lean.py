@@ -1,4 +1,4 @@
-"""launch/lean.py: workers step optimizers without importing torch._dynamo, with the same
+"""disttrain/lean.py: workers step optimizers without importing torch._dynamo, with the same
 results, and torch's own path comes back once torch._dynamo is loaded."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from tests.harness import run_world
 
 _PROBE = r"""
 import json, sys, torch
-from disttrain.launch import lean
+from disttrain import lean
 patched = lean.apply()
 results = []
 for name in ("SGD", "Adam", "AdamW"):
@@ -50,7 +50,7 @@ def test_optimizers_step_the_same_without_importing_the_compiler() -> None:
 def _compile_after_lean() -> tuple[int, int, float]:
     import torch
 
-    from disttrain.launch import lean
+    from disttrain import lean
 
     lean.apply()
     model = torch.nn.Linear(4, 1)

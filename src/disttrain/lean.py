@@ -18,7 +18,7 @@ has not imported ``torch._dynamo`` cannot be inside one. So until it is imported
 Applied by our worker processes and the test harness's ranks (``launch/worker.py``,
 ``launch/spawn.py``), not by ``import disttrain`` in a user's script. What it saves:
 benchmarks/RESULTS.md, "Test suite". On a torch whose decorators look different,
-nothing is patched (:func:`apply` returns how many were; ``tests/launch/test_lean.py``
+nothing is patched (:func:`apply` returns how many were; ``tests/test_lean.py``
 checks the pinned torch).
 """
 
