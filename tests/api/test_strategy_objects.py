@@ -3,8 +3,10 @@
 A ``Strategy`` class a script defines (not registered yet) is registered as ``@register``
 would and trains: its own hook runs; the registry's own entry for a name
 (``strategies.get("localsgd")``) takes the same steps as the name; anything else, a class
-without a name or one named as another strategy is, is one line. One process each: a run
-alone needs no launcher (a private store), and what is checked is the name's resolution.
+without a name or one named as another strategy is, is one line. The runs train in a
+one-rank world each (``run_world``): a run sets process-wide state (its group, the
+collectives' checks), which must not leak into the test process; the refusals come before
+any of it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import disttrain as dt
 from disttrain import strategies
 from disttrain.comm.errors import UsageError
 from disttrain.strategies.allreduce import AllReduce
+from tests.harness import run_world
 
 
 class CountingAllReduce(AllReduce):
@@ -50,27 +53,30 @@ def _steps(strategy: object, **settings: Any) -> list[torch.Tensor]:
     return [p.detach().clone() for p in finished.parameters()]
 
 
-@pytest.fixture
-def _forget_counting() -> Any:
-    yield
-    strategies.STRATEGIES.remove(CountingAllReduce.name)
-
-
-def test_a_scripts_own_strategy_class_is_registered_and_trains(_forget_counting: None) -> None:
-    assert CountingAllReduce.name not in strategies.STRATEGIES.names()
-    CountingAllReduce.after = 0
+def _own_class() -> tuple[bool, int, bool]:
+    """In a rank: (registered as itself, its hook's count, equal to allreduce's steps)."""
     got = _steps(CountingAllReduce)
-    assert strategies.get(CountingAllReduce.name).runtime is CountingAllReduce
-    assert CountingAllReduce.after == 3  # its own hook ran, once a step
-    for a, b in zip(got, _steps("allreduce"), strict=True):  # and it is allreduce's mathematics
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-    assert CountingAllReduce.after == 3  # allreduce's own run does not call it
+    registered = strategies.get(CountingAllReduce.name).runtime is CountingAllReduce
+    after = CountingAllReduce.after
+    same = all(torch.equal(a, b) for a, b in zip(got, _steps("allreduce"), strict=True))
+    return registered, after, same and CountingAllReduce.after == after
+
+
+def _kind_and_name() -> bool:
+    by_kind, by_name = _steps(strategies.get("localsgd"), period=2), _steps("localsgd", period=2)
+    return all(torch.equal(a, b) for a, b in zip(by_kind, by_name, strict=True))
+
+
+def test_a_scripts_own_strategy_class_is_registered_and_trains() -> None:
+    assert CountingAllReduce.name not in strategies.STRATEGIES.names()
+    registered, after, same = run_world(_own_class, 1, timeout=120)[0]
+    assert registered
+    assert after == 3  # its own hook ran, once a step
+    assert same  # allreduce's mathematics, and allreduce's own run does not call the hook
 
 
 def test_the_registrys_entry_takes_the_steps_of_its_name() -> None:
-    by_kind, by_name = _steps(strategies.get("localsgd"), period=2), _steps("localsgd", period=2)
-    for a, b in zip(by_kind, by_name, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert run_world(_kind_and_name, 1, timeout=120)[0]
 
 
 def test_a_strategy_class_named_as_another_is_refused() -> None:
