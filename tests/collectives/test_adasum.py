@@ -89,7 +89,7 @@ def _body() -> dict[str, Any]:
     import torch.distributed as dist
 
     from disttrain.collectives.adasum import adasum_
-    from disttrain.comm import world
+    from disttrain.comm import forming, world
 
     me, n = dist.get_rank(), dist.get_world_size()
     got: dict[str, Any] = {}
@@ -103,8 +103,8 @@ def _body() -> dict[str, Any]:
         except ValueError:
             got[f"refused {dtype}"] = True
     if n == 4:  # a group of two (global ranks 1, 3), and one of three, refused on each member
-        pair_group = dist.new_group([1, 3], timeout=world.group_timeout())
-        three = dist.new_group([0, 1, 2], timeout=world.group_timeout())
+        pair_group = forming.new_group([1, 3], timeout=world.group_timeout())
+        three = forming.new_group([0, 1, 2], timeout=world.group_timeout())
         if me in (1, 3):
             x = _inputs("random", 2, 7, torch.float64)[me // 2].clone()
             got["subgroup"] = adasum_(x, pair_group)

@@ -38,10 +38,10 @@ def _examples(examples: int) -> dict[str, Any]:
 
     from disttrain import collectives
     from disttrain.collectives import checks
-    from disttrain.comm import meter
+    from disttrain.comm import forming, meter
 
     me = dist.get_rank()
-    groups = [None if g is None else dist.new_group(g) for g in GROUPS]
+    groups = [None if g is None else forming.new_group(g) for g in GROUPS]
     members = [list(range(6)) if g is None else g for g in GROUPS]
     ours = [a for a in collectives.ALGORITHMS if a != "native"]
     seen: list[tuple[str, int, int, str]] = []

@@ -30,7 +30,7 @@ def _body() -> list[tuple[str, str]]:
     from disttrain import collectives
     from disttrain.collectives import hierarchical
     from disttrain.collectives.hierarchical import HOST_ENV
-    from disttrain.comm import meter, world
+    from disttrain.comm import forming, meter, world
 
     collectives.set_length_check(False)
     # pieces of 64 KiB: 300,001 entries run the pipeline (19-37 pieces, the last short),
@@ -42,7 +42,7 @@ def _body() -> list[tuple[str, str]]:
     for label, (hosts, per) in LAYOUTS.items():
         os.environ[HOST_ENV] = hosts[me]
         os.environ["LOCAL_WORLD_SIZE"] = str(per)
-        group = dist.new_group(list(range(4)), timeout=world.group_timeout())
+        group = forming.new_group(list(range(4)), timeout=world.group_timeout())
         for dtype in DTYPES:
             for length in (1, 3, 1001, 300_001):
                 gen = torch.Generator().manual_seed(length + me)

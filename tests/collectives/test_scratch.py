@@ -69,13 +69,14 @@ def _two_threads() -> list[int]:
     import torch.distributed as dist
 
     from disttrain import collectives
+    from disttrain.comm import forming
 
     me = dist.get_rank()
     # One process group per thread, as the reducer's comm thread has its own. On one
     # shared group the two threads' calls pair up across threads (tried: rank 0's
     # thread 0 met rank 1's thread 1, "called with different lengths", or gloo's
     # "Connection reset by peer"), whatever the scratch buffers do.
-    groups = [dist.new_group(), dist.new_group()]
+    groups = [forming.new_group(), forming.new_group()]
     wrong = [0, 0]
     start = threading.Barrier(2)
     errors: list[BaseException] = []

@@ -35,7 +35,7 @@ def _body(piece: int, sizes: list[int]) -> list[Any]:
 
     from disttrain import collectives
     from disttrain.collectives import shm
-    from disttrain.comm import meter, world
+    from disttrain.comm import forming, meter, world
 
     shm.PIECE_BYTES = piece
     collectives.set_length_check(False)
@@ -43,7 +43,7 @@ def _body(piece: int, sizes: list[int]) -> list[Any]:
     me = dist.get_rank()
     seen: list[Any] = []
     for k in sizes:
-        group = dist.new_group(list(range(k)), timeout=world.group_timeout())
+        group = forming.new_group(list(range(k)), timeout=world.group_timeout())
         if me >= k:
             continue
         for dtype in DTYPES:

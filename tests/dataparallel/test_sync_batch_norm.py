@@ -40,8 +40,10 @@ def test_convert_replaces_every_batch_norm_and_keeps_its_tensors() -> None:
 def _global_batch(group_given: bool) -> dict[str, Any]:
     import torch.distributed as dist
 
+    from disttrain.comm import forming
+
     rank = dist.get_rank()
-    group = dist.new_group([0, 1]) if group_given else None
+    group = forming.new_group([0, 1]) if group_given else None
     gen = torch.Generator().manual_seed(3)
     x_all = torch.randn(10, 4, generator=gen) * 2 + 1
     rows = slice(0, 4) if rank == 0 else slice(4, 10)  # 4 and 6 samples
