@@ -48,7 +48,8 @@ _cache: dict[str, Compared] = {}
 
 
 def compared(factory: pytest.TempPathFactory) -> Compared:
-    """The shared run (made on first use); each test asserts its exit status itself."""
+    """The shared run (made on first use), asserted to have exited 0 for every test that
+    reads it (a failed compare fails each of them with its output)."""
     if "run" not in _cache:
         root = factory.mktemp("shared-compare")
         done = run_cli(
@@ -61,8 +62,10 @@ def compared(factory: pytest.TempPathFactory) -> Compared:
             timeout=TIMEOUT - 60,
         )  # fmt: skip
         _cache["run"] = Compared(root / "cmp", root / "tb", done)
-    return _cache["run"]
+    run = _cache["run"]
+    assert run.done.returncode == 0, _failed(run.done)
+    return run
 
 
-def failed(done: subprocess.CompletedProcess[str]) -> str:
+def _failed(done: subprocess.CompletedProcess[str]) -> str:
     return f"exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"

@@ -14,7 +14,7 @@ from disttrain.cli import main
 from disttrain.comm.errors import UsageError
 from disttrain.lab.report import held_bytes
 from disttrain.strategies.spec import parse_one, parse_specs
-from tests.lab.shared_compare import GROUP, SPECS, STEPS, TIMEOUT, compared, failed
+from tests.lab.shared_compare import GROUP, SPECS, STEPS, TIMEOUT, compared
 
 
 @pytest.mark.parametrize(
@@ -120,7 +120,6 @@ def test_compare_end_to_end(tmp_path_factory: pytest.TempPathFactory) -> None:
     """tests/lab/shared_compare.py's real run: every cell of the report is its run's own
     figure (the accuracy and target columns' logic: tests/lab/test_report.py)."""
     shared = compared(tmp_path_factory)
-    assert shared.done.returncode == 0, failed(shared.done)
     out = str(shared.out)
     with open(os.path.join(out, "runs.json")) as fh:
         runs = json.load(fh)
