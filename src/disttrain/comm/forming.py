@@ -5,9 +5,9 @@ the sequence number in the connection's first 8 bytes, small numbers (0 .. N-1).
 connection (most likely a pair of a dying group elsewhere, retrying its connect to a port
 the OS has since given to a new listener) thus takes a pair's place and closes: the
 group's connectFullMesh fails with "Connection closed by peer", or the group forms with
-a dead pair and its first collective fails so (issue 51: 57 of 100 4-rank formations
-failed with a stray dialling every listener, 13 of 100 with one listener in five; none
-of 2,000 without a stray). A new try meets on new listeners, so it forms.
+a dead pair and its first collective fails so (benchmarks/forming_strays.py, RESULTS
+"Forming the group": 43 of 100 4-rank formations failed with a stray at one listener in
+five, 0 of 100 with three tries). A new try meets on new listeners, so it forms.
 
 Each try is collective. Every rank forms the group, checks each of its pairs (one
 ``all_to_all``: a dead pair fails it at once) and then says in the store how its try
