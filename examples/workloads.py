@@ -80,6 +80,14 @@ def gpt2() -> torch.nn.Module:
     return GPT2LMHeadModel(config)
 
 
+def next_byte_loss(output: object, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A user's own causal-LM loss for GPT-2's dict batches: each byte predicts the next
+    (the model's ``output.loss`` shifted by hand): cross-entropy of ``logits[:, :-1]``
+    against ``labels[:, 1:]``."""
+    logits = output.logits[:, :-1]  # type: ignore[attr-defined]
+    return F.cross_entropy(logits.flatten(0, 1), batch["labels"][:, 1:].flatten())
+
+
 IMAGES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "images")
 CLASSES = ("horizontal", "vertical")
 
