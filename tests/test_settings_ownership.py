@@ -47,7 +47,7 @@ _OWNED_BY: list[tuple[str, set[str]]] = [
     ),
     ("stages", {"pipeline"}),
     ("microbatches schedule virtual_stages balance split_points recompute", PIPELINES),
-    ("tensor_mode", {"tensor", "hybrid"}),
+    ("tensor_mode tp_plan", {"tensor", "hybrid"}),
     ("dp pp tp", {"hybrid"}),
 ]
 #: Each algorithm's own settings (its kind's section), from the registry: read with that
@@ -75,6 +75,7 @@ VALUES: dict[str, Any] = {
     "compression": "topk:0.1",
     "balance": "time",
     "split_points": "3",
+    "tp_plan": '{"0": "colwise"}',
     "schedule": "1f1b",
     "straggler": "1:2",
     "ps_address": "127.0.0.2",
@@ -109,6 +110,7 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "staleness_lr": {"ps_mode": "async"},
     "push_lr_share": {"ps_mode": "async"},
     "tensor_mode": {"tp": 2},
+    "tp_plan": {"tp": 2},
     **{n: {"pp": 2} for n in ("microbatches", "schedule", "balance", "split_points", "recompute")},
     "virtual_stages": {"pp": 2, "schedule": "interleaved"},
     # torch's DataLoader reads a user's data set only (DataConfig.not_read)

@@ -30,7 +30,14 @@ class ParallelConfig:
     )
     recompute: bool = opt(False, "pipeline: recompute activations in backward (less memory)")
     tensor_mode: str = opt(
-        "megatron", "tensor slicing: column-then-row pairs, or naive", ("megatron", "naive")
+        "megatron",
+        "tensor slicing of an nn.Sequential without a plan: column-then-row pairs, or naive",
+        ("megatron", "naive"),
+    )
+    tp_plan: str = opt(
+        "auto",
+        "tensor slicing: auto (the model's built-in or declared plan: transformers GPT-2, "
+        "Llama ...), or a plan of module paths to styles, a JSON file or object",
     )
     dp: int = opt(0, "hybrid: data-parallel groups (0: workers / pp or tp)")
     pp: int = opt(0, "hybrid: pipeline stages inside each data-parallel group")
@@ -50,6 +57,9 @@ class ParallelConfig:
         if self.pp and self.tp:
             raise UsageError("--pp and --tp are alternatives inside a mesh: set one of them to 0")
         self.balance_spec()
+        from disttrain.parallel.plan import parse
+
+        parse(self.tp_plan)  # a missing file or bad JSON: one line
 
     @property
     def chunks(self) -> int:

@@ -38,8 +38,11 @@ __all__ = [
     "ColumnParallelLinear",
     "RowParallelLinear",
     "all_gather_last",
+    "copy_in",
     "gather_into",
+    "gather_out",
     "plan",
+    "reduce_out",
     "shard_model",
 ]
 
@@ -104,6 +107,24 @@ class _Gather(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         lo = p2p.group_rank(ctx.group) * ctx.width
         return grad[..., lo : lo + ctx.width].contiguous(), None
+
+
+def copy_in(x: torch.Tensor, group: Any, algorithm: collectives.Algorithm) -> torch.Tensor:
+    """``f``: ``x`` unchanged; its gradient summed over the group in backward."""
+    out: torch.Tensor = _Copy.apply(x, group, algorithm)
+    return out
+
+
+def reduce_out(x: torch.Tensor, group: Any, algorithm: collectives.Algorithm) -> torch.Tensor:
+    """``g``: the partial sums ``x`` summed over the group; the gradient passes unchanged."""
+    out: torch.Tensor = _Reduce.apply(x, group, algorithm)
+    return out
+
+
+def gather_out(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """Column slices concatenated along the last dimension; backward keeps this rank's."""
+    out: torch.Tensor = _Gather.apply(x, group)
+    return out
 
 
 class ColumnParallelLinear(nn.Module):

@@ -32,7 +32,7 @@ from disttrain.strategies.pipeline import (
     pipeline_settings_not_read,
 )
 from disttrain.strategies.settings import StrategySettings
-from disttrain.strategies.tensor import TensorParallel, check_tensor
+from disttrain.strategies.tensor import TensorParallel, check_tensor, tensor_settings_not_read
 
 __all__ = ["Hybrid", "HybridSettings", "mesh_shape"]
 
@@ -66,11 +66,13 @@ class HybridSettings(StrategySettings):
         # the pipeline's own settings but its stage count, which the mesh sets
         pipeline = tuple(n for n in PipelineSettings.reads_settings if n != "stages")
         if pc.pp:
-            unread["tensor_mode"] = f"with --pp {pc.pp} (pipeline stages inside each replica)"
+            why = f"with --pp {pc.pp} (pipeline stages inside each replica)"
+            unread.update(dict.fromkeys(("tensor_mode", "tp_plan"), why))
             unread.update(pipeline_settings_not_read(pc))
         elif pc.tp:
             why = f"with --tp {pc.tp} (tensor slices inside each replica)"
             unread.update(dict.fromkeys(pipeline, why))
+            unread.update(tensor_settings_not_read(pc))
         return unread
 
     @classmethod
@@ -86,7 +88,7 @@ class HybridSettings(StrategySettings):
         if kind == "pp":
             check_pipeline(model, inner, per_group, pc, "--pp", strategy="hybrid")
         else:
-            check_tensor(model, inner, pc.tensor_mode, "--tp", strategy="hybrid")
+            check_tensor(model, inner, pc, "--tp", strategy="hybrid")
 
 
 # ShardsData: the replicas (rows of the mesh) split each global batch, not every rank.

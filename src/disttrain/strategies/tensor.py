@@ -1,9 +1,13 @@
-"""Tensor slicing: every rank holds a slice of each Linear layer's neurons (``--tensor-mode``).
+"""Tensor slicing: every rank holds a slice of the model's layers (--tp-plan, --tensor-mode).
 
-Megatron pairs (one allreduce per pair of layers, each way) or the seed's
-naive vertical split (an all-gather after every layer). Every rank sees the
-whole batch and ends with the whole output, so every rank computes the same
-loss and the replicated layers get the same gradients without any exchange.
+A model with a plan (``--tp-plan auto``: the built-in or class-declared plan of a
+transformers GPT-2 or Llama-family model; or the user's own, a JSON file or object) is
+cut as the plan says (:mod:`disttrain.parallel.plan`, :mod:`disttrain.parallel.planned`):
+attention by heads, the MLP column- then row-wise. An ``nn.Sequential`` without one is
+cut into Megatron pairs (one allreduce per pair of layers, each way) or the seed's naive
+vertical split (an all-gather after every layer), ``--tensor-mode``. Every rank sees the
+whole batch and ends with the whole output, so every rank computes the same loss and the
+replicated layers get the same gradients without any exchange.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from disttrain import collectives
 from disttrain.comm.errors import UsageError
 from disttrain.comm.world import World
 from disttrain.config import RunConfig
-from disttrain.parallel import placement, tensor
+from disttrain.parallel import placement, planned, tensor
+from disttrain.parallel.plan import Style, resolve
 from disttrain.parallel.settings import ParallelConfig
 from disttrain.strategies.base import LossFn, Strategy, register
 from disttrain.strategies.capabilities import ShardsData
@@ -28,10 +33,21 @@ __all__ = ["TensorParallel", "TensorSettings", "check_tensor"]
 
 
 def check_tensor(
-    model: nn.Module, size: int, mode: str, size_flag: str, strategy: str = "tensor"
+    model: nn.Module, size: int, pc: ParallelConfig, size_flag: str, strategy: str = "tensor"
 ) -> None:
-    """UsageError unless ``model`` has a Linear layer that splits into ``size`` slices
-    (``strategy``: the one the user named, for the message)."""
+    """UsageError unless ``model`` has a plan that cuts it into ``size`` slices, or is an
+    ``nn.Sequential`` with a Linear layer that splits so (``strategy``: the one the user
+    named, for the message)."""
+    if resolve(model, pc.tp_plan, size, size_flag) is not None:
+        return
+    if not isinstance(model, nn.Sequential):
+        raise UsageError(
+            f"--strategy {strategy} cuts a model by a tensor-parallel plan, and "
+            f"{type(model).__name__} has none built in or declared: give --tp-plan PATH.json "
+            '(module paths to styles, {"layers.*.fc1": "colwise", "layers.*.fc2": "rowwise"}), '
+            "or use an nn.Sequential"
+        )
+    mode = pc.tensor_mode
     layers = placement.check_sequential(model, strategy)
     kinds = tensor.plan(layers, size, mode)
     if size > 1 and all(k == "rep" for k in kinds):
@@ -58,12 +74,23 @@ class TensorSettings(StrategySettings):
     """What tensor slicing reads: its mode, and --algorithm (each Megatron pair's allreduce)."""
 
     main_setting: ClassVar[str | None] = "tensor_mode"
-    reads_settings = ("tensor_mode", "algorithm")
+    reads_settings = ("tensor_mode", "tp_plan", "algorithm")
+
+    @classmethod
+    def settings_not_read(cls, config: RunConfig) -> dict[str, str]:
+        return tensor_settings_not_read(config.section(ParallelConfig))
 
     @classmethod
     def validate_config(cls, config: RunConfig, model: nn.Module) -> None:
         pc: ParallelConfig = config.section(ParallelConfig)
-        check_tensor(model, config.train.world_size, pc.tensor_mode, "--workers")
+        check_tensor(model, config.train.world_size, pc, "--workers")
+
+
+def tensor_settings_not_read(pc: ParallelConfig) -> dict[str, str]:
+    """--tensor-mode cuts a Sequential without a plan: a plan of the user's replaces it."""
+    if pc.tp_plan == "auto":
+        return {}
+    return {"tensor_mode": "with --tp-plan (the plan says how each layer is cut)"}
 
 
 # ShardsData: every rank sees the whole batch (one data shard).
@@ -97,24 +124,29 @@ class TensorParallel(Strategy, ShardsData):
         return 1  # every shard sees the whole batch
 
     def prepare_model(self, model: nn.Module, sample: torch.Tensor) -> nn.Module:
+        self.full = model if self.shard == 0 else None
+        algorithm = collectives.build(self.config.train.algorithm, self.config)
+        self.plan: dict[str, Style] | None = resolve(model, self.pc.tp_plan, self.size, "--tp")
+        if self.plan is not None:
+            return planned.shard(model, self.plan, self.shard, self.size, self.group, algorithm)
         placement.check_sequential(model, self.name)
         assert isinstance(model, nn.Sequential)
-        self.full = model if self.shard == 0 else None
         sharded, self.kinds = tensor.shard_model(
-            model,
-            self.shard,
-            self.size,
-            self.group,
-            self.pc.tensor_mode,
-            collectives.build(self.config.train.algorithm, self.config),
+            model, self.shard, self.size, self.group, self.pc.tensor_mode, algorithm
         )
         return sharded
 
     def eval_model(self) -> nn.Module | None:
-        tensor.gather_into(self.full, self.model, self.kinds, self.group)  # type: ignore[arg-type]
+        if self.plan is not None:
+            planned.gather(self.full, self.model, self.group)
+        else:
+            tensor.gather_into(self.full, self.model, self.kinds, self.group)  # type: ignore[arg-type]
         return self.full if self.world.rank == 0 else None
 
     def summary(self) -> dict[str, Any]:
+        if self.plan is not None:
+            styles = {path: s.name for path, s in self.plan.items()}
+            return {"tensor": {"size": self.size, "plan": styles}}
         return {"tensor": {"mode": self.pc.tensor_mode, "size": self.size, "layers": self.kinds}}
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
