@@ -194,8 +194,8 @@ class DistributedRun(Engine):
         if isinstance(dataset, IterableDataset) and is_stateful(dataset):
             self._stream = Stream(loader, rank, workers)  # its place goes into run.state_dict()
             return self._stream.batches(self.world.rank, self.roles.worker_group)
-        if isinstance(dataset, IterableDataset):  # its ranks agree when the stream ends
-            return agreed(loader, self.world.rank, self.roles.worker_group)
+        if isinstance(dataset, IterableDataset):  # its ranks agree, and deal its uneven end
+            return agreed(loader, self.world.rank, self.roles.worker_group, shard=rank)
         if dataloader_kwargs.get("persistent_workers"):  # the next epoch's reuses it
             self._kept = (key, loader)
         return loader
