@@ -238,18 +238,27 @@ class Membership:
     def _busy(self, r: int, seen: dict[int, list[tuple[float, float]]]) -> bool:
         """True if launch rank ``r``'s process is computing: it used :data:`BUSY_CPU` of a
         core over the last second (half the heartbeat timeout if shorter), by the CPU times
-        its heartbeats carried (``seen``: this agreement's readings, (when, CPU s)). Its
-        heartbeat thread alone uses about a thousandth."""
-        cpu, now = self.cpu(r), time.monotonic()
-        if cpu is None:
+        its heartbeats carried, on the heartbeats' own clock (``seen``: this agreement's
+        distinct beats, (its monotonic time, CPU s)). Not the reader's clock: on a loaded
+        host beats come late, and a busy member whose CPU figure had not been refreshed
+        within the reader's second read as idle (a suite run at load 14). Its heartbeat
+        thread alone uses about a thousandth of a core."""
+        beat = self._beat(r)
+        try:
+            when, cpu = (float(beat[1]), float(beat[3])) if beat else (None, None)
+        except ValueError:  # a beat of an older format: no CPU figure
+            return False
+        if when is None or cpu is None:
             return False
         window = min(1.0, self.heartbeat_timeout / 2)
         readings = seen.setdefault(r, [])
-        readings.append((now, cpu))
-        while len(readings) > 1 and readings[1][0] <= now - window:
-            readings.pop(0)  # keep one reading at least ``window`` old
-        when, then = readings[0]
-        return now - when >= window and cpu - then >= BUSY_CPU * (now - when)
+        if not readings or readings[-1][0] != when:  # a new beat
+            readings.append((when, cpu))
+        while len(readings) > 1 and readings[1][0] <= when - window:
+            readings.pop(0)  # keep one beat at least ``window`` older than the last
+        first, then = readings[0]
+        span = when - first
+        return span >= window and cpu - then >= BUSY_CPU * span
 
     def _beat(self, r: int) -> list[str] | None:
         """Launch rank ``r``'s last heartbeat: ``[HOST, MONOTONIC, COUNT, CPU]``, or None."""
@@ -257,14 +266,6 @@ class Membership:
         if not self.store.check([key]):
             return None
         return [*self.store.get(key).decode().split(" "), "", "", "", ""][:4]
-
-    def cpu(self, r: int) -> float | None:
-        """The CPU seconds launch rank ``r``'s process had used at its last heartbeat."""
-        beat = self._beat(r)
-        try:
-            return float(beat[3]) if beat else None
-        except ValueError:
-            return None
 
     def silence(self, r: int, since: float | None = None) -> float | None:
         """Seconds since launch rank ``r``'s heartbeat last advanced, as far as this worker
