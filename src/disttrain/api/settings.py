@@ -11,6 +11,7 @@ saying where it goes instead.
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 from disttrain.comm.errors import UsageError
@@ -81,7 +82,11 @@ def run_config(strategy: str, settings: dict[str, Any], own_optimizer: bool, siz
     from disttrain.launch.preflight import check_settings_read
 
     registry.load_plugins()  # and the plug-ins'
-    flags = {k.replace("-", "_"): v for k, v in settings.items()}
+    # a dict (tp_plan={...}) is the JSON object its flag takes (--tp-plan '{...}')
+    flags = {
+        k.replace("-", "_"): json.dumps(v) if isinstance(v, dict) else v
+        for k, v in settings.items()
+    }
     cfg = resolve_config({"strategy": strategy, **flags})
     _refuse_trainer_only(flags, own_optimizer)
     cfg = _default_batch(fit_to_group(cfg, size))

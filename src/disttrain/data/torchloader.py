@@ -13,8 +13,10 @@ Iterable data (``torch.utils.data.IterableDataset``) is split by rank and by loa
 worker: the pair k = rank * W + worker (W = max(num_workers, 1)) takes the samples
 whose running index i in the stream has ``i % (N * W) == k``. A dataset that splits
 itself says so (:class:`SplitsByRank`) and is left alone. Ranks may hold different
-numbers of batches at the end: a rank that ran out simply yields nothing more, and
-the caller makes the ranks agree with :func:`more_on_every_rank`.
+numbers of batches at the end: a rank that ran out simply yields nothing more; the
+caller makes the ranks agree and deals what the others still hold evenly among them
+(:mod:`disttrain.data.tail`), or, with the bare :func:`more_on_every_rank`, stops
+them all at the first rank's end.
 
 Positions, for a resume:
 
@@ -511,7 +513,8 @@ def more_on_every_rank(have: bool, group: dist.ProcessGroup | None = None) -> bo
         while more_on_every_rank((batch := next(batches, None)) is not None, group):
             step(batch)
 
-    The batches other ranks still held at that point are not trained in this epoch."""
+    The batches other ranks still held at that point are not trained in this epoch;
+    :class:`~disttrain.data.tail.EvenEnd` deals them out instead (``run.loader``)."""
     on_gpu = dist.get_backend(group) == "nccl"  # NCCL reduces CUDA tensors only
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else None
     flag = torch.tensor([1 if have else 0], dtype=torch.int32, device=device)
