@@ -963,6 +963,31 @@ def _check_pipeline_any(text: str, tmp: Path) -> None:
     assert first["loss"] == second["loss"] and math.isfinite(first["loss"])
 
 
+def _after_tensor_plan(code: str, ns: dict[str, Any]) -> Any:
+    run = ns["run"]
+    c_attn = run.model.transformer.h[0].attn.c_attn  # Conv1D (in, out): a third of q, k, v each
+    whole = run.finish()  # collective: rank 0's model comes back whole
+    shape = None if whole is None else tuple(whole.transformer.h[0].attn.c_attn.weight.shape)
+    return {"loss": float(ns["loss"]), "slice": tuple(c_attn.weight.shape), "whole": shape}
+
+
+def _check_tensor_plan(text: str, tmp: Path) -> None:
+    """The 3 lines after the imports and token ids, in a 2-rank world: each rank holds half
+    of every head's q, k, v, both log the same finite loss, rank 0 gets the whole model."""
+    header = (
+        "import torch\n"
+        "from transformers import GPT2Config, GPT2LMHeadModel\n"
+        "import disttrain as dt\n"
+        "torch.manual_seed(0)\n"
+        "ids = torch.randint(0, 256, (8, 16))\n"
+    )
+    assert len([line for line in text.splitlines() if line.strip()]) <= 3
+    first, second = _in_world(header + text, tmp, _after_tensor_plan)
+    assert first["slice"] == second["slice"] == (64, 96)
+    assert (first["whole"], second["whole"]) == ((64, 192), None)
+    assert first["loss"] == second["loss"] and math.isfinite(first["loss"])
+
+
 def _check_sharded_api(text: str, tmp: Path) -> None:
     first, second = _in_world(text, tmp, _after_sharded)
     assert first == {"state": ["bias", "weight"], "optim": ["param_groups", "state"]}
@@ -1148,6 +1173,13 @@ ENTRIES: list[Entry] = [
         "model = GPT2LMHeadModel(GPT2Config(",
         "exec in a 2-rank world after the imports, ids and loss: one step on 2 stages",
         _check_pipeline_any,
+        180,
+    ),
+    Entry(
+        "docs/model-parallel.md",
+        "gpt2 = GPT2LMHeadModel(GPT2Config(",
+        "exec in a 2-rank world after the imports and ids: one step of GPT-2 cut by its plan",
+        _check_tensor_plan,
         180,
     ),
     Entry(

@@ -63,16 +63,21 @@ def _worst_slice(part: nn.Module, want: dict[str, torch.Tensor], rank: int) -> f
 
 
 def _tensor(family: str) -> dict[str, Any]:
+    """Llama by its class's plan (auto); GPT-2 by a plan of the user's, a dict (the built-in
+    one written out: the docs block runs auto on GPT-2)."""
     import torch.distributed as dist
 
     import disttrain as dt
     from disttrain.collectives import set_length_check
     from disttrain.comm.meter import meter
+    from disttrain.parallel.hf_plans import GPT2
 
     set_length_check(False)  # count the slicing's own messages, not the debug check's
     model = MODELS[family]()
     want = _reference(model)
-    run = dt.distribute(model, torch.optim.SGD(model.parameters(), lr=LR), strategy="tensor")
+    plan: Any = {f"transformer.{k}": v for k, v in GPT2.items()} if family == "gpt2" else "auto"
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    run = dt.distribute(model, opt, strategy="tensor", tp_plan=plan)
     data = _batches()
     run.step(data[0])
     meter.reset()
@@ -81,13 +86,21 @@ def _tensor(family: str) -> dict[str, Any]:
     messages = meter.snapshot().messages_sent / (STEPS - 1)
     worst = _worst_slice(run.model, want, dist.get_rank())
     tied = family != "gpt2" or run.model.lm_head.weight is run.model.transformer.wte.weight
+    saved = run.state_dict()["ranks"][dist.get_rank()]["model"]  # this rank's slices
+    shapes = {k: tuple(v.shape) for k, v in saved.items() if k in SLICED[family]}
     whole = run.finish()
     if whole is not None:  # rank 0: the user's model, its slices gathered back
         assert whole is model
         for n, p in whole.named_parameters(remove_duplicate=False):
             worst = max(worst, (p - want[n]).abs().max().item())
         tied = tied and (family != "gpt2" or whole.lm_head.weight is whole.transformer.wte.weight)
-    return {"worst": worst, "tied": tied, "messages": messages, "whole": whole is not None}
+    return {
+        "worst": worst,
+        "tied": tied,
+        "messages": messages,
+        "whole": whole is not None,
+        "shapes": shapes,
+    }
 
 
 WORLDS = SharedWorlds({family: (2, _tensor, (family,)) for family in MODELS}, timeout=150)
@@ -95,6 +108,18 @@ WORLDS = SharedWorlds({family: (2, _tensor, (family,)) for family in MODELS}, ti
 #: (forward g, backward f); Llama's the same, its embedding's g and its head's backward f,
 #: and the head's all-gather of the logits (1 message on 2 ranks)
 MESSAGES = {"gpt2": 2 * 2 * 2 * 2, "llama": (2 * 2 * 2 + 2) * 2 + 1}
+#: a row-wise projection's weight (input features halved) and a column-wise one's (output
+#: features halved) in a rank's state; Conv1D's weight is (in, out), a Linear's (out, in)
+SLICED = {
+    "gpt2": {
+        "transformer.h.0.attn.c_proj.weight": (16, 32),
+        "transformer.h.0.mlp.c_fc.weight": (32, 64),
+    },
+    "llama": {
+        "model.layers.0.self_attn.o_proj.weight": (32, 16),
+        "model.layers.0.mlp.up_proj.weight": (32, 32),
+    },
+}
 
 
 @pytest.mark.timeout(200)  # the first case runs the shared world
@@ -106,6 +131,8 @@ def test_a_planned_transformer_equals_the_unsplit_model_after_20_steps(family: s
         assert r["worst"] < TOL, (family, r["worst"])
         assert r["tied"]
         assert r["messages"] == MESSAGES[family], r["messages"]
+    # run.state_dict(): each rank's own slices (Conv1D's weight is (in, out))
+    assert per_rank[0]["shapes"] == per_rank[1]["shapes"] == SLICED[family]
 
 
 def test_the_cli_refuses_heads_that_do_not_divide_with_exit_2_before_any_worker() -> None:
