@@ -69,8 +69,10 @@ def test_batches_that_cannot_be_joined_say_why() -> None:
 
 @pytest.mark.parametrize("shards", [1, 2, 3, 4])
 def test_a_saved_tail_is_dealt_among_another_number_of_shards(shards: int) -> None:
-    two = [[(torch.arange(0, 2), torch.zeros(2)), (torch.arange(2, 4), torch.zeros(2))],
-           [(torch.arange(4, 6), torch.ones(2)), (torch.arange(6, 7), torch.ones(1))]]  # fmt: skip
+    def piece(lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.arange(lo, hi), torch.zeros(hi - lo)
+
+    two = [[piece(0, 2), piece(2, 4)], [piece(4, 6), piece(6, 7)]]  # each saved shard's rest
     saved = SavedTail(two)
     parts = [saved.leftover(k, shards, per_batch=2) for k in range(shards)]
     ids = sorted(int(i) for p in parts for x, _ in p.left for i in x)
