@@ -373,7 +373,7 @@ CASES: list[tuple[str, Argv, str]] = [
     (
         "hybrid-not-sequential",
         _model("userfactories:plain", "--strategy", "hybrid", "--workers", "4", "--tp", "2"),
-        "--strategy hybrid needs a model that is an nn.Sequential",
+        "--strategy hybrid cuts a model by a tensor-parallel plan",
     ),
     (
         "lm-logits-shape",

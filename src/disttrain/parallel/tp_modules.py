@@ -22,7 +22,7 @@ tensor can be put back together (:func:`join`).
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -108,7 +108,7 @@ class TensorGroup:
     def copy_in(self, x: torch.Tensor) -> torch.Tensor:
         last = self._last
         if last is not None and last[0]() is x and last[1] == x._version:
-            return last[2]  # type: ignore[no-any-return]
+            return last[2]
         out = copy_in(x, self.group, self.algorithm)
         self._last = (weakref.ref(x), x._version, out)
         return out
@@ -154,7 +154,7 @@ class ParallelLinear(nn.Module):
             self.register_parameter(name, p)
 
     def _apply_weight(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        w: torch.Tensor = self.weight
+        w = cast(torch.Tensor, self.weight)
         if not self.transposed:
             return F.linear(x, w, bias)
         flat = x.reshape(-1, x.shape[-1])
@@ -163,7 +163,7 @@ class ParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         g = self.group
-        bias: torch.Tensor | None = self.bias
+        bias = cast("torch.Tensor | None", self.bias)
         if self.rowwise:  # partial sums of the whole output; the bias once, after the sum
             y = reduce_out(self._apply_weight(x, None), g.group, g.algorithm)
             return y if bias is None else y + bias
@@ -192,7 +192,7 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         mine = (ids >= self.lo) & (ids < self.hi)
         local = torch.where(mine, ids - self.lo, torch.zeros_like(ids))
-        rows = F.embedding(local, self.weight, self.padding_idx)
+        rows = F.embedding(local, cast(torch.Tensor, self.weight), self.padding_idx)
         # another rank's ids: zero here (and no gradient to the row 0 they were read from)
         rows = rows.masked_fill(~mine.unsqueeze(-1), 0.0)
         return reduce_out(rows, self.group.group, self.group.algorithm)
