@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +156,20 @@ def test_tensor_mode_beside_a_plan_of_ones_own_is_refused() -> None:
     plan = '{"0": "colwise"}'
     cfg = load({"workers": 2, "strategy": "tensor", "tp_plan": plan, "tensor_mode": "naive"})
     assert "tensor_mode" in unread_settings(cfg)
+
+
+def test_tensor_mode_beside_a_built_in_plan_is_refused() -> None:
+    """--tp-plan auto finds GPT-2's plan, so --tensor-mode would not be read: refused."""
+    import disttrain.strategies  # noqa: F401  (registers the parallel settings)
+    from disttrain.comm.errors import UsageError
+    from disttrain.config import load
+    from disttrain.parallel.settings import ParallelConfig
+    from disttrain.strategies.tensor import check_tensor
+
+    model = MODELS["gpt2"]()
+    pc = load({"workers": 2, "strategy": "tensor", "tensor_mode": "naive"}).section(ParallelConfig)
+    with pytest.raises(UsageError, match=r"--tensor-mode naive slices an nn\.Sequential"):
+        check_tensor(model, 2, pc, "--workers")
+    check_tensor(
+        model, 2, replace(pc, tensor_mode="megatron"), "--workers"
+    )  # the default: the plan cuts it

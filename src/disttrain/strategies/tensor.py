@@ -39,6 +39,12 @@ def check_tensor(
     ``nn.Sequential`` with a Linear layer that splits so (``strategy``: the one the user
     named, for the message)."""
     if resolve(model, pc.tp_plan, size, size_flag) is not None:
+        if pc.tensor_mode != ParallelConfig.tensor_mode:  # the plan says how each is cut
+            raise UsageError(
+                f"--tensor-mode {pc.tensor_mode} slices an nn.Sequential without a plan; "
+                f"{type(model).__name__} is cut by its plan (--tp-plan {pc.tp_plan}): "
+                "drop --tensor-mode"
+            )
         return
     if not isinstance(model, nn.Sequential):
         raise UsageError(
