@@ -10,7 +10,6 @@ A plan that cannot cut the model is refused in one line before any worker starts
 from __future__ import annotations
 
 import copy
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests import zygote
 from tests.harness import SharedWorlds
 from tests.strategies.test_pipeline_any_model import MODELS, SEQ, VOCAB
 
@@ -141,7 +141,7 @@ def test_the_cli_refuses_heads_that_do_not_divide_with_exit_2_before_any_worker(
     flags = f"--strategy tensor --workers 3 --dataset pycode --seq-len {SEQ} --batch-size 6"
     argv = [sys.executable, "-m", "disttrain", "train", *flags.split(), "--model", spec]
     argv += ["--pycode-chars", "4000", "--out", "/nonexistent/never"]
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = zygote.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, done.stderr
