@@ -41,7 +41,6 @@ from disttrain.compression.exchange import (
 from disttrain.compression.registry import parse, section_of, sections
 from disttrain.compression.starved import StarvedCheck
 from disttrain.config import RunConfig, field_names, opt, register_section
-from disttrain.dataparallel.accumulate import accumulated_forward_backward
 from disttrain.dataparallel.average import average
 from disttrain.dataparallel.broadcast import broadcast_tensors
 from disttrain.dataparallel.buffers import broadcast_buffers
@@ -49,6 +48,7 @@ from disttrain.dataparallel.fusion import FlatBucket
 from disttrain.dataparallel.reducer import Reducer
 from disttrain.strategies.base import Strategy, register
 from disttrain.strategies.capabilities import (
+    Accumulates,
     Grows,
     Reshards,
     SendsDuringBackward,
@@ -144,7 +144,9 @@ class AllReduceSettings(StrategySettings):
 # unscales after the sum (a sum carries any rank's Inf/NaN to all); also with --no-overlap.
 # StepEvents: rank 0's BatchNorm statistics broadcast as each step begins (DDP's buffers).
 @register(settings=AllReduceSettings, cost="disttrain.strategies.cost.allreduce:AllReduceCost")
-class AllReduce(Strategy, Grows, Reshards, ShapesCheckpoint, SendsDuringBackward, StepEvents):
+class AllReduce(
+    Strategy, Accumulates, Grows, Reshards, ShapesCheckpoint, SendsDuringBackward, StepEvents
+):
     """Average gradients with ``--algorithm``, fused into buckets, overlapped with backward."""
 
     name = "allreduce"
@@ -215,19 +217,6 @@ class AllReduce(Strategy, Grows, Reshards, ShapesCheckpoint, SendsDuringBackward
     def no_sync(self) -> Any:
         """Backward passes inside accumulate locally; the next one outside communicates."""
         return self.reducer.no_sync()
-
-    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if self.accumulate == 1:
-            return super().forward_backward(x, y)
-        return accumulated_forward_backward(
-            self.model,
-            self.loss_fn,
-            x,
-            y,
-            self.accumulate,
-            self.reducer.no_sync,
-            self.model_call,
-        )
 
     def check_before_send(self, check: Callable[[FlatBucket], None]) -> bool:
         if self.compressor is not None:  # compressed payloads are sent after backward

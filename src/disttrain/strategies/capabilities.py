@@ -15,6 +15,7 @@ behaviour for a strategy without it) instead of reading boolean flags or meeting
 - :class:`ShapesCheckpoint`: the strategy says which checkpoint entries are equal on
   every worker, or saves the model's entry itself (ZeRO stage 3's shards).
 - :class:`SendsDuringBackward`: gradients are reduced by hooks while backward runs.
+- :class:`Accumulates`: ``--accumulate K`` micro-batches a step, communicating on the last.
 - :class:`ShardsData`: a global batch is not split over every rank (model parallelism).
 - :class:`StepEvents`: the strategy acts when a step begins or is skipped (ps).
 - :class:`CountsMemory`: the strategy counts its own memory (ZeRO's gathered layers).
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from disttrain.comm.world import World
+from disttrain.dataparallel.accumulate import accumulated_forward_backward
 from disttrain.dataparallel.fusion import FlatBucket
 from disttrain.strategies.state import average_states, peak_rss_bytes, storage_bytes
 
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from disttrain.strategies.base import Strategy
 
 __all__ = [
+    "Accumulates",
     "CountsMemory",
     "Grows",
     "Regroups",
@@ -126,6 +129,28 @@ class SendsDuringBackward(ABC):
     def check_before_send(self, check: Callable[[FlatBucket], None]) -> bool:
         """Have ``check`` run on each gradient bucket just before it is sent during
         backward; False if none is sent then (the trainer checks after backward)."""
+
+
+class Accumulates(ABC):
+    """Gradient accumulation (``--accumulate K``): a step's batch as K micro-batches whose
+    backward passes but the last keep their gradients local (:meth:`no_sync`). The step
+    runner calls :meth:`accumulated` instead of ``forward_backward`` when K > 1, so that a
+    step without accumulation is the base class's one call (train/step.py)."""
+
+    accumulate: int
+    model: torch.nn.Module
+    loss_fn: Callable[[Any, Any], torch.Tensor]
+    model_call: Callable[[torch.nn.Module, Any], Any]
+
+    @abstractmethod
+    def no_sync(self) -> Any:
+        """A context inside which backward passes do not communicate."""
+
+    def accumulated(self, x: Any, y: Any) -> torch.Tensor:
+        """``forward_backward`` over :attr:`accumulate` micro-batches of (x, y)."""
+        return accumulated_forward_backward(
+            self.model, self.loss_fn, x, y, self.accumulate, self.no_sync, self.model_call
+        )
 
 
 class ShardsData(ABC):

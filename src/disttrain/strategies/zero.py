@@ -37,7 +37,6 @@ from torch import nn
 from disttrain import collectives
 from disttrain.comm.errors import UsageError
 from disttrain.config import RunConfig, opt, register_section
-from disttrain.dataparallel.accumulate import accumulated_forward_backward
 from disttrain.dataparallel.broadcast import broadcast_tensors
 from disttrain.dataparallel.buffers import broadcast_buffers
 from disttrain.dataparallel.fusion import MB, FlatBucket
@@ -52,6 +51,7 @@ from disttrain.dataparallel.zero import (
 from disttrain.strategies.allreduce import DataParallelConfig
 from disttrain.strategies.base import Strategy, register
 from disttrain.strategies.capabilities import (
+    Accumulates,
     CountsMemory,
     Reshards,
     SendsDuringBackward,
@@ -116,7 +116,15 @@ class ZeroSettings(StrategySettings):
 # SendsDuringBackward: the shard gradients exist only after the reduction, so under fp16 the
 # trainer unscales them (and agrees on overflow) after after_backward, for every stage.
 @register(settings=ZeroSettings, cost="disttrain.strategies.cost.zero:ZeroCost")
-class Zero(Strategy, Reshards, ShapesCheckpoint, SendsDuringBackward, StepEvents, CountsMemory):
+class Zero(
+    Strategy,
+    Accumulates,
+    Reshards,
+    ShapesCheckpoint,
+    SendsDuringBackward,
+    StepEvents,
+    CountsMemory,
+):
     """ZeRO stages 1-3 over ``--algorithm``'s reduce-scatter, allreduce and all-gather."""
 
     name = "zero"
@@ -156,18 +164,8 @@ class Zero(Strategy, Reshards, ShapesCheckpoint, SendsDuringBackward, StepEvents
     def skipped_step(self, step: int) -> None:
         del step  # an agreed fp16 skip: the next before_step drops this step's gradients
 
-    def forward_backward(self, x: Any, y: Any) -> torch.Tensor:
-        if self.accumulate == 1:
-            return super().forward_backward(x, y)
-        return accumulated_forward_backward(
-            self.model,
-            self.loss_fn,
-            x,
-            y,
-            self.accumulate,
-            self.engine.no_sync,
-            self.model_call,
-        )
+    def no_sync(self) -> Any:
+        return self.engine.no_sync()
 
     def check_before_send(self, check: Callable[[FlatBucket], None]) -> bool:
         self.engine.reducer.before_send = check

@@ -1,7 +1,8 @@
 """One training step of one process: compute, communication and the optimizer, in order.
 
     before_step(strategy, step)                              (ps: the step's number)
-    autocast: loss = strategy.forward_backward(x, y)        (loss x scale under fp16)
+    autocast: loss = strategy.forward_backward(x, y)        (loss x scale under fp16;
+              --accumulate K: strategy.accumulated(x, y), K micro-batches)
     fp16: unscale the gradients, agree on overflow across workers
     strategy.after_backward()   -> optimizer.step() -> strategy.after_step(step)
     (an agreed skip instead:       skipped_step(strategy, step))
@@ -29,6 +30,7 @@ from disttrain.config import TrainConfig
 from disttrain.dataparallel.fusion import FlatBucket
 from disttrain.strategies import Strategy, get
 from disttrain.strategies.capabilities import (
+    Accumulates,
     SendsDuringBackward,
     before_step,
     communicates_during_backward,
@@ -112,7 +114,10 @@ class StepRunner:
             with self.timers.time("compute"):
                 self.optimizer.zero_grad(set_to_none=True)
                 with amp.autocast(self.precision, self.device):
-                    loss = strategy.forward_backward(x, y)
+                    if isinstance(strategy, Accumulates) and strategy.accumulate > 1:
+                        loss = strategy.accumulated(x, y)
+                    else:
+                        loss = strategy.forward_backward(x, y)
         finally:
             if fault:
                 fault.after_forward()
