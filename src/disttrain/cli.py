@@ -20,7 +20,15 @@ from disttrain.comm.errors import UsageError
 from disttrain.launch import startup, tether
 from disttrain.registry import load_plugins
 
-__all__ = ["COMMANDS", "Parser", "build_parser", "main"]
+__all__ = [
+    "COMMANDS",
+    "Parser",
+    "build_parser",
+    "console",
+    "main",
+    "trains_as_worker",
+    "worker_settings",
+]
 
 #: sub-command -> (module with ``add_arguments`` and ``run``, one-line help).
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -115,16 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     if chosen == "train" and _interactive(argv):  # torch loads next: seconds of silence
         sys.stderr.write("disttrain: pre-flight: settings, data set, one batch of the model\n")
     try:
-        load_plugins()  # before the parser: plug-ins may add settings, strategies, choices
-        startup.imports_done()  # torch and every plug-in are in: the collector back on
-        parser = build_parser(chosen if chosen in COMMANDS else None)
-        ns = parser.parse_args(argv)
+        ns = _parse(argv, chosen)
         module = importlib.import_module(COMMANDS[ns.command][0])
         startup.runs()  # its Ctrl-C handling from here on
         return int(module.run(ns, argv))
     except UsageError as exc:
-        # the contract is one line; a multi-line text from a library is cut to its first
-        sys.stderr.write(f"disttrain: error: {(str(exc).strip().splitlines() or ['?'])[0]}\n")
+        _usage_error(exc)
         return 2
     except KeyboardInterrupt:
         from disttrain.launch.env import WORKER_ENV
@@ -132,6 +136,45 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get(WORKER_ENV) != "1":  # our launcher says it for its workers, once
             sys.stderr.write("disttrain: interrupted\n")
         return 130
+
+
+def _parse(argv: list[str], chosen: str | None) -> argparse.Namespace:
+    load_plugins()  # before the parser: plug-ins may add settings, strategies, choices
+    startup.imports_done()  # torch and every plug-in are in: the collector back on
+    return build_parser(chosen if chosen in COMMANDS else None).parse_args(argv)
+
+
+def _usage_error(exc: UsageError) -> None:
+    # the contract is one line; a multi-line text from a library is cut to its first
+    sys.stderr.write(f"disttrain: error: {(str(exc).strip().splitlines() or ['?'])[0]}\n")
+
+
+def trains_as_worker(argv: list[str]) -> bool:
+    """``disttrain train`` (not ``--join``) in a worker process: our launcher's or torchrun's.
+    Its entry point then calls :func:`~disttrain.launch.worker.run_worker` itself."""
+    from disttrain.launch.worker import is_worker  # torch-free: this runs before torch loads
+
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    joins = any(a == "--join" or a.startswith("--join=") for a in argv)
+    return chosen == "train" and not joins and is_worker()
+
+
+def worker_settings(argv: list[str]) -> tuple[Any, bool]:
+    """A worker's settings from its command line, read as ``disttrain train`` reads them,
+    and whether our launcher started it; bad input leaves with its one line and code 2."""
+    from disttrain.launch import job
+    from disttrain.launch.worker import as_worker, leave
+
+    startup.begin()  # torch's import next: no collections; a Ctrl-C leaves at once
+    tether.tie_to_starter()
+    try:
+        ns = _parse(argv, "train")
+        startup.runs()
+        return as_worker(job.load(ns))
+    except UsageError as exc:
+        _usage_error(exc)
+        leave(2)
+        raise  # pragma: no cover (leave does not return)
 
 
 def console() -> NoReturn:
@@ -144,9 +187,11 @@ def console() -> NoReturn:
     torch took seconds on a loaded host), and a KeyboardInterrupt caught after torch's
     import could still end the process by SIGINT, CPython's rule for an unhandled one.
     """
-    from disttrain.launch.worker import is_worker, leave
+    from disttrain.launch.worker import is_worker, leave, run_worker
 
     startup.begin()  # torch's import next: no collections; a Ctrl-C leaves at once
+    if trains_as_worker(sys.argv[1:]):  # one call fewer to the step than through main
+        leave(run_worker(*worker_settings(sys.argv[1:])))
     code = main()
     if is_worker():
         leave(code)

@@ -20,14 +20,14 @@ from disttrain.comm.errors import UsageError
 from disttrain.launch.preflight import claim_run, preflight
 from disttrain.launch.worker import (
     CLAIMED_RUN_ENV,
+    as_worker,
     default_out,
     is_worker,
     run_joiner,
     run_worker,
-    torchrun_default_out,
 )
 
-__all__ = ["add_arguments", "add_config_flags", "run", "run_job"]
+__all__ = ["add_arguments", "add_config_flags", "load", "run", "run_job"]
 
 
 def _title(cls: type[Any]) -> str:
@@ -91,10 +91,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(ns: argparse.Namespace, argv: list[str]) -> int:
+    return run_job(load(ns), argv)
+
+
+def load(ns: argparse.Namespace) -> Any:
+    """The run's settings: the flags over ``--config``'s file over the defaults."""
     from disttrain import config
 
     flags = {k: v for k, v in vars(ns).items() if k not in ("command", "config")}
-    return run_job(config.load(flags, getattr(ns, "config", None)), argv)
+    return config.load(flags, getattr(ns, "config", None))
 
 
 def _partial_timeline(path: str, out: str) -> None:
@@ -164,7 +169,7 @@ def _say(cfg: Any, line: str) -> None:
 
 
 def run_job(cfg: Any, argv: list[str]) -> int:
-    from disttrain import config, strategies
+    from disttrain import strategies
     from disttrain.launch import autotable
     from disttrain.launch.local import JobFailed, Stopped, forks_workers, launch, multi_node
     from disttrain.train.progress import print_summary
@@ -172,15 +177,8 @@ def run_job(cfg: Any, argv: list[str]) -> int:
     """Run ``disttrain train`` with the loaded config ``cfg``; ``argv`` is passed to workers."""
     if cfg.train.join:  # one worker joining a running job (live grow)
         return run_joiner(cfg)
-    if is_worker():
-        launched_by_us = os.environ.get("DISTTRAIN_WORKER") == "1"
-        if not cfg.train.out and not launched_by_us:  # torchrun, and no --out
-            out = torchrun_default_out(cfg.train.strategy)
-            cfg = config.RunConfig(
-                {**cfg.sections, config.TrainConfig: dataclasses.replace(cfg.train, out=out)},
-                cfg.given,
-            )
-        return run_worker(cfg, launched_by_us)
+    if is_worker():  # cli.main in a worker (its entry points call run_worker themselves)
+        return run_worker(*as_worker(cfg))
     model, data = preflight(cfg)
     nproc = strategies.get(cfg.train.strategy).layout.num_processes(cfg)
     if cfg.train.launcher == "local" and not multi_node(cfg.train):  # all on this host

@@ -9,6 +9,7 @@ the roll call that lets the launcher name a peer that hung. Under live shrink
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -19,6 +20,8 @@ from disttrain.launch.env import WORKER_ENV
 
 __all__ = [
     "CLAIMED_RUN_ENV",
+    "Outcome",
+    "as_worker",
     "default_out",
     "is_worker",
     "leave",
@@ -71,10 +74,53 @@ def torchrun_default_out(strategy: str) -> str:
     return os.path.join("runs", f"torchrun-{run_id}-{strategy}")
 
 
+def as_worker(cfg: Any) -> tuple[Any, bool]:
+    """``cfg`` as this worker runs it, and whether our launcher started it: a ``torchrun``
+    worker given no ``--out`` gets the folder every rank of its job agrees on."""
+    from disttrain import config
+
+    launched_by_us = os.environ.get(WORKER_ENV) == "1"
+    if not cfg.train.out and not launched_by_us:  # torchrun, and no --out
+        out = torchrun_default_out(cfg.train.strategy)
+        train = dataclasses.replace(cfg.train, out=out)
+        cfg = config.RunConfig({**cfg.sections, config.TrainConfig: train}, cfg.given)
+    return cfg, launched_by_us
+
+
 def run_worker(cfg: Any, launched_by_us: bool) -> int:
-    from disttrain import lean, strategies
-    from disttrain.launch import malloc, startup, tether
+    """Train this worker's part of the job; its exit code (the module's docstring).
+
+    Called by the entry points themselves (``python -m disttrain`` in a worker, as our
+    launcher starts it: ``<module>`` -> this -> ``train`` -> ``Run.loop`` -> ``Run._epoch``
+    -> ``Engine.step`` -> ``StepRunner.run`` -> ``Strategy.forward_backward`` ->
+    ``loss.backward()``, 7 calls; docs/architecture.md), so ``train`` runs in this frame."""
+    from disttrain import strategies
     from disttrain.launch.supervise import run_supervised
+    from disttrain.train.trainer import train
+
+    rank = _become_worker()
+    # live shrink (--min-workers): a lost worker's process must not end the survivors
+    layout = strategies.get(cfg.train.strategy).layout
+    if layout.survives_loss_of(cfg, rank) or cfg.train.live_shrink:
+        return run_supervised(lambda: _train_worker(cfg, launched_by_us), rank)
+    with Outcome(cfg, launched_by_us) as outcome:
+        outcome.summary = train(cfg)
+    return outcome.code
+
+
+def _train_worker(cfg: Any, launched_by_us: bool) -> int:
+    """:func:`run_worker`'s training, in a supervised child."""
+    from disttrain.train.trainer import train
+
+    with Outcome(cfg, launched_by_us) as outcome:
+        outcome.summary = train(cfg)
+    return outcome.code
+
+
+def _become_worker() -> int:
+    """This process's set-up as a worker (signals, allocator, collector); its rank."""
+    from disttrain import lean
+    from disttrain.launch import malloc, startup, tether
 
     tether.tie_from_env()  # exec'd by our launcher: die with it (a forked one already is)
     # The agent stops workers with the launcher's own signal: SIGINT ends a worker at once,
@@ -84,29 +130,48 @@ def run_worker(cfg: Any, launched_by_us: bool) -> int:
     lean.apply()  # no torch._dynamo unless something compiles: 0.8 s less per worker
     malloc.keep_freed_buffers()  # a step's model-sized buffers: no fresh pages each step
     startup.freeze()  # the launcher's and this worker's imports: never walked again
-
     rank = int(os.environ.get("RANK", "0"))
     tether.name(rank)
-    # live shrink (--min-workers): a lost worker's process must not end the survivors
-    layout = strategies.get(cfg.train.strategy).layout
-    if layout.survives_loss_of(cfg, rank) or cfg.train.live_shrink:
-        return run_supervised(lambda: _train_worker(cfg, launched_by_us), rank)
-    return _train_worker(cfg, launched_by_us)
+    return rank
 
 
-def _train_worker(cfg: Any, launched_by_us: bool) -> int:
-    from disttrain.comm import world
-    from disttrain.comm.errors import LeftOut, PeerFailure, TooFewWorkers, gist, is_peer_error
-    from disttrain.launch import rollcall
-    from disttrain.launch.local import PEER_EXIT_CODE, write_cause
-    from disttrain.train.progress import print_summary
-    from disttrain.train.trainer import train
+class Outcome:
+    """The exit-code policy around a worker's training (the module's docstring): ``with
+    Outcome(cfg, launched_by_us) as o: o.summary = train(cfg)``, then ``o.code``. An error
+    is written as one line and becomes the code (``DISTTRAIN_DEBUG=1``: raised instead);
+    the process group is shut down either way."""
 
-    try:
-        summary = train(cfg)
-    except Exception as exc:
-        if os.environ.get("DISTTRAIN_DEBUG"):
-            raise
+    def __init__(self, cfg: Any, launched_by_us: bool) -> None:
+        self.cfg = cfg
+        self.launched_by_us = launched_by_us
+        self.summary: dict[str, Any] | None = None
+        self.code = 0
+
+    def __enter__(self) -> Outcome:
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+        from disttrain.comm import world
+        from disttrain.train.progress import print_summary
+
+        # a KeyboardInterrupt or SystemExit is raised on, as is any error when debugging
+        handled = isinstance(exc, Exception) and not os.environ.get("DISTTRAIN_DEBUG")
+        try:
+            if handled and isinstance(exc, Exception):
+                self.code = self._failed(exc)
+        finally:
+            world.shutdown()
+        rank0 = os.environ.get("RANK", "0") == "0"
+        if exc is None and not self.launched_by_us and self.summary and rank0:
+            print_summary(self.summary, self.cfg.train.out)
+        return handled
+
+    def _failed(self, exc: Exception) -> int:
+        """Say why this worker stopped, in one line; its exit code."""
+        from disttrain.comm.errors import LeftOut, PeerFailure, TooFewWorkers, gist, is_peer_error
+        from disttrain.launch import rollcall
+        from disttrain.launch.local import PEER_EXIT_CODE, write_cause
+
         rank = os.environ.get("RANK", "0")
         text = gist(exc)
         if isinstance(exc, LeftOut):  # live shrink went on without this worker: it is lost
@@ -120,16 +185,11 @@ def _train_worker(cfg: Any, launched_by_us: bool) -> int:
             sys.stderr.write(f"disttrain: rank {rank} stopped: a peer failed ({text})\n")
             # answer the launcher's roll call, so that a peer that hung can be named
             named = exc.rank if isinstance(exc, PeerFailure) else None
-            rollcall.answer(int(rank), cfg.train.world_size, cfg.train.timeout, named)
+            rollcall.answer(int(rank), self.cfg.train.world_size, self.cfg.train.timeout, named)
             return PEER_EXIT_CODE
         sys.stderr.write(f"disttrain: rank {rank}: {type(exc).__name__}: {text}\n")
         write_cause(int(rank), f"rank {rank}: {type(exc).__name__}: {text}")
         return 1
-    finally:
-        world.shutdown()
-    if not launched_by_us and summary and int(os.environ.get("RANK", "0")) == 0:
-        print_summary(summary, cfg.train.out)
-    return 0
 
 
 def run_joiner(cfg: Any) -> int:
