@@ -118,3 +118,55 @@ def test_bad_period_is_a_usage_error() -> None:
         config.load({"strategy": "localsgd", "period": 0})
     with pytest.raises(UsageError, match="--warmup-sync-steps"):
         config.load({"strategy": "localsgd", "warmup_sync_steps": -1})
+
+
+def _lr_of_each_step(optimizer_name: str, warmup: int) -> dict[str, Any]:
+    """Three local steps of a 2-rank localsgd run: the lr each step ran at (read by a
+    pre-hook registered after the strategy's), the user's lr between steps and in the
+    optimizer's state_dict, and a step after finish()."""
+    from disttrain import config, strategies
+    from disttrain.comm import world
+    from disttrain.train.trainer import loss_fn
+
+    cfg = config.load({"strategy": "localsgd", "workers": 2, "warmup_sync_steps": warmup})
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+    opt = cls[optimizer_name](model.parameters(), lr=0.01)
+    strategy = strategies.get("localsgd").build(cfg, world.current(), loss_fn)
+    strategy.setup(model, opt)
+    seen: list[float] = []
+    opt.register_step_pre_hook(lambda o, *_: seen.append(o.param_groups[0]["lr"]))
+    between: list[float] = []
+
+    def step(n: int) -> None:
+        opt.zero_grad()
+        model(torch.randn(4, 3)).square().mean().backward()
+        strategy.after_backward()
+        opt.step()
+        strategy.after_step(n)
+        between.append(opt.param_groups[0]["lr"])
+        between.append(opt.state_dict()["param_groups"][0]["lr"])
+
+    for n in (1, 2, 3):
+        step(n)
+    strategy.finish()
+    step(4)
+    return {"seen": seen, "between": between, "scale": strategy.summary()["local_lr_scale"]}
+
+
+@pytest.mark.timeout(300)
+def test_adaptive_optimizers_step_locally_at_lr_times_sqrt_n_and_keep_their_own_lr() -> None:
+    # 2 replicas: √2; the warm-up's synchronous step and a step after finish() at the lr given
+    cases = [("adam", 1), ("adamw", 0), ("sgd", 0)]
+    shared = SharedWorlds(
+        {f"{o}:{w}": (2, _lr_of_each_step, (o, w)) for o, w in cases}, timeout=240
+    )
+    root = 2**0.5
+    for name, warmup in cases:
+        got = shared.get(f"{name}:{warmup}")[0]
+        scale = 1.0 if name == "sgd" else root
+        local = [0.01 if n <= warmup else 0.01 * scale for n in (1, 2, 3)]
+        assert got["seen"] == pytest.approx([*local, 0.01]), name
+        assert got["between"] == [0.01] * 8, name  # the very value, never a rounded one
+        assert got["scale"] == pytest.approx(scale), name

@@ -290,6 +290,9 @@ class DiLoCo(LocalSGD):
                 a.copy_(p)
 
     def finish(self) -> None:
+        for hook in self._hooks:  # the inner lr's √N (localsgd.py), off before the last sync
+            hook.remove()
+        self._hooks = []
         if len(self.parts) == 1:
             super().finish()
         elif self.steps_done > self.settings.warmup_sync_steps:
