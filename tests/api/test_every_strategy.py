@@ -2,14 +2,21 @@
 ``dt.distribute``: torch's DataLoader over a TensorDataset, the user's own MSE loss,
 their own Adam. The final held-out loss is within 2 % of allreduce's for the strategies
 that compute the same mathematics (zero, pipeline, tensor, hybrid, synchronous ps); those
-that talk less must learn it (held-out MSE under 15 % of the targets' variance: R^2 > 0.85).
-Issue 49's 25 % band for them is not met on this workload at 80 steps with Adam
-(measured 2026-12-01 against allreduce's 0.052: localsgd 0.106, diloco 0.289, ps async
-0.141, ssp 0.287, softsync 0.096, top-k 1.21; one-bit diverges). Five times the steps
-(EPOCHS = 40: 400 steps, one run of this module's ``_train``, 2026-12-02) close part of
-the gap, not all: allreduce 0.0255, localsgd 0.0273 (+7 %), ps async 0.0182 (better),
-softsync 0.0384 (+51 %), diloco 0.0462 (+81 %), ssp 0.160 (6x). Rank 0 returns the whole
-model.
+that talk less must learn it (held-out MSE under 15 % of the targets' variance: R^2 > 0.85)
+and, where they meet it, be within issue 49's 25 % of allreduce's (``BAND``); the others
+hold that band as a strict xfail with their figures, failing the day they meet it.
+
+Measured 2026-12-02 (held-out MSE / allreduce's at 80 steps; the model's seed 0, this
+test's, then 1 and 2 by a local change of ``_model``'s seed; allreduce 0.0518, 0.0513,
+0.0548): localsgd 0.93 1.36 0.76 (seeds 3-5: 0.79 0.85 0.94; before Adam's local steps ran
+at lr·√N, 2.04 2.00 1.17), diloco 0.77 0.71 0.76 (its outer step 1.0 / Nesterov 0.3; at the
+paper's 0.7 / 0.9 5.58 1.80 6.43 before the √N, 3.61 16.8 9.07 after), decentralized 1.00
+1.00 1.00; not yet: ps async 1.92 2.11 1.41, ssp 4.99 2.43 3.19, softsync 2.78 2.46 3.51
+(asynchronous: each run's order of arrival differs), top-k 23.3 21.8 22.1; one-bit
+diverges. Before: five times the steps (EPOCHS = 40: 400 steps, one run of this module's
+``_train``, 2026-12-02) closed part of the gap, not all: allreduce 0.0255, localsgd 0.0273
+(+7 %), ps async 0.0182 (better), softsync 0.0384 (+51 %), diloco 0.0462 (+81 %), ssp
+0.160 (6x). Rank 0 returns the whole model.
 
 One world of 4 ranks holds every case (SharedWorlds): the parameter server takes 3
 workers and 1 server (with one worker every mode is synchronous), hybrid a 2 x 2 mesh,
@@ -36,6 +43,15 @@ pytestmark = pytest.mark.xdist_group("api-every-strategy")
 WORLD, BATCH, EPOCHS, LR = 4, 48, 8, 0.01
 #: same mathematics as allreduce: within 2 %; the rest talk less: within 25 %
 SAME = {"allreduce", "zero", "pipeline", "tensor", "hybrid:tp", "ps:sync"}
+#: talking less, within issue 49's 25 % of allreduce's held-out loss (seeds: the docstring)
+BAND = {"localsgd", "diloco", "decentralized"}
+#: talking less, not within it yet: held-out MSE / allreduce's at model seeds 0, 1, 2
+NOT_YET = {
+    "allreduce:topk": "top-k 0.01 with error feedback under Adam: 23.3 21.8 22.1",
+    "ps:async": "each push applied at lr/N (SGD's share): 1.92 2.11 1.41",
+    "ps:ssp": "each push applied at lr/N (SGD's share): 4.99 2.43 3.19",
+    "ps:softsync": "no cause found: 2.78 2.46 3.51",
+}
 
 
 def _data() -> tuple[Any, torch.Tensor, torch.Tensor]:
@@ -109,3 +125,25 @@ def test_strategy_trains_a_user_regression(label: str) -> None:
         assert abs(got - anchor) <= 0.02 * anchor, f"{label}: {got:.5f} vs {anchor:.5f}"
     else:
         assert got < 0.15 * variance, f"{label}: test MSE {got:.4f}, allreduce {anchor:.4f}"
+
+
+@pytest.mark.parametrize(
+    "label",
+    [
+        *sorted(BAND),
+        *(
+            pytest.param(label, marks=pytest.mark.xfail(strict=True, reason=why))
+            for label, why in sorted(NOT_YET.items())
+        ),
+    ],
+)
+def test_talking_less_is_within_25_percent_of_allreduce(label: str) -> None:
+    anchor = WORLDS.get("allreduce")[0]
+    got = WORLDS.get(label)[0]
+    assert anchor is not None and got is not None
+    assert got <= 1.25 * anchor, f"{label}: test MSE {got:.4f}, allreduce {anchor:.4f}"
+
+
+def test_every_mode_that_talks_less_is_held_to_the_band_or_waits_for_it() -> None:
+    talking_less = {label for label, _ in CASES} - SAME - DIVERGES
+    assert talking_less == BAND | set(NOT_YET)
