@@ -10,7 +10,8 @@ decentralized one-bit 0.783 vs 0.967); at 3 epochs the per-epoch noise of good m
 (softsync 0.911 at epoch 3, 0.944 at epoch 4) is as large as the band. Cost: one run of
 the default workload per row plus the anchor, 14 runs (about 3 minutes of the suite's
 28 serial minutes, 2026-11-27); marked slow: `make test-long` runs it. `make test` runs
-its fast sibling (the end of this file): 3 epochs, a 10-point band.
+its fast sibling (the end of this file): 3 epochs (1 for rows that take allreduce's own
+steps), a 20-point band.
 """
 
 from __future__ import annotations
@@ -226,21 +227,34 @@ def test_defaults_train_with_each_optimizer(
 
 
 #: The fast sibling in ``make test`` (the 5-epoch, 3-point band above is ``make
-#: test-long``): every row after FAST_EPOCHS within FAST_BAND of the allreduce default
-#: after as many. It catches a default that does not train (the README's ZeRO + adam
-#: example at 0.19; chance is 0.10), not a shortfall of a few points: early epochs are
-#: noisy where gradients arrive in any order (ps ssp gave 0.79 against 0.96 after 3
-#: epochs, in the band after 5). The nondeterministic rows get a second run, as above.
+#: test-long``): every row after FAST_EPOCHS (EXACT rows: one) within FAST_BAND of the
+#: allreduce default after as many. It catches a default that does not train (the
+#: README's ZeRO + adam example at 0.19; chance is 0.10), not a shortfall of a few points:
+#: early epochs are noisy where gradients arrive in any order (ps ssp gave 0.79 against
+#: 0.96 after 3 epochs, in the band after 5). The nondeterministic rows get a second run, as above.
 FAST_EPOCHS = 3
 FAST_BAND = 0.20
+#: Rows whose default takes allreduce's own steps: the same test accuracy as the anchor
+#: after every epoch, to the sample (0.800, 0.853, 0.958, 2026-12-02). They run one epoch,
+#: held to the same band against the anchor's first epoch (its metrics.jsonl: the lr is
+#: constant, so a 3-epoch run's first epoch is a 1-epoch run). A default that does not
+#: train fails there as after 3: one epoch with --lr 1e-6 ended at 0.103, the README's
+#: adam at lr 0.05 at 0.100-0.103, on each of these rows (2026-12-02), against 0.60. The other
+#: rows (compressed, local or arrival-order steps) are noisy early (softsync 0.47-0.77 after
+#: one or two epochs) and run FAST_EPOCHS.
+EXACT = {"decentralized", "pipeline", "tensor", "hybrid tp", "ps sync", "zero"}
 
 
 @pytest.fixture(scope="module")
-def fast_anchor(tmp_path_factory: pytest.TempPathFactory) -> float:
+def fast_anchor(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
+    """The allreduce default's test accuracy after each of FAST_EPOCHS epochs."""
     out = tmp_path_factory.mktemp("fast-anchor") / "run"
     done = _train(out, epochs=FAST_EPOCHS)
     assert done.returncode == 0, done.stderr
-    return _accuracy(out)
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    per_epoch = [float(r["test_accuracy"]) for r in lines if "test_accuracy" in r]
+    assert len(per_epoch) == FAST_EPOCHS and per_epoch[-1] == _accuracy(out), per_epoch
+    return per_epoch
 
 
 FAST_CASES = [
@@ -253,9 +267,11 @@ FAST_CASES = [
 @pytest.mark.xdist_group("defaults-train")  # one anchor: the rows run in one xdist worker
 @pytest.mark.parametrize(("strategy", "label", "flags"), FAST_CASES)
 def test_defaults_train_near_allreduce_in_a_few_epochs(
-    strategy: str, label: str, flags: list[str], fast_anchor: float, tmp_path: Path
+    strategy: str, label: str, flags: list[str], fast_anchor: list[float], tmp_path: Path
 ) -> None:
-    _within_band(tmp_path, strategy, label, flags, fast_anchor, FAST_BAND, FAST_EPOCHS)
+    epochs = 1 if label in EXACT else FAST_EPOCHS
+    anchor = fast_anchor[epochs - 1]
+    _within_band(tmp_path, strategy, label, flags, anchor, FAST_BAND, epochs)
 
 
 #: The README's ZeRO line (``--strategy zero --zero-stage 3 --optimizer adam``) with each
