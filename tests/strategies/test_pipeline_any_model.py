@@ -77,22 +77,29 @@ def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     ]
 
 
-def _loss(logits: torch.Tensor, y: Any) -> torch.Tensor:
+def _loss(output: Any, y: Any) -> torch.Tensor:
+    """A user's loss of the model's own output (a pipeline's last stage rebuilds it)."""
     labels = y["labels"] if isinstance(y, dict) else y
-    return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+    return F.cross_entropy(output.logits.flatten(0, 1), labels.flatten())
+
+
+def _own_loss(output: Any, y: Any) -> torch.Tensor:
+    """Hugging Face's convention (``run.step(batch)`` with no loss): the model's own."""
+    return output.loss
 
 
 def _sgd(params: Any) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.5)
 
 
-def _reference(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The unsplit model trained in one process on the whole batches."""
+def _reference(model: nn.Module, dicts: bool) -> dict[str, torch.Tensor]:
+    """The unsplit model trained in one process on the whole batches (dict batches: with
+    the model's own loss of its labels, shifted as transformers shifts them)."""
     model = copy.deepcopy(model)
     opt = _sgd(model.parameters())
     for x, y in _batches():
         opt.zero_grad(set_to_none=True)
-        _loss(model(x).logits, y).backward()
+        (model(input_ids=x, labels=y).loss if dicts else _loss(model(x), y)).backward()
         opt.step()
     return {n: p.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}
 
@@ -105,17 +112,17 @@ def _pipeline(family: str, flags: dict[str, Any], dicts: bool = False) -> dict[s
     from disttrain.strategies.pipeline import Pipeline, PipelineSettings
 
     model = MODELS[family]()
-    want = _reference(model)
+    want = _reference(model, dicts)
     cfg = load({"workers": 2, "strategy": "pipeline", "batch_size": BATCH, **flags})
     PipelineSettings.validate_config(cfg, model)  # pre-flight's check
-    strategy = Pipeline(cfg, world.current(), _loss)
+    strategy = Pipeline(cfg, world.current(), _own_loss if dicts else _loss)
     data = _batches()
     part = strategy.prepare_model(model, data[0][0])
     opt = _sgd(part.parameters())
     strategy.setup(part, opt)
     for x, y in data:
         opt.zero_grad(set_to_none=True)
-        if dicts:  # a transformers batch: the ids feed stage 0, the labels the loss
+        if dicts:  # a transformers batch: the ids feed stage 0, the labels the model's loss
             strategy.forward_backward({"input_ids": x}, {"input_ids": x, "labels": y})
         else:
             strategy.forward_backward(x, y)

@@ -29,27 +29,59 @@ them, so that the copies stay equal.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from disttrain.comm.errors import UsageError
 
-__all__ = ["Chain", "as_chain", "batch_norm_at", "shared_parameters", "split_sizes"]
+__all__ = [
+    "Chain",
+    "as_chain",
+    "batch_norm_at",
+    "model_output",
+    "shared_parameters",
+    "split_sizes",
+]
 
 
 @dataclass
 class Chain:
     """``layers`` (an ``nn.Sequential``), the module path each layer starts at, and the
-    family (``sequential``, ``gpt2``, ``llama``); ``blocks``: the path of the block list."""
+    family (``sequential``, ``gpt2``, ``llama``); ``blocks``: the path of the block list;
+    ``output(last, batch)``: what the model's ``forward`` returns, from the last layer's
+    output and the batch (:func:`model_output`)."""
 
     layers: nn.Sequential
     paths: list[str]
     family: str
     blocks: str = ""
+    output: Callable[[torch.Tensor, Any], Any] = lambda last, batch: last
+
+
+def model_output(model: nn.Module) -> Callable[[torch.Tensor, Any], Any]:
+    """The model's own output from its logits, for a causal LM whose ``forward`` is
+    transformers' own: a ``CausalLMOutput`` with the ``logits`` and, when the batch holds
+    ``labels``, the ``loss`` of the model's ``loss_function`` (as its ``forward`` computes
+    them), so that a loss reading ``output.loss`` or ``output.logits`` reads the same from a
+    pipeline's last stage as from the whole model. A ``forward`` of the user's own (one
+    that returns the logits, say) gets its last layer's output as it is."""
+    if not type(model).forward.__module__.startswith("transformers."):
+        return lambda last, batch: last
+    from transformers.modeling_outputs import CausalLMOutput
+
+    vocab = model.config.vocab_size  # type: ignore[union-attr]
+    loss_function = cast(Callable[..., torch.Tensor], model.loss_function)
+
+    def output(logits: torch.Tensor, batch: Any) -> Any:
+        labels = batch.get("labels") if isinstance(batch, Mapping) else None
+        loss = None if labels is None else loss_function(logits, labels, vocab_size=vocab)
+        return CausalLMOutput(loss=loss, logits=logits)
+
+    return output
 
 
 def _first(out: Any) -> torch.Tensor:
@@ -173,7 +205,7 @@ def _gpt2(model: nn.Module) -> Chain | None:
         *(f"transformer.h.{i}" for i in range(len(blocks))),
         "transformer.ln_f",
     ]
-    return Chain(nn.Sequential(*layers), paths, "gpt2", "transformer.h")
+    return Chain(nn.Sequential(*layers), paths, "gpt2", "transformer.h", model_output(model))
 
 
 def _llama(model: nn.Module) -> Chain | None:
@@ -195,7 +227,7 @@ def _llama(model: nn.Module) -> Chain | None:
         Head(_module(inner, "norm"), head),
     ]
     paths = ["model.embed_tokens", *(f"model.layers.{i}" for i in range(len(blocks))), "model.norm"]
-    return Chain(nn.Sequential(*layers), paths, "llama", "model.layers")
+    return Chain(nn.Sequential(*layers), paths, "llama", "model.layers", model_output(model))
 
 
 def _sequential_paths(model: nn.Sequential) -> list[str]:

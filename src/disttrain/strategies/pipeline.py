@@ -267,7 +267,7 @@ class Pipeline(Strategy, ShardsData):
             self.stage,
             grid,
             meta,
-            lambda out, y: self.loss_fn(out, y),
+            lambda out, y: self.loss_fn(chain.output(out, y), y),  # the model's own output
             self.group,
             recompute=self.pc.recompute,
             recv_ahead=recv_ahead_default(self.pc.schedule),
