@@ -31,6 +31,14 @@ def push_lr_share(mode: str, workers: int, share: bool = True) -> float:
     0.911 0.950 0.953; the rule this replaces (full lr, momentum 1 − N²(1 − μ) after
     Mitliagkas et al. 2016: half the effective step) async 0.950 0.908 0.947, ssp 0.936
     0.931 0.908 (benchmarks/RESULTS.md, "Defaults that train").
+
+    Adam is not linear: each push's step is about lr long whatever its batch. 1/√N for
+    an adaptive optimizer was tried on tests/api/test_every_strategy.py's regression (3
+    workers, Adam 0.01, 80 steps; held-out MSE / allreduce's, model seeds 0-4, 2026-12-02)
+    and not adopted: async median 1.72 over 16 runs against 1.92 over 13 at 1/N, ssp 1.78
+    against 2.10, but 2 runs of each beyond 10x (async 11.9, 13.1; ssp 13.3, 19.6), none
+    at 1/N; the arrival order makes runs of one seed differ (async at seed 0: 1.66 and
+    11.9), so no seed-by-seed gain shows.
     """
     if mode not in ASYNCHRONOUS or not share:
         return 1.0
