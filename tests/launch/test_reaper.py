@@ -31,7 +31,9 @@ GRANDCHILD = (
 LAUNCHER = (
     "import subprocess, sys, time\n"
     "from disttrain.launch import reaper\n"
-    "if sys.argv[1] == 'watched':\n"
+    "if sys.argv[1] == 'unrecorded':\n"
+    "    reaper.INTERVAL = 600  # no record before the launcher dies: only its tag\n"
+    "if sys.argv[1] in ('watched', 'unrecorded'):\n"
     "    print(reaper.watch(), flush=True)\n"
     "else:\n"
     "    print(0, flush=True)\n"
@@ -42,9 +44,8 @@ LAUNCHER = (
 )
 
 
-def _tree(watched: bool) -> tuple[subprocess.Popen[str], list[Proc]]:
+def _tree(how: str) -> tuple[subprocess.Popen[str], list[Proc]]:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    how = "watched" if watched else "bare"
     proc = subprocess.Popen(
         [sys.executable, "-c", LAUNCHER, how, GRANDCHILD],
         env=env,
@@ -70,7 +71,7 @@ def _gone_within(tree: list[Proc], seconds: float) -> list[Proc]:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("how", ["pid", "group"])
 def test_a_killed_launcher_s_whole_tree_ends_within_5_s(how: str) -> None:
-    proc, tree = _tree(watched=True)
+    proc, tree = _tree("watched")
     try:
         assert len(tree) == 3, tree  # the watchdog, the child, the grandchild
         if how == "pid":
@@ -89,12 +90,29 @@ def test_a_killed_launcher_s_whole_tree_ends_within_5_s(how: str) -> None:
 @pytest.mark.timeout(60)
 def test_without_the_watchdog_the_grandchild_runs_on() -> None:
     """The control: what the watchdog is for (a killed launcher's other group)."""
-    proc, tree = _tree(watched=False)
+    proc, tree = _tree("bare")
     try:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         left = _gone_within(tree, 2)
         assert len(left) == 1, left  # the grandchild, in its own session
+    finally:
+        for p in tree:
+            kill(p)
+        proc.wait()
+
+
+@pytest.mark.timeout(60)
+def test_a_process_no_record_saw_is_ended_by_the_tree_s_tag() -> None:
+    """The launcher dies before the watchdog's first record (a process started within an
+    interval of its death): the tree's processes still end, found by their environment."""
+    proc, tree = _tree("unrecorded")
+    try:
+        assert len(tree) == 3, tree
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        left = _gone_within(tree, 5)
+        assert not left, f"alive 5 s after the launcher's SIGKILL, unrecorded: {left}"
     finally:
         for p in tree:
             kill(p)
