@@ -33,7 +33,7 @@ _OWNED_BY: list[tuple[str, set[str]]] = [
     ("zero_stage", {"zero"}),
     ("compression error_feedback", {"allreduce", "decentralized"}),
     ("powersgd_start_step", {"allreduce"}),
-    ("period warmup_sync_steps", {"localsgd", "diloco"}),
+    ("period warmup_sync_steps adaptive_lr_scale", {"localsgd", "diloco"}),
     ("average_optimizer_state", {"localsgd"}),
     ("outer_lr outer_momentum outer_dtype fragments fragment_mix", {"diloco"}),
     (

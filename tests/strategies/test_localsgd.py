@@ -120,7 +120,7 @@ def test_bad_period_is_a_usage_error() -> None:
         config.load({"strategy": "localsgd", "warmup_sync_steps": -1})
 
 
-def _lr_of_each_step(optimizer_name: str, warmup: int) -> dict[str, Any]:
+def _lr_of_each_step(optimizer_name: str, warmup: int, scale: bool = True) -> dict[str, Any]:
     """Three local steps of a 2-rank localsgd run: the lr each step ran at (read by a
     pre-hook registered after the strategy's), the user's lr between steps and in the
     optimizer's state_dict, and a step after finish()."""
@@ -128,7 +128,14 @@ def _lr_of_each_step(optimizer_name: str, warmup: int) -> dict[str, Any]:
     from disttrain.comm import world
     from disttrain.train.trainer import loss_fn
 
-    cfg = config.load({"strategy": "localsgd", "workers": 2, "warmup_sync_steps": warmup})
+    cfg = config.load(
+        {
+            "strategy": "localsgd",
+            "workers": 2,
+            "warmup_sync_steps": warmup,
+            "adaptive_lr_scale": scale,
+        }
+    )
     torch.manual_seed(0)
     model = nn.Linear(3, 2)
     cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
@@ -158,14 +165,15 @@ def _lr_of_each_step(optimizer_name: str, warmup: int) -> dict[str, Any]:
 @pytest.mark.timeout(300)
 def test_adaptive_optimizers_step_locally_at_lr_times_sqrt_n_and_keep_their_own_lr() -> None:
     # 2 replicas: √2; the warm-up's synchronous step and a step after finish() at the lr given
-    cases = [("adam", 1), ("adamw", 0), ("sgd", 0)]
+    # --no-adaptive-lr-scale: Adam at the lr given
+    cases = [("adam", 1, True), ("adamw", 0, True), ("sgd", 0, True), ("adam", 0, False)]
     shared = SharedWorlds(
-        {f"{o}:{w}": (2, _lr_of_each_step, (o, w)) for o, w in cases}, timeout=240
+        {f"{o}:{w}:{on}": (2, _lr_of_each_step, (o, w, on)) for o, w, on in cases}, timeout=240
     )
     root = 2**0.5
-    for name, warmup in cases:
-        got = shared.get(f"{name}:{warmup}")[0]
-        scale = 1.0 if name == "sgd" else root
+    for name, warmup, on in cases:
+        got = shared.get(f"{name}:{warmup}:{on}")[0]
+        scale = root if on and name != "sgd" else 1.0
         local = [0.01 if n <= warmup else 0.01 * scale for n in (1, 2, 3)]
         assert got["seen"] == pytest.approx([*local, 0.01]), name
         assert got["between"] == [0.01] * 8, name  # the very value, never a rounded one

@@ -112,7 +112,13 @@ class DiLoCoSettings(StrategySettings):
     --algorithm; its inner optimizer's defaults."""
 
     main_setting: ClassVar[str | None] = "period"
-    reads_settings = ("period", "warmup_sync_steps", DiLoCoConfig, "algorithm")
+    reads_settings = (
+        "period",
+        "warmup_sync_steps",
+        "adaptive_lr_scale",
+        DiLoCoConfig,
+        "algorithm",
+    )
     # the paper's inner optimizer (AdamW); a given flag wins. lr: the default workload (mlp,
     # digits, 5 epochs, allreduce 0.958) reached 0.928 at 0.001, 0.919 at 0.002, 0.947 at
     # 0.003, 0.925 at 0.005 (2026-11-24): 0.003 is inside the defaults test's 3-point band.

@@ -86,6 +86,10 @@ class LocalSGDConfig:
         False, "localsgd: also average momentum / Adam moments (costs more traffic)"
     )
     warmup_sync_steps: int = opt(0, "localsgd, diloco: synchronous SGD for the first W steps")
+    adaptive_lr_scale: bool = opt(
+        True,
+        "localsgd, diloco: an adaptive optimizer's (adam...) local steps at lr x sqrt(workers)",
+    )
 
     def validate(self) -> None:
         if self.period < 1:
@@ -137,7 +141,8 @@ class LocalSGD(Strategy, Reshards):
         self.gradient_bytes = 0
         self.buffer_bytes = 0
         self._last_average = 0
-        self.lr_scale = local_lr_scale(optimizer, self.size)
+        on = self.settings.adaptive_lr_scale
+        self.lr_scale = local_lr_scale(optimizer, self.size) if on else 1.0
         self._saved_lr: list[Any] = []
         self._hooks: list[RemovableHandle] = []
         if self.lr_scale != 1.0:
