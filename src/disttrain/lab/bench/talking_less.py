@@ -17,8 +17,10 @@ median of each figure is printed (the machine is shared: samples/s is noisy).
 The ``diloco`` workload is the issue's DiLoCo comparison: the default gpt
 (0.87M parameters) on 2M characters of pycode, the same 1,600 steps of global
 batch 32 for every row (8 outer steps at H = 200), Adam at 0.002 with a
-0.1-epoch warm-up and cosine decay, chosen once for every row; DiLoCo at the
-paper's outer step (lr 0.7, Nesterov 0.9), and at H = 50 at each outer step of
+0.1-epoch warm-up and cosine decay, chosen once for every row; DiLoCo at its default
+outer step (lr 1.0, Nesterov 0.3 since bdda2dd/d7b0ac1, which also run localsgd's and
+DiLoCo's Adam steps at lr x sqrt(N); RESULTS rows of earlier commits ran the paper's
+0.7 / 0.9, unscaled: their labels say "outer 0.7/0.9"), and at H = 50 at each outer step of
 ``OUTER_GRID``; the one with the lowest validation loss (``CHOSEN_OUTER``) also at
 H = 200 and streamed, streaming also at each of its own ``STREAM_MIXES``. On pycode
 every row's final model is also scored on the two halves of the held-out windows: the
