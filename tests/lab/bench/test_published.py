@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import tomllib
 
-from disttrain.lab.bench import _published_rows as rows_
+from disttrain.lab.bench import _published_data as data
 from disttrain.lab.bench import published
 from tests import zygote
 
@@ -31,17 +31,19 @@ def test_every_row_is_predicted_or_says_why_not() -> None:
             assert r["status"].startswith("not modelled: ")
         else:
             assert r["predicted"] > 0
-    assert set(fitted) == set(rows_.FAMILIES) | set(rows_.INTRA_FAMILIES)
+    named = data.shared()
+    assert set(fitted) == set(named.families) | set(named.intra_families)
 
 
 def test_constants_are_fitted_on_calibration_rows_only() -> None:
     with open(TABLE, "rb") as fh:
         cal = {r["id"] for r in tomllib.load(fh)["row"] if r["calibration"]}
-    assert set(rows_.FAMILIES.values()) <= cal
-    assert set(rows_.INTRA_FAMILIES.values()) <= cal
+    named = data.shared()
+    assert set(named.families.values()) <= cal
+    assert set(named.intra_families.values()) <= cal
     recs, _ = published.evaluate(TABLE)
     for r in recs:  # each fitted family reproduces its own calibration row
-        if r["id"] in rows_.FAMILIES.values() or r["id"] in rows_.INTRA_FAMILIES.values():
+        if r["id"] in named.families.values() or r["id"] in named.intra_families.values():
             assert r["error"] == pytest.approx(0.0, abs=1e-4)
 
 

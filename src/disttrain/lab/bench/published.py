@@ -5,15 +5,16 @@
     disttrain bench published --table benchmarks/published/independent.toml  # the check
 
 Reads benchmarks/published/measurements.toml at run time. Each row becomes a scenario
-(what the row states, plus the assumptions in ``_published_rows``, each with its
-reason), is predicted by :mod:`disttrain.lab.scenario`, and is compared in the row's own
-unit. Calibration rows are reported apart from the held-out rows; the held-out median
-and worst error are the issue's measure (issue 38: median <= 12 %, no row > 35 %). The
-GPU rates no source publishes are fitted here, each on its one calibration row, and
-printed. A table with no calibration row (independent.toml, the independent check) is
-predicted with the rates fitted on measurements.toml's calibration rows, unchanged
-(independent2.toml and independent3.toml are two more such checks). Rows naming
-``scales_with`` are also scored as scale-out pairs, beside perfect scaling.
+(what the row states, plus the assumptions beside it in the table, ``[row.assume]``, each
+with its reason, read by :mod:`disttrain.lab.bench._published_data`), is predicted by
+:mod:`disttrain.lab.scenario`, and is compared in the row's own unit. Calibration rows
+are reported apart from the held-out rows; the held-out median and worst error are the
+issue's measure (issue 38: median <= 12 %, no row > 35 %). The GPU rates no source
+publishes are fitted here, each on its one calibration row, and printed. A table with no
+calibration row (independent.toml, the independent check) is predicted with the rates
+fitted on measurements.toml's calibration rows, unchanged (independent2.toml and
+independent3.toml are two more such checks). Rows naming ``scales_with`` are also scored
+as scale-out pairs, beside perfect scaling.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 import tomllib
 
 from disttrain.comm.errors import UsageError
-from disttrain.lab.bench import _published_rows as rows_
+from disttrain.lab.bench import _published_data as data
 from disttrain.lab.scenario import parse, predict
 from disttrain.lab.scenario.hardware import INTRA_PRESETS
 
@@ -104,7 +105,7 @@ def _rate(
 
 
 def _hidden(row: dict[str, Any]) -> int:
-    ov = rows_.OVERRIDES.get(row["id"], {})
+    ov = data.assume(row)
     return int(ov.get("model", {}).get("hidden", row.get("hidden", 0)))
 
 
@@ -116,10 +117,11 @@ def _moved(
     fitted: dict[str, float],
 ) -> float:
     """The family's fitted rate moved from its calibration row's hidden size to this row's
-    by the roofline of ``_published_rows.MEMORY_BANDWIDTH``."""
+    by the roofline of the family's ``memory_bandwidth`` (shared.toml)."""
+    named = data.shared()
     tflops = fitted[family]
-    k = 68 * tflops * 1e12 / (24 * rows_.MEMORY_BANDWIDTH[family])
-    h, h_cal = _hidden(row), _hidden(by_id[rows_.FAMILIES[family]])
+    k = 68 * tflops * 1e12 / (24 * named.memory_bandwidth[family])
+    h, h_cal = _hidden(row), _hidden(by_id[named.families[family]])
     return tflops * (1 + k / h_cal) / (1 + k / h)
 
 
@@ -127,7 +129,7 @@ def scenario(
     row: dict[str, Any], by_id: dict[str, Any], fitted: dict[str, float]
 ) -> dict[str, Any]:
     """The row as a scenario file's tables."""
-    ov = rows_.OVERRIDES.get(row["id"], {})
+    ov = data.assume(row)
     model = _model(row, ov)
     run: dict[str, Any] = {"gpus": row["gpus"]}
     for key in ("batch_per_gpu", "global_batch", "accumulation"):
@@ -137,7 +139,7 @@ def scenario(
     run["precision"] = _precision(
         str(row["precision"]), model["name"] in ("gpt", "bert-base", "bert-large")
     )
-    run.update({k[4:]: v for k, v in ov.items() if k.startswith("run.")})
+    run.update(ov.get("run", {}))
     if "bucket_mb" in ov:
         run["bucket_mb"] = ov["bucket_mb"]
     hw = _hardware(row, ov, _rate(row, ov, by_id, fitted))
@@ -153,14 +155,14 @@ def _baseline(row: dict[str, Any], sc: dict[str, Any]) -> dict[str, Any]:
     r = base["run"]
     n = int(row["baseline_gpus"])
     r["gpus"] = n
-    ov = rows_.OVERRIDES.get(row["id"], {})
-    if "base.strategy" in ov:
-        r["strategy"] = ov["base.strategy"]
+    given = data.assume(row).get("base", {})
+    if "strategy" in given:
+        r["strategy"] = given["strategy"]
     elif r["strategy"].startswith("hybrid:"):
         parts = dict(p.split("=") for p in r["strategy"][7:].split(","))
         parts["dp"] = str(n // (int(parts["tp"]) * int(parts["pp"])))
         r["strategy"] = "hybrid:" + ",".join(f"{k}={v}" for k, v in parts.items())
-    if row["id"] in rows_.STRONG:
+    if data.strong(row):
         r.pop("accumulation", None)
     else:
         r.pop("global_batch", None)
@@ -197,8 +199,9 @@ def fit_families(by_id: dict[str, Any]) -> dict[str, float]:
     """Each family's gpu_tflops (or intra-node bytes/s), by bisection in log until its
     calibration row is hit; the prediction rises with either."""
     fitted: dict[str, float] = {}
-    families = [(f, r, 1.0, 1e4) for f, r in rows_.FAMILIES.items()]
-    families += [(f, r, 1e8, 1e12) for f, r in rows_.INTRA_FAMILIES.items()]
+    named = data.shared()
+    families = [(f, r, 1.0, 1e4) for f, r in named.families.items()]
+    families += [(f, r, 1e8, 1e12) for f, r in named.intra_families.items()]
     for family, row_id, low, high in families:
         row = by_id[row_id]
         assert row["calibration"], f"{row_id} must be a calibration row"
@@ -262,20 +265,22 @@ def evaluate(path: str | Path = DEFAULT) -> tuple[list[dict[str, Any]], dict[str
             "predicted": None,
             "error": None,
             "status": "scored",
-            "why": rows_.EXPLAIN.get(row["id"], ""),
+            "why": data.why(row),
             "gpus": int(row["gpus"]),
             "scales_with": row.get("scales_with"),
             # the model and, for gpt, its shape: a pair is one model at two scales
             "model": " ".join(str(row[k]) for k in ("model", "layers", "hidden") if k in row),
         }
-        if row["id"] in rows_.NOT_MODELLED:
-            rec["status"] = "not modelled: " + rows_.NOT_MODELLED[row["id"]]
+        reason = data.not_modelled(row)
+        if reason is not None:
+            rec["status"] = "not modelled: " + reason
         else:
             value = predicted(row, scenario(row, by_id, fitted))
             rec["predicted"] = value
             rec["error"] = value / row["figure"] - 1
-            if row["id"] in rows_.APART:
-                rec["status"] = "apart: " + rows_.APART[row["id"]]
+            apart = data.apart(row)
+            if apart is not None:
+                rec["status"] = "apart: " + apart
         out.append(rec)
     return out, fitted
 
@@ -404,12 +409,13 @@ def run(args: argparse.Namespace) -> int:
             "calibration rows\n"
         )
     print("fitted one-GPU rates (each on its calibration row):")
+    named = data.shared()
     for family, tflops in fitted.items():
-        if family in rows_.INTRA_FAMILIES:
-            on = rows_.INTRA_FAMILIES[family]
+        if family in named.intra_families:
+            on = named.intra_families[family]
             print(f"  {family}: {tflops / 1e9:.2f} GB/s intra-node (on {on})")
         else:
-            print(f"  {family}: {tflops:.1f} TFLOP/s (on {rows_.FAMILIES[family]})")
+            print(f"  {family}: {tflops:.1f} TFLOP/s (on {named.families[family]})")
     if independent:
         _block("independent rows", recs)
         _by_source(recs)
