@@ -19,8 +19,6 @@ Where a fork would not be safe, workers are exec'd, as ``torchrun`` does:
   hangs a forked child's next parallel region (one thread never enters one);
 - multi-node jobs: the agent's TCPStore runs a thread, and its listening socket would be
   inherited.
-- live shrink and grow (``--min-workers``, ``--max-workers``): a survivor missed the 3 s
-  answer window in 2 of 5 suite runs with forked workers; the cause is not found yet.
 fork copies only the calling thread; Python's own locks are reset in the child.
 
 A forked worker's parent is the launcher: it dies with it (:mod:`.tether`), first
