@@ -29,10 +29,9 @@ def tiny_gpt2(vocab: int = VOCAB) -> nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    cfg = GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, vocab_size=vocab, n_positions=SEQ,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
+    sizes = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": vocab, "n_positions": SEQ}
+    no_dropout = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+    cfg = GPT2Config(**sizes, **no_dropout, bos_token_id=0, eos_token_id=0)
     return GPT2LMHeadModel(cfg)
 
 
@@ -40,11 +39,11 @@ def tiny_llama() -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(
-        num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
-        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=SEQ,
-        bos_token_id=0, eos_token_id=0, pad_token_id=0,
-    )  # fmt: skip
+    sizes = {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64}
+    heads = {"num_attention_heads": 2, "num_key_value_heads": 2}
+    tokens = {"vocab_size": VOCAB, "max_position_embeddings": SEQ}
+    ids = {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
+    cfg = LlamaConfig(**sizes, **heads, **tokens, **ids)
     return LlamaForCausalLM(cfg)
 
 
@@ -224,11 +223,10 @@ def test_a_split_point_that_is_not_a_stage_boundary_is_refused_naming_it() -> No
 
 def test_the_cli_refuses_a_bad_split_point_with_exit_2_before_any_worker() -> None:
     spec = f"{Path(__file__).resolve()}:bytes_gpt2"
-    argv = [
-        sys.executable, "-m", "disttrain", "train", "--strategy", "pipeline", "--workers", "2",
-        "--model", spec, "--dataset", "pycode", "--seq-len", str(SEQ), "--pycode-chars", "4000",
-        "--split-points", "transformer.h.9", "--out", "/nonexistent/never",
-    ]  # fmt: skip
+    flags = "train --strategy pipeline --workers 2 --dataset pycode --pycode-chars 4000"
+    flags += " --split-points transformer.h.9 --out /nonexistent/never"
+    argv = [sys.executable, "-m", "disttrain", *flags.split(), "--model", spec]
+    argv += ["--seq-len", str(SEQ)]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
