@@ -4,7 +4,8 @@ their own Adam. The final held-out loss is within 2 % of allreduce's for the str
 that compute the same mathematics (zero, pipeline, tensor, hybrid, synchronous ps); those
 that talk less must learn it (held-out MSE under 15 % of the targets' variance: R^2 > 0.85)
 and, where they meet it, be within issue 49's 25 % of allreduce's (``BAND``); the others
-hold that band as a strict xfail with their figures, failing the day they meet it.
+hold that band as an xfail with their figures (strict, failing the day they meet it, except
+the parameter server's modes, whose runs depend on arrival order).
 
 Measured 2026-12-02 (held-out MSE / allreduce's at 80 steps; the model's seed 0, this
 test's, then 1 and 2 by a local change of ``_model``'s seed; allreduce 0.0518, 0.0513,
@@ -132,7 +133,13 @@ def test_strategy_trains_a_user_regression(label: str) -> None:
     [
         *sorted(BAND),
         *(
-            pytest.param(label, marks=pytest.mark.xfail(strict=True, reason=why))
+            # strict where a run is deterministic; the parameter server's asynchronous modes
+            # apply pushes in arrival order, so a run may land in the band by chance (ps async
+            # at 1.41x passed it once in a CI rehearsal, 2026-12-02): not enforced there
+            pytest.param(
+                label,
+                marks=pytest.mark.xfail(strict=not label.startswith("ps:"), reason=why),
+            )
             for label, why in sorted(NOT_YET.items())
         ),
     ],
