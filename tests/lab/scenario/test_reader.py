@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from disttrain.lab.scenario import ScenarioError, load, parse
-from disttrain.lab.scenario.reader import parse_rate, parse_strategy
+from disttrain.lab.scenario.reader import parse_rate, parse_strategy, scaled
 from tests import zygote
 
 REPO = Path(__file__).resolve().parents[3]
@@ -50,9 +50,10 @@ CASES = [
     (_bad("hardware", "inter_fabric", "carrier-pigeon"), "inter_fabric: 'carrier-pigeon'"),
     (_bad("hardware", "inter_bandwidth", None), "[hardware] inter_bandwidth: is required"),
     (_bad("run", "gpus", 18), "[run] gpus: 18 is not a multiple of gpus_per_node 4"),
-    (_bad("run", "strategy", "tensor:2"), "tensor parallelism is modelled for bert and gpt"),
-    (_bad("run", "strategy", "hybrid:dp=2,tp=2,pp=2"), "dp*tp*pp = 8, not run.gpus 16"),
-    (_bad("run", "strategy", "magic"), "'magic' is not a strategy"),
+    (_bad("run", "strategy", "hybrid:tp=2"), "tensor parallelism is modelled for bert and gpt"),
+    (_bad("run", "strategy", "hybrid:tp=2:pp=2:dp=2"), "dp*tp*pp = 8, not the 16 GPUs"),
+    (_bad("run", "strategy", "magic"), "'magic': unknown strategy"),
+    (_bad("run", "strategy", "localsgd"), "localsgd is not a scenario strategy"),
     (_bad("run", "precision", "fp8"), "[run] precision: 'fp8' is not one of fp32, amp"),
     (_bad("run", "batch_per_gpu", None), "give batch_per_gpu or global_batch"),
     (_bad("run", "global_batch", 1000), "1000 is not a multiple of batch_per_gpu 64"),
@@ -79,9 +80,52 @@ def test_rates_and_strategies() -> None:
     assert parse_rate("100Gbit") == pytest.approx(12.5e9)
     assert parse_rate("200Gb/s") == pytest.approx(25e9)
     assert parse_rate("25GB/s") == pytest.approx(25e9)
-    assert parse_strategy("hybrid:dp=8,tp=8,pp=16", 1024) == (8, 8, 16, 1, 0)
+    assert parse_strategy("hybrid:tp=8:pp=16:dp=8", 1024) == (8, 8, 16, 1, 0)
     assert parse_strategy("zero:3", 64) == (64, 1, 1, 1, 3)
-    assert parse_strategy("pipeline:4", 16) == (4, 1, 4, 1, 0)
+    assert parse_strategy("hybrid:pp=4", 16) == (4, 1, 4, 1, 0)
+    assert parse_strategy("hybrid:tp=4", 16) == (4, 4, 1, 1, 0)
+    assert parse_strategy("hybrid:tp=2:pp=2:virtual_stages=3", 8) == (2, 2, 2, 3, 0)
+    assert parse_strategy("allreduce", 8) == (8, 1, 1, 1, 0)
+    assert parse_strategy("zero", 8) == (8, 1, 1, 1, 1)  # --zero-stage's default
+    assert parse_strategy("tensor", 8) == (1, 8, 1, 1, 0)
+    assert parse_strategy("pipeline", 8) == (1, 1, 8, 1, 0)
+
+
+@pytest.mark.parametrize(
+    ("text", "gpus", "message"),
+    [
+        ("hybrid:tp=3", 16, "'hybrid:tp=3': tp*pp = 3 does not divide the 16 GPUs"),
+        ("hybrid:tp=2:dp=3", 16, "'hybrid:tp=2:dp=3': dp*tp*pp = 6, not the 16 GPUs"),
+        ("hybrid:dp=4", 4, "'hybrid:dp=4': hybrid needs tp=T or pp=P"),
+        ("hybrid:tp=-2", 4, "'hybrid:tp=-2': tp=-2 must be at least 0"),
+        ("hybrid:pp=2:virtual_stages=0", 4, "virtual-stages=0 must be at least 1"),
+        ("hybrid:tp=2:schedule=1f1b", 4, "the scenario model of hybrid does not read schedule"),
+        ("zero:4", 8, "'zero:4': zero-stage=4: ZeRO stages are 1, 2 and 3"),
+        ("zero:0", 8, "zero-stage=0: ZeRO stages are 1, 2 and 3"),
+        ("zero:x", 8, "'zero:x': zero-stage='x' is not a int"),
+        ("allreduce:ring", 8, "the scenario model of allreduce does not read algorithm"),
+        ("tensor:2", 8, "the scenario model of tensor does not read tensor-mode"),
+        ("pipeline:4", 8, "the scenario model of pipeline does not read schedule"),
+        ("hybrid:tp=2:colour=red", 8, "'colour' is not a train setting"),
+        ("ps", 8, "'ps': ps is not a scenario strategy"),
+    ],
+)
+def test_a_strategy_the_scenario_cannot_lay_out_is_one_line(
+    text: str, gpus: int, message: str
+) -> None:
+    with pytest.raises(ValueError) as err:
+        parse_strategy(text, gpus)
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert str(err.value).startswith(f"{text!r}: ")
+
+
+def test_a_stated_data_parallel_part_is_scaled_and_an_unstated_one_is_kept() -> None:
+    assert scaled("hybrid:tp=8:pp=2:dp=4", 128) == "hybrid:tp=8:pp=2:dp=8"
+    assert scaled("hybrid:dp=4:tp=8", 16) == "hybrid:dp=2:tp=8"
+    assert scaled("hybrid:tp=8", 16) == "hybrid:tp=8"
+    assert scaled("zero:3", 16) == "zero:3"
+    with pytest.raises(ValueError, match=r"'hybrid:tp=8:dp=2': tp\*pp = 8 does not divide the 12"):
+        scaled("hybrid:tp=8:dp=2", 12)
 
 
 def test_global_batch_alone_sets_the_batch_per_gpu() -> None:
@@ -133,26 +177,32 @@ def test_a_layout_error_of_the_measured_run_names_its_gpus() -> None:
     data = copy.deepcopy(MEASURED)
     data["model"] = {"name": "gpt", "layers": 8, "hidden": 1024, "heads": 8, "seq_len": 512}
     data["hardware"]["gpus_per_node"] = 8
-    data["run"] = {"gpus": 16, "batch_per_gpu": 2, "strategy": "tensor:8"}
-    data["measured"] = {"gpus": 4, "samples_per_second": 20.0}  # [run]'s tensor:8 on 4 GPUs
+    data["run"] = {"gpus": 16, "batch_per_gpu": 2, "strategy": "hybrid:tp=8"}
+    data["measured"] = {"gpus": 4, "samples_per_second": 20.0}  # [run]'s hybrid:tp=8 on 4 GPUs
     with pytest.raises(ScenarioError) as err:
         parse(data, "my.toml")
     assert str(err.value) == (
-        "my.toml: [measured] gpus: 'tensor:8': 8 does not divide [measured] gpus 4"
+        "my.toml: [measured] gpus: 'hybrid:tp=8': tp*pp = 8 does not divide the 4 GPUs"
     )
 
 
 def test_a_hybrid_measured_run_scales_its_data_parallel_part() -> None:
     data = copy.deepcopy(MEASURED)
     data["model"] = {"name": "gpt", "layers": 8, "hidden": 1024, "heads": 8, "seq_len": 512}
-    data["run"] = {"gpus": 16, "batch_per_gpu": 2, "strategy": "hybrid:dp=4,tp=2,pp=2,vp=2"}
+    data["run"] = {
+        "gpus": 16,
+        "batch_per_gpu": 2,
+        "strategy": "hybrid:tp=2:pp=2:dp=4:virtual_stages=2",
+    }
     data["measured"] = {"gpus": 4, "samples_per_second": 20.0}
     sc = parse(data)
     assert sc.measured is not None
-    assert sc.measured.run.strategy == "hybrid:dp=1,tp=2,pp=2,vp=2"
+    assert sc.measured.run.strategy == "hybrid:tp=2:pp=2:dp=1:virtual_stages=2"
     assert (sc.measured.run.dp, sc.run.dp) == (1, 4)
     data["measured"]["gpus"] = 6  # no layout of tp 2 x pp 2 on 6 GPUs
-    with pytest.raises(ScenarioError, match=r"\[measured\] gpus: 6 is not a multiple of tp\*pp 4"):
+    with pytest.raises(
+        ScenarioError, match=r"\[measured\] gpus: '.*': tp\*pp = 4 does not divide the 6 GPUs; give"
+    ):
         parse(data)
 
 
@@ -173,7 +223,7 @@ def _measured(**change: Any) -> dict[str, Any]:
         ),
         (_measured(measured__gpus=0), "[measured] gpus: must be a whole number of at least 1"),
         (_measured(measured__gpus=6), "[measured] gpus: 6 is not a multiple of gpus_per_node 4"),
-        (_measured(measured__strategy="magic"), "[measured] strategy: 'magic' is not a strategy"),
+        (_measured(measured__strategy="magic"), "[measured] strategy: 'magic': unknown strategy"),
         (_measured(measured__samples_per_second=-1), "[measured] samples_per_second: must be"),
         (_measured(measured__seconds=1), "[measured] seconds: unknown key"),
         (

@@ -75,19 +75,19 @@ def test_accumulation_hides_more_of_the_allreduce() -> None:
 
 
 def test_tensor_parallel_allreduces_are_on_the_critical_path() -> None:
-    p = predict(parse(_with(GPT, run__strategy="hybrid:dp=8,tp=2,pp=1")))
+    p = predict(parse(_with(GPT, run__strategy="hybrid:tp=2:pp=1:dp=8")))
     assert p.breakdown["tensor_parallel_seconds"] > 0
-    hidden = predict(parse(_with(GPT, run__strategy="hybrid:dp=8,tp=2,pp=1", run__tp_overlap=True)))
+    hidden = predict(parse(_with(GPT, run__strategy="hybrid:tp=2:pp=1:dp=8", run__tp_overlap=True)))
     assert hidden.step_seconds < p.step_seconds
 
 
 def test_the_pipeline_bubble_is_pp_minus_one_micro_batches_over_vp() -> None:
-    sc = _with(GPT, run__strategy="hybrid:dp=4,tp=1,pp=4", run__global_batch=64)
+    sc = _with(GPT, run__strategy="hybrid:tp=1:pp=4:dp=4", run__global_batch=64)
     p = predict(parse(sc))
     b = p.breakdown
     per_mb = (b["compute_seconds"] + b["pipeline_p2p_seconds"]) / b["micro_batches"]
     assert b["pipeline_bubble_seconds"] == pytest.approx(3 * per_mb)
-    inter = predict(parse(_with(GPT, run__strategy="hybrid:dp=4,tp=1,pp=4,vp=2")))
+    inter = predict(parse(_with(GPT, run__strategy="hybrid:tp=1:pp=4:dp=4:virtual_stages=2")))
     assert inter.breakdown["pipeline_bubble_seconds"] < b["pipeline_bubble_seconds"]
 
 
@@ -109,7 +109,7 @@ def test_model_tflops_per_gpu_is_flops_times_rate() -> None:
 
 
 def test_a_cnn_pipeline_sends_the_activations_at_its_cut() -> None:
-    p = predict(parse(_with(CNN, run__strategy="pipeline:2")))
+    p = predict(parse(_with(CNN, run__strategy="hybrid:pp=2")))
     # the cut at half the FLOPs falls after ResNet-50's layer3: 1024 x 14 x 14 per image,
     # fp32, 100 images, forward and back over PCIe 3 (10 GB/s, 5 us)
     one_way = 5e-6 + 100 * 1024 * 14 * 14 * 4 / 10e9

@@ -32,6 +32,7 @@ from disttrain.comm.errors import UsageError
 from disttrain.lab.bench import _published_data as data
 from disttrain.lab.scenario import parse, predict
 from disttrain.lab.scenario.hardware import INTRA_PRESETS
+from disttrain.lab.scenario.reader import scaled
 
 __all__ = ["add_arguments", "evaluate", "run", "scale_outs"]
 
@@ -158,10 +159,8 @@ def _baseline(row: dict[str, Any], sc: dict[str, Any]) -> dict[str, Any]:
     given = data.assume(row).get("base", {})
     if "strategy" in given:
         r["strategy"] = given["strategy"]
-    elif r["strategy"].startswith("hybrid:"):
-        parts = dict(p.split("=") for p in r["strategy"][7:].split(","))
-        parts["dp"] = str(n // (int(parts["tp"]) * int(parts["pp"])))
-        r["strategy"] = "hybrid:" + ",".join(f"{k}={v}" for k, v in parts.items())
+    else:  # a stated data-parallel part scaled to the baseline's GPUs
+        r["strategy"] = scaled(r["strategy"], n)
     if data.strong(row):
         r.pop("accumulation", None)
     else:

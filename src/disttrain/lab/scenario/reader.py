@@ -12,6 +12,7 @@ from typing import Any
 
 import tomllib
 
+from disttrain.comm.errors import UsageError
 from disttrain.lab.scenario import models
 from disttrain.lab.scenario.hardware import FABRICS, INTRA_PRESETS, IntraLink
 from disttrain.lab.scenario.measured import anchored
@@ -23,8 +24,10 @@ from disttrain.lab.scenario.spec import (
     Scenario,
     ScenarioError,
 )
+from disttrain.strategies.cost.base import Mesh
+from disttrain.strategies.spec import parse_one
 
-__all__ = ["ScenarioError", "load", "parse", "parse_rate", "parse_strategy"]
+__all__ = ["ScenarioError", "load", "parse", "parse_rate", "parse_strategy", "scaled"]
 
 _KEYS = {
     "model": {"name", "seq_len", "layers", "hidden", "heads", "vocab", "activation_checkpointing"},
@@ -270,11 +273,11 @@ def _measured(
     accumulation unless [measured] gives its own global batch or accumulation."""
     gpus = t.integer("gpus")
     strategy = str(t.data.get("strategy", run.strategy))
-    if "strategy" not in t.data and run.strategy.startswith("hybrid:"):
-        if gpus % (run.tp * run.pp):
-            t.fail("gpus", f"{gpus} is not a multiple of tp*pp {run.tp * run.pp}: give strategy")
-        vp = f",vp={run.vp}" if run.vp > 1 else ""
-        strategy = f"hybrid:dp={gpus // (run.tp * run.pp)},tp={run.tp},pp={run.pp}{vp}"
+    if "strategy" not in t.data:
+        try:
+            strategy = scaled(run.strategy, gpus)
+        except ValueError as exc:
+            t.fail("gpus", f"{exc}; give strategy")
     timed = dict(run_t.data, gpus=gpus, strategy=strategy, batch_per_gpu=run.batch_per_gpu)
     for key in ("global_batch", "accumulation"):  # [run]'s, which need not fit its GPUs
         timed.pop(key, None)
@@ -292,37 +295,45 @@ def _measured(
     return Measured(timed_run, t.number("samples_per_second"))
 
 
-def parse_strategy(text: str, gpus: int) -> tuple[int, int, int, int, int]:
-    """``allreduce``, ``zero:S``, ``tensor:T``, ``pipeline:P`` or
-    ``hybrid:dp=D,tp=T,pp=P[,vp=V]`` -> (dp, tp, pp, vp, zero stage); ValueError else."""
-    name, _, arg = text.strip().partition(":")
-    if name == "allreduce" and not arg:
-        return gpus, 1, 1, 1, 0
-    if name in ("zero", "tensor", "pipeline"):
-        if not arg.isdigit() or int(arg) < 1:
-            raise ValueError(f"{text!r}: {name} takes a whole number, e.g. {name}:2")
-        n = int(arg)
-        if name == "zero":
-            if n > 3:
-                raise ValueError(f"{text!r}: ZeRO stages are 1, 2 and 3")
-            return gpus, 1, 1, 1, n
-        if gpus % n:
-            raise ValueError(f"{text!r}: {n} does not divide run.gpus {gpus}")
-        return (gpus // n, n, 1, 1, 0) if name == "tensor" else (gpus // n, 1, n, 1, 0)
-    if name == "hybrid":
-        parts = dict(p.partition("=")[::2] for p in arg.split(","))
-        if set(parts) - {"dp", "tp", "pp", "vp"} or not {"dp", "tp", "pp"} <= set(parts):
-            raise ValueError(f"{text!r}: write hybrid:dp=D,tp=T,pp=P (optionally ,vp=V)")
-        if not all(v.isdigit() and int(v) >= 1 for v in parts.values()):
-            raise ValueError(f"{text!r}: dp, tp, pp and vp are whole numbers of at least 1")
-        dp, tp, pp = (int(parts[k]) for k in ("dp", "tp", "pp"))
-        if dp * tp * pp != gpus:
-            raise ValueError(f"{text!r}: dp*tp*pp = {dp * tp * pp}, not run.gpus {gpus}")
-        return dp, tp, pp, int(parts.get("vp", "1")), 0
-    raise ValueError(
-        f"{text!r} is not a strategy: allreduce, zero:S, tensor:T, pipeline:P or "
-        "hybrid:dp=D,tp=T,pp=P"
-    )
+def parse_strategy(text: str, gpus: int) -> Mesh:
+    """The mesh a scenario's ``strategy`` makes on ``gpus`` GPUs; ValueError (one line) else.
+
+    ``strategy`` is a run spec of ``disttrain compare``/``advise`` (``strategies.spec``:
+    ``strategy[:value][:key=value...]``); the strategy's cost part makes the mesh
+    (``StrategyCost.mesh``), so the names and settings are the strategies' own:
+    ``allreduce``; ``zero:S`` (``--zero-stage``, 1-3); ``tensor`` (T = G) and
+    ``pipeline`` (P = G); ``hybrid:tp=T:pp=P[:dp=D][:virtual_stages=V]`` (``--tp``,
+    ``--pp``, ``--dp``, ``--virtual-stages``; D unstated: G / (T·P)). Fewer slices or
+    stages than GPUs, replicated (the grammar before this one's ``tensor:T``,
+    ``pipeline:P``), are ``hybrid:tp=T``, ``hybrid:pp=P``; its ``hybrid:dp=D,tp=T,pp=P,vp=V``
+    is ``hybrid:tp=T:pp=P:dp=D:virtual_stages=V``.
+    """
+    from disttrain.strategies.base import STRATEGIES
+
+    try:
+        spec = parse_one(text)
+        return STRATEGIES.get(spec.strategy).cost_model().mesh(spec.settings, gpus)
+    except (UsageError, ValueError) as exc:
+        why = str(exc).removeprefix(f"--strategies {text.strip()!r}: ")
+        raise ValueError(
+            f"{text!r}: {why.removeprefix(f'--strategy {text.strip()!r}: ')}"
+        ) from None
+
+
+def scaled(text: str, gpus: int) -> str:
+    """``text`` on ``gpus`` GPUs, its data-parallel part scaled: a stated ``dp=D`` restated
+    for them (the mesh's other settings kept), else ``text`` itself (an unstated D is
+    G / (T·P) at any G); ValueError where the rest of the mesh does not fit them."""
+    parts = text.split(":")
+    at = [i for i, p in enumerate(parts) if p.partition("=")[0].strip().lstrip("-") == "dp"]
+    if not at:
+        return text
+    rest = ":".join(p for i, p in enumerate(parts) if i != at[0])
+    try:
+        parts[at[0]] = f"dp={parse_strategy(rest, gpus).dp}"
+    except ValueError as exc:  # named as written
+        raise ValueError(f"{text!r}: {str(exc).removeprefix(f'{rest!r}: ')}") from None
+    return ":".join(parts)
 
 
 def _batch(t: _Table, dp: int) -> tuple[int, int]:

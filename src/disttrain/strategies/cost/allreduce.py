@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -13,7 +14,7 @@ from disttrain.compression.casts import cast_dtype
 from disttrain.compression.config import CompressionConfig
 from disttrain.compression.registry import parse
 from disttrain.strategies.allreduce import DataParallelConfig
-from disttrain.strategies.cost.base import StrategyCost
+from disttrain.strategies.cost.base import Mesh, StrategyCost, mesh_settings
 
 if TYPE_CHECKING:
     from disttrain.strategies.runspec import RunSpec
@@ -25,6 +26,12 @@ class AllReduceCost(StrategyCost):
     """Step time of the allreduce strategy (``advise``)."""
 
     cost_settings: ClassVar[tuple[str, ...]] = ("algorithm", "fusion_mb", "overlap", "compression")
+
+    def mesh(self, settings: Mapping[str, Any], gpus: int) -> Mesh:
+        """``allreduce``: a whole replica on each of the GPUs (the scenario model reads none
+        of its settings: it times the library's own allreduce)."""
+        mesh_settings(self.name, settings, ())
+        return Mesh(gpus)
 
     def advise_specs(self) -> list[str]:
         # one row per algorithm; an estimated one (native: gloo's ring) is modelled as another;

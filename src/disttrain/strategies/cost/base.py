@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from torch import nn
 
@@ -12,7 +13,31 @@ from disttrain.costing import worker_memory as replica_bytes
 if TYPE_CHECKING:
     from disttrain.strategies.runspec import RunSpec
 
-__all__ = ["StrategyCost"]
+__all__ = ["Mesh", "StrategyCost", "mesh_settings"]
+
+
+class Mesh(NamedTuple):
+    """The ranks a strategy's settings lay out on G GPUs, as the lab's scenario step-time
+    model reads them (``disttrain advise --scenario``): D data-parallel replicas of T tensor
+    slices by P pipeline stages (D·T·P = G), V model chunks per stage, ZeRO stage Z (0: none)."""
+
+    dp: int
+    tp: int = 1
+    pp: int = 1
+    vp: int = 1
+    zero: int = 0
+
+
+def mesh_settings(name: str, settings: Mapping[str, Any], reads: tuple[str, ...]) -> None:
+    """ValueError naming the first of ``settings`` that the mesh of ``name`` does not read,
+    or a whole-number one below 0 (0: the setting's own default)."""
+    for key, value in settings.items():
+        flag = key.replace("_", "-")
+        if key not in reads:
+            also = f" (it reads {', '.join(reads)})" if reads else ""
+            raise ValueError(f"the scenario model of {name} does not read {flag}{also}")
+        if isinstance(value, int) and value < 0:
+            raise ValueError(f"{flag}={value} must be at least 0")
 
 
 class StrategyCost:
@@ -32,6 +57,15 @@ class StrategyCost:
 
     def __init__(self, name: str) -> None:
         self.name = name
+
+    def mesh(self, settings: Mapping[str, Any], gpus: int) -> Mesh:
+        """The mesh a spec's ``settings`` (``RunSpec.settings``) make on ``gpus`` GPUs, for
+        the lab's scenario model; ValueError (one line naming the setting) where they make
+        none. The default: none (the scenario model has no formula for this strategy)."""
+        del settings, gpus
+        raise ValueError(
+            f"{self.name} is not a scenario strategy (the scenario model has no mesh for it)"
+        )
 
     def advise_specs(self) -> list[str]:
         """The specs ``disttrain advise`` ranks when none are named (none: not modelled)."""

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import nn
 
 from disttrain import costing
 from disttrain.parallel.settings import ParallelConfig
-from disttrain.strategies.cost.base import StrategyCost
-from disttrain.strategies.cost.pipeline import PipelineCost
+from disttrain.strategies.cost.base import Mesh, StrategyCost, mesh_settings
+from disttrain.strategies.cost.pipeline import PipelineCost, chunks_of
 from disttrain.strategies.cost.tensor import TensorCost
 from disttrain.strategies.hybrid import mesh_shape
 
@@ -34,6 +35,22 @@ class HybridCost(StrategyCost):
         "balance",
         "tensor_mode",
     )
+
+    def mesh(self, settings: Mapping[str, Any], gpus: int) -> Mesh:
+        """``hybrid:tp=T:pp=P[:dp=D][:virtual_stages=V]`` (``--tp``, ``--pp``, ``--dp``,
+        ``--virtual-stages``): D replicas of T slices by P stages, V chunks a stage. T and P
+        together (3D, which ``disttrain train`` does not run) are the scenario model's; one
+        unstated (or 0) is 1, D unstated (or 0) is G / (T·P); at least one of T and P given."""
+        mesh_settings(self.name, settings, ("tp", "pp", "dp", "virtual_stages"))
+        if not settings.get("tp") and not settings.get("pp"):
+            raise ValueError("hybrid needs tp=T or pp=P (ranks inside each replica)")
+        tp, pp = settings.get("tp") or 1, settings.get("pp") or 1
+        if not settings.get("dp") and gpus % (tp * pp):
+            raise ValueError(f"tp*pp = {tp * pp} does not divide the {gpus} GPUs")
+        dp = settings.get("dp") or gpus // (tp * pp)
+        if dp * tp * pp != gpus:
+            raise ValueError(f"dp*tp*pp = {dp * tp * pp}, not the {gpus} GPUs")
+        return Mesh(dp, tp, pp, chunks_of(settings))
 
     def predict_memory(
         self, spec: RunSpec, work: costing.Workload, nodes: int, model: nn.Module

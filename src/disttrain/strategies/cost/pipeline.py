@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import nn
 
@@ -12,7 +13,7 @@ from disttrain import costing
 from disttrain.parallel import placement
 from disttrain.parallel.pipeline import schedule
 from disttrain.parallel.settings import ParallelConfig
-from disttrain.strategies.cost.base import StrategyCost
+from disttrain.strategies.cost.base import Mesh, StrategyCost, mesh_settings
 
 if TYPE_CHECKING:
     from disttrain.strategies.runspec import RunSpec
@@ -125,6 +126,14 @@ def _hand_off_seconds(
     return fill_drain * hand_off + max(0.0, sends * hand_off - compute)
 
 
+def chunks_of(settings: Mapping[str, Any]) -> int:
+    """V of a scenario mesh: ``virtual_stages`` as given (1 unstated); ValueError below 1."""
+    v = int(settings.get("virtual_stages", 1))
+    if v < 1:
+        raise ValueError(f"virtual-stages={v} must be at least 1")
+    return v
+
+
 class PipelineCost(StrategyCost):
     """Step time and memory of the pipeline schedules (``advise``)."""
 
@@ -137,6 +146,12 @@ class PipelineCost(StrategyCost):
     assumptions: ClassVar[dict[str, str]] = {
         "activation_bytes": "bytes per sample crossing a stage boundary (else not counted)"
     }
+
+    def mesh(self, settings: Mapping[str, Any], gpus: int) -> Mesh:
+        """``pipeline``: one stage per GPU (P = G; fewer stages, replicated:
+        ``hybrid:pp=P``); ``virtual_stages=V``: V model chunks per stage (interleaved)."""
+        mesh_settings(self.name, settings, ("virtual_stages",))
+        return Mesh(1, pp=gpus, vp=chunks_of(settings))
 
     def advise_specs(self) -> list[str]:
         """One row per schedule family: 1F1B, interleaved (V = 2), ZB-H1, ZB-H2."""

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import nn
 
 from disttrain import costing
 from disttrain.parallel import placement, tensor
 from disttrain.parallel.settings import ParallelConfig
-from disttrain.strategies.cost.base import StrategyCost
+from disttrain.strategies.cost.base import Mesh, StrategyCost, mesh_settings
 
 if TYPE_CHECKING:
     from disttrain.strategies.runspec import RunSpec
@@ -28,6 +29,12 @@ class TensorCost(StrategyCost):
 
     def memory_specs(self) -> list[str]:
         return [self.name]
+
+    def mesh(self, settings: Mapping[str, Any], gpus: int) -> Mesh:
+        """``tensor``: one model sliced over all the GPUs, Megatron-LM's column-then-row
+        pairs (T = G; fewer slices, replicated: ``hybrid:tp=T``)."""
+        mesh_settings(self.name, settings, ())
+        return Mesh(1, tp=gpus)
 
     def predict_memory(
         self, spec: RunSpec, work: costing.Workload, nodes: int, model: nn.Module

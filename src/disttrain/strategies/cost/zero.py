@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import nn
 
@@ -11,7 +12,7 @@ from disttrain import collectives, costing
 from disttrain.dataparallel.gather import layer_units
 from disttrain.strategies.allreduce import DataParallelConfig
 from disttrain.strategies.cost.allreduce import AllReduceCost
-from disttrain.strategies.cost.base import StrategyCost
+from disttrain.strategies.cost.base import Mesh, StrategyCost, mesh_settings
 from disttrain.strategies.zero import ZeroConfig
 
 if TYPE_CHECKING:
@@ -59,6 +60,15 @@ class ZeroCost(StrategyCost):
 
     def advise_specs(self) -> list[str]:
         return [f"{self.name}:{stage}" for stage in (1, 2, 3)]
+
+    def mesh(self, settings: Mapping[str, Any], gpus: int) -> Mesh:
+        """``zero:S`` (``--zero-stage S``, its main setting; 1 unstated): every GPU a
+        data-parallel rank holding 1/G of what stage S shards."""
+        mesh_settings(self.name, settings, ("zero_stage",))
+        stage = settings.get("zero_stage", ZeroConfig.zero_stage)
+        if stage not in (1, 2, 3):
+            raise ValueError(f"zero-stage={stage}: ZeRO stages are 1, 2 and 3")
+        return Mesh(gpus, zero=stage)
 
     def predict(self, q: costing.Question) -> costing.Prediction:
         """The allreduce strategy's buckets, each allreduce cut in its halves, each half
