@@ -7,6 +7,12 @@ input and output embeddings, no dropout, nothing downloaded); batches are dicts
 the same global batches: allreduce and ZeRO stages 1-3 on 2 workers, allreduce and
 ZeRO-3 on 4, and a script that keeps its own forward and ``optimizer.step()``
 (``run.backward``). ZeRO-3 gives bit-identical parameters in two runs.
+
+Model parallelism on 4 ranks (issue 50), the same 20 steps: GPT-2 cut into 4 stages (one
+block each; its tied embedding on stage 0 and head on stage 3) under GPipe, 1F1B, ZB-H1 and
+ZB-H2, dp 2 x pp 2 and dp 2 x tp 2 (its built-in plan); Llama under 1F1B on 4 stages and the
+same two meshes. Each strategy builds the user's AdamW again over its rank's part; the
+model gathered on rank 0 is compared (GPT-2's head still its embedding).
 """
 
 from __future__ import annotations
@@ -54,17 +60,34 @@ def gpt2(tied: bool = True) -> torch.nn.Module:
     return GPT2LMHeadModel(config)
 
 
+def llama() -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+        num_key_value_heads=2, vocab_size=256, max_position_embeddings=SEQ,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config)
+
+
+MODELS = {"gpt2": gpt2, "llama": llama}
+#: each family's tied pair (Llama's config unties its head)
+TIED = {"gpt2": ("lm_head.weight", "transformer.wte.weight")}
+
+
 def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def reference() -> dict[str, torch.Tensor]:
+def reference(family: str = "gpt2") -> dict[str, torch.Tensor]:
     """One process, the whole global batch, plain AdamW: the state every run must reach."""
     from torch.utils.data import default_collate
 
     from disttrain.data import GlobalBatchSampler
 
-    data, model = ByteWindows(), gpt2()
+    data, model = ByteWindows(), MODELS[family]()
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     for indices in GlobalBatchSampler(len(data), BATCH, 0, 1, 0).epoch(0)[:STEPS]:
         batch = default_collate([data[int(i)] for i in indices])
@@ -74,10 +97,10 @@ def reference() -> dict[str, torch.Tensor]:
     return _state(model)
 
 
-def _distributed(strategy: str, settings: dict[str, Any], own_loop: bool) -> Any:
+def _distributed(family: str, strategy: str, settings: dict[str, Any], own_loop: bool) -> Any:
     import disttrain as dt
 
-    data, model = ByteWindows(), gpt2()
+    data, model = ByteWindows(), MODELS[family]()
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     run = dt.distribute(model, opt, strategy, batch_size=BATCH, **settings)
     for step, batch in enumerate(run.loader(data, shuffle=True, epoch=0)):
@@ -93,35 +116,65 @@ def _distributed(strategy: str, settings: dict[str, Any], own_loop: bool) -> Any
     return None if whole is None else _state(whole)
 
 
-CASES = {
-    "allreduce-2": (2, "allreduce", {}, False),
-    "zero1-2": (2, "zero", {"zero_stage": 1}, False),
-    "zero2-2": (2, "zero", {"zero_stage": 2}, False),
-    "zero3-2": (2, "zero", {"zero_stage": 3}, False),
-    "zero3-2-again": (2, "zero", {"zero_stage": 3}, False),
-    "own-loop-allreduce-2": (2, "allreduce", {}, True),
-    "own-loop-zero2-2": (2, "zero", {"zero_stage": 2}, True),
-    "allreduce-4": (4, "allreduce", {}, False),
-    "zero3-4": (4, "zero", {"zero_stage": 3}, False),
+#: every block its own stage: the embeddings, the 2 blocks, the final norm with the head
+STAGES = {
+    "gpt2": "transformer.h.0,transformer.h.1,transformer.ln_f",
+    "llama": "model.layers.0,model.layers.1,model.norm",
 }
+SECOND_HALF = {"gpt2": "transformer.h.1", "llama": "model.layers.1"}
+
+
+def _model_parallel(family: str, schedules: tuple[str, ...]) -> dict[str, tuple[Any, ...]]:
+    """Issue 50's meshes on 4 ranks: 4 stages under each schedule, dp 2 x pp 2, dp 2 x tp 2."""
+    four = {"microbatches": 4, "split_points": STAGES[family]}
+    pp = {"dp": 2, "pp": 2, "split_points": SECOND_HALF[family]}
+    cases: dict[str, tuple[Any, ...]] = {
+        f"pipeline-4-{s}": (4, "pipeline", {"schedule": s, **four}, False) for s in schedules
+    }
+    cases["hybrid-dp2-pp2"] = (4, "hybrid", pp, False)
+    cases["hybrid-dp2-tp2"] = (4, "hybrid", {"dp": 2, "tp": 2, "tp_plan": "auto"}, False)
+    return {f"{family}-{name}": (family, *case) for name, case in cases.items()}
+
+
+CASES: dict[str, tuple[Any, ...]] = {
+    name: ("gpt2", *case)
+    for name, case in {
+        "allreduce-2": (2, "allreduce", {}, False),
+        "zero1-2": (2, "zero", {"zero_stage": 1}, False),
+        "zero2-2": (2, "zero", {"zero_stage": 2}, False),
+        "zero3-2": (2, "zero", {"zero_stage": 3}, False),
+        "zero3-2-again": (2, "zero", {"zero_stage": 3}, False),
+        "own-loop-allreduce-2": (2, "allreduce", {}, True),
+        "own-loop-zero2-2": (2, "zero", {"zero_stage": 2}, True),
+        "allreduce-4": (4, "allreduce", {}, False),
+        "zero3-4": (4, "zero", {"zero_stage": 3}, False),
+    }.items()
+}
+# every schedule on GPT-2 (tied: the embedding on stage 0, the head on stage 3); Llama's 1F1B
+CASES |= _model_parallel("gpt2", ("gpipe", "1f1b", "zb1", "zb2")) | _model_parallel(
+    "llama", ("1f1b",)
+)
 WORLDS = SharedWorlds(
-    {name: (n, _distributed, (s, kw, own)) for name, (n, s, kw, own) in CASES.items()},
+    {name: (n, _distributed, (f, s, kw, own)) for name, (f, n, s, kw, own) in CASES.items()},
     timeout=240,
 )
 
 
-@pytest.fixture(scope="module")
-def expected() -> dict[str, torch.Tensor]:
-    return reference()
+_expected: dict[str, dict[str, torch.Tensor]] = {}
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if not c.endswith("again")])
-def test_equals_one_process(case: str, expected: dict[str, torch.Tensor]) -> None:
-    got = WORLDS.get(case)[0]
+def test_equals_one_process(case: str) -> None:
+    family = CASES[case][0]
+    if family not in _expected:
+        _expected[family] = reference(family)
+    expected, got = _expected[family], WORLDS.get(case)[0]
     assert set(got) == set(expected)
     worst = max(float((got[k] - expected[k]).abs().max()) for k in expected)
     assert worst <= TOLERANCE, f"{case}: max |difference| {worst:.2e} > {TOLERANCE}"
-    assert torch.equal(got["lm_head.weight"], got["transformer.wte.weight"])  # still tied
+    if family in TIED:  # still tied
+        head, embedding = TIED[family]
+        assert torch.equal(got[head], got[embedding])
 
 
 def test_zero3_is_bit_identical_run_to_run() -> None:

@@ -15,6 +15,7 @@ check, the strategy's communication, the optimizer step, the strategy's after-st
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -267,4 +268,13 @@ def _rebound(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> An
             "parameter groups: pass one (or optimizer=None)"
         )
     group = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
-    return type(optimizer)(params, **group)
+    # a group also holds what the class's own __init__ sets and does not take (AdamW's
+    # decoupled_weight_decay, passed on to Adam): built from what it takes, then given the
+    # whole group as the user's optimizer had it
+    takes = inspect.signature(type(optimizer).__init__).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in takes.values()):
+        rebuilt = type(optimizer)(params, **{k: v for k, v in group.items() if k in takes})
+    else:
+        rebuilt = type(optimizer)(params, **group)
+    rebuilt.param_groups[0].update(group)
+    return rebuilt
