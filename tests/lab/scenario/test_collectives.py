@@ -23,15 +23,44 @@ def test_ring_inside_one_node() -> None:
 
 
 def test_ring_across_two_nodes_splits_its_hops_and_meets_the_nics() -> None:
-    # 2 of the 30 hops cross the network (5 us), 28 stay inside (1 us); the bottleneck is
-    # the node's 25 GB/s: 2*15/16 * 100 MB / 25 GB/s = 7.5 ms
-    assert coll.ring_allreduce(1e8, TWO_NODES) == pytest.approx(2 * 5e-6 + 28 * 1e-6 + 0.0075)
+    # NCCL's tuner across nodes: 8.4 us base, 2 of the 30 hops cross the network (5 us),
+    # 28 stay inside at no less than its 3 us network overhead; the bottleneck is the
+    # node's 25 GB/s: 2*15/16 * 100 MB / 25 GB/s = 7.5 ms
+    want = coll.RING_BASE + 2 * 5e-6 + 28 * coll.NET_OVERHEAD + 0.0075
+    assert coll.ring_allreduce(1e8, TWO_NODES) == pytest.approx(want)
 
 
-def test_tree_across_two_nodes() -> None:
-    # 2*log2(2) network hops, a 2*(8-1)-hop chain inside, 2 * 100 MB at 0.9 * 25 GB/s
-    want = 2 * 5e-6 + 14 * 1e-6 + 2 * 1e8 / (25e9 * coll.TREE_BANDWIDTH)
+def test_the_ring_s_plateau_multiplies_an_allreduce_s_latency_only() -> None:
+    volta = coll.Group(16, 8, 100e9, 1e-6, 25e9, 5e-6, plateau=1.9)
+    latency = coll.RING_BASE + 2 * 5e-6 + 28 * coll.NET_OVERHEAD
+    assert coll.ring_allreduce(1e8, volta) == pytest.approx(1.9 * latency + 0.0075)
+    gather = coll.RING_BASE + 5e-6 + 14 * coll.NET_OVERHEAD + 15 / 16 * 1e8 / 25e9
+    assert coll.allgather(1e8, volta) == pytest.approx(gather)
+
+
+def test_tree_across_two_nodes_sends_the_buffer_once_through_the_nics() -> None:
+    # 2*log2(2) network hops and a 2*(8-1)-hop chain, 28 us each (NCCL's tree chunk);
+    # 100 MB once through 25 GB/s (4 ms) outlasts 2 x 100 MB through 100 GB/s (2 ms);
+    # at 0.92 of the ring's rate and NCCL's correction for 64 B * 2**20 (0.8)
+    want = 2 * 28e-6 + 14 * 28e-6 + 1e8 / 25e9 / (coll.TREE_BANDWIDTH * 0.8)
     assert coll.tree_allreduce(1e8, TWO_NODES) == pytest.approx(want)
+
+
+def test_tree_on_more_nodes_sends_it_twice() -> None:
+    four = coll.Group(32, 8, 100e9, 1e-6, 25e9, 5e-6)
+    want = 2 * 2 * 28e-6 + 14 * 28e-6 + 2e8 / 25e9 / (coll.TREE_BANDWIDTH * 0.8)
+    assert coll.tree_allreduce(1e8, four) == pytest.approx(want)
+    assert coll.tree_allreduce(1e9, four) == pytest.approx(
+        2 * 2 * 28e-6 + 14 * 28e-6 + 2e9 / 25e9 / coll.TREE_BANDWIDTH  # no correction > 256 MB
+    )
+
+
+def test_a_collective_s_connections_cap_its_share_of_the_nics() -> None:
+    capped = coll.Group(16, 8, 100e9, 1e-6, 25e9, 5e-6, sharing=2, net_cap=4e9)
+    assert capped.bandwidth == pytest.approx(4e9)  # min(25/2, 4) GB/s
+    assert coll.Group(16, 8, 100e9, 1e-6, 25e9, 5e-6, sharing=8, net_cap=4e9).bandwidth == (
+        pytest.approx(25e9 / 8)
+    )
 
 
 def test_nccl_takes_the_tree_for_small_buffers_and_the_ring_for_large() -> None:

@@ -114,3 +114,27 @@ def test_a_cnn_pipeline_sends_the_activations_at_its_cut() -> None:
     # fp32, 100 images, forward and back over PCIe 3 (10 GB/s, 5 us)
     one_way = 5e-6 + 100 * 1024 * 14 * 14 * 4 / 10e9
     assert p.breakdown["pipeline_p2p_seconds"] == pytest.approx(2 * one_way)
+
+
+def test_amp_s_shorter_backward_hides_less_of_the_same_allreduce() -> None:
+    # AMP keeps fp32 gradients (the same bytes) but its one-GPU rate is 3x: each bucket's
+    # backward time shrinks with it, so more of the allreduce outlasts backward
+    bert = {
+        "model": {"name": "bert-large"},
+        "hardware": {
+            "gpus_per_node": 8,
+            "gpu_samples_per_second": 20.0,
+            "intra_node": "nvlink-v100",
+            "inter_bandwidth": "100Gbit",
+            "inter_fabric": "infiniband",
+        },
+        "run": {"gpus": 32, "batch_per_gpu": 16, "precision": "fp32"},
+    }
+    fp32 = predict(parse(bert)).breakdown
+    amp = predict(
+        parse(_with(bert, hardware__gpu_samples_per_second=60.0, run__precision="amp"))
+    ).breakdown
+    assert amp["data_parallel_seconds"] == pytest.approx(fp32["data_parallel_seconds"])
+    assert amp["compute_seconds"] == pytest.approx(fp32["compute_seconds"] / 3)
+    share = [b["data_parallel_exposed_seconds"] / b["data_parallel_seconds"] for b in (fp32, amp)]
+    assert share[1] > 2 * share[0]

@@ -14,7 +14,8 @@ publishes are fitted here, each on its one calibration row, and printed. A table
 calibration row (independent.toml, the independent check) is predicted with the rates
 fitted on measurements.toml's calibration rows, unchanged (independent2.toml and
 independent3.toml are two more such checks). Rows naming ``scales_with`` are also scored
-as scale-out pairs, beside perfect scaling.
+as scale-out pairs, beside perfect scaling; the pairs whose larger run spans more than one
+node (the network's part of the model) are summed up apart from those inside one node.
 """
 
 from __future__ import annotations
@@ -266,6 +267,9 @@ def evaluate(path: str | Path = DEFAULT) -> tuple[list[dict[str, Any]], dict[str
             "status": "scored",
             "why": data.why(row),
             "gpus": int(row["gpus"]),
+            "gpus_per_node": int(
+                data.assume(row).get("gpus_per_node", row.get("gpus_per_node", 8))
+            ),
             "scales_with": row.get("scales_with"),
             # the model and, for gpt, its shape: a pair is one model at two scales
             "model": " ".join(str(row[k]) for k in ("model", "layers", "hidden") if k in row),
@@ -359,11 +363,14 @@ def scale_outs(recs: list[dict[str, Any]], table: str | Path = "") -> list[dict[
             )
         published_ = r["published"] / base["published"]
         predicted_ = r["predicted"] / base["predicted"]
+        per_node = max(1, r["gpus_per_node"])
         out.append(
             {
                 "id": r["id"],
                 "from": base["id"],
                 "gpus": (base["gpus"], r["gpus"]),
+                # nodes of the two runs; the pair crosses nodes when its larger run does
+                "nodes": (math.ceil(base["gpus"] / per_node), math.ceil(r["gpus"] / per_node)),
                 "published": published_,
                 "predicted": predicted_,
                 "error": predicted_ / published_ - 1,
@@ -373,16 +380,27 @@ def scale_outs(recs: list[dict[str, Any]], table: str | Path = "") -> list[dict[
     return out
 
 
+def _pair_summary(label: str, pairs: list[dict[str, Any]]) -> None:
+    for name, key in (("model", "error"), ("perfect scaling", "linear_error")):
+        errs = [abs(p[key]) for p in pairs]
+        print(
+            f"{label} {name}: {len(errs)}, median |error| {statistics.median(errs):.1%}, "
+            f"worst {max(errs):.1%}"
+        )
+
+
 def _scale_out_block(pairs: list[dict[str, Any]]) -> None:
     if not pairs:
         return
     print("\n## scale-out pairs (the same run at two GPU counts; the one-GPU rate cancels)\n")
-    print("| row | from | GPUs | published ratio | predicted ratio | error | perfect scaling |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+    head = "| row | from | GPUs | nodes | published ratio | predicted ratio | error |"
+    print(head + " perfect scaling |")
+    print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: |")
     for p in pairs:
         n0, n1 = p["gpus"]
+        k0, k1 = p["nodes"]
         print(
-            f"| {p['id']} | {p['from']} | {n0} -> {n1} | {p['published']:.3f} | "
+            f"| {p['id']} | {p['from']} | {n0} -> {n1} | {k0} -> {k1} | {p['published']:.3f} | "
             f"{p['predicted']:.3f} | {p['error']:+.1%} | {p['linear_error']:+.1%} |"
         )
     for label, key in (("scale-out pairs", "error"), ("perfect scaling", "linear_error")):
@@ -392,7 +410,20 @@ def _scale_out_block(pairs: list[dict[str, Any]]) -> None:
             f"worst {max(errs):.1%}",
             end="",
         )
-    print()
+    print("\n")
+    across = [p for p in pairs if p["nodes"][1] > 1]
+    inside = [p for p in pairs if p["nodes"][1] == 1]
+    for label, group in (("across nodes", across), ("inside one node", inside)):
+        if group:
+            _pair_summary(label, group)
+    if across:
+        med = [statistics.median(abs(p[k]) for p in across) for k in ("error", "linear_error")]
+        wins = sum(abs(p["error"]) < abs(p["linear_error"]) for p in across)
+        verdict = "beats" if med[0] < med[1] else "does not beat"
+        print(
+            f"across nodes: the model {verdict} perfect scaling by the median "
+            f"({med[0]:.1%} against {med[1]:.1%}); closer on {wins} of {len(across)} pairs"
+        )
 
 
 def run(args: argparse.Namespace) -> int:

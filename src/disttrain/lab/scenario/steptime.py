@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from disttrain.lab.scenario import collectives as coll
+from disttrain.lab.scenario.hardware import FABRICS, inter_node
 from disttrain.lab.scenario.models import ModelShape, boundary_outputs, megatron_flops_per_sample
 from disttrain.lab.scenario.spec import ACTIVATION_BYTES, GRAD_BYTES, PARAM_BYTES, Scenario
 
@@ -57,9 +58,31 @@ def microbatch_seconds(sc: Scenario) -> float:
     return b * megatron_flops_per_sample(sc.model, sc.checkpointing) / (hw.gpu_tflops * 1e12)
 
 
-def _net(sc: Scenario) -> tuple[float, float]:
+def _net(sc: Scenario) -> tuple[float, float, float]:
+    """(achieved bytes/s per node, latency, one collective's cap): hardware.inter_node."""
     hw = sc.hardware
-    return hw.inter_bandwidth * hw.inter_efficiency, hw.inter_latency
+    if hw.inter_bandwidth <= 0 or hw.inter_fabric not in FABRICS:
+        return hw.inter_bandwidth * hw.inter_efficiency, hw.inter_latency, math.inf
+    achieved, cap = inter_node(
+        hw.inter_fabric, hw.inter_bandwidth, hw.nics_per_node, hw.gpus_per_node
+    )
+    return achieved, hw.inter_latency, cap
+
+
+def _group(sc: Scenario, ranks: int, per_node: int, sharing: int) -> coll.Group:
+    hw = sc.hardware
+    bw, lat, cap = _net(sc)
+    return coll.Group(
+        ranks=ranks,
+        per_node=per_node,
+        intra_bandwidth=hw.intra.bandwidth,
+        intra_latency=hw.intra.latency,
+        net_bandwidth=bw,
+        net_latency=lat,
+        sharing=sharing,
+        net_cap=cap,
+        plateau=hw.intra.ring_plateau,
+    )
 
 
 def dp_group(sc: Scenario) -> coll.Group:
@@ -67,16 +90,7 @@ def dp_group(sc: Scenario) -> coll.Group:
     pipeline (Megatron's order), so a node holds G/tp ranks of one group when tp < G."""
     r, g = sc.run, sc.hardware.gpus_per_node
     per_node = max(1, min(r.dp, g // r.tp)) if r.tp < g else 1
-    bw, lat = _net(sc)
-    return coll.Group(
-        ranks=r.dp,
-        per_node=per_node,
-        intra_bandwidth=sc.hardware.intra.bandwidth,
-        intra_latency=sc.hardware.intra.latency,
-        net_bandwidth=bw,
-        net_latency=lat,
-        sharing=max(1, min(g, r.gpus) // per_node),
-    )
+    return _group(sc, r.dp, per_node, max(1, min(g, r.gpus) // per_node))
 
 
 def _tensor_seconds(sc: Scenario) -> float:
@@ -86,15 +100,7 @@ def _tensor_seconds(sc: Scenario) -> float:
     if r.tp == 1:
         return 0.0
     g = sc.hardware.gpus_per_node
-    group = coll.Group(
-        ranks=r.tp,
-        per_node=min(r.tp, g),
-        intra_bandwidth=sc.hardware.intra.bandwidth,
-        intra_latency=sc.hardware.intra.latency,
-        net_bandwidth=_net(sc)[0],
-        net_latency=_net(sc)[1],
-        sharing=max(1, g // r.tp) if r.tp > g else 1,
-    )
+    group = _group(sc, r.tp, min(r.tp, g), max(1, g // r.tp) if r.tp > g else 1)
     size = r.batch_per_gpu * m.seq_len * m.hidden * ACTIVATION_BYTES[r.precision]
     per_layer = (6 if sc.checkpointing else 4) * coll.allreduce(size, group, r.library)[0]
     return per_layer * m.blocks / r.pp
@@ -111,8 +117,9 @@ def _p2p_seconds(sc: Scenario) -> float:
     width = m.hidden * m.seq_len if m.transformer else boundary_outputs(m, r.pp)
     size = r.batch_per_gpu * width * ACTIVATION_BYTES[r.precision] / r.tp
     if r.tp * r.dp >= hw.gpus_per_node and hw.inter_bandwidth > 0:
-        bw, lat = _net(sc)
-        bw = min(bw / max(1, hw.nics_per_node), bw / hw.gpus_per_node * hw.nics_per_node)
+        bw, lat, cap = _net(sc)
+        nics = max(1, hw.nics_per_node)
+        bw = min(bw / nics, bw / hw.gpus_per_node * nics, cap / nics)
     else:
         bw, lat = hw.intra.bandwidth, hw.intra.latency
     return 2 * r.vp * coll.p2p(size, bw, lat)
