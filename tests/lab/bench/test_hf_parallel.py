@@ -42,6 +42,7 @@ def test_a_smallest_run_pairs_ours_with_each_anchor_on_the_same_losses(tmp_path:
         assert "error" not in r, r
         assert len(r["rounds"]["ours"]) == len(r["rounds"]["anchor"]) == 2
         assert r["ours"] > 0 and r["anchor"] > 0 and r["q1"] <= r["paired"] <= r["q3"]
+        assert len(r["cpu"]["rounds"]["ours"]) == 2 and r["cpu"]["paired"] > 0
         # the same weights, batch and loss: the same computation (step 1), and the same
         # training after it (tied gradients summed on both sides, the same SGD steps)
         assert 5.0 < r["step1_loss"]["ours"] < 7.5  # about ln(512) = 6.24 at the start

@@ -7,7 +7,8 @@ anchor are built from the same seed (the same weights) and take one training ste
 each per round (forward, backward, SGD step), the order alternating from round to
 round after two warm-up rounds (``pipeline._alternate_rounds``); ``paired`` is the
 median over rounds of our step time over the anchor's in the same round, with its
-quartiles. Each row also gives the two sides' loss difference at step 1 (taken
+quartiles; ``CPU`` the same ratio of both ranks' CPU seconds a step (``process_time``,
+gloo's threads included: the work, free of the waits for a core). Each row also gives the two sides' loss difference at step 1 (taken
 before the rounds: the same weights and batch, so the same computation) and at the
 last step (the same number of SGD steps since: the same training).
 
@@ -41,6 +42,7 @@ import argparse
 import json
 import os
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -277,9 +279,15 @@ def _rounds(
     except Exception as exc:  # the anchor's own failure is the result to record
         return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
     final: dict[str, Any] = {}
+    cpu: dict[str, list[float]] = {"ours": [], "anchor": []}
 
     def keep(side: str, step: Callable[[], Any]) -> Callable[[], None]:
-        return lambda: final.__setitem__(side, step())
+        def run() -> None:
+            t0 = time.process_time()  # this process's CPU, gloo's threads included
+            final[side] = step()
+            cpu[side].append(time.process_time() - t0)
+
+        return run
 
     ours_t, anchor_t = bench_pipeline._alternate_rounds(
         a.rounds, keep("ours", ours), keep("anchor", theirs)
@@ -287,6 +295,7 @@ def _rounds(
     return {
         "ours": ours_t,
         "anchor": anchor_t,
+        "cpu": {k: v[2:] for k, v in cpu.items()},  # the timed rounds' (after 2 warm-up)
         "step1_loss": _floats(first) if last else {},
         "last_loss": _floats(final) if last else {},
     }
@@ -313,11 +322,17 @@ def _row(name: str, per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     """One part's figures: rank 0's times (every rank's step is the slowest rank's, between
     barriers) and the losses from the rank that holds both."""
     held = next(r for r in reversed(per_rank) if r["step1_loss"])
-    row = {"part": name, **spread(per_rank[0]["ours"], per_rank[0]["anchor"])}
+    row: dict[str, Any] = {"part": name, **spread(per_rank[0]["ours"], per_rank[0]["anchor"])}
     for when in ("step1_loss", "last_loss"):
         loss = held[when]
         row[when] = loss | {"diff": abs(loss["ours"] - loss["anchor"])}
     row["rounds"] = {"ours": per_rank[0]["ours"], "anchor": per_rank[0]["anchor"]}
+    # CPU seconds a step, both ranks together: the work, free of the waits for a core
+    cpu = {
+        k: [sum(c) for c in zip(*(r["cpu"][k] for r in per_rank), strict=True)]
+        for k in ("ours", "anchor")
+    }
+    row["cpu"] = spread(cpu["ours"], cpu["anchor"]) | {"rounds": cpu}
     return row
 
 
@@ -349,9 +364,10 @@ def run(a: argparse.Namespace) -> int:
         raise UsageError("--seq must be 2 to 64 (GPT-2's n_positions) and --rounds >= 1")
     lines = [
         f"batch {a.batch} x {a.seq} tokens, M={m} (pipeline), {a.rounds} rounds after 2 "
-        "warm-up, order alternating; paired = median over rounds of ours / anchor's step",
+        "warm-up, order alternating; paired = median over rounds of ours / anchor's step "
+        "(wall); CPU = the same of both ranks' CPU seconds a step",
         f"{'part':<12} {'anchor':<26} {'ours s':>8} {'anchor s':>9} {'paired':>7} "
-        f"{'[q1, q3]':>14}  loss: step 1 ours, |ours - anchor|; last step's |diff|",
+        f"{'[q1, q3]':>14} {'CPU':>7}  loss: step 1 ours, |ours - anchor|; last step's |diff|",
     ]
     print(*lines, sep="\n", flush=True)
     rows = []
@@ -367,7 +383,8 @@ def run(a: argparse.Namespace) -> int:
             rows.append(row)
             line = (
                 f"{part:<12} {label:<26} {row['ours']:>8.4f} {row['anchor']:>9.4f} "
-                f"{row['paired']:>7.3f} [{row['q1']:.3f}, {row['q3']:.3f}]  "
+                f"{row['paired']:>7.3f} [{row['q1']:.3f}, {row['q3']:.3f}] "
+                f"{row['cpu']['paired']:>7.3f}  "
                 f"{row['step1_loss']['ours']:.6f}, {row['step1_loss']['diff']:.1e}; "
                 f"last step's {row['last_loss']['diff']:.1e}"
             )
