@@ -8,9 +8,10 @@ each per round (forward, backward, SGD step), the order alternating from round t
 round after two warm-up rounds (``pipeline._alternate_rounds``); ``paired`` is the
 median over rounds of our step time over the anchor's in the same round, with its
 quartiles; ``CPU`` the same ratio of both ranks' CPU seconds a step (``process_time``,
-gloo's threads included: the work, free of the waits for a core). Each row also gives the two sides' loss difference at step 1 (taken
-before the rounds: the same weights and batch, so the same computation) and at the
-last step (the same number of SGD steps since: the same training).
+gloo's threads included: the work, free of the waits for a core). Each row also gives
+the two sides' loss difference at step 1 (taken before the rounds: the same weights and
+batch, so the same computation) and at the last step (the same number of SGD steps
+since: the same training).
 
 Pipeline: GPT-2 (4 blocks, width 128, 4 heads, vocabulary 512, its head tied to its
 token embedding, no dropout, ``use_cache=False``), ``--microbatches`` M. Ours is the
