@@ -353,6 +353,22 @@ def _parts(a: argparse.Namespace) -> list[tuple[str, str]]:
     return out
 
 
+def _table_head(a: argparse.Namespace, group: str) -> list[str]:
+    """A part's title and column names."""
+    title = (
+        f"Pipeline: GPT-2 (4 x 128, tied), batch {a.batch} x {a.seq} tokens, "
+        f"M={a.microbatches}; ours: the pipeline strategy; anchor: torch.distributed.pipelining"
+        if group == "pipeline"
+        else f"Tensor: Llama (2 x 128) on 2 ranks, batch {a.batch} x {a.seq} tokens, "
+        "base_model_tp_plan; ours: the tensor strategy; anchor: DTensor"
+    )
+    return [
+        title,
+        f"{'part':<12} {'anchor':<26} {'ours s':>8} {'anchor s':>9} {'paired':>7} "
+        f"{'[q1, q3]':>14} {'CPU':>7}  loss: step 1 ours, |ours - anchor|; last step's",
+    ]
+
+
 def run(a: argparse.Namespace) -> int:
     parts = _parts(a)
     m = a.microbatches
@@ -364,16 +380,18 @@ def run(a: argparse.Namespace) -> int:
     if not 2 <= a.seq <= 64 or a.rounds < 1:
         raise UsageError("--seq must be 2 to 64 (GPT-2's n_positions) and --rounds >= 1")
     lines = [
-        f"batch {a.batch} x {a.seq} tokens, M={m} (pipeline), {a.rounds} rounds after 2 "
-        "warm-up, order alternating; paired = median over rounds of ours / anchor's step "
-        "(wall); CPU = the same of both ranks' CPU seconds a step",
-        f"{'part':<12} {'anchor':<26} {'ours s':>8} {'anchor s':>9} {'paired':>7} "
-        f"{'[q1, q3]':>14} {'CPU':>7}  loss: step 1 ours, |ours - anchor|; last step's |diff|",
+        f"{a.rounds} rounds after 2 warm-up, order alternating; paired = median over rounds "
+        "of ours / anchor's step (wall), [quartiles]; CPU = the same of both ranks' CPU "
+        "seconds a step"
     ]
     print(*lines, sep="\n", flush=True)
     rows = []
     per_rank = bench_pipeline._spawn(_measure, 2, (a, parts))  # every part, the same processes
+    group = ""
     for i, (part, how) in enumerate(parts):
+        if group != (group := "tensor" if part == "tensor" else "pipeline"):  # a new table
+            lines += ["", *_table_head(a, group)]
+            print(*lines[-3:], sep="\n", flush=True)
         label = "DTensor parallelize_module" if part == "tensor" else f"torch {how}"
         failed = next((r[i]["error"] for r in per_rank if "error" in r[i]), None)
         if failed is not None:
@@ -387,7 +405,7 @@ def run(a: argparse.Namespace) -> int:
                 f"{row['paired']:>7.3f} [{row['q1']:.3f}, {row['q3']:.3f}] "
                 f"{row['cpu']['paired']:>7.3f}  "
                 f"{row['step1_loss']['ours']:.6f}, {row['step1_loss']['diff']:.1e}; "
-                f"last step's {row['last_loss']['diff']:.1e}"
+                f"{row['last_loss']['diff']:.1e}"
             )
         lines.append(line)
         print(line, flush=True)
