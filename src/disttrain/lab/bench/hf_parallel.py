@@ -40,11 +40,12 @@ DTensor's ``parallelize_module`` with the same plan as ``ColwiseParallel`` /
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -75,6 +76,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="traced,manual",
         help="the pipeline anchor's stages, one row each: traced (torch's pipeline()), "
         "manual (PipelineStage around our stage modules)",
+    )
+    parser.add_argument(
+        "--no-activation-meter",
+        dest="activation_meter",
+        action="store_false",
+        help="diagnosis: our pipeline without its runner's saved-activation meter (a Python "
+        "hook per saved tensor), to see what the meter costs",
     )
     parser.add_argument("--out", default="", help="folder for results.json and report.txt")
 
@@ -140,7 +148,16 @@ def _our_pipeline(a: argparse.Namespace, sched: str, ids: torch.Tensor) -> Calla
         flags["virtual_stages"] = stages // 2
     strategy = Pipeline(load(flags), world.current(), _own_loss)
     part = strategy.prepare_model(_gpt2(), ids)
+    if not getattr(a, "activation_meter", True):  # the diagnosis: ours without the meter
+        strategy.runner.activations.recording = _no_recording  # type: ignore[method-assign]
     return _ours_step(strategy, part, {"input_ids": ids, "labels": ids})
+
+
+@contextlib.contextmanager
+def _no_recording(for_w: Callable[[], bool] | None = None) -> Iterator[list[Any]]:
+    """``ActivationMeter.recording`` that counts nothing (no saved-tensor hooks): for the
+    schedules measured here, which have no W action to read the saves."""
+    yield []
 
 
 def _anchor_stages(a: argparse.Namespace, how: str, sched: str, ids: torch.Tensor) -> list[Any]:
@@ -357,7 +374,9 @@ def _table_head(a: argparse.Namespace, group: str) -> list[str]:
     """A part's title and column names."""
     title = (
         f"Pipeline: GPT-2 (4 x 128, tied), batch {a.batch} x {a.seq} tokens, "
-        f"M={a.microbatches}; ours: the pipeline strategy; anchor: torch.distributed.pipelining"
+        f"M={a.microbatches}; ours: the pipeline strategy"
+        + ("" if a.activation_meter else " without its activation meter")
+        + "; anchor: torch.distributed.pipelining"
         if group == "pipeline"
         else f"Tensor: Llama (2 x 128) on 2 ranks, batch {a.batch} x {a.seq} tokens, "
         "base_model_tp_plan; ours: the tensor strategy; anchor: DTensor"
@@ -411,9 +430,10 @@ def run(a: argparse.Namespace) -> int:
         print(line, flush=True)
     if a.out:
         os.makedirs(a.out, exist_ok=True)
-        settings = {k: getattr(a, k) for k in ("parts", "microbatches", "batch", "seq", "rounds")}
+        keys = ("parts", "anchor", "microbatches", "batch", "seq", "rounds", "activation_meter")
+        settings = {k: getattr(a, k) for k in keys}
         with open(os.path.join(a.out, "results.json"), "w") as fh:
-            json.dump({"settings": settings | {"anchor": a.anchor}, "rows": rows}, fh, indent=2)
+            json.dump({"settings": settings, "rows": rows}, fh, indent=2)
         with open(os.path.join(a.out, "report.txt"), "w") as fh:
             fh.write("\n".join(lines) + "\n")
         print(f"\nwrote {a.out}/results.json and {a.out}/report.txt")
