@@ -76,6 +76,25 @@ def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     ]
 
 
+def _padding(x: torch.Tensor) -> torch.Tensor:
+    """An attention mask padding the first 3 positions of every odd sample (1: a token, 0:
+    padding; on the left, where a token would attend to them unmasked): each micro-batch of
+    2 or more holds as many tokens, so that the mean of the micro-batches' mean losses is
+    the batch's (with unequal counts it weighs tokens unequally, as gradient accumulation
+    does: docs/model-parallel.md)."""
+    pads = 3 * (torch.arange(x.shape[0]) % 2)
+    return (torch.arange(SEQ) >= pads[:, None]).long()
+
+
+def _dict_batch(x: torch.Tensor, y: torch.Tensor, padded: bool) -> dict[str, torch.Tensor]:
+    """A transformers batch: ids and labels, and with ``padded`` its padding mask (labels
+    -100 there, as a collator pads them)."""
+    if not padded:
+        return {"input_ids": x, "labels": y}
+    mask = _padding(x)
+    return {"input_ids": x, "attention_mask": mask, "labels": y.masked_fill(mask == 0, -100)}
+
+
 def _loss(output: Any, y: Any) -> torch.Tensor:
     """A user's loss of the model's own output (a pipeline's last stage rebuilds it)."""
     labels = y["labels"] if isinstance(y, dict) else y
@@ -91,19 +110,20 @@ def _sgd(params: Any) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.5)
 
 
-def _reference(model: nn.Module, dicts: bool) -> dict[str, torch.Tensor]:
+def _reference(model: nn.Module, dicts: bool | str) -> dict[str, torch.Tensor]:
     """The unsplit model trained in one process on the whole batches (dict batches: with
     the model's own loss of its labels, shifted as transformers shifts them)."""
     model = copy.deepcopy(model)
     opt = _sgd(model.parameters())
     for x, y in _batches():
         opt.zero_grad(set_to_none=True)
-        (model(input_ids=x, labels=y).loss if dicts else _loss(model(x), y)).backward()
+        batch = _dict_batch(x, y, dicts == "padded")
+        (model(**batch).loss if dicts else _loss(model(x), y)).backward()
         opt.step()
     return {n: p.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}
 
 
-def _pipeline(family: str, flags: dict[str, Any], dicts: bool = False) -> dict[str, Any]:
+def _pipeline(family: str, flags: dict[str, Any], dicts: bool | str = False) -> dict[str, Any]:
     """Train ``family``'s model on this rank's stage as the trainer orders the hooks; the
     largest difference from the reference, and this rank's copies of the tied weights."""
     from disttrain.comm import world
@@ -122,7 +142,8 @@ def _pipeline(family: str, flags: dict[str, Any], dicts: bool = False) -> dict[s
     for x, y in data:
         opt.zero_grad(set_to_none=True)
         if dicts:  # a transformers batch: the ids feed stage 0, the labels the model's loss
-            strategy.forward_backward({"input_ids": x}, {"input_ids": x, "labels": y})
+            batch = _dict_batch(x, y, dicts == "padded")  # a padding mask: every stage's
+            strategy.forward_backward(batch, batch)
         else:
             strategy.forward_backward(x, y)
         strategy.after_backward()
@@ -144,7 +165,7 @@ def _pipeline(family: str, flags: dict[str, Any], dicts: bool = False) -> dict[s
     return {"worst": worst, "sizes": strategy.sizes, "tied": tied, "whole": whole is not None}
 
 
-CASES: dict[str, tuple[str, dict[str, Any], bool]] = {
+CASES: dict[str, tuple[str, dict[str, Any], bool | str]] = {
     "gpt2-gpipe": ("gpt2", {"schedule": "gpipe", "microbatches": 4}, False),
     "gpt2-1f1b": (
         "gpt2",
@@ -163,6 +184,9 @@ CASES: dict[str, tuple[str, dict[str, Any], bool]] = {
         False,
     ),
     "llama-1f1b": ("llama", {"schedule": "1f1b", "microbatches": 2}, False),
+    # padded sequences: each stage's blocks read their micro-batch's attention_mask
+    "gpt2-1f1b-padded": ("gpt2", {"schedule": "1f1b", "microbatches": 4}, "padded"),
+    "llama-zb2-padded": ("llama", {"schedule": "zb2", "microbatches": 2}, "padded"),
 }
 
 WORLDS = SharedWorlds(

@@ -9,7 +9,9 @@ each a thin wrapper that holds the model's own modules (so a stage trains the
 model's own parameters, and the model itself is what comes back at the end) and
 rebuilds what the model's ``forward`` computes outside its blocks (positions, the
 causal mask, the rotary embedding) from the hidden states it is given. Only the
-hidden states cross a stage boundary.
+hidden states cross a stage boundary: what else a block needs of its micro-batch (a
+padding ``attention_mask``) every stage slices from the batch it holds (every stage of
+a pipeline is given the whole batch), under :func:`micro_batch`.
 
 Families are recognised by their structure, not their class:
 
@@ -28,8 +30,10 @@ them, so that the copies stay equal.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -42,6 +46,7 @@ __all__ = [
     "Chain",
     "as_chain",
     "batch_norm_at",
+    "micro_batch",
     "model_output",
     "shared_parameters",
     "split_sizes",
@@ -93,13 +98,38 @@ def _positions(h: torch.Tensor) -> torch.Tensor:
     return torch.arange(h.shape[1], device=h.device).unsqueeze(0)
 
 
+#: the micro-batch a pipeline's stage is working on (forward, recompute, backward), as the
+#: batch gave it: where a block finds its padding mask
+_MICRO_BATCH: contextvars.ContextVar[Any] = contextvars.ContextVar("micro_batch", default=None)
+
+
+@contextlib.contextmanager
+def micro_batch(batch: Any) -> Iterator[None]:
+    """While a stage works on ``batch`` (its slice of the step's batch, a dict for a
+    transformers model): the blocks read its ``attention_mask`` there."""
+    token = _MICRO_BATCH.set(batch)
+    try:
+        yield
+    finally:
+        _MICRO_BATCH.reset(token)
+
+
+def _padding_mask() -> torch.Tensor | None:
+    """The current micro-batch's ``attention_mask`` (1: a token, 0: padding), if it has one."""
+    batch = _MICRO_BATCH.get()
+    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+    return mask if isinstance(mask, torch.Tensor) else None
+
+
 def _causal_mask(config: Any, h: torch.Tensor) -> Any:
-    """The causal mask of unpadded, unpacked sequences (positions 0..T-1): no position ids
-    given, so that nothing reads the tensors' values (a meta run has none)."""
+    """The causal mask as the model's ``forward`` builds it, with the micro-batch's padding
+    mask where it has one; positions 0..T-1 (no position ids given, so that without a
+    padding mask nothing reads the tensors' values: a meta run has none)."""
     from transformers.masking_utils import create_causal_mask
 
+    mask = _padding_mask()
     return create_causal_mask(
-        config=config, inputs_embeds=h, attention_mask=None, cache=None, position_ids=None
+        config=config, inputs_embeds=h, attention_mask=mask, cache=None, position_ids=None
     )
 
 

@@ -129,17 +129,12 @@ TIED = 2
 
 def _input_ids(batch: Mapping[str, Any]) -> torch.Tensor:
     """A transformers batch's token ids: what stage 0 is fed (the rest of the batch is the
-    loss's). A padding mask would have to reach every stage: refused, in one line."""
+    loss's, and a padding mask each stage's blocks read from their micro-batch's slice:
+    parallel/chain.py, ``micro_batch``)."""
     if "input_ids" not in batch:
         raise UsageError(
             f"a pipeline's dict batch needs input_ids (stage 0's input), got keys "
             f"{', '.join(sorted(batch))}: yield input_ids (and labels for the loss)"
-        )
-    mask = batch.get("attention_mask")
-    if isinstance(mask, torch.Tensor) and not bool(mask.all()):
-        raise UsageError(
-            "a pipeline passes only the hidden states between stages, not an attention_mask "
-            "with padding: pack the sequences to one length (no padding) or drop the mask"
         )
     ids = batch["input_ids"]
     assert isinstance(ids, torch.Tensor)

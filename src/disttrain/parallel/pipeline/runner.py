@@ -39,6 +39,7 @@ from torch.utils.checkpoint import checkpoint
 from disttrain import batch as batches
 from disttrain import timeline
 from disttrain.comm import p2p, phases
+from disttrain.parallel import chain as chains
 from disttrain.parallel.pipeline import split
 from disttrain.parallel.pipeline.inbox import Inbox
 from disttrain.parallel.pipeline.schedule import SCHEDULES, Action, Grid, replay_kind
@@ -293,7 +294,8 @@ class PipelineRunner:
             t1 = time.perf_counter()
             times.comm += t1 - t0
             cpu1 = time.thread_time()
-            out = self._compute(action, st, loss_sum)
+            with chains.micro_batch(st.ys[m]):  # a block's padding mask (parallel/chain.py)
+                out = self._compute(action, st, loss_sum)
             t2 = time.perf_counter()
             times.compute += t2 - t1
             cpu = time.thread_time() - cpu1
