@@ -242,9 +242,17 @@ def _gpipe_vs_1f1b_memory() -> tuple[int, int]:
             workers=2, strategy="pipeline", batch_size=64, microbatches=8, schedule=schedule
         )
         strategy = Pipeline(cfg, world.current(), loss_fn)
-        ref.train(strategy, ref.model(), ref.batches(64, steps=2))
+        # 3 steps: the third is not metered (runner.metered), the figures stay the second's
+        ref.train(strategy, ref.model(), ref.batches(64, steps=3))
+        assert not strategy.runner.metering
         peaks.append(strategy.runner.activations.peak)
     return peaks[0], peaks[1]
+
+
+def test_a_schedule_without_w_meters_its_first_steps_and_every_16th() -> None:
+    from disttrain.parallel.pipeline.runner import metered
+
+    assert [step for step in range(40) if metered(step)] == [0, 1, 16, 32]
 
 
 def test_1f1b_holds_fewer_activations_than_gpipe() -> None:
