@@ -9,7 +9,9 @@ within 1e-4 (fused kernels sum in another order).
 
 ``make test`` runs two rows, the whole model (allreduce) and a part of it (a pipeline
 stage); the others, a tensor-parallel slice among them, are marked slow (``make
-test-long``): each costs two runs (~11 s).
+test-long``): each costs two runs (~11 s). So is the inductor run (36 CPU-s, most of it
+torch's C++ compiler: the aot_eager rows cover our part of the path, dynamo and
+AOTAutograd tracing the step, in ``make test``).
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ def test_a_compiled_run_trains_as_the_eager_one(strategy: str, tmp_path: Path) -
     assert _worst(eager, compiled) <= 1e-5
 
 
+@pytest.mark.slow  # make test-long: 36 CPU-s of C++ compiling; aot_eager's rows above are fast
 @pytest.mark.timeout(300)
 def test_inductor_compiles_and_stays_within_1e_4(tmp_path: Path) -> None:
     eager, _ = _run(tmp_path / "eager", "allreduce", [])
