@@ -36,9 +36,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from disttrain.strategies.spec import parse_one
+
 __all__ = ["add_arguments", "run"]
 
-CONFIGS = ("allreduce", "zero-1", "zero-2", "zero-3", "torch-zero1", "fsdp2")
+#: our configurations, each a run spec of the strategies' grammar (strategies/spec.py)
+SPECS = {
+    "allreduce": "allreduce",
+    "zero-1": "zero:zero_stage=1",
+    "zero-2": "zero:zero_stage=2",
+    "zero-3": "zero:zero_stage=3",
+}
+CONFIGS = (*SPECS, "torch-zero1", "fsdp2")
 #: the anchor each configuration's ratio is taken against
 ANCHORS = {"zero-1": "torch-zero1", "zero-2": "allreduce", "zero-3": "fsdp2"}
 
@@ -122,7 +131,7 @@ def _torch_step(name: str, model: Any, xs: list[Any], ys: list[Any]) -> Step:
 def _disttrain_step(
     name: str, args: argparse.Namespace, model: Any, xs: list[Any], ys: list[Any]
 ) -> tuple[Step, Any]:
-    """disttrain's allreduce strategy, or ``--strategy zero`` at stage ``name[-1]``, with Adam.
+    """disttrain's configuration ``name`` (its run spec in :data:`SPECS`), with Adam.
 
     Its step times each of :data:`PHASES` apart; returns it with the strategy.
     """
@@ -142,11 +151,8 @@ def _disttrain_step(
         "algorithm": args.algorithm,
         "optimizer": "adam",
     }
-    if name.startswith("zero"):
-        flags.update(strategy="zero", zero_stage=int(name[-1]))
-    strategy = strategies.get(flags.get("strategy", "allreduce")).build(
-        config.load(flags), world, loss_fn
-    )
+    flags = parse_one(SPECS[name]).flags(flags)  # the variant's strategy and settings
+    strategy = strategies.get(flags["strategy"]).build(config.load(flags), world, loss_fn)
     strategy.setup(model, opt)
 
     def dt_step(i: int) -> dict[str, float]:

@@ -29,11 +29,14 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from disttrain.lab.bench.zero import SPECS
+from disttrain.strategies.spec import parse_one
+
 __all__ = ["add_arguments", "run"]
 
 MODELS = ("mlp", "cnn", "gpt")
 OPTIMIZERS = ("sgd", "momentum", "adam")
-STRATEGIES = ("allreduce", "zero-1", "zero-2", "zero-3")
+STRATEGIES = tuple(SPECS)  # bench zero's configurations, each a run spec
 #: the learning rate of each optimizer: large enough that 20 steps move every weight
 LR = {"sgd": 0.05, "momentum": 0.05, "adam": 0.002}
 #: the gpt's context (characters): short, so the matrix stays quick
@@ -134,8 +137,7 @@ def _train(
         "algorithm": args.algorithm,
         "optimizer": optimizer,
     }
-    if name.startswith("zero"):
-        flags.update(strategy="zero", zero_stage=int(name[-1]))
+    flags = parse_one(SPECS[name]).flags(flags)  # the variant's strategy and settings
     cfg = config.load(flags)
     torch.manual_seed(0)
     model = _model(model_name, data)
