@@ -8,15 +8,19 @@ the same global batches: allreduce and ZeRO stages 1-3 on 2 workers, allreduce a
 ZeRO-3 on 4, and a script that keeps its own forward and ``optimizer.step()``
 (``run.backward``). ZeRO-3 gives bit-identical parameters in two runs.
 
-Model parallelism on 4 ranks (issue 50), the same 20 steps: GPT-2 cut into 4 stages (one
-block each; its tied embedding on stage 0 and head on stage 3) under GPipe, 1F1B, ZB-H1 and
-ZB-H2, dp 2 x pp 2 and dp 2 x tp 2 (its built-in plan); Llama under 1F1B on 4 stages and the
-same two meshes. Each strategy builds the user's AdamW again over its rank's part; the
-model gathered on rank 0 is compared (GPT-2's head still its embedding).
+Model parallelism on 4 ranks (issue 50), the same 20 steps, GPT-2 and Llama each: cut into
+4 stages (one block each; GPT-2's tied embedding on stage 0 and head on stage 3) under
+GPipe, 1F1B, ZB-H1 and ZB-H2, 6-block versions in 8 stages under interleaved 1F1B (2 a
+rank), dp 2 x pp 2 and dp 2 x tp 2 (the family's built-in plan). Each strategy builds the
+user's AdamW again over its rank's part; the model gathered on rank 0 is compared (GPT-2's
+head still its embedding). tests/strategies/test_pipeline_any_model.py has every schedule
+on 2 ranks.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -47,24 +51,24 @@ class ByteWindows(torch.utils.data.Dataset):
         return {"input_ids": self.windows[i], "labels": self.windows[i]}
 
 
-def gpt2(tied: bool = True) -> torch.nn.Module:
+def gpt2(tied: bool = True, layers: int = 2) -> torch.nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
     from transformers.utils import logging
 
     logging.set_verbosity_error()  # the config's token ids outside a 256-byte vocabulary
     config = GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, vocab_size=256, n_positions=SEQ,
+        n_layer=layers, n_embd=32, n_head=2, vocab_size=256, n_positions=SEQ,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=tied,
     )  # fmt: skip
     torch.manual_seed(0)
     return GPT2LMHeadModel(config)
 
 
-def llama() -> torch.nn.Module:
+def llama(layers: int = 2) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+        num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=2,
         num_key_value_heads=2, vocab_size=256, max_position_embeddings=SEQ,
         bos_token_id=0, eos_token_id=0, pad_token_id=0,
     )  # fmt: skip
@@ -72,9 +76,15 @@ def llama() -> torch.nn.Module:
     return LlamaForCausalLM(config)
 
 
-MODELS = {"gpt2": gpt2, "llama": llama}
+MODELS: dict[str, Callable[[], torch.nn.Module]] = {
+    "gpt2": gpt2,
+    "llama": llama,
+    # 6 blocks: 8 layers in the chain, 2 stages of each of 4 ranks (interleaved)
+    "gpt2-6": functools.partial(gpt2, layers=6),
+    "llama-6": functools.partial(llama, layers=6),
+}
 #: each family's tied pair (Llama's config unties its head)
-TIED = {"gpt2": ("lm_head.weight", "transformer.wte.weight")}
+TIED = {name: ("lm_head.weight", "transformer.wte.weight") for name in ("gpt2", "gpt2-6")}
 
 
 def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -122,6 +132,11 @@ STAGES = {
     "llama": "model.layers.0,model.layers.1,model.norm",
 }
 SECOND_HALF = {"gpt2": "transformer.h.1", "llama": "model.layers.1"}
+#: 8 stages of the 6-block models, 2 on each of 4 ranks (rank r holds stages r and r + 4)
+EIGHT_STAGES = {
+    "gpt2-6": ",".join([*(f"transformer.h.{i}" for i in range(6)), "transformer.ln_f"]),
+    "llama-6": ",".join([*(f"model.layers.{i}" for i in range(6)), "model.norm"]),
+}
 
 
 def _model_parallel(family: str, schedules: tuple[str, ...]) -> dict[str, tuple[Any, ...]]:
@@ -150,10 +165,18 @@ CASES: dict[str, tuple[Any, ...]] = {
         "zero3-4": (4, "zero", {"zero_stage": 3}, False),
     }.items()
 }
-# every schedule on GPT-2 (tied: the embedding on stage 0, the head on stage 3); Llama's 1F1B
-CASES |= _model_parallel("gpt2", ("gpipe", "1f1b", "zb1", "zb2")) | _model_parallel(
-    "llama", ("1f1b",)
-)
+# every schedule on both (GPT-2 tied: the embedding on stage 0, the head on stage 3); the
+# interleaved one on the 6-block models
+for family in ("gpt2", "llama"):
+    CASES |= _model_parallel(family, ("gpipe", "1f1b", "zb1", "zb2"))
+    six = {"microbatches": 4, "virtual_stages": 2, "split_points": EIGHT_STAGES[f"{family}-6"]}
+    CASES[f"{family}-6-pipeline-4-interleaved"] = (
+        f"{family}-6",
+        4,
+        "pipeline",
+        {"schedule": "interleaved", **six},
+        False,
+    )
 WORLDS = SharedWorlds(
     {name: (n, _distributed, (f, s, kw, own)) for name, (f, n, s, kw, own) in CASES.items()},
     timeout=240,

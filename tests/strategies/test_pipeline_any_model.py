@@ -184,6 +184,20 @@ CASES: dict[str, tuple[str, dict[str, Any], bool | str]] = {
         False,
     ),
     "llama-1f1b": ("llama", {"schedule": "1f1b", "microbatches": 2}, False),
+    # the other schedules on the other family: every schedule on both
+    "gpt2-zb2": ("gpt2", {"schedule": "zb2", "microbatches": 4}, False),
+    "llama-gpipe": ("llama", {"schedule": "gpipe", "microbatches": 2}, False),
+    "llama-zb1-dict": ("llama", {"schedule": "zb1", "microbatches": 2}, True),
+    "llama-interleaved": (
+        "llama",
+        {
+            "schedule": "interleaved",
+            "microbatches": 4,
+            "virtual_stages": 2,
+            "split_points": "model.layers.0,model.layers.1,model.norm",
+        },
+        False,
+    ),
     # padded sequences: each stage's blocks read their micro-batch's attention_mask
     "gpt2-1f1b-padded": ("gpt2", {"schedule": "1f1b", "microbatches": 4}, "padded"),
     "llama-zb2-padded": ("llama", {"schedule": "zb2", "microbatches": 2}, "padded"),
