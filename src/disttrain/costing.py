@@ -135,6 +135,8 @@ class Workload:
     precision: str = "fp32"  # the memory formulas: autocast's weight copies (CAST_BYTES)
     #: each layer's parameter count, when the model is known (a pipeline's --balance list)
     layer_params: tuple[int, ...] | None = None
+    #: the module path each of those layers starts at (a pipeline's --split-points name them)
+    layer_paths: tuple[str, ...] | None = None
     # the parameter tensors' shapes, when the model is known: what a per-layer compressor
     # (PowerSGD's rank-r factors) sends depends on them, not on the count alone
     shapes: tuple[tuple[int, ...], ...] | None = None

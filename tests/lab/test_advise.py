@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from disttrain.cli import main
 from disttrain.comm.errors import UsageError
@@ -226,3 +227,34 @@ def test_table_fits_the_terminal_and_ends_with_a_recommendation(
     best = last.split(": ")[2].split(" (")[0]
     first_row = lines[header + 2]
     assert best in first_row and ", because " in last, (best, first_row)
+
+
+def test_a_transformers_pipeline_is_priced_at_its_split_points(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 50's "the lab prices the split model": advise takes the user's transformers
+    model (GPT-2, its head tied to its embedding) and the split points training takes; the
+    fullest stage's parameters are what it holds, the tied weight on both of its stages."""
+    from examples.workloads import gpt2
+
+    _isolated(tmp_path, monkeypatch)
+    out = tmp_path / "rows.json"
+    even, late = (f"pipeline:1f1b:split_points=transformer.{p}" for p in ("h.1", "ln_f"))
+    argv = ["advise", "--model", "examples.workloads:gpt2", "--nodes", "2"]
+    assert main([*argv, "--strategies", f"{even},{late}", "--json", str(out)]) == 0
+    rows = {r["strategy"]: r for r in json.loads(out.read_text())["rows"]}
+    model = gpt2()
+    t = model.transformer
+
+    def n(*modules: torch.nn.Module) -> int:
+        return sum(p.numel() for m in modules for p in m.parameters())
+
+    embeddings, head = n(t.wte, t.wpe), n(t.ln_f, model.lm_head)  # wte's weight in both
+    want = {even: max(embeddings + n(t.h[0]), n(t.h[1]) + head), late: embeddings + n(t.h)}
+    for spec, params in want.items():
+        assert rows[spec]["memory"]["parameters"] == 4 * params  # fp32
+        assert rows[spec]["step_seconds"] > 0
+        assert "stages of split at transformer." in rows[spec]["note"], rows[spec]
+    # the split the model's own forward cannot start at: one line, exit 2 (as training)
+    code = main([*argv, "--strategies", "pipeline:1f1b:split_points=transformer.h.9"])
+    assert code == 2

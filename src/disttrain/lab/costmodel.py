@@ -58,6 +58,7 @@ from disttrain.costing import (
     compressed_bytes,
     compute_seconds,
 )
+from disttrain.parallel import chain as chains
 from disttrain.strategies import STRATEGIES
 from disttrain.strategies.spec import RunSpec, parse_one
 
@@ -194,9 +195,12 @@ def assess(
     """Every spec's step and memory per worker (fitting in ``limit`` bytes, if given): the
     modelled rows fastest first, then those with memory alone. ValueError for a bad spec."""
     rows = []
-    # the layers' sizes: what a pipeline's --balance list cuts (dense layers: work ∝ params)
-    sizes = tuple(sum(p.numel() for p in layer.parameters()) for layer in model.children())
-    work = replace(work, layer_params=sizes)
+    # the layers' work: what a pipeline's --balance list cuts (dense layers: work ∝ params;
+    # an embedding's lookup does no arithmetic per parameter), and their paths, where its
+    # --split-points cut
+    layers, paths = _layers(model)
+    sizes = tuple(_dense_params(layer) for layer in layers)
+    work = replace(work, layer_params=sizes, layer_paths=paths)
     for spec in specs:
         why = ""
         try:
@@ -213,6 +217,25 @@ def assess(
         fits = None if limit is None else mem is not None and mem.total <= limit
         rows.append(Row(spec.label, step, mem, why, fits))
     return sorted(rows, key=lambda r: (r.step is None, r.step.step_seconds if r.step else 0.0))
+
+
+def _dense_params(layer: nn.Module) -> int:
+    """Parameters of ``layer`` outside its embeddings (a tied head's are counted: it is a
+    matrix product)."""
+    looked_up = {
+        id(p) for m in layer.modules() if isinstance(m, nn.Embedding) for p in m.parameters()
+    }
+    return sum(p.numel() for p in layer.parameters() if id(p) not in looked_up)
+
+
+def _layers(model: nn.Module) -> tuple[list[nn.Module], tuple[str, ...] | None]:
+    """The layers a pipeline cuts, and their paths: the model as a chain (an nn.Sequential,
+    a transformers causal LM: parallel/chain.py), else its children (no paths)."""
+    try:
+        chain = chains.as_chain(model, "pipeline")
+    except UsageError:
+        return list(model.children()), None
+    return list(chain.layers), tuple(chain.paths)
 
 
 def fitting(rows: list[Row]) -> list[Row]:

@@ -288,15 +288,16 @@ def batch_norm_at(chain: Chain) -> str | None:
     return None
 
 
-def split_sizes(chain: Chain, points: Sequence[str], stages: int, flag: str) -> list[int]:
-    """Layers per stage when the stages start at the module paths ``points`` (UsageError
-    naming the path and what to change otherwise; ``flag``: the stage count's flag)."""
-    starts = {path: i for i, path in enumerate(chain.paths)}
-    choices = _choices(chain)
+def split_sizes(paths: Sequence[str], points: Sequence[str], stages: int, flag: str) -> list[int]:
+    """Layers per stage when the stages start at the module paths ``points``, of a chain whose
+    layers start at ``paths`` (:attr:`Chain.paths`); UsageError naming the path and what to
+    change otherwise (``flag``: the stage count's flag)."""
+    starts = {path: i for i, path in enumerate(paths)}
+    choices = _choices(paths)
     cuts = []
     for point in points:
         if point not in starts:
-            raise UsageError(_not_a_cut(chain, point, choices))
+            raise UsageError(_not_a_cut(paths, point, choices))
         if starts[point] == 0:
             raise UsageError(
                 f"--split-points {point} is where the model starts (the first stage's first "
@@ -313,20 +314,20 @@ def split_sizes(chain: Chain, points: Sequence[str], stages: int, flag: str) -> 
             f"--split-points names {len(cuts)} split points, {len(cuts) + 1} stages, but there "
             f"are {stages} ({flag}): name {stages - 1} split points"
         )
-    bounds = [0, *cuts, len(chain.paths)]
+    bounds = [0, *cuts, len(paths)]
     return [b - a for a, b in itertools.pairwise(bounds)]
 
 
-def _choices(chain: Chain) -> str:
-    paths = chain.paths[1:]
+def _choices(all_paths: Sequence[str]) -> str:
+    paths = all_paths[1:]
     if len(paths) <= 4:
         return ", ".join(paths)
     return f"{paths[0]}, {paths[1]}, ..., {paths[-1]}"
 
 
-def _not_a_cut(chain: Chain, point: str, choices: str) -> str:
+def _not_a_cut(paths: Sequence[str], point: str, choices: str) -> str:
     # a module inside a layer (an attention inside a block): the layer's path is the cut
-    inside = next((p for p in chain.paths if point.startswith(p + ".")), None)
+    inside = next((p for p in paths if point.startswith(p + ".")), None)
     if inside is not None:
         return (
             f"--split-points {point} is inside {inside}, not where a stage can start: split at "

@@ -60,7 +60,7 @@ def stage_sizes_at(chain: chains.Chain, pc: ParallelConfig, cuts: int, flag: str
     """Layers per stage from ``--split-points`` (``cuts`` stages in all)."""
     v = pc.chunks
     flag = flag if v == 1 else f"{flag} x --virtual-stages {v}"
-    return chains.split_sizes(chain, pc.split_at, cuts, flag)
+    return chains.split_sizes(chain.paths, pc.split_at, cuts, flag)
 
 
 def check_pipeline(

@@ -91,10 +91,15 @@ def _gpt2() -> Any:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    cfg = GPT2Config(
-        n_layer=4, n_embd=128, n_head=4, vocab_size=512, n_positions=64, use_cache=False,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
+    sizes: dict[str, Any] = {
+        "n_layer": 4,
+        "n_embd": 128,
+        "n_head": 4,
+        "vocab_size": 512,
+        "n_positions": 64,
+    }
+    no_dropout: dict[str, Any] = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+    cfg = GPT2Config(**sizes, **no_dropout, use_cache=False, bos_token_id=0, eos_token_id=0)
     return GPT2LMHeadModel(cfg)
 
 
@@ -102,11 +107,11 @@ def _llama() -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(
-        num_hidden_layers=2, hidden_size=128, num_attention_heads=4, num_key_value_heads=4,
-        intermediate_size=256, vocab_size=512, max_position_embeddings=64, use_cache=False,
-        bos_token_id=0, eos_token_id=0, pad_token_id=0,
-    )  # fmt: skip
+    sizes: dict[str, Any] = {"num_hidden_layers": 2, "hidden_size": 128, "intermediate_size": 256}
+    heads: dict[str, Any] = {"num_attention_heads": 4, "num_key_value_heads": 4}
+    tokens: dict[str, Any] = {"vocab_size": 512, "max_position_embeddings": 64, "use_cache": False}
+    ids: dict[str, Any] = {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
+    cfg = LlamaConfig(**sizes, **heads, **tokens, **ids)
     return LlamaForCausalLM(cfg)
 
 
@@ -177,7 +182,7 @@ def _anchor_stages(a: argparse.Namespace, how: str, sched: str, ids: torch.Tenso
         pipe = pipeline(model, mb_args=(ids.chunk(a.microbatches)[0],), split_spec=spec)
         return [pipe.build_stage(s, cpu) for s in range(rank, stages, p)]
     chain = chains.as_chain(model, "pipeline")
-    parts = placement.split(chain.layers, chains.split_sizes(chain, points, stages, "stages"))
+    parts = placement.split(chain.layers, chains.split_sizes(chain.paths, points, stages, "stages"))
     return [PipelineStage(parts[s], s, stages, cpu) for s in range(rank, stages, p)]
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from torch import nn
 
 from disttrain import costing
+from disttrain.parallel import chain as chains
 from disttrain.parallel import placement
 from disttrain.parallel.pipeline import schedule
 from disttrain.parallel.settings import ParallelConfig
@@ -21,15 +22,30 @@ if TYPE_CHECKING:
 __all__ = ["PipelineCost"]
 
 
-def _stage_shares(
-    pc: ParallelConfig, ranks: int, chunks: int, layer_params: tuple[int, ...] | None
-) -> list[float] | None:
-    """Each model stage's share of the work under a ``--balance`` list: its layers' share of
-    the parameters where the model is known (``layer_params``: dense layers compute in
-    proportion), else its share of the layers; None for the equal cut (``params``, and
-    ``time``, which only training measures)."""
+def _cut(pc: ParallelConfig, cuts: int, paths: tuple[str, ...] | None) -> list[int] | None:
+    """Layers per stage: at ``--split-points`` (module paths of the model's chain, ``paths``)
+    or as a ``--balance`` list; None for the equal cut (``params``, and ``time``, which only
+    training measures)."""
+    if pc.split_at:
+        if paths is None:
+            raise ValueError(
+                "split_points= names the model's modules: give advise --model (a chain: an "
+                "nn.Sequential or a transformers causal LM)"
+            )
+        return chains.split_sizes(paths, pc.split_at, cuts, "--nodes")
     spec = pc.balance_spec()
-    if not isinstance(spec, list):
+    return spec if isinstance(spec, list) else None
+
+
+def _stage_shares(
+    pc: ParallelConfig, ranks: int, chunks: int, work: costing.Workload
+) -> list[float] | None:
+    """Each model stage's share of the work under a cut (:func:`_cut`): its layers' share of
+    the dense parameters where the model is known (``layer_params``: dense layers compute in
+    proportion), else its share of the layers; None for the equal cut."""
+    spec = _cut(pc, ranks * chunks, work.layer_paths)
+    layer_params = work.layer_params
+    if spec is None:
         return None
     if len(spec) != ranks * chunks:
         raise ValueError(f"--balance {pc.balance} lists {len(spec)} stages, not {ranks * chunks}")
@@ -142,6 +158,7 @@ class PipelineCost(StrategyCost):
         "microbatches",
         "virtual_stages",
         "balance",
+        "split_points",
     )
     assumptions: ClassVar[dict[str, str]] = {
         "activation_bytes": "bytes per sample crossing a stage boundary (else not counted)"
@@ -185,7 +202,7 @@ class PipelineCost(StrategyCost):
         m = _runnable_microbatches(spec, pc, kind, p, v)
         net, cal = network, calibration
         busy = work.batch_size * work.flops * cal.seconds_per_flop / p
-        shares = _stage_shares(pc, p, v, work.layer_params)
+        shares = _stage_shares(pc, p, v, work)
         own = work.params * _rank_share(shares, p) * cal.seconds_per_param + cal.seconds_per_step
         pipelined, bubble = _pipelined_seconds(pc.schedule, kind, m, p, v, shares, busy)
         compute = (pipelined + own) * cal.colocation_factor(work.ranks_per_host)
@@ -201,7 +218,8 @@ class PipelineCost(StrategyCost):
             f"{pc.schedule}: bubble {bubble:.1%} of the step at M={m}, V={v}; "
             f"stage 0 holds {held:g} micro-batches' activations (1F1B: {min(m, p)})"
         )
-        note = "equal stages" if shares is None else f"stages of {pc.balance} layers"
+        cut = f"split at {','.join(pc.split_at)}" if pc.split_at else f"{pc.balance} layers"
+        note = "equal stages" if shares is None else f"stages of {cut}"
         note += ", F:B:W = 1:1:1"
         if pc.balance == "time":
             note += "; balance=time is measured in training: equal stages assumed"
@@ -224,7 +242,8 @@ class PipelineCost(StrategyCost):
         them, their gradients and optimizer state (Adam: 16 bytes each). Activations, the
         schedule's part, are not counted (``summary.json`` ``stage0_peak_activation_bytes``)."""
         pc: ParallelConfig = spec.config().section(ParallelConfig)
-        layers = placement.check_sequential(model, "pipeline")
+        chain = chains.as_chain(model, "pipeline")
+        layers = list(chain.layers)
         cuts = nodes * pc.chunks
         if cuts > len(layers):
             raise ValueError(
@@ -233,7 +252,9 @@ class PipelineCost(StrategyCost):
             )
         balance = pc.balance_spec()
         note = "--balance time: split as params (training measures the layers)"
-        if isinstance(balance, list):
+        if pc.split_at:
+            sizes, note = chains.split_sizes(chain.paths, pc.split_at, cuts, "--nodes"), ""
+        elif isinstance(balance, list):
             if len(balance) != cuts or sum(balance) != len(layers):
                 raise ValueError(
                     f"--balance {pc.balance} does not cut {len(layers)} layers into {cuts} stages"
@@ -247,4 +268,7 @@ class PipelineCost(StrategyCost):
             for a, b in placement.stage_bounds(sizes)
         ]
         held = max(sum(counts[r::nodes]) for r in range(nodes))
-        return costing.worker_memory(work, work.params * held / max(sum(counts), 1), note=note)
+        # scaled to the workload's parameters by the model's own (each counted once: a tied
+        # weight is held, and counted, on each stage that uses it)
+        whole = sum(p.numel() for p in chain.layers.parameters())
+        return costing.worker_memory(work, work.params * held / max(whole, 1), note=note)
