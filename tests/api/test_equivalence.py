@@ -67,11 +67,10 @@ def gpt2(tied: bool = True, layers: int = 2) -> torch.nn.Module:
 def llama(layers: int = 2) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
-        num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=2,
-        num_key_value_heads=2, vocab_size=256, max_position_embeddings=SEQ,
-        bos_token_id=0, eos_token_id=0, pad_token_id=0,
-    )  # fmt: skip
+    sizes = {"num_hidden_layers": layers, "hidden_size": 32, "intermediate_size": 64}
+    heads = {"num_attention_heads": 2, "num_key_value_heads": 2}
+    ids = {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
+    config = LlamaConfig(**sizes, **heads, vocab_size=256, max_position_embeddings=SEQ, **ids)
     torch.manual_seed(0)
     return LlamaForCausalLM(config)
 

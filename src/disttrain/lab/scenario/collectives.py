@@ -33,8 +33,9 @@ NET_OVERHEAD = 3e-6
 TREE_BANDWIDTH = 0.92
 TREE_HOP = 28e-6
 #: treeCorrectionFactor[SIMPLE] of tuning.cc: powers of two from 64 B to 256 MB; 1 beyond.
-TREE_CORRECTION = (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8,
-                   .7, .7, .8, .9, .9)  # fmt: skip
+TREE_CORRECTION: tuple[float, ...] = (
+    (0.9,) * 7 + (0.8, 0.7, 0.6, 0.6) + (0.5,) * 4 + (0.6, 0.7, 0.8, 0.7, 0.7, 0.8, 0.9, 0.9)
+)
 
 
 @dataclass(frozen=True)
