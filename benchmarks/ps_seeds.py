@@ -1,0 +1,79 @@
+"""Issue 51's parameter-server check: async with ``--staleness-lr`` against sync, over seeds.
+
+    .venv/bin/python benchmarks/ps_seeds.py --seeds 3,4,5 [--hogs 2]
+
+Each seed runs the issue's command, ``disttrain train --strategy ps --workers 4 --servers 2
+--epochs 6 --batch-size 64 --straggler 3:4 --seed S``, once with ``--ps-mode sync`` and
+once with ``--ps-mode async --staleness-lr``, one after the other (the order alternating
+by seed); with ``--hogs N``, N ``python3 -c 'while True: pass'`` run beside each run. It
+prints each run's test accuracy and samples/s, then the means and the issue's targets:
+async's mean accuracy within 1 point of sync's, none worse than 2, and at least 2.5x its
+samples/s (the mean of the per-seed ratios).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = ROOT / ".venv" / "bin" / "disttrain"
+COMMAND = ["--strategy", "ps", "--workers", "4", "--servers", "2", "--epochs", "6"]
+COMMAND += ["--batch-size", "64", "--straggler", "3:4", "--no-progress", "--overwrite"]
+MODES = {"sync": ["--ps-mode", "sync"], "async": ["--ps-mode", "async", "--staleness-lr"]}
+
+
+def _run(out: Path, mode: str, seed: int, hogs: int) -> dict[str, float]:
+    beside = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
+    try:
+        flags = [*COMMAND, *MODES[mode], "--seed", str(seed), "--out", str(out)]
+        done = subprocess.run([str(BIN), "train", *flags], capture_output=True, text=True)
+    finally:
+        for hog in beside:
+            hog.send_signal(signal.SIGKILL)
+            hog.wait()
+    if done.returncode != 0:
+        raise SystemExit(f"{mode} seed {seed}: exit {done.returncode}: {done.stderr[-800:]}")
+    summary = json.loads((out / "summary.json").read_text())
+    return {
+        "accuracy": summary["final_accuracy"],
+        "samples_per_second": summary["samples_per_second"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", default="3,4,5")
+    ap.add_argument("--hogs", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path("/tmp/ps-seeds"))
+    a = ap.parse_args()
+    got: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
+    for i, seed in enumerate(int(s) for s in a.seeds.split(",")):
+        for mode in list(MODES)[:: 1 if i % 2 == 0 else -1]:
+            row = _run(a.out / f"{mode}-{seed}", mode, seed, a.hogs)
+            load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+            print(f"{mode} seed {seed}: {json.dumps(row)} load {load}", flush=True)
+            got[mode].append(row)
+    sync, asyn = got["sync"], got["async"]
+    gaps = [s["accuracy"] - x["accuracy"] for s, x in zip(sync, asyn, strict=True)]
+    ratios = [
+        x["samples_per_second"] / s["samples_per_second"] for s, x in zip(sync, asyn, strict=True)
+    ]
+    mean_sync = statistics.mean(r["accuracy"] for r in sync)
+    mean_async = statistics.mean(r["accuracy"] for r in asyn)
+    print(
+        f"sync {mean_sync:.4f}, async --staleness-lr {mean_async:.4f} (mean of {len(gaps)} seeds): "
+        f"gap {mean_sync - mean_async:+.4f} (target <= 0.01), worst seed {max(gaps):+.4f} "
+        f"(target <= 0.02); samples/s async / sync {statistics.mean(ratios):.2f}x "
+        f"({', '.join(f'{r:.2f}' for r in ratios)}; target >= 2.5x)",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()
