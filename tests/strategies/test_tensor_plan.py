@@ -10,6 +10,7 @@ A plan that cannot cut the model is refused in one line before any worker starts
 from __future__ import annotations
 
 import copy
+import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -98,6 +99,7 @@ def _tensor(family: str) -> dict[str, Any]:
     return {
         "worst": worst,
         "tied": tied,
+        "held": sum(p.numel() for p in run.model.parameters()),  # this rank's, each once
         "messages": messages,
         "whole": whole is not None,
         "shapes": shapes,
@@ -134,6 +136,34 @@ def test_a_planned_transformer_equals_the_unsplit_model_after_20_steps(family: s
         assert r["messages"] == MESSAGES[family], r["messages"]
     # run.state_dict(): each rank's own slices (Conv1D's weight is (in, out))
     assert per_rank[0]["shapes"] == per_rank[1]["shapes"] == SLICED[family]
+
+
+def gpt2_model() -> nn.Module:
+    """The test's GPT-2 as a factory of no arguments (``advise --model``)."""
+    return MODELS["gpt2"]()
+
+
+def llama_model() -> nn.Module:
+    return MODELS["llama"]()
+
+
+def test_advise_prices_a_rank_s_parameters_as_the_plan_cuts_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 50's "the lab prices the split model": advise's memory row for tensor on a
+    transformers model is the parameters one rank of the real run above holds (fp32)."""
+    from disttrain.cli import main
+
+    monkeypatch.setattr("disttrain.lab.advise.DEFAULT_PATH", str(tmp_path / "none.json"))
+    out = tmp_path / "rows.json"
+    for family in MODELS:
+        model = f"tests.strategies.test_tensor_plan:{family}_model"
+        argv = ["advise", "--model", model, "--nodes", "2", "--strategies", "tensor"]
+        assert main([*argv, "--json", str(out)]) == 0
+        row = json.loads(out.read_text())["rows"][0]
+        held = {r["held"] for r in WORLDS.get(family)}
+        assert len(held) == 1  # the two ranks hold alike
+        assert row["memory"]["parameters"] == pytest.approx(4 * held.pop(), rel=1e-9), family
 
 
 def test_the_cli_refuses_heads_that_do_not_divide_with_exit_2_before_any_worker() -> None:
