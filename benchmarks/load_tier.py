@@ -15,39 +15,49 @@ test accuracy is reported against it (the issue's "within 1 point").
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = ROOT / ".venv" / "bin" / "disttrain"
+from disttrain.launch import commands, tether
+
 COMMAND = ["--workers", "4", "--epochs", "4", "--batch-size", "96", "--timeout", "10"]
 COMMAND += ["--min-workers", "3", "--no-progress", "--overwrite"]
 
 
-def _hogs() -> list[subprocess.Popen[bytes]]:
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-
-
-def _run(out: Path, fault: str | None) -> dict[str, object]:
-    """One run beside two hogs: its exit code, steps, workers, accuracy and seconds."""
-    hogs = _hogs()
-    flags = [*COMMAND, "--out", str(out)]
-    if fault:
-        flags += ["--inject-fault", f"{fault}:rank=2:step=30"]
-    start = time.monotonic()
-    try:
-        done = subprocess.run(
-            [str(BIN), "train", *flags], capture_output=True, text=True, timeout=900
+@contextlib.contextmanager
+def beside_hogs(n: int) -> Iterator[None]:
+    """``n`` CPU-bound ``python3 -c 'while True: pass'`` running for the block, SIGKILLed
+    after it, and by the kernel if this process dies first (launch/tether.py)."""
+    me = os.getpid()
+    hogs = [
+        subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"], preexec_fn=lambda: tether.tie(me)
         )
+        for _ in range(n)
+    ]
+    try:
+        yield
     finally:
         for hog in hogs:
             hog.send_signal(signal.SIGKILL)
             hog.wait()
+
+
+def _run(out: Path, fault: str | None) -> dict[str, object]:
+    """One run beside two hogs: its exit code, steps, workers, accuracy and seconds."""
+    flags = [*COMMAND, "--out", str(out)]
+    if fault:
+        flags += ["--inject-fault", f"{fault}:rank=2:step=30"]
+    start = time.monotonic()
+    with beside_hogs(2):  # the command is tied to this process too (launch/commands.py)
+        done = commands.run(["train", *flags], timeout=900, capture_output=True, text=True)
     row: dict[str, object] = {"code": done.returncode, "seconds": time.monotonic() - start}
     if done.returncode != 0:
         row["error"] = done.stderr.strip().splitlines()[-1:] or ["(no stderr)"]

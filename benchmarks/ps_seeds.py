@@ -15,28 +15,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = ROOT / ".venv" / "bin" / "disttrain"
+from load_tier import beside_hogs  # benchmarks/: this script's folder
+
+from disttrain.launch import commands
+
 COMMAND = ["--strategy", "ps", "--workers", "4", "--servers", "2", "--epochs", "6"]
 COMMAND += ["--batch-size", "64", "--straggler", "3:4", "--no-progress", "--overwrite"]
 MODES = {"sync": ["--ps-mode", "sync"], "async": ["--ps-mode", "async", "--staleness-lr"]}
 
 
 def _run(out: Path, mode: str, seed: int, hogs: int) -> dict[str, float]:
-    beside = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
-    try:
-        flags = [*COMMAND, *MODES[mode], "--seed", str(seed), "--out", str(out)]
-        done = subprocess.run([str(BIN), "train", *flags], capture_output=True, text=True)
-    finally:
-        for hog in beside:
-            hog.send_signal(signal.SIGKILL)
-            hog.wait()
+    flags = [*COMMAND, *MODES[mode], "--seed", str(seed), "--out", str(out)]
+    with beside_hogs(hogs):  # the command is tied to this process (launch/commands.py)
+        done = commands.run(["train", *flags], timeout=1800, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{mode} seed {seed}: exit {done.returncode}: {done.stderr[-800:]}")
     summary = json.loads((out / "summary.json").read_text())
