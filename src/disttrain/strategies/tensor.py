@@ -34,18 +34,19 @@ __all__ = ["TensorParallel", "TensorSettings", "check_tensor"]
 
 def check_tensor(
     model: nn.Module, size: int, pc: ParallelConfig, size_flag: str, strategy: str = "tensor"
-) -> None:
-    """UsageError unless ``model`` has a plan that cuts it into ``size`` slices, or is an
-    ``nn.Sequential`` with a Linear layer that splits so (``strategy``: the one the user
-    named, for the message)."""
-    if resolve(model, pc.tp_plan, size, size_flag) is not None:
+) -> dict[str, Style] | None:
+    """UsageError unless ``model`` has a plan that cuts it into ``size`` slices (returned,
+    checked), or is an ``nn.Sequential`` with a Linear layer that splits so (None;
+    ``strategy``: the one the user named, for the message)."""
+    assigned = resolve(model, pc.tp_plan, size, size_flag)
+    if assigned is not None:
         if pc.tensor_mode != ParallelConfig.tensor_mode:  # the plan says how each is cut
             raise UsageError(
                 f"--tensor-mode {pc.tensor_mode} slices an nn.Sequential without a plan; "
                 f"{type(model).__name__} is cut by its plan (--tp-plan {pc.tp_plan}): "
                 "drop --tensor-mode"
             )
-        return
+        return assigned
     if not isinstance(model, nn.Sequential):
         raise UsageError(
             f"--strategy {strategy} cuts a model by a tensor-parallel plan, and "
@@ -74,6 +75,7 @@ def check_tensor(
             f"{size_flag} {size}: no Linear layer's width ({', '.join(map(str, widths))}) "
             f"splits into {size} slices: use a {size_flag} that divides one of them"
         )
+    return None
 
 
 class TensorSettings(StrategySettings):

@@ -272,9 +272,8 @@ def _rebound(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> An
     # decoupled_weight_decay, passed on to Adam): built from what it takes, then given the
     # whole group as the user's optimizer had it
     takes = inspect.signature(type(optimizer).__init__).parameters
-    if not any(p.kind is p.VAR_KEYWORD for p in takes.values()):
-        rebuilt = type(optimizer)(params, **{k: v for k, v in group.items() if k in takes})
-    else:
-        rebuilt = type(optimizer)(params, **group)
+    any_key = any(p.kind is p.VAR_KEYWORD for p in takes.values())
+    given = {k: v for k, v in group.items() if any_key or k in takes}
+    rebuilt = type(optimizer)(params, **given)
     rebuilt.param_groups[0].update(group)
     return rebuilt

@@ -22,13 +22,13 @@ __all__ = ["TensorCost"]
 def _planned(model: nn.Module, assigned: dict[str, plan.Style], size: int) -> float:
     """The share of ``model``'s parameters (each counted once: a tied weight is one) a rank
     holds when ``assigned`` cuts them over ``size`` ranks (tp_modules.slices_of)."""
-    cut: dict[int, bool] = {}
+    cut: set[int] = set()
     for path, style in assigned.items():
         module = model.get_submodule(path)
         for name in tp_modules.slices_of(style.name, style.blocks, module):
             param = module._parameters.get(name)  # an ``attention`` entry cuts none itself
             if param is not None:
-                cut[id(param)] = True
+                cut.add(id(param))
     params = list(model.parameters())  # unique
     held = sum(p.numel() / size if id(p) in cut else p.numel() for p in params)
     return held / max(sum(p.numel() for p in params), 1)
@@ -61,14 +61,12 @@ class TensorCost(StrategyCost):
         model's own): 1/T of each parameter the plan cuts (:func:`_planned`). Activations
         are not counted."""
         pc: ParallelConfig = spec.config().section(ParallelConfig)
-        check_tensor(model, nodes, pc, "--nodes")  # training's refusals, in its words
-        assigned = plan.resolve(model, pc.tp_plan, nodes, "--nodes")
+        # training's refusals, in its words (a Linear that splits: checked there too)
+        assigned = check_tensor(model, nodes, pc, "--nodes")
         if assigned is not None:
             return costing.worker_memory(work, work.params * _planned(model, assigned, nodes))
         layers = placement.check_sequential(model, "tensor")
         kinds = tensor.plan(layers, nodes, pc.tensor_mode)
-        if nodes > 1 and all(k == "rep" for k in kinds):
-            raise ValueError(f"no Linear layer of the model splits into {nodes} slices")
         held = 0.0
         for layer, kind in zip(layers, kinds, strict=True):
             for name, p in layer.named_parameters():
