@@ -39,6 +39,14 @@ def push_lr_share(mode: str, workers: int, share: bool = True) -> float:
     against 2.10, but 2 runs of each beyond 10x (async 11.9, 13.1; ssp 13.3, 19.6), none
     at 1/N; the arrival order makes runs of one seed differ (async at seed 0: 1.66 and
     11.9), so no seed-by-seed gain shows.
+
+    ``--staleness-lr`` replaces the share rather than compounding it: each push moves at
+    lr / max(1, σ) (ps/consistency.py), σ ≈ N − 1 for N equal workers, so about the share
+    for fresh pushes and less for stale ones (Zhang et al. 2016 divide the base rate by σ
+    alone). Both at once moved lr / (N·σ) per push, a third of sync's step with 4 workers:
+    issue 51's command (4 workers, a 4× straggler, 6 epochs, seeds 3-5, beside other test
+    runs at load 20-35) gave sync 0.953 0.961 0.961, both 0.903 0.953 0.956, the staleness
+    rule alone 0.956 0.947 0.975 (benchmarks/ps_seeds.py; quiet runs: benchmarks/RESULTS.md).
     """
     if mode not in ASYNCHRONOUS or not share:
         return 1.0
@@ -70,7 +78,11 @@ class PSConfig:
     ps_mode: str = opt("sync", "ps: when gradients are applied", MODES)
     staleness_bound: int = opt(2, "ps ssp: most steps a worker may run ahead of the slowest")
     softsync: int = opt(0, "ps softsync: gradients averaged into each update (0: all workers)")
-    staleness_lr: bool = opt(False, "ps: divide each update's learning rate by its staleness")
+    staleness_lr: bool = opt(
+        False,
+        "ps: divide each update's learning rate by its staleness (in async and ssp in place "
+        "of --push-lr-share)",
+    )
     push_lr_share: bool = opt(
         True,
         "ps async/ssp: apply each push at lr/workers, its share of the global batch "
