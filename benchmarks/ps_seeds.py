@@ -9,6 +9,14 @@ by seed); with ``--hogs N``, N ``python3 -c 'while True: pass'`` run beside each
 prints each run's test accuracy and samples/s, then the means and the issue's targets:
 async's mean accuracy within 1 point of sync's, none worse than 2, and at least 2.5x its
 samples/s (the mean of the per-seed ratios).
+
+    .venv/bin/python benchmarks/ps_seeds.py --defaults 3 [--hogs 2]
+
+The issue's other check: the defaults of every ``--ps-mode`` against allreduce's, on the
+default workload as tests/strategies/test_defaults_train.py runs it (``disttrain train
+--epochs 5 --no-progress [--strategy ps --ps-mode MODE]``): allreduce once (its steps do
+not depend on timing), each mode R times (arrival order does); target: every run within 2
+points of allreduce quiet, 3 beside the hogs.
 """
 
 from __future__ import annotations
@@ -40,12 +48,44 @@ def _run(out: Path, mode: str, seed: int, hogs: int) -> dict[str, float]:
     }
 
 
+def _defaults(out: Path, runs: int, hogs: int) -> None:
+    """Each ``--ps-mode``'s defaults ``runs`` times against allreduce's, on the default workload."""
+    band = 0.03 if hogs else 0.02
+
+    def accuracy(folder: Path, flags: list[str]) -> float:
+        argv = ["train", "--epochs", "5", "--no-progress", "--overwrite", "--out", str(folder)]
+        with beside_hogs(hogs):
+            done = commands.run([*argv, *flags], timeout=1800, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"{flags}: exit {done.returncode}: {done.stderr[-800:]}")
+        return float(json.loads((folder / "summary.json").read_text())["final_accuracy"])
+
+    anchor = accuracy(out / "allreduce", [])
+    print(f"allreduce {anchor:.4f}", flush=True)
+    for mode in ("sync", "async", "ssp", "softsync"):
+        got = [
+            accuracy(out / f"{mode}-{i}", ["--strategy", "ps", "--ps-mode", mode])
+            for i in range(runs)
+        ]
+        worst = anchor - min(got)
+        print(
+            f"ps {mode}: {' '.join(f'{a:.4f}' for a in got)}; worst {worst:+.4f} below "
+            f"allreduce (target <= {band}): {'met' if worst <= band else 'missed'}; load "
+            f"{' '.join(Path('/proc/loadavg').read_text().split()[:3])}",
+            flush=True,
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="3,4,5")
     ap.add_argument("--hogs", type=int, default=0)
+    ap.add_argument("--defaults", type=int, default=0, help="runs per --ps-mode (the 2nd check)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/ps-seeds"))
     a = ap.parse_args()
+    if a.defaults:
+        _defaults(a.out, a.defaults, a.hogs)
+        return
     got: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
     for i, seed in enumerate(int(s) for s in a.seeds.split(",")):
         for mode in list(MODES)[:: 1 if i % 2 == 0 else -1]:
