@@ -14,10 +14,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 #: four rounds of malloc, touch every page, free, of a 25.6 MB buffer (the default mlp's
-#: flat gradient); prints [keep_freed_buffers()'s answer, faults of each round]
+#: flat gradient); prints [keep_freed_buffers()'s answer, faults of each round]. The module
+#: is loaded from its file (argv[1]; it imports ctypes and os only): through the package,
+#: ``disttrain.launch``'s __init__ would import torch, ~2.5 CPU-s in each of the 4 processes
 _ROUNDS = """
-import ctypes, json, resource
-from disttrain.launch import malloc
+import ctypes, importlib.util, json, resource, sys
+spec = importlib.util.spec_from_file_location("malloc", sys.argv[1])
+malloc = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(malloc)
 kept = malloc.keep_freed_buffers()
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
@@ -37,7 +41,7 @@ print(json.dumps([kept, faults]))
 def _rounds(env: dict[str, str]) -> tuple[bool, list[int]]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_"))}
     done = subprocess.run(
-        [sys.executable, "-c", _ROUNDS],
+        [sys.executable, "-c", _ROUNDS, str(REPO / "src" / "disttrain" / "launch" / "malloc.py")],
         env={**clean, **env, "PYTHONPATH": str(REPO / "src")},
         capture_output=True,
         text=True,
