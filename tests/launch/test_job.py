@@ -42,7 +42,7 @@ def test_a_signalled_launcher_says_one_line_and_leaves_nothing(
         "disttrain",
         "train",
         "--model",
-        "mlp",
+        "cnn",  # the smallest built-in: the signal needs a training job, not a big model
         "--max-steps",
         "100000",
         "--checkpoint-every",
@@ -140,6 +140,8 @@ def test_a_terminal_sees_pre_flight_then_the_workers_start_then_progress(tmp_pat
         "train",
         "--max-steps",
         "3",
+        "--model",
+        "cnn",  # the smallest built-in: the order of the lines is the subject
         "--out",
         str(tmp_path / "out"),
     ]
