@@ -103,7 +103,9 @@ def test_a_killed_ray_launcher_leaves_no_process(tmp_path: Path) -> None:
         return {"ray::DashboardA", "ray::RuntimeEnv"} <= names
 
     out = tmp_path / "run"
-    cmd = _ray_train(out, "--max-steps", "100000")
+    # the smallest built-in model: the driver is killed before any worker trains, and the
+    # default mlp (6.4M parameters) only makes its pre-flight batch dearer
+    cmd = _ray_train(out, "--max-steps", "100000", "--model", "cnn")
     proc = subprocess.Popen(
         cmd, cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
