@@ -139,6 +139,7 @@ def full(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.xdist_group("checkpoint-cnn-full")  # with the elastic restart: one `full` run
 @pytest.mark.timeout(600)  # three short training runs (and the shared uninterrupted one)
 def test_killed_and_resumed_equals_uninterrupted_bit_for_bit(full: Path, tmp_path: Path) -> None:
     killed, resumed = tmp_path / "killed", tmp_path / "resumed"
@@ -194,7 +195,12 @@ RESUMED = {
     ),
     "ps-sync": ("--strategy", "ps", "--ps-mode", "sync"),
 }
-TINY = ("--model", "mlp", "--max-steps", "12", "--no-progress", "--timeout", "20")
+#: 10 steps: the step-6 checkpoint is the only one (the trainer saves at multiples of
+#: --checkpoint-every), and the 4 resumed steps reach what it must carry over: localsgd's
+#: and diloco's average at step 8 (H = 4; then finish()'s at 10, so a clock counted from
+#: the resume, which would average at 10 alone, differs), streaming diloco's fragment in
+#: flight since step 6, PowerSGD's Q and residual, the pipeline's and servers' parts
+TINY = ("--model", "mlp", "--max-steps", "10", "--no-progress", "--timeout", "20")
 
 
 def _only_step(out: Path, step: int, into: Path) -> Path:
@@ -244,6 +250,7 @@ def test_an_asynchronous_parameter_server_refuses_checkpoints(tmp_path: Path) ->
     assert "need --ps-mode sync" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.xdist_group("checkpoint-cnn-full")
 @pytest.mark.timeout(600)
 def test_an_elastic_restart_resumes_from_the_last_checkpoint(full: Path, tmp_path: Path) -> None:
     restarted = tmp_path / "restarted"
