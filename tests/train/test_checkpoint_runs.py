@@ -185,10 +185,12 @@ def test_a_new_run_into_an_old_runs_out_is_refused_and_overwrite_restarts_from_i
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "out"
-    older = run_cli("train", *FLAGS, "--max-steps", "100", "--out", str(out))
+    # the old run's kept steps (20 and 30) lie past the new run's last (16), so a new run
+    # that took the old run's checkpoints for its own would log past 16 or resume from 30
+    older = run_cli("train", *FLAGS, "--max-steps", "30", "--out", str(out))
     assert older.returncode == 0, older.stderr
     steps = sorted(p.name for p in (out / "checkpoints").glob("step-*"))
-    assert steps == ["step-00000090", "step-00000100"], steps
+    assert steps == ["step-00000020", "step-00000030"], steps
 
     refused = run_cli("train", *FLAGS, "--max-steps", "16", "--out", str(out), timeout=120)
     assert refused.returncode == 2, refused.stderr  # before: it ran, and pruned its own step 10
@@ -196,7 +198,7 @@ def test_a_new_run_into_an_old_runs_out_is_refused_and_overwrite_restarts_from_i
     assert len(lines) == 1 and "Traceback" not in refused.stderr, refused.stderr
     assert f"--resume {out}" in lines[0] and "--out" in lines[0] and "--overwrite" in lines[0]
     old_run = json.loads((out / "summary.json").read_text())["run_id"]
-    assert checkpoint.runs(str(out)) == {old_run: [90, 100]}  # untouched
+    assert checkpoint.runs(str(out)) == {old_run: [20, 30]}  # untouched
 
     new = run_cli(
         "train",
@@ -213,7 +215,7 @@ def test_a_new_run_into_an_old_runs_out_is_refused_and_overwrite_restarts_from_i
     )
     assert new.returncode == 0, new.stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["steps"] == 16, summary["steps"]  # before: 100, the old run's last step
+    assert summary["steps"] == 16, summary["steps"]  # before: 30, the old run's last step
     assert summary["run_id"] != old_run
     # the elastic restart says where it went on from
     assert f"resumed from step 10 of run {summary['run_id']}" in new.stderr, new.stderr
