@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import zygote
 from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,8 +50,10 @@ def _killed_then_resumed(
     """The script (``flags``) killed at its step 5 on 2 workers, resumed on
     ``resumed_on`` (``then``): every sample of each epoch trained exactly once across the
     two runs."""
-    first = subprocess.run(
-        [str(BIN / "disttrain"), "run", "-np", "2", sys.executable, SCRIPT,
+    # ``disttrain run`` as ``python -m disttrain run``, forked from the test's zygote (the
+    # command as it runs, less the launcher's torch import); its workers exec the script
+    first = zygote.run(
+        [sys.executable, "-m", "disttrain", "run", "-np", "2", sys.executable, SCRIPT,
          "--out", str(out), "--inject-fault", "kill:rank=1:step=5", *flags],
         capture_output=True, text=True, timeout=120, env=_env(), cwd=out,
     )  # fmt: skip
