@@ -1,4 +1,4 @@
-"""Placement and pipelines equal the unsplit model after 10 steps (within 1e-5)."""
+"""Placement and pipelines equal the unsplit model after 4 steps (within 1e-5)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,15 @@ import pytest
 import torch
 
 from disttrain.comm.errors import UsageError
-from tests.harness import run_world
+from tests.harness import SharedWorlds
 from tests.parallel import reference as ref
+
+# one xdist worker runs the module: its shared worlds once, not once a worker
+pytestmark = pytest.mark.xdist_group("strategies-pipeline")
+
+#: 4 steps: 2 metered (runner.metered: the first two) and 2 not, each parameter and its
+#: gradient compared after them (momentum SGD at lr 0.1: a wrong step shows after one)
+STEPS = 4
 
 CASES = [
     {"schedule": "none"},
@@ -44,7 +51,7 @@ def _run_cases(
         pipeline.recv_ahead_default = lambda schedule: not default(schedule)  # type: ignore[assignment]
 
     results = []
-    data = ref.batches(24)
+    data = ref.batches(24, steps=STEPS)
     make = _deep if deep else ref.model
     want, want_losses = ref.reference(make(), data)
     wanted = dict(want.named_parameters())
@@ -135,8 +142,21 @@ def _theory_peak(
     return peak, peak_total
 
 
-def test_pipelines_equal_the_unsplit_model_after_10_steps() -> None:
-    per_rank = run_world(_run_cases, 3, args=(3,), timeout=120)
+def _flipped(world_size: int) -> list[dict[str, Any]]:
+    """:func:`_run_cases` with each schedule's receives posted the other way; the default
+    put back after (the world's later jobs run the defaults)."""
+    from disttrain.strategies import pipeline
+
+    default = pipeline.recv_ahead_default
+    try:
+        return _run_cases(world_size, True)
+    finally:
+        pipeline.recv_ahead_default = default  # type: ignore[assignment]
+
+
+@pytest.mark.timeout(400)  # the first test of a size runs that world's jobs
+def test_pipelines_equal_the_unsplit_model_after_4_steps() -> None:
+    per_rank = WORLDS.get("default")
     assert [r["whole"] for r in per_rank[0]] == [True] * len(CASES)
     for rank_results in per_rank:
         for r in rank_results:
@@ -145,9 +165,10 @@ def test_pipelines_equal_the_unsplit_model_after_10_steps() -> None:
     assert per_rank[0][3]["sizes"] == [3, 2, 3]
 
 
+@pytest.mark.timeout(400)
 def test_receives_posted_early_or_when_needed_give_the_same_steps() -> None:
     # the default posts early for GPipe and when needed for 1F1B: here the other way round
-    per_rank = run_world(_run_cases, 3, args=(3, True), timeout=120)
+    per_rank = WORLDS.get("flipped")
     for rank_results in per_rank:
         for r in rank_results:
             assert r["worst"] < ref.TOL, r
@@ -166,8 +187,9 @@ NEW_CASES = [
 ]
 
 
+@pytest.mark.timeout(400)
 def test_interleaved_and_zero_bubble_equal_the_unsplit_model_and_hold_what_theory_says() -> None:
-    per_rank = run_world(_run_cases, 2, args=(2, False, NEW_CASES), timeout=180)
+    per_rank = WORLDS.get("new cases")
     assert [r["whole"] for r in per_rank[0]] == [True] * len(NEW_CASES)
     for rank_results in per_rank:
         for r in rank_results:
@@ -224,8 +246,9 @@ def _four_stages() -> list[dict[str, Any]]:
     )
 
 
+@pytest.mark.timeout(300)
 def test_new_schedules_on_four_stages_equal_the_unsplit_model() -> None:
-    for rank_results in run_world(_four_stages, 4, timeout=240):
+    for rank_results in WORLDS.get("four stages"):
         for r in rank_results:
             assert r["worst"] < ref.TOL, r
             _holds_what_theory_says(r)
@@ -249,14 +272,29 @@ def _gpipe_vs_1f1b_memory() -> tuple[int, int]:
     return peaks[0], peaks[1]
 
 
+#: the worlds of this file, one a size (3 spawns instead of 5: each job sets up its own
+#: strategy and model; the flipped receives last of the 3-rank world, restoring the default)
+WORLDS = SharedWorlds(
+    {
+        "default": (3, _run_cases, (3,)),
+        "flipped": (3, _flipped, (3,)),
+        "new cases": (2, _run_cases, (2, False, NEW_CASES)),
+        "memory": (2, _gpipe_vs_1f1b_memory, ()),
+        "four stages": (4, _four_stages, ()),
+    },
+    timeout=300,
+)
+
+
 def test_a_schedule_without_w_meters_its_first_steps_and_every_16th() -> None:
     from disttrain.parallel.pipeline.runner import metered
 
     assert [step for step in range(40) if metered(step)] == [0, 1, 16, 32]
 
 
+@pytest.mark.timeout(400)
 def test_1f1b_holds_fewer_activations_than_gpipe() -> None:
-    (g0, o0), (g1, o1) = run_world(_gpipe_vs_1f1b_memory, 2, timeout=90)
+    (g0, o0), (g1, o1) = WORLDS.get("memory")
     # stage 0 of 2 holds at most 2 of 8 micro-batches under 1F1B, all 8 under GPipe
     assert o0 * 3 < g0
     assert o1 < g1
