@@ -25,6 +25,10 @@ from disttrain.comm.errors import UsageError
 from tests.harness import SharedWorlds
 from tests.ports import free_port
 
+# one xdist worker runs the module: its shared worlds once, not once a worker (each worker
+# given one of RUNS's tests would otherwise spawn that test's world and run all its jobs)
+pytestmark = pytest.mark.xdist_group("sharded-api")
+
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 STEPS, BATCH, HIDDEN, LR = 6, 48, (24, 16), 0.01

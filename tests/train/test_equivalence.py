@@ -14,6 +14,9 @@ from disttrain.data import load_dataset
 from disttrain.models import build_model
 from tests.harness import SharedWorlds
 
+# one xdist worker runs the module: the fixture's worlds once, not once for each model
+pytestmark = pytest.mark.xdist_group("train-equivalence")
+
 
 def _train(model: str, out: str, steps: int) -> dict[str, torch.Tensor] | None:
     import torch.distributed as dist
