@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import pytest
 
 import disttrain
+from tests import zygote
 
 MODULE = "disttrain_test_ring2"
 PLUGIN = '''"""The ring under another name: the whole of a new algorithm's file."""
@@ -53,7 +53,9 @@ def _plugin(folder: Path) -> dict[str, str]:
 
 
 def _disttrain(env: dict[str, str], *argv: str, timeout: float) -> str:
-    done = subprocess.run(
+    # forked from the test process's zygote (torch imported once), the command as it runs:
+    # its own environment, PYTHONPATH and DISTTRAIN_PLUGINS
+    done = zygote.run(
         [sys.executable, "-m", "disttrain", *argv],
         env=env,
         capture_output=True,
