@@ -107,6 +107,7 @@ WORLDS = SharedWorlds({label: (WORLD, _train, (kw,)) for label, kw in CASES}, ti
 DIVERGES = {"decentralized:onebit"}
 
 
+@pytest.mark.timeout(400)  # the first case run pays for the world's every mode
 @pytest.mark.parametrize(
     "label",
     [
