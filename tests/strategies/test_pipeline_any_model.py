@@ -1,6 +1,6 @@
 """Pipelines of transformers models (issue 50): GPT-2 (tied embeddings) and Llama built from
 small configs, cut at named module paths, equal the unsplit model trained in one process
-at the same global batch after 8 steps of SGD (fp32, within 1e-5), and GPT-2's tied
+at the same global batch after 20 steps of SGD (fp32, within 1e-5), and GPT-2's tied
 embedding and head stay equal on both stages that hold them. A split point that is not a
 stage boundary is refused in one line naming it, before any worker starts (exit 2)."""
 
@@ -23,9 +23,9 @@ from tests.harness import SharedWorlds
 # given one of the cases would otherwise run all eleven jobs of the world)
 pytestmark = pytest.mark.xdist_group("pipeline-any-model")
 
-#: 8 steps: a wrong gradient, a stage's missed update or an untied copy of the tied weight
-#: shows after the first (SGD at lr 0.5 moves every parameter far past 1e-5 each step)
-STEPS, BATCH, SEQ, VOCAB = 8, 8, 8, 64
+#: issue 50's 20 steps: a wrong gradient shows after one (SGD at lr 0.5 moves every
+#: parameter far past 1e-5 each step), drift that grows over steps only later
+STEPS, BATCH, SEQ, VOCAB = 20, 8, 8, 64
 TOL = 1e-5
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -226,7 +226,7 @@ WORLDS = SharedWorlds(
 
 @pytest.mark.timeout(300)  # the first case run pays for the whole world's eleven jobs
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_split_transformer_equals_the_unsplit_model_after_8_steps(case: str) -> None:
+def test_a_split_transformer_equals_the_unsplit_model_after_20_steps(case: str) -> None:
     family, flags, _ = CASES[case]
     per_rank = WORLDS.get(case)
     assert [r["whole"] for r in per_rank] == [True, False]

@@ -15,12 +15,12 @@ from disttrain.strategies.capabilities import Reshards
 from disttrain.strategies.state import average_states
 from tests.test_cli import run_cli
 
-#: 12 steps of the small MLP at global batch 48 (divisible by 4, 3, 2 and 1 workers)
+#: 20 steps of the small MLP at global batch 48 (divisible by 4, 3, 2 and 1 workers)
 FLAGS = (
     "--model",
     "mlp",
     "--max-steps",
-    "12",
+    "20",
     "--batch-size",
     "48",
     "--no-progress",
@@ -42,7 +42,7 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
-    """One process for 12 steps: the parameters every resume on another count must equal
+    """One process for 20 steps: the parameters every resume on another count must equal
     (one run for the allreduce, ps and zero tests, which share an xdist group: it is
     deterministic)."""
     one = tmp_path_factory.mktemp("reshard") / "one"
@@ -51,21 +51,21 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tenso
     return _params(one)
 
 
-def _killed_at_8(tmp: Path, name: str, *flags: str) -> Path:
-    """A run of ``flags`` to step 12, checkpointed every 6 steps and killed at step 8."""
+def _killed_at_12(tmp: Path, name: str, *flags: str) -> Path:
+    """A run of ``flags`` to step 20, checkpointed every 10 steps and killed at step 12."""
     out = tmp / name
     crash = run_cli(
         "train",
         *FLAGS,
         *flags,
         "--checkpoint-every",
-        "6",
+        "10",
         "--inject-fault",
-        "kill:rank=1:step=8",
+        "kill:rank=1:step=12",
         "--out",
         str(out),
     )
-    assert crash.returncode == 1 and checkpoint.latest(str(out)) == 6, crash.stderr[-2000:]
+    assert crash.returncode == 1 and checkpoint.latest(str(out)) == 10, crash.stderr[-2000:]
     return out
 
 
@@ -78,15 +78,15 @@ REFERENCE = pytest.mark.xdist_group("reshard-reference")
 def test_allreduce_and_ps_resumed_on_another_worker_count_equal_one_process(
     reference: dict[str, torch.Tensor], tmp_path: Path
 ) -> None:
-    """4 workers to step 6, 2 workers from there to 12 == 1 process for 12 steps (1e-5).
+    """4 workers to step 10, 2 workers from there to 20 == 1 process for 20 steps (1e-5).
 
     The sampler's global batch t is the same for any worker count and a synchronous
     average of B/N-sample gradients is the B-sample gradient, so only float summation
     order differs. The parameter server (sync) is the same SGD: 2 workers + 1 server to
-    step 6, 1 worker from there, its server restoring its shard and optimizer by shard.
+    step 10, 1 worker from there, its server restoring its shard and optimizer by shard.
     """
 
-    killed = _killed_at_8(tmp_path, "ar4", "--workers", "4")
+    killed = _killed_at_12(tmp_path, "ar4", "--workers", "4")
     resumed = tmp_path / "ar2"
     again = run_cli(
         "train", *FLAGS, "--workers", "2", "--resume", str(killed), "--out", str(resumed)
@@ -95,7 +95,7 @@ def test_allreduce_and_ps_resumed_on_another_worker_count_equal_one_process(
     assert _max_diff(_params(resumed), reference) < 1e-5
 
     ps = ("--strategy", "ps", "--ps-mode", "sync")
-    killed = _killed_at_8(tmp_path, "ps2", *ps, "--workers", "2")
+    killed = _killed_at_12(tmp_path, "ps2", *ps, "--workers", "2")
     resumed = tmp_path / "ps1"
     again = run_cli(
         "train", *FLAGS, *ps, "--workers", "1", "--resume", str(killed), "--out", str(resumed)
@@ -158,26 +158,26 @@ def test_model_parallel_strategies_refuse_another_layout(name: str) -> None:
 
 @pytest.mark.timeout(300)
 def test_async_checkpoints_commit_the_state_of_their_step(tmp_path: Path) -> None:
-    """--async-checkpoint: steps 2 and 4 are committed (step 4's at the end of training,
-    after its background write) and step 4's model is the run's final model, bit for bit."""
+    """--async-checkpoint: steps 5 and 10 are committed (step 10's at the end of training,
+    after its background write) and step 10's model is the run's final model, bit for bit."""
     out = tmp_path / "async"
     result = run_cli(
         "train",
         "--model",
         "mlp",
         "--max-steps",
-        "4",
+        "10",
         "--no-progress",
         "--timeout",
         "20",
         "--checkpoint-every",
-        "2",
+        "5",
         "--async-checkpoint",
         "--out",
         str(out),
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert checkpoint.runs(str(out)) == {checkpoint.run_of(str(out)): [2, 4]}
+    assert checkpoint.runs(str(out)) == {checkpoint.run_of(str(out)): [5, 10]}
     saved = checkpoint.load(str(out), 1, 2)["model"]
     final = _params(out)
     assert saved.keys() == final.keys() and all(torch.equal(saved[k], final[k]) for k in final)
@@ -188,7 +188,7 @@ def test_async_checkpoints_commit_the_state_of_their_step(tmp_path: Path) -> Non
 def test_zero_resumed_on_another_worker_count_equals_one_process(
     reference: dict[str, torch.Tensor], tmp_path: Path
 ) -> None:
-    """ZeRO on 3 workers to step 6, on 2 from there to 12 == 1 process for 12 steps (1e-5).
+    """ZeRO on 3 workers to step 10, on 2 from there to 20 == 1 process for 20 steps (1e-5).
 
     3 workers cut the groups unevenly (the first layer's 64·2048 + 2048 elements are
     not divisible by 3); the resume re-cuts each group's shards, and the momentum
@@ -197,7 +197,7 @@ def test_zero_resumed_on_another_worker_count_equals_one_process(
     """
     for stage in ("3", "1"):
         zero = ("--strategy", "zero", "--zero-stage", stage)
-        killed = _killed_at_8(tmp_path, f"zero{stage}-3", *zero, "--workers", "3")
+        killed = _killed_at_12(tmp_path, f"zero{stage}-3", *zero, "--workers", "3")
         resumed = tmp_path / f"zero{stage}-2"
         again = run_cli(
             "train", *FLAGS, *zero, "--workers", "2", "--resume", str(killed), "--out", str(resumed)
