@@ -303,8 +303,8 @@ def _serve(path: str) -> None:
     parent = os.getppid()
     srv = socket.socket(socket.AF_UNIX)
     srv.bind(path + ".tmp")
-    os.rename(path + ".tmp", path)  # the client waits for the name: bound by now
     srv.listen(16)
+    os.rename(path + ".tmp", path)  # the client waits for the name: listening by now
     try:
         _loop(srv, parent)
     finally:  # the socket and its folder (tempfile.mkdtemp in _socket) go with the zygote
