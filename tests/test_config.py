@@ -118,20 +118,6 @@ def test_a_strategy_default_may_depend_on_its_mode_and_a_flag_wins() -> None:
         assert config.load({"strategy": "ps", "ps_mode": mode}).get("staleness_lr") is False
 
 
-def test_staleness_lr_takes_the_place_of_the_push_share_in_async_and_ssp() -> None:
-    from disttrain.launch.preflight import unread_settings
-    from disttrain.strategies.ps import ParameterServer
-
-    for mode in ("async", "ssp"):
-        base = {"strategy": "ps", "ps_mode": mode, "workers": 4}
-        shared = ParameterServer(config.load(base), None, None)
-        assert shared.lr_share == 0.25  # each push at lr/N
-        alone = ParameterServer(config.load({**base, "staleness_lr": True}), None, None)
-        assert alone.lr_share == 1.0  # lr / staleness only (ps/config.py: not lr / (N·σ))
-        both = config.load({**base, "staleness_lr": True, "push_lr_share": False})
-        assert "--staleness-lr" in unread_settings(both)["push_lr_share"]
-
-
 def test_the_lr_default_follows_the_optimizer_after_the_components_and_a_flag_wins() -> None:
     import disttrain.compression
     import disttrain.strategies  # noqa: F401

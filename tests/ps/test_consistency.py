@@ -6,7 +6,7 @@ import heapq
 
 import pytest
 
-from disttrain.ps.consistency import Consistency, staleness_lr_scale
+from disttrain.ps.consistency import Consistency, RelativeStaleness, staleness_lr_scale
 
 
 def simulate(cons: Consistency, step_time: dict[int, float], budget: int) -> list[list[int]]:
@@ -134,3 +134,15 @@ def test_rejected_gradient_ticks_the_clock_but_is_never_applied() -> None:
     batch = cons.take_batch()
     assert batch is not None and [e.worker for e in batch.entries] == [1]
     assert cons.releasable() == [0, 1] and cons.clocks == {0: 1, 1: 1}
+
+
+def test_relative_staleness_keeps_the_mean_step_whatever_the_load() -> None:
+    """async/ssp under --staleness-lr: the factors' mean stays 1 (the share applies on top)
+    when every gradient gets staler together, and a stale push gets less than a fresh one."""
+    quiet, loaded = RelativeStaleness(8), RelativeStaleness(8)
+    for rel, base in ((quiet, 2), (loaded, 6)):  # load: every staleness three times as high
+        got = [rel.factor([s]) for s in [base, base, base, 4 * base] * 4]
+        assert got[-1] < got[-2]  # the straggler's stale push moves less
+        assert sum(got[-8:]) / 8 == pytest.approx(1.0, rel=0.05)
+    plain = [staleness_lr_scale([s]) for s in (2, 6)]
+    assert plain[1] < plain[0] / 2  # the plain rule's steps shrank with the load

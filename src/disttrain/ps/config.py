@@ -40,13 +40,14 @@ def push_lr_share(mode: str, workers: int, share: bool = True) -> float:
     at 1/N; the arrival order makes runs of one seed differ (async at seed 0: 1.66 and
     11.9), so no seed-by-seed gain shows.
 
-    ``--staleness-lr`` replaces the share rather than compounding it: each push moves at
-    lr / max(1, σ) (ps/consistency.py), σ ≈ N − 1 for N equal workers, so about the share
-    for fresh pushes and less for stale ones (Zhang et al. 2016 divide the base rate by σ
-    alone). Both at once moved lr / (N·σ) per push, a third of sync's step with 4 workers:
-    issue 51's command (4 workers, a 4× straggler, 6 epochs, seeds 3-5, beside other test
-    runs at load 20-35) gave sync 0.953 0.961 0.961, both 0.903 0.953 0.956, the staleness
-    rule alone 0.956 0.947 0.975 (benchmarks/ps_seeds.py; quiet runs: benchmarks/RESULTS.md).
+    ``--staleness-lr`` redistributes the share by staleness (ps/consistency.py
+    RelativeStaleness): each push at lr/N times its 1/σ over the shard's recent mean 1/σ,
+    so stale pushes move less and fresh ones more while the mean step stays lr/N, however
+    loaded the machine. Issue 51's command (4 workers, a 4× straggler, 6 epochs, seeds 3-5;
+    benchmarks/ps_seeds.py, RESULTS "Parameter server"): lr/(N·σ), the two compounded, gave
+    0.925 0.939 0.953 quiet against sync's 0.953 0.961 0.961 (7953e44); lr/σ alone 0.956
+    0.958 0.961 quiet but 0.936 0.944 0.947 beside two busy processes, its steps shrinking
+    as the load made every gradient staler (9e31aeb).
     """
     if mode not in ASYNCHRONOUS or not share:
         return 1.0
@@ -80,8 +81,8 @@ class PSConfig:
     softsync: int = opt(0, "ps softsync: gradients averaged into each update (0: all workers)")
     staleness_lr: bool = opt(
         False,
-        "ps: divide each update's learning rate by its staleness (in async and ssp in place "
-        "of --push-lr-share)",
+        "ps: divide each update's learning rate by its staleness (async and ssp: relative "
+        "to the shard's recent mean, so the mean step stays --push-lr-share's)",
     )
     push_lr_share: bool = opt(
         True,

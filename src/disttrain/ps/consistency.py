@@ -20,7 +20,8 @@ Two staleness figures are recorded for every applied gradient:
 
 - ``staleness``: updates applied to the shard since the weights the gradient
   was computed on were sent (Zhang et al.'s sigma). Plain async with N equal
-  workers gives about N-1. ``--staleness-lr`` divides the learning rate by it.
+  workers gives about N-1. ``--staleness-lr`` divides the learning rate by it (in async
+  and ssp relative to the shard's recent mean: :class:`RelativeStaleness`).
 - ``clock_gap``: the pushing worker's clock minus the slowest live worker's
   clock, in steps: the quantity SSP bounds. It is at most ``staleness_bound``
   in ssp mode by construction of the hold rule, and 0 in sync mode.
@@ -28,11 +29,11 @@ Two staleness figures are recorded for every applied gradient:
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["MODES", "Batch", "Consistency", "Entry", "staleness_lr_scale"]
+__all__ = ["MODES", "Batch", "Consistency", "Entry", "RelativeStaleness", "staleness_lr_scale"]
 
 MODES = ("sync", "async", "ssp", "softsync")
 
@@ -47,6 +48,26 @@ def staleness_lr_scale(staleness: Sequence[int]) -> float:
     if not staleness:
         return 1.0
     return 1.0 / max(1.0, sum(staleness) / len(staleness))
+
+
+@dataclass
+class RelativeStaleness:
+    """async and ssp under ``--staleness-lr``: each update's 1/σ over the mean 1/σ of the
+    shard's last ``window`` updates (this one included), times the push share the server
+    applies anyway (1/N). Stale pushes move less and fresh ones more, as in Zhang et al.,
+    but the mean step stays the share: when the machine's load makes every gradient
+    staler, the factors keep their mean (the plain 1/σ fell with the load: issue 51's
+    command lost 1.6 points beside two busy processes, benchmarks/RESULTS.md)."""
+
+    window: int
+    recent: deque[float] = field(default_factory=deque)
+
+    def factor(self, staleness: Sequence[int]) -> float:
+        h = staleness_lr_scale(staleness)
+        self.recent.append(h)
+        if len(self.recent) > self.window:
+            self.recent.popleft()
+        return h * len(self.recent) / sum(self.recent)
 
 
 @dataclass(frozen=True)

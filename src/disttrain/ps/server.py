@@ -31,7 +31,8 @@ from disttrain.comm.errors import PeerFailure
 from disttrain.comm.meter import record_send
 from disttrain.comm.procstat import ended
 from disttrain.ps.auth import CurveKey, secure_server
-from disttrain.ps.consistency import Batch, Consistency, staleness_lr_scale
+from disttrain.ps.config import ASYNCHRONOUS
+from disttrain.ps.consistency import Batch, Consistency, RelativeStaleness, staleness_lr_scale
 from disttrain.ps.protocol import (
     FLAG_DROPPED,
     FLAG_STOP,
@@ -97,6 +98,12 @@ class ShardServer:
         self.sock = sock
         self.staleness_lr = staleness_lr
         self.lr_share = lr_share  # async/ssp: each push's share of the global batch (1/N)
+        #: async/ssp: 1/staleness relative to the shard's last 4N updates (softsync: plain)
+        self.relative = (
+            RelativeStaleness(4 * len(consistency.workers))
+            if consistency.mode in ASYNCHRONOUS
+            else None
+        )
         self.worker_timeout = worker_timeout
         self.fail_on_loss = consistency.mode == "sync"  # a sync round needs every worker
         self.rank = rank
@@ -156,7 +163,10 @@ class ShardServer:
     # --- applying -----------------------------------------------------------------
     def _apply(self, batch: Batch) -> None:
         grads, rates = zip(*(self.grads.pop(e.token) for e in batch.entries), strict=True)
-        scale = staleness_lr_scale(batch.staleness) if self.staleness_lr else 1.0
+        scale = 1.0
+        if self.staleness_lr:
+            rule = self.relative.factor if self.relative else staleness_lr_scale
+            scale = rule(batch.staleness)
         scale *= self.lr_share
         asked = [r for r in rates if r > 0]  # the workers' scheduled rates (warm-up, decay)
         for group, lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):

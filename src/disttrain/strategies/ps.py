@@ -95,8 +95,6 @@ class PSSettings(StrategySettings):
             unread["staleness_lr"] = "with --ps-mode sync (no update is stale)"
         if mode not in ASYNCHRONOUS:
             unread["push_lr_share"] = f"with --ps-mode {mode} (only async and ssp)"
-        elif config.section(PSConfig).staleness_lr:
-            unread["push_lr_share"] = "with --staleness-lr (1/staleness is each push's share)"
         return unread
 
     @classmethod
@@ -184,10 +182,8 @@ class ParameterServer(Strategy, ShardsData, StepEvents, Reshards):
 
     @property
     def lr_share(self) -> float:
-        """The factor on the lr of each update the servers apply (async, ssp: 1/workers,
-        unless --staleness-lr divides it by its staleness instead: ps/config.py)."""
-        share = self.ps.push_lr_share and not self.ps.staleness_lr
-        return push_lr_share(self.ps.ps_mode, self.n_workers, share)
+        """The factor on the lr of each update the servers apply (async, ssp: 1/workers)."""
+        return push_lr_share(self.ps.ps_mode, self.n_workers, self.ps.push_lr_share)
 
     # --- data sharding ------------------------------------------------------------------
     @property
