@@ -26,7 +26,7 @@ from disttrain.collectives.shmseg import PREFIX
 from disttrain.registry import load_plugins
 from disttrain.train.faults import parse_fault
 from tests import zygote
-from tests.netcheck import Proc, _stat, alive, descendants, kill
+from tests.netcheck import Tree, alive, descendants, kill
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 5  # --timeout: a few seconds (startup skew on a loaded 2-core host stays below it)
@@ -128,41 +128,6 @@ def _left_behind(pids: set[int], out: Path, within: float = 0.5) -> list[int]:
         time.sleep(0.05)
 
 
-class _Tree:
-    """Every process that was ever under ``root``, polled from /proc: a poll reads the
-    stat file of the pids it has not seen before only (a process's parent is the one it
-    was born to until it is orphaned, and one seen in the tree stays in it), so it costs
-    the job's new processes, not the host's: the full scan :func:`descendants` makes,
-    about 4 ms, 10 times a second, was a quarter of a fault case's CPU."""
-
-    def __init__(self, root: int) -> None:
-        self.parent: dict[int, int] = {}  # pid -> its parent when first seen (-1: gone)
-        fields = _stat(root)
-        self.members: set[Proc] = {Proc(root, int(fields[19]) if fields else -1)}
-        self._in = {root}
-
-    def poll(self) -> set[Proc]:
-        entries = {int(e) for e in os.listdir("/proc") if e.isdigit()}
-        for gone in self.parent.keys() - entries:  # a pid used again is read again
-            del self.parent[gone]
-        new: dict[int, list[str]] = {}
-        for pid in entries - self.parent.keys():
-            fields = _stat(pid)
-            self.parent[pid] = int(fields[1]) if fields else -1
-            if fields:
-                new[pid] = fields
-        grew = True
-        while grew:  # a child and its own child new in one poll, in any pid order
-            grew = False
-            for pid, fields in list(new.items()):
-                if self.parent[pid] in self._in:
-                    self._in.add(pid)
-                    self.members.add(Proc(pid, int(fields[19])))
-                    del new[pid]
-                    grew = True
-        return self.members
-
-
 class _Job:
     """``disttrain train`` in a subprocess; stderr read live, every pid of its tree recorded."""
 
@@ -180,7 +145,7 @@ class _Job:
         )
         self.lines: list[str] = []
         self.fired_at: float | None = None
-        self.tree = _Tree(self.proc.pid)
+        self.tree = Tree(self.proc.pid)
         self.pids: set[int] = set(self.tree.members)  # Procs: see netcheck
         # the job's segments are named by its launcher's tag (launch/local.py): j<pid>x…
         self.shm_prefix = f"{PREFIX}j{self.proc.pid}x"

@@ -98,10 +98,11 @@ class ShardServer:
         self.sock = sock
         self.staleness_lr = staleness_lr
         self.lr_share = lr_share  # async/ssp: each push's share of the global batch (1/N)
-        #: async/ssp: 1/staleness relative to the shard's last 4N updates (softsync: plain)
+        #: --staleness-lr in async/ssp: 1/staleness relative to the shard's last 4N updates
+        #: (softsync: the plain 1/staleness)
         self.relative = (
             RelativeStaleness(4 * len(consistency.workers))
-            if consistency.mode in ASYNCHRONOUS
+            if staleness_lr and consistency.mode in ASYNCHRONOUS
             else None
         )
         self.worker_timeout = worker_timeout
@@ -163,10 +164,10 @@ class ShardServer:
     # --- applying -----------------------------------------------------------------
     def _apply(self, batch: Batch) -> None:
         grads, rates = zip(*(self.grads.pop(e.token) for e in batch.entries), strict=True)
-        scale = 1.0
-        if self.staleness_lr:
-            rule = self.relative.factor if self.relative else staleness_lr_scale
-            scale = rule(batch.staleness)
+        if self.relative is not None:
+            scale = self.relative.factor(batch.staleness)
+        else:
+            scale = staleness_lr_scale(batch.staleness) if self.staleness_lr else 1.0
         scale *= self.lr_share
         asked = [r for r in rates if r > 0]  # the workers' scheduled rates (warm-up, decay)
         for group, lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
